@@ -12,7 +12,7 @@ import importlib
 from kernels._common import Op, registered_kernels
 
 FAMILIES = (
-    "elementwise", "gemm", "linear", "conv", "pooling", "activation", "batchnorm", "lrn",
+    "elementwise", "gemm", "linear", "im2col", "conv", "pooling", "activation", "batchnorm", "lrn",
     "dropout", "softmax", "concat", "sgd",
 )
 

@@ -1,0 +1,111 @@
+"""ReLU, forward and backward, on arrays of any shape (viewed as 1-D, no copy).
+
+Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.activation
+
+- forward: y = x where x > 0, else 0 (y is a separate array: the backward reads x).
+- backward: dx = dy where x > 0, else 0, as PyTorch (the gradient at exactly 0 is 0). It takes
+  y too, as cuDNN's API does, but reads only x. dx MAY ALIAS dy: the runtime writes the gradient
+  into dy's buffer in place, as cuDNN and the SuperNeurons paper do. Each thread reads dy[i]
+  before it writes dx[i] and touches no other element, so the in-place form is safe.
+
+No reductions, so no order to fix; one version (v1): the op is memory-bound already.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32
+
+from kernels._check import Example, main
+from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+
+BLOCK = 256  # threads per block
+VERSIONS = ("v1",)
+
+
+# ---------------------------------------------------------------- NumPy references
+def relu_forward_ref(x, y):
+    y[...] = np.where(x > 0, x, x.dtype.type(0))
+
+
+def relu_backward_ref(x, y, dy, dx):
+    """dx = dy * (x > 0); dx may alias dy (the temporary is taken before dx is written)."""
+    dx[...] = np.where(x > 0, dy, dy.dtype.type(0))
+
+
+# ---------------------------------------------------------------- kernels
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _relu_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        v = x[i]
+        y[i] = v if v > float32(0.0) else float32(0.0)
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _relu_backward_v1(x, dy, dx):
+    # dx may be dy: read dy[i], then write dx[i]; no other element is touched.
+    i = cuda.grid(1)
+    if i < dx.size:
+        g = dy[i]
+        dx[i] = g if x[i] > float32(0.0) else float32(0.0)
+
+
+# ---------------------------------------------------------------- launchers
+def _flat(a):
+    return a.reshape(a.size)
+
+
+def _launch(kernel, n, block, stream, *args):
+    if n:
+        kernel[ceil_div(n, block), block, stream](*args)
+
+
+def relu_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    check_version(version, VERSIONS)
+    check("relu_forward x", x)
+    check("relu_forward y", y, shape=x.shape)
+    _launch(_relu_forward_v1, y.size, block, stream, _flat(x), _flat(y))
+
+
+def relu_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """dx = dy where x > 0 else 0; ``dx`` may be the same array as ``dy`` (in place)."""
+    check_version(version, VERSIONS)
+    check("relu_backward x", x)
+    for name, a in (("y", y), ("dy", dy), ("dx", dx)):
+        check(f"relu_backward {name}", a, shape=x.shape)
+    _launch(_relu_backward_v1, dx.size, block, stream, _flat(x), _flat(dy), _flat(dx))
+
+
+OPS = {
+    "relu_forward": Op("relu_forward", relu_forward_ref, relu_forward, VERSIONS),
+    "relu_backward": Op("relu_backward", relu_backward_ref, relu_backward, VERSIONS),
+}
+
+
+def examples(rng):
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def nan(*shape):
+        return np.full(shape, np.nan, np.float32)
+
+    x = r(2, 3, 5, 7)
+    x.flat[::11] = 0.0  # exact zeros: gradient 0 there, as PyTorch
+    y = np.empty_like(x)
+    relu_forward_ref(x, y)
+    dy = r(*x.shape)
+    x2 = r(9, 37)
+    y2 = np.empty_like(x2)
+    relu_forward_ref(x2, y2)
+    dy2 = r(9, 37)
+    return [
+        Example("relu_forward", (x, nan(*x.shape)), (1,), label="2x3x5x7 with zeros"),
+        Example("relu_forward", (r(301), nan(301)), (1,), launch={"block": 64}, label="1-D 301"),
+        Example("relu_backward", (x, y, dy, nan(*x.shape)), (3,), label="2x3x5x7"),
+        Example("relu_backward", (x2, y2, dy2, dy2), (3,), launch={"block": 64},
+                label="dx aliases dy"),
+    ]
+
+
+if __name__ == "__main__":
+    main(__import__(__name__))

@@ -1,0 +1,416 @@
+"""2-D convolution (PyTorch's Conv2d without bias, groups or dilation): forward, backward data,
+backward filter, each by two algorithms that give BIT-IDENTICAL results.
+
+Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.conv
+
+x (N, C, H, W), w (Cout, C, KH, KW), y (N, Cout, OH, OW), OH = (H + 2*ph - KH)//sh + 1; stride
+and padding are an int or an (h, w) pair. Bias is ``kernels.elementwise.bias_add``/``bias_backward``.
+
+Algorithms (``ALGORITHMS``), chosen per call by the runtime ("the fastest whose workspace fits"):
+- ``direct``: no workspace. ``version`` picks the direct kernel: v1 naive (one thread per
+  output), v2 (forward, backward_filter) an implicit GEMM with w/dy and column tiles in shared memory.
+- ``im2col``: column buffers (``kernels.im2col``) in the caller's ``workspace`` (1-D float32, at
+  least ``workspace_bytes(...)``), ``chunk`` images at a time, then one ``kernels.gemm.gemm`` per
+  image; ``version`` (and ``block``) are passed to the gemm, so this algorithm's versions are
+  ``kernels.gemm.VERSIONS``. ``version=None`` means the algorithm's default.
+  An op's ``Op.versions`` is the union of both lists; each example names the versions of its algorithm.
+
+Canonical orders. Every reduction is ``acc = 0.0; acc += a * b`` in the order below (the gemm's
+statement, so FMA contraction on a GPU is the same too) and ends with the gemm's epilogue:
+- forward: y[n, co, oh, ow] = sum over k = (ci*KH + kh)*KW + kw ascending of w[co, k] * col[n, k, p],
+  padded taps included as w * 0.0 (never skipped: that differs when acc is -0.0 or w is inf/NaN).
+- backward_data: per tap, dcol[n, k, p] = sum over co ascending of w[co, k] * dy[n, co, p]; then
+  dx = ((0.0 + dcol at tap (kh0, kw0)) + the next tap) ... for kh, then kw ascending (col2im's gather).
+- backward_filter: per image, s_n[co, k] = sum over p = oh*OW + ow ascending of dy[n, co, p] * col[n, k, p];
+  then dw = 1*s_0, dw = 1*s_n + 1*dw for n = 1, 2, ... (the gemm with beta=0, then beta=1).
+The chunk only changes the workspace: there is one gemm per image whatever the chunk.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32
+
+from kernels import gemm as _gemm
+from kernels._check import Example, main
+from kernels._common import Op, ceil_div, check, cuda_kernel, pair
+from kernels.im2col import _col_value, _out_index, _tap, col2im, col2im_ref, im2col, im2col_ref, output_hw
+
+ALGORITHMS = ("direct", "im2col")
+DIRECT_VERSIONS = {"forward": ("v1", "v2"), "backward_data": ("v1",), "backward_filter": ("v1", "v2")}
+BLOCK = 128  # threads per block of the 1-D (v1) launches
+TILE = 16  # v2 tiles are TILE x TILE, one thread per output element of the tile
+
+
+# ---------------------------------------------------------------- shapes and workspace (pure)
+class Geometry(NamedTuple):
+    n: int
+    c: int
+    co: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+
+    @property
+    def k(self):  # rows of a column buffer: the reduction length of forward
+        return self.c * self.kh * self.kw
+
+    @property
+    def p(self):  # columns of a column buffer: output positions per image
+        return self.oh * self.ow
+
+
+def _geometry(x_shape, w_shape, stride, padding) -> Geometry:
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ValueError(f"conv2d: expected x (N, C, H, W) and w (Cout, C, KH, KW), got x {x_shape}, w {w_shape}")
+    n, c, h, wd = x_shape
+    co, cw, kh, kw = w_shape
+    if c != cw:
+        raise ValueError(f"conv2d: x has {c} channels (shape {x_shape}) but w expects {cw} (shape {w_shape})")
+    oh, ow = output_hw((h, wd), (kh, kw), stride, padding, who=f"conv2d (x {x_shape}, w {w_shape})")
+    return Geometry(n, c, co, kh, kw, oh, ow, pair(stride, "stride"), pair(padding, "padding"))
+
+
+def output_shape(x_shape, w_shape, stride=1, padding=0) -> tuple[int, int, int, int]:
+    """(N, Cout, OH, OW); ValueError on a channel mismatch or a kernel larger than the padded input."""
+    g = _geometry(x_shape, w_shape, stride, padding)
+    return g.n, g.co, g.oh, g.ow
+
+
+def conv_flops(x_shape, w_shape, stride=1, padding=0) -> int:
+    """Floating-point operations of the forward pass: 2 per multiply-add."""
+    g = _geometry(x_shape, w_shape, stride, padding)
+    return 2 * g.n * g.co * g.p * g.k
+
+
+def workspace_bytes(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1) -> int:
+    """Exact workspace bytes ``conv2d_<op>`` needs with ``algo``: 0 for direct; for im2col, one
+    float32 column buffer (C*KH*KW x OH*OW) per image of a chunk (chunk capped at N)."""
+    if op not in DIRECT_VERSIONS:
+        raise ValueError(f"conv2d workspace_bytes: unknown op {op!r}; choose one of {tuple(DIRECT_VERSIONS)}")
+    if algo not in ALGORITHMS:
+        raise ValueError(f"conv2d workspace_bytes: unknown algo {algo!r}; choose one of {ALGORITHMS}")
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"conv2d workspace_bytes: chunk must be an int >= 1, got {chunk!r}")
+    g = _geometry(x_shape, w_shape, stride, padding)
+    return 0 if algo == "direct" else 4 * min(int(chunk), g.n) * g.k * g.p
+
+
+# ---------------------------------------------------------------- NumPy references
+# algo, workspace and chunk are accepted (same arguments as the launchers) and ignored: they never
+# change the result.
+def conv2d_forward_ref(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
+    g = _geometry(x.shape, w.shape, stride, padding)
+    col = np.empty((g.n, g.k, g.p), x.dtype)
+    im2col_ref(x, col, kernel_size=(g.kh, g.kw), stride=stride, padding=padding)
+    y[...] = np.matmul(w.reshape(g.co, g.k), col).reshape(y.shape)
+
+
+def conv2d_backward_data_ref(dy, w, dx, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
+    g = _geometry(dx.shape, w.shape, stride, padding)
+    dcol = np.matmul(w.reshape(g.co, g.k).T, dy.reshape(g.n, g.co, g.p))
+    col2im_ref(dcol, dx, kernel_size=(g.kh, g.kw), stride=stride, padding=padding)
+
+
+def conv2d_backward_filter_ref(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
+    g = _geometry(x.shape, dw.shape, stride, padding)
+    col = np.empty((g.n, g.k, g.p), x.dtype)
+    im2col_ref(x, col, kernel_size=(g.kh, g.kw), stride=stride, padding=padding)
+    dw[...] = np.einsum("nop,nkp->ok", dy.reshape(g.n, g.co, g.p), col).reshape(dw.shape)
+
+
+# ---------------------------------------------------------------- kernels
+_SIG4 = "float32[:, :, :, ::1]"
+_SIG3 = "float32[:, :, ::1]"
+_SIG2 = "float32[:, ::1]"
+
+
+@cuda_kernel(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
+def _forward_v1(x, w, y, sh, sw, ph, pw):
+    # Naive: one thread per element of y; k = (ci, kh, kw) ascending, padded taps add w * 0.0.
+    i = cuda.grid(1)
+    n_, co_, oh_, ow_ = y.shape
+    if i < n_ * co_ * oh_ * ow_:
+        ow = i % ow_
+        oh = (i // ow_) % oh_
+        co = (i // (ow_ * oh_)) % co_
+        n = i // (ow_ * oh_ * co_)
+        acc = float32(0.0)
+        for ci in range(w.shape[1]):
+            for kh in range(w.shape[2]):
+                for kw in range(w.shape[3]):
+                    acc += w[co, ci, kh, kw] * _tap(x, n, ci, oh * sh - ph + kh, ow * sw - pw + kw)
+        y[n, co, oh, ow] = acc
+
+
+@cuda_kernel(f"void({_SIG4}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64)")
+def _forward_v2(x, w2, y3, kh_, kw_, ow_, sh, sw, ph, pw):
+    # Implicit GEMM: y[n] (Cout x P) = w (Cout x K) @ col[n] (K x P); a TILE x TILE block stages a
+    # tile of w and a tile of col (built from x on the fly) in shared memory, k ascending.
+    wt = cuda.shared.array((TILE, TILE), float32)
+    ct = cuda.shared.array((TILE, TILE), float32)
+    tx, ty, n = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
+    p = cuda.blockIdx.x * TILE + tx
+    co = cuda.blockIdx.y * TILE + ty
+    co_, k_ = w2.shape
+    p_ = y3.shape[2]
+    acc = float32(0.0)
+    for k0 in range(0, k_, TILE):
+        wt[ty, tx] = w2[co, k0 + tx] if co < co_ and k0 + tx < k_ else float32(0.0)
+        inside = k0 + ty < k_ and p < p_
+        ct[ty, tx] = _col_value(x, n, k0 + ty, p, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
+        cuda.syncthreads()
+        for kk in range(min(TILE, k_ - k0)):
+            acc += wt[ty, kk] * ct[kk, tx]
+        cuda.syncthreads()
+    if co < co_ and p < p_:
+        y3[n, co, p] = acc
+
+
+@cuda_kernel(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
+def _backward_data_v1(dy, w, dx, sh, sw, ph, pw):
+    # Naive: one thread per element of dx; per tap (kh, kw ascending) a sum over co, then added.
+    i = cuda.grid(1)
+    n_, c_, h_, w_ = dx.shape
+    co_, _, kh_, kw_ = w.shape
+    if i < n_ * c_ * h_ * w_:
+        iw = i % w_
+        ih = (i // w_) % h_
+        c = (i // (w_ * h_)) % c_
+        n = i // (w_ * h_ * c_)
+        total = float32(0.0)
+        for kh in range(kh_):
+            oh = _out_index(ih + ph - kh, sh, dy.shape[2])
+            if oh >= 0:
+                for kw in range(kw_):
+                    ow = _out_index(iw + pw - kw, sw, dy.shape[3])
+                    if ow >= 0:
+                        acc = float32(0.0)
+                        for co in range(co_):
+                            acc += w[co, c, kh, kw] * dy[n, co, oh, ow]
+                        total += acc
+        dx[n, c, ih, iw] = total
+
+
+@cuda_kernel(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
+def _backward_filter_v1(x, dy, dw, sh, sw, ph, pw):
+    # Naive: one thread per element of dw; per image a sum over (oh, ow), then the gemm epilogue.
+    i = cuda.grid(1)
+    co_, c_, kh_, kw_ = dw.shape
+    if i < co_ * c_ * kh_ * kw_:
+        kw = i % kw_
+        kh = (i // kw_) % kh_
+        c = (i // (kw_ * kh_)) % c_
+        co = i // (kw_ * kh_ * c_)
+        dwv = float32(0.0)
+        for n in range(dy.shape[0]):
+            s = float32(0.0)
+            for oh in range(dy.shape[2]):
+                for ow in range(dy.shape[3]):
+                    s += dy[n, co, oh, ow] * _tap(x, n, c, oh * sh - ph + kh, ow * sw - pw + kw)
+            dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
+        dw[co, c, kh, kw] = dwv
+
+
+@cuda_kernel(f"void({_SIG4}, {_SIG3}, {_SIG2}, int64, int64, int64, int64, int64, int64, int64)")
+def _backward_filter_v2(x, dy3, dw2, kh_, kw_, ow_, sh, sw, ph, pw):
+    # Implicit GEMM per image: s_n (Cout x K) = dy[n] (Cout x P) @ col[n]^T, p ascending in tiles
+    # of dy and col staged in shared memory; then dw = 1*s_n (+ 1*dw) as the gemm epilogue does.
+    dyt = cuda.shared.array((TILE, TILE), float32)
+    ct = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    k = cuda.blockIdx.x * TILE + tx
+    co = cuda.blockIdx.y * TILE + ty
+    n_, co_, p_ = dy3.shape
+    k_ = dw2.shape[1]
+    kt = cuda.blockIdx.x * TILE + ty  # the k this thread stages into the col tile
+    dwv = float32(0.0)
+    for n in range(n_):
+        s = float32(0.0)
+        for p0 in range(0, p_, TILE):
+            dyt[ty, tx] = dy3[n, co, p0 + tx] if co < co_ and p0 + tx < p_ else float32(0.0)
+            inside = kt < k_ and p0 + tx < p_
+            ct[tx, ty] = _col_value(x, n, kt, p0 + tx, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
+            cuda.syncthreads()
+            for pp in range(min(TILE, p_ - p0)):
+                s += dyt[ty, pp] * ct[pp, tx]
+            cuda.syncthreads()
+        dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
+    if co < co_ and k < k_:
+        dw2[co, k] = dwv
+
+
+# ---------------------------------------------------------------- launchers
+def _prepare(name, op, g, algo, workspace, chunk, version):
+    """Check algo, chunk and version; return (version, the column buffers' 1-D view or None)."""
+    if algo not in ALGORITHMS:
+        raise ValueError(f"{name}: unknown algo {algo!r}; choose one of {ALGORITHMS}")
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"{name}: chunk must be an int >= 1, got {chunk!r}")
+    versions = DIRECT_VERSIONS[op] if algo == "direct" else _gemm.VERSIONS
+    if version is not None and version not in versions:
+        raise ValueError(f"{name}: algo {algo!r} has versions {versions}, got {version!r}")
+    if algo == "direct":
+        return version or versions[-1], None
+    need = min(int(chunk), g.n) * g.k * g.p
+    if need == 0:
+        return version, None
+    if workspace is None:
+        raise ValueError(f"{name}: algo 'im2col' with chunk={chunk} needs a workspace of {4 * need} bytes, got none")
+    check(f"{name} workspace", workspace)
+    if workspace.ndim != 1:
+        raise ValueError(f"{name} workspace: expected a 1-D float32 array, got shape {tuple(workspace.shape)}")
+    if workspace.size < need:
+        raise ValueError(f"{name}: workspace too small for algo 'im2col' with chunk={chunk}: needs {4 * need} "
+                         f"bytes, got {4 * workspace.size} bytes")
+    return version, workspace[:need]
+
+
+def _chunks(g, cols, chunk):
+    """Yield (first image, images, column buffers as (images, K, P)) for each chunk of the batch."""
+    step = min(int(chunk), g.n)
+    for n0 in range(0, g.n, step):
+        m = min(step, g.n - n0)
+        yield n0, m, cols[:m * g.k * g.p].reshape(m, g.k, g.p)
+
+
+def _gemm_kwargs(stream, version, block):
+    kw = {"stream": stream}
+    if version is not None:
+        kw["version"] = version
+    if block is not None:
+        kw["block"] = block
+    return kw
+
+
+def _v2_args(g):
+    return (g.kh, g.kw, g.ow) + g.stride + g.padding
+
+
+def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
+                   version=None, block=None):
+    """y = conv2d(x, w). ``version``: the direct kernel's or the gemm's; ``block``: the gemm's (im2col)."""
+    name = "conv2d_forward"
+    check(f"{name} x", x)
+    check(f"{name} w", w)
+    g = _geometry(x.shape, w.shape, stride, padding)
+    check(f"{name} y", y, shape=(g.n, g.co, g.oh, g.ow))
+    version, cols = _prepare(name, "forward", g, algo, workspace, chunk, version)
+    if y.size == 0:
+        return
+    w2, y3, hyper = w.reshape(g.co, g.k), y.reshape(g.n, g.co, g.p), g.stride + g.padding
+    if algo == "direct" and version == "v1":
+        _forward_v1[ceil_div(y.size, BLOCK), BLOCK, stream](x, w, y, *hyper)
+    elif algo == "direct":
+        grid = (ceil_div(g.p, TILE), ceil_div(g.co, TILE), g.n)
+        _forward_v2[grid, (TILE, TILE), stream](x, w2, y3, *_v2_args(g))
+    else:
+        for n0, m, col in _chunks(g, cols, chunk):
+            im2col(x[n0:n0 + m], col, kernel_size=(g.kh, g.kw), stride=g.stride, padding=g.padding, stream=stream)
+            for i in range(m):
+                _gemm.gemm(w2, col[i], y3[n0 + i], **_gemm_kwargs(stream, version, block))
+
+
+def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
+                         version=None, block=None):
+    """dx = d loss / d x from dy = d loss / d y (dx is written, not accumulated)."""
+    name = "conv2d_backward_data"
+    check(f"{name} w", w)
+    check(f"{name} dx", dx)
+    g = _geometry(dx.shape, w.shape, stride, padding)
+    check(f"{name} dy", dy, shape=(g.n, g.co, g.oh, g.ow))
+    version, cols = _prepare(name, "backward_data", g, algo, workspace, chunk, version)
+    if dx.size == 0:
+        return
+    if algo == "direct":
+        _backward_data_v1[ceil_div(dx.size, BLOCK), BLOCK, stream](dy, w, dx, *g.stride, *g.padding)
+        return
+    w2, dy3 = w.reshape(g.co, g.k), dy.reshape(g.n, g.co, g.p)
+    for n0, m, dcol in _chunks(g, cols, chunk):
+        for i in range(m):
+            _gemm.gemm(w2, dy3[n0 + i], dcol[i], trans_a=True, **_gemm_kwargs(stream, version, block))
+        col2im(dcol, dx[n0:n0 + m], kernel_size=(g.kh, g.kw), stride=g.stride, padding=g.padding, stream=stream)
+
+
+def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
+                           version=None, block=None):
+    """dw = d loss / d w from x and dy, summed over the batch (dw is written, not accumulated)."""
+    name = "conv2d_backward_filter"
+    check(f"{name} x", x)
+    check(f"{name} dw", dw)
+    g = _geometry(x.shape, dw.shape, stride, padding)
+    check(f"{name} dy", dy, shape=(g.n, g.co, g.oh, g.ow))
+    version, cols = _prepare(name, "backward_filter", g, algo, workspace, chunk, version)
+    if dw.size == 0:
+        return
+    dy3, dw2 = dy.reshape(g.n, g.co, g.p), dw.reshape(g.co, g.k)
+    if g.n == 0 or (algo == "direct" and version == "v1"):  # an empty batch: dw = 0, by the direct kernel
+        _backward_filter_v1[ceil_div(dw.size, BLOCK), BLOCK, stream](x, dy, dw, *g.stride, *g.padding)
+    elif algo == "direct":
+        grid = (ceil_div(g.k, TILE), ceil_div(g.co, TILE))
+        _backward_filter_v2[grid, (TILE, TILE), stream](x, dy3, dw2, *_v2_args(g))
+    else:
+        for n0, m, col in _chunks(g, cols, chunk):
+            im2col(x[n0:n0 + m], col, kernel_size=(g.kh, g.kw), stride=g.stride, padding=g.padding, stream=stream)
+            for i in range(m):
+                beta = 0.0 if n0 + i == 0 else 1.0  # dw = s_0, then dw = s_n + dw
+                _gemm.gemm(dy3[n0 + i], col[i], dw2, trans_b=True, beta=beta, **_gemm_kwargs(stream, version, block))
+
+
+def _versions(op):
+    return tuple(dict.fromkeys(DIRECT_VERSIONS[op] + _gemm.VERSIONS))
+
+
+OPS = {
+    "conv2d_forward": Op("conv2d_forward", conv2d_forward_ref, conv2d_forward, _versions("forward")),
+    "conv2d_backward_data": Op("conv2d_backward_data", conv2d_backward_data_ref, conv2d_backward_data,
+                               _versions("backward_data")),
+    "conv2d_backward_filter": Op("conv2d_backward_filter", conv2d_backward_filter_ref, conv2d_backward_filter,
+                                 _versions("backward_filter")),
+}
+
+# (x shape, w shape, stride, padding, im2col chunk, label): stride 2, asymmetric kernels and padding,
+# rows of y entirely in the padding (pad 3 > kernel 3 - 1), a chunk larger than the batch. The first
+# case runs im2col with every gemm version, the others (the chunking) with the first only: the
+# simulator is slow on the tiled gemms, and tests/test_conv.py checks all of them bit for bit.
+EXAMPLE_CASES = (
+    ((2, 3, 5, 6), (4, 3, 3, 3), 1, 1, 1, "3x3 pad 1"),
+    ((2, 3, 7, 5), (4, 3, 1, 3), 2, (0, 1), 2, "1x3 s2 pad(0,1)"),
+    ((3, 2, 6, 5), (5, 2, 3, 2), (2, 1), (3, 0), 4, "3x2 s(2,1) pad(3,0)"),
+)
+GEMM_BLOCK = (8, 8)  # the gemm block of the examples (few simulated threads)
+
+
+def examples(rng):
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def nan(*shape):
+        return np.full(shape, np.nan, np.float32)
+
+    out = []
+    for case, (xs, ws, stride, padding, chunk, label) in enumerate(EXAMPLE_CASES):
+        gemm_versions = _gemm.VERSIONS if case == 0 else _gemm.VERSIONS[:1]
+        ys = output_shape(xs, ws, stride, padding)
+        args = {"forward": (r(*xs), r(*ws), nan(*ys)), "backward_data": (r(*ys), r(*ws), nan(*xs)),
+                "backward_filter": (r(*xs), r(*ys), nan(*ws))}
+        for op, a in args.items():
+            need = workspace_bytes(op, "im2col", xs, ws, stride, padding, chunk) // 4
+            hyper = {"stride": stride, "padding": padding}
+            out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "direct"}, rtol=1e-4, atol=1e-5,
+                               versions=DIRECT_VERSIONS[op], label=f"direct {label}"))
+            ws_ = nan(need + (3 if chunk == 2 else 0))  # exactly the bytes needed, or a few floats more
+            out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "im2col", "workspace": ws_,
+                                                                "chunk": chunk},
+                               launch={"block": GEMM_BLOCK}, rtol=1e-4, atol=1e-5, versions=gemm_versions,
+                               label=f"im2col c{chunk} {label}"))
+    return out
+
+
+if __name__ == "__main__":
+    main(__import__(__name__))

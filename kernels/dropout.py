@@ -1,0 +1,203 @@
+"""Dropout with a counter-based mask: PyTorch's inverted dropout, y = x * mask / (1 - p).
+
+Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.dropout
+
+The mask is a pure function of (seed, element index), with no random state, so a dropped
+output that the runtime recomputes gets a bit-identical mask (``dropout_mask`` writes only the
+mask, for exactly that). For element i (flat C-order index) and a seed in [0, 2**32):
+
+    key  = mix32(seed)                              (once, on the host)
+    keep = mix32(mix32(i) ^ key) >= threshold,      threshold = round(p * 2**32)   (host, once)
+
+mix32 is Chris Wellons' "lowbias32" 32-bit integer hash. Each 32-bit multiply is split into
+16-bit halves so no intermediate exceeds 2**49: the SAME Python function then gives the same
+bits on NumPy uint64 arrays (the reference), on Python ints (the simulator) and compiled by
+Numba on int64 (a real GPU), with no reliance on overflow wrap-around or on Numba's integer
+promotion rules. P(keep) = (2**32 - threshold) / 2**32 = 1 - p to within 2**-33.
+``round`` is Python's (halves to even); p * 2**32 is exact in float64.
+
+Kept elements are multiplied by scale = 1 / (1 - p) computed in float64 then rounded to
+float32 (PyTorch multiplies by its scale too); dropped ones are 0. p = 0 is the identity.
+Masks are uint8 0/1. The backward dx = dy * mask * scale may run in place (dx aliasing dy).
+Element-wise, so there is no reduction order to fix; one version (v1).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, uint8
+
+from kernels._check import Example, main
+from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+
+BLOCK = 256  # threads per block
+VERSIONS = ("v1",)
+M32 = 0xFFFFFFFF
+MAX_ELEMENTS = 2**32  # element indices are hashed as 32-bit counters
+
+
+# ---------------------------------------------------------------- the hash (host and device)
+def _mix32(v):
+    """lowbias32 on values in [0, 2**32): the same bits for NumPy uint64, Python int and Numba int64."""
+    v = v ^ (v >> 16)
+    v = (v * 0x352D + (((v * 0x7FEB) & 0xFFFF) << 16)) & M32  # v * 0x7FEB352D mod 2**32
+    v = v ^ (v >> 15)
+    v = (v * 0xA68B + (((v * 0x846C) & 0xFFFF) << 16)) & M32  # v * 0x846CA68B mod 2**32
+    v = v ^ (v >> 16)
+    return v
+
+
+def _hyper(op, p, seed=0):
+    """Validate p and seed; return (key, threshold, scale) as Python int, int, float."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"{op}: p must be a number in [0, 1), got {p!r}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise ValueError(f"{op}: seed must be an int in [0, 2**32), got {seed!r}")
+    return _mix32(int(seed)), int(round(float(p) * 2**32)), 1.0 / (1.0 - float(p))
+
+
+# ---------------------------------------------------------------- NumPy references
+def _keep_ref(size, key, threshold):
+    """Boolean keep decisions for flat indices 0 .. size-1, in uint64 arithmetic."""
+    i = np.arange(size, dtype=np.uint64)
+    return _mix32(_mix32(i) ^ np.uint64(key)) >= np.uint64(threshold)
+
+
+def dropout_mask_ref(mask, *, p, seed):
+    key, threshold, _ = _hyper("dropout_mask", p, seed)
+    mask[...] = _keep_ref(mask.size, key, threshold).reshape(mask.shape)
+
+
+def dropout_forward_ref(x, y, mask, *, p, seed):
+    key, threshold, scale = _hyper("dropout_forward", p, seed)
+    keep = _keep_ref(x.size, key, threshold).reshape(x.shape)
+    mask[...] = keep
+    y[...] = np.where(keep, x * x.dtype.type(scale), x.dtype.type(0))
+
+
+def dropout_backward_ref(dy, mask, dx, *, p):
+    """dx = dy * mask / (1 - p); dx may alias dy."""
+    _, _, scale = _hyper("dropout_backward", p)
+    dx[...] = np.where(mask != 0, dy * dy.dtype.type(scale), dy.dtype.type(0))
+
+
+# ---------------------------------------------------------------- device helpers
+_mix32_dev = cuda.jit(device=True, inline=True)(_mix32)  # the very same function, compiled for the GPU
+
+
+@cuda.jit(device=True, inline=True)
+def _keep(i, key, threshold):
+    return _mix32_dev(_mix32_dev(i) ^ key) >= threshold
+
+
+# ---------------------------------------------------------------- kernels
+@cuda_kernel("void(uint8[::1], int64, int64)")
+def _dropout_mask_v1(mask, key, threshold):
+    i = cuda.grid(1)
+    if i < mask.size:
+        mask[i] = uint8(1) if _keep(i, key, threshold) else uint8(0)
+
+
+@cuda_kernel("void(float32[::1], float32[::1], uint8[::1], int64, int64, float32)")
+def _dropout_forward_v1(x, y, mask, key, threshold, scale):
+    i = cuda.grid(1)
+    if i < y.size:
+        if _keep(i, key, threshold):
+            mask[i] = uint8(1)
+            y[i] = x[i] * scale
+        else:
+            mask[i] = uint8(0)
+            y[i] = float32(0.0)
+
+
+@cuda_kernel("void(float32[::1], uint8[::1], float32[::1], float32)")
+def _dropout_backward_v1(dy, mask, dx, scale):
+    # dx may be dy: read dy[i], then write dx[i]; no other element is touched.
+    i = cuda.grid(1)
+    if i < dx.size:
+        g = dy[i]
+        dx[i] = g * scale if mask[i] != 0 else float32(0.0)
+
+
+# ---------------------------------------------------------------- launchers
+def _flat(a):
+    return a.reshape(a.size)
+
+
+def _check_size(op, a):
+    if a.size > MAX_ELEMENTS:
+        raise ValueError(f"{op}: at most 2**32 elements (indices are 32-bit hash counters), got {a.size}")
+
+
+def _launch(kernel, n, block, stream, *args):
+    if n:
+        kernel[ceil_div(n, block), block, stream](*args)
+
+
+def dropout_mask(mask, *, p, seed, stream=0, version="v1", block=BLOCK):
+    """Write only the keep mask of (p, seed): bit-identical to the one dropout_forward wrote."""
+    check_version(version, VERSIONS)
+    key, threshold, _ = _hyper("dropout_mask", p, seed)
+    check("dropout_mask mask", mask, dtype=np.uint8)
+    _check_size("dropout_mask", mask)
+    _launch(_dropout_mask_v1, mask.size, block, stream, _flat(mask), key, threshold)
+
+
+def dropout_forward(x, y, mask, *, p, seed, stream=0, version="v1", block=BLOCK):
+    check_version(version, VERSIONS)
+    key, threshold, scale = _hyper("dropout_forward", p, seed)
+    check("dropout_forward x", x)
+    check("dropout_forward y", y, shape=x.shape)
+    check("dropout_forward mask", mask, shape=x.shape, dtype=np.uint8)
+    _check_size("dropout_forward", x)
+    _launch(_dropout_forward_v1, x.size, block, stream, _flat(x), _flat(y), _flat(mask), key, threshold,
+            np.float32(scale))
+
+
+def dropout_backward(dy, mask, dx, *, p, stream=0, version="v1", block=BLOCK):
+    """dx = dy * mask / (1 - p); ``dx`` may be the same array as ``dy`` (in place)."""
+    check_version(version, VERSIONS)
+    _, _, scale = _hyper("dropout_backward", p)
+    check("dropout_backward dy", dy)
+    check("dropout_backward mask", mask, shape=dy.shape, dtype=np.uint8)
+    check("dropout_backward dx", dx, shape=dy.shape)
+    _launch(_dropout_backward_v1, dx.size, block, stream, _flat(dy), _flat(mask), _flat(dx), np.float32(scale))
+
+
+OPS = {
+    "dropout_forward": Op("dropout_forward", dropout_forward_ref, dropout_forward, VERSIONS),
+    "dropout_backward": Op("dropout_backward", dropout_backward_ref, dropout_backward, VERSIONS),
+    "dropout_mask": Op("dropout_mask", dropout_mask_ref, dropout_mask, VERSIONS),
+}
+
+
+def examples(rng):
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def nan(*shape):
+        return np.full(shape, np.nan, np.float32)
+
+    def garbage_mask(*shape):
+        return np.full(shape, 7, np.uint8)  # neither 0 nor 1: every element must be written
+
+    out = []
+    for shape, p, seed in (((2, 3, 5, 7), 0.5, 0), ((301,), 0.1, 12345), ((9, 37), 0.9, 2**32 - 1),
+                           ((4, 33), 0.0, 7)):
+        out.append(Example("dropout_forward", (r(*shape), nan(*shape), garbage_mask(*shape)), (1, 2),
+                           kwargs={"p": p, "seed": seed}, launch={"block": 64}, label=f"{shape} p={p}"))
+        out.append(Example("dropout_mask", (garbage_mask(*shape),), (0,), kwargs={"p": p, "seed": seed},
+                           launch={"block": 64}, label=f"{shape} p={p}"))
+    mask = rng.integers(0, 2, (3, 5, 11)).astype(np.uint8)
+    dy_in_place = r(3, 5, 11)
+    out += [
+        Example("dropout_backward", (r(3, 5, 11), mask, nan(3, 5, 11)), (2,), kwargs={"p": 0.3},
+                launch={"block": 64}, label="3x5x11"),
+        Example("dropout_backward", (dy_in_place, mask, dy_in_place), (2,), kwargs={"p": 0.3},
+                launch={"block": 64}, label="dx aliases dy"),
+    ]
+    return out
+
+
+if __name__ == "__main__":
+    main(__import__(__name__))

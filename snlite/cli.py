@@ -1,0 +1,258 @@
+"""The ``snlite`` command.
+
+    snlite demo                                   # a tiny CNN on the CPU, in seconds
+    snlite train lenet --data digits              # scikit-learn's 8x8 digits: 96-99% test accuracy in ~10 s
+    snlite train lenet --data mnist:~/data/mnist --save lenet.npz
+    snlite train lenet --data digits --load lenet.npz --epochs 1
+
+Every subcommand has ``--help``. Wrong flags are argparse errors (exit 2); a problem with the
+data, a parameter file or the device is one line on stderr (exit 1); ``snlite --traceback ...``
+shows the full traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from snlite.device import DEVICE_NAMES
+
+DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), "
+             "mnist:PATH (a directory with the four MNIST IDX files), cifar10:PATH (the CIFAR-10 binary batches)")
+SYNTHETIC_TRAIN, SYNTHETIC_TEST = 2048, 512
+
+
+class CliError(Exception):
+    """A problem the user can fix, reported as one line."""
+
+
+# ---------------------------------------------------------------- argument types
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _float_in(low, high, low_open=False, what="a number"):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not np.isfinite(value) or value < low or (low_open and value == low) or (high is not None and value >= high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="snlite", description="SuperNeurons' GPU memory management, reimplemented for teaching. "
+                                   "Start with: snlite demo")
+    parser.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser("demo", help="train a tiny CNN for a few steps and show its memory arena",
+                          description="Build a tiny CNN, print its layers and the arena its tensors live in, "
+                                      "then train it for a few steps on synthetic data. Needs no GPU.")
+    demo.add_argument("--device", choices=DEVICE_NAMES, default="host",
+                      help="where to run: host (NumPy, the default), cuda (a GPU, or the CUDA simulator with "
+                           "NUMBA_ENABLE_CUDASIM=1), meta (the layout only), auto (cuda if a GPU is present)")
+    demo.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
+    demo.add_argument("--seed", type=int, default=0, help="seed for the weights and the data (default 0)")
+
+    train = sub.add_parser("train", help="train a network from the model zoo on a data set",
+                           description="Train NET with SGD, show progress, evaluate the test accuracy each epoch.")
+    train.add_argument("net", metavar="NET", help="a network of the model zoo (snlite.models): lenet (any image "
+                       "size), cifar_resnet20 (3x32x32), alexnet, vgg16, resnet50, ... (ImageNet sizes)")
+    train.add_argument("--data", default="digits", help=DATA_HELP + " (default digits)")
+    train.add_argument("--batch", type=_positive_int, default=32, help="images per step (default 32)")
+    train.add_argument("--epochs", type=_positive_int, default=6, help="passes over the training set (default 6)")
+    train.add_argument("--lr", type=_float_in(0.0, None, low_open=True, what="a learning rate > 0"), default=0.05,
+                       help="learning rate (default 0.05)")
+    train.add_argument("--momentum", type=_float_in(0.0, 1.0, what="a momentum in [0, 1)"), default=0.9,
+                       help="SGD momentum (default 0.9)")
+    train.add_argument("--weight-decay", type=_float_in(0.0, None, what="a weight decay >= 0"), default=5e-4,
+                       help="L2 weight decay (default 5e-4)")
+    train.add_argument("--device", choices=DEVICE_NAMES, default="auto",
+                       help="host (NumPy), cuda, or auto (cuda if a GPU is present, else host; the default)")
+    train.add_argument("--seed", type=int, default=0, help="seed for the weights, the split and the shuffling")
+    train.add_argument("--limit", type=_positive_int, default=None,
+                       help="use at most this many training and test images (a quick run)")
+    train.add_argument("--save", metavar="FILE.npz", help="write the trained parameters here")
+    train.add_argument("--load", metavar="FILE.npz", help="start from the parameters in this file")
+    return parser
+
+
+# ---------------------------------------------------------------- entry point
+def main(argv=None) -> int:
+    """The console script ``snlite`` (also ``python -m snlite.cli``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return {"demo": cmd_demo, "train": cmd_train}[args.command](args)
+    except KeyboardInterrupt:
+        print("\nsnlite: interrupted", file=sys.stderr)
+        return 130
+    except (CliError, ValueError, OSError, ImportError, RuntimeError) as e:
+        if args.traceback:
+            raise
+        print(f"snlite {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_demo(args) -> int:
+    from snlite import demo
+
+    demo.run(device=args.device, steps=args.steps, seed=args.seed)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from snlite.train import Model
+
+    train, test = load_data(args.data, args.seed)
+    if args.limit:
+        train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))
+    if args.batch > len(train):
+        raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images")
+    model = Model(build_model(args.net, args.batch, train), device=args.device, seed=args.seed)
+    if not model.device.has_data:
+        raise CliError(f"the {model.device.name} device holds no data, so it cannot train; "
+                       "see a layout with: snlite demo --device meta")
+    if args.load:
+        print(f"loaded {load_params(args.load, model)} parameter tensors from {args.load}")
+    print(f"{args.net} on {model.device!r}: {len(train):,d} training and {len(test):,d} test images of "
+          f"{train.shape} ({train.name.split('/')[0]}, {train.num_classes} classes), batch {args.batch}, "
+          f"arena {_bytes(model.executor.arena_bytes)}")
+    start = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        run_epoch(model, train, args, epoch)
+        acc = model.evaluate(test.x, test.labels)
+        print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({time.perf_counter() - start:.1f} s so far)")
+    if args.save:
+        save_params(args.save, model.params)
+        print(f"saved {len(model.state_names)} parameter tensors to {args.save}")
+    return 0
+
+
+# ---------------------------------------------------------------- pieces of `train`
+def load_data(spec: str, seed: int = 0):
+    """(train, test) for a ``--data`` value."""
+    from snlite import data
+
+    kind, _, path = spec.partition(":")
+    if kind == "synthetic" and not path:
+        return (data.synthetic(SYNTHETIC_TRAIN, seed=seed), data.synthetic(SYNTHETIC_TEST, seed=seed + 1))
+    if kind == "digits" and not path:
+        return data.digits(seed=seed)
+    if kind in ("mnist", "cifar10") and path:
+        return getattr(data, kind)(os.path.expanduser(path))
+    raise CliError(f"--data {spec!r}: expected one of {DATA_HELP}")
+
+
+def build_model(net: str, batch: int, train):
+    """The graph of ``net`` from the model zoo, sized for ``train``'s images and classes."""
+    from snlite import models
+
+    builder = models.MODELS.get(net.lower())
+    if builder is not None and "input_shape" in inspect.signature(builder).parameters:  # lenet: any image size
+        return models.get_model(net, batch, input_shape=train.shape, num_classes=train.num_classes)
+    graph = models.get_model(net, batch, num_classes=train.num_classes)
+    if graph.input_shape[1:] != train.shape:
+        raise CliError(f"{net} takes images of {graph.input_shape[1:]}, but --data {train.name.split('/')[0]} "
+                       f"has {train.shape}")
+    return graph
+
+
+def run_epoch(model, train, args, epoch: int) -> None:
+    """One pass over ``train`` with a progress line: loss, accuracy, images/s, arena bytes."""
+    graph = model.graph
+    logits = graph.output_tensor(graph.inputs[graph.loss_layer][0])  # still intact after the step
+    total = train.num_batches(args.batch)
+    bar = Progress(f"epoch {epoch}/{args.epochs}", total)
+    loss_sum = correct = seen = 0
+    start = time.perf_counter()
+    for i, (x, labels) in enumerate(train.batches(args.batch, shuffle=True, seed=args.seed * 1000 + epoch), 1):
+        loss_sum += model.step(x, labels, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+        correct += int((model.device.read(model.executor.view(logits)).argmax(axis=1) == labels).sum())
+        seen += len(labels)
+        rate = seen / max(time.perf_counter() - start, 1e-9)
+        bar.update(i, f"loss {loss_sum / i:.4f}  acc {correct / seen:.2%}  {rate:,.0f} img/s  "
+                      f"device memory {_bytes(model.executor.arena_bytes)}")
+    bar.close()
+
+
+class Progress:
+    """A one-line text progress bar, redrawn with ``\\r`` (at most 10 times a second). Where the
+    output is not a terminal, only the final line is written."""
+
+    def __init__(self, label: str, total: int, stream=None, width: int = 20):
+        self.label, self.total, self.width = label, max(total, 1), width
+        self.stream = stream or sys.stdout
+        self.live = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.last_draw, self.line = 0.0, ""
+
+    def update(self, done: int, text: str) -> None:
+        filled = self.width * done // self.total
+        self.line = f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total}  {text}"
+        now = time.perf_counter()
+        if self.live and (now - self.last_draw > 0.1 or done == self.total):
+            self.stream.write("\r" + self.line + "\033[K")
+            self.stream.flush()
+            self.last_draw = now
+
+    def close(self) -> None:
+        self.stream.write(("\r" + self.line + "\033[K\n") if self.live else self.line + "\n")
+        self.stream.flush()
+
+
+def save_params(file: str, params: dict) -> None:
+    """Write ``params`` to ``file`` (.npz) through a temporary file in the same directory and a
+    rename, so an interrupted save never leaves a half-written file."""
+    file = os.path.expanduser(file)
+    folder = os.path.dirname(os.path.abspath(file))
+    fd, tmp = tempfile.mkstemp(prefix=".snlite-", suffix=".npz.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **params)
+        os.replace(tmp, file)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def load_params(file: str, model) -> int:
+    """Set ``model``'s parameters from a .npz file written by ``--save``; returns how many tensors.
+    Every name and shape is checked (by ``Model.set_params``) before anything is written."""
+    try:
+        with np.load(os.path.expanduser(file), allow_pickle=False) as f:
+            params = {name: f[name] for name in f.files}
+    except FileNotFoundError:
+        raise CliError(f"--load {file}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise CliError(f"--load {file}: not a readable .npz parameter file ({e})") from None
+    try:
+        model.set_params(params)
+    except ValueError as e:
+        raise CliError(f"--load {file} does not fit this network: {e}") from None
+    return len(params)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The graph builder: any DAG of snlite's layers, with shape inference, the execution route,
+and every route step's reads and writes as plain data.
+
+    g = Graph(input_shape=(8, 3, 32, 32), num_classes=10)
+    x = g.input()
+    y = g.relu(g.batchnorm(g.conv2d(x, 16, 3, padding=1)))
+    g.softmax_loss(g.linear(g.flatten(g.maxpool(y, 2)), 10))
+
+Tensor names (what the planner and the executor share):
+``<layer>`` its output; ``<layer>.weight`` / ``.bias`` / ``.running_mean``... its parameters and
+buffers (PyTorch's state_dict names), ``<param>.grad`` their gradients; ``<layer>.<saved>`` the
+tensors its forward saves (``drop1.mask``); ``<layer>.grad`` the gradient of its output, or one
+``<layer>.grad@<consumer>`` per consumer when several layers read it (a fork): the layer's
+backward step first sums them, in consumer order, into the first one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from snlite.layers import LAYER_TYPES, Layer
+from snlite.route import execution_route
+
+KINDS = ("input", "weight", "weight_grad", "buffer", "optimizer", "activation", "gradient")
+PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor of the network: its name, shape, dtype, and what kind of memory it is."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    kind: str  # one of KINDS
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the route: a layer's forward or backward, and the tensors it touches."""
+
+    index: int
+    layer: str
+    kind: str
+    phase: str  # "forward" | "backward"
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    inplace: tuple[tuple[str, str], ...] = ()  # (written, read): written takes over read's buffer
+    accumulate: tuple[str, ...] = ()  # fork gradients summed, in order, into reads' first gradient first
+
+    def __str__(self) -> str:
+        return f"{self.index:4d} {self.layer} {self.phase}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """What a builder method returns: a layer's output, to pass to the next layer."""
+
+    graph: "Graph"
+    name: str
+    shape: tuple
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, shape={self.shape})"
+
+
+class Graph:
+    """A network under construction; see the module docstring."""
+
+    def __init__(self, input_shape, num_classes: int, name: str = "net"):
+        shape = tuple(int(s) for s in input_shape)
+        if len(shape) not in (2, 4) or min(shape) < 1:
+            raise ValueError(f"input_shape must be (N, C, H, W) or (N, features) with positive sizes, got {input_shape}")
+        if int(num_classes) < 2:
+            raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+        self.input_shape, self.num_classes, self.name = shape, int(num_classes), name
+        self.layers: dict[str, Layer] = {}
+        self.inputs: dict[str, list[str]] = {}
+        self._counts: dict[str, int] = {}
+        self._cache = None
+
+    # building -------------------------------------------------------------------
+    def _add(self, kind: str, inputs, name, **attrs) -> Node:
+        if kind not in LAYER_TYPES:
+            raise ValueError(f"unknown layer type {kind!r}; known: {sorted(LAYER_TYPES)}")
+        if self.loss_layer is not None:
+            raise ValueError(f"cannot add {kind} {name or ''!r} after softmax_loss: the loss must be the last layer")
+        nodes = list(inputs)
+        for n in nodes:
+            if not isinstance(n, Node) or n.graph is not self:
+                raise ValueError(f"{kind} {name or ''!r}: inputs must be nodes returned by this graph, got {n!r}")
+        if len({n.name for n in nodes}) != len(nodes):
+            raise ValueError(f"{kind} {name or ''!r}: the same tensor appears twice among its inputs "
+                             f"{[n.name for n in nodes]}")
+        if name is None:  # conv1, conv2, bn1, relu1...
+            prefix = PREFIX.get(kind, kind)
+            self._counts[prefix] = self._counts.get(prefix, 0) + 1
+            name = f"{prefix}{self._counts[prefix]}"
+            while name in self.layers:
+                self._counts[prefix] += 1
+                name = f"{prefix}{self._counts[prefix]}"
+        if not isinstance(name, str) or not name or "@" in name or name in self.layers:
+            raise ValueError(f"layer name {name!r} is empty, contains '@' or is already used")
+        layer = LAYER_TYPES[kind](name, [n.shape for n in nodes], **attrs)
+        self.layers[name] = layer
+        self.inputs[name] = [n.name for n in nodes]
+        self._cache = None
+        return Node(self, name, layer.out_shape)
+
+    def input(self) -> Node:
+        """The data layer (created on the first call)."""
+        if "data" in self.layers:
+            return Node(self, "data", self.layers["data"].out_shape)
+        return self._add("data", [], "data", shape=self.input_shape)
+
+    def conv2d(self, x, out_channels, kernel, stride=1, padding=0, bias=True, name=None) -> Node:
+        return self._add("conv2d", [x], name, out_channels=_positive(out_channels, "out_channels"),
+                         kernel=_pair(kernel), stride=_pair(stride), padding=_pair(padding, 0), bias=bool(bias))
+
+    def linear(self, x, out_features, bias=True, name=None) -> Node:
+        return self._add("linear", [x], name, out_features=_positive(out_features, "out_features"), bias=bool(bias))
+
+    def relu(self, x, name=None) -> Node:
+        return self._add("relu", [x], name)
+
+    def maxpool(self, x, kernel, stride=None, padding=0, name=None) -> Node:
+        return self._add("maxpool", [x], name, kernel=_pair(kernel), stride=_pair(stride or kernel),
+                         padding=_pair(padding, 0))
+
+    def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, name=None) -> Node:
+        return self._add("avgpool", [x], name, kernel=_pair(kernel), stride=_pair(stride or kernel),
+                         padding=_pair(padding, 0), count_include_pad=bool(count_include_pad))
+
+    def batchnorm(self, x, eps=1e-5, momentum=0.1, name=None) -> Node:
+        return self._add("batchnorm", [x], name, eps=float(eps), momentum=float(momentum))
+
+    def lrn(self, x, size=5, alpha=1e-4, beta=0.75, k=1.0, name=None) -> Node:
+        return self._add("lrn", [x], name, size=_positive(size, "size"), alpha=float(alpha), beta=float(beta),
+                         k=float(k))
+
+    def dropout(self, x, p=0.5, name=None) -> Node:
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout {name or ''!r}: p must be in [0, 1), got {p}")
+        return self._add("dropout", [x], name, p=float(p))
+
+    def add(self, *xs, name=None) -> Node:
+        xs = list(xs[0]) if len(xs) == 1 and isinstance(xs[0], (list, tuple)) else list(xs)
+        if len(xs) < 2:
+            raise ValueError(f"add {name or ''!r}: needs at least two inputs, got {len(xs)}")
+        return self._add("add", xs, name)
+
+    def concat(self, xs, name=None) -> Node:
+        if len(xs) < 2:
+            raise ValueError(f"concat {name or ''!r}: needs at least two inputs, got {len(xs)}")
+        return self._add("concat", list(xs), name)
+
+    def flatten(self, x, name=None) -> Node:
+        return self._add("flatten", [x], name)
+
+    def softmax_loss(self, y, name="softmax") -> Node:
+        return self._add("softmax_loss", [y], name, num_classes=self.num_classes)
+
+    # what was built -----------------------------------------------------------------
+    @property
+    def loss_layer(self) -> str | None:
+        return next((n for n, l in self.layers.items() if l.kind == "softmax_loss"), None)
+
+    def consumers(self) -> dict[str, list[str]]:
+        """layer -> the layers that read its output, in the order they were added."""
+        out = {name: [] for name in self.layers}
+        for name, ins in self.inputs.items():
+            for i in ins:
+                out[i].append(name)
+        return out
+
+    def route(self) -> tuple[list[str], list[str]]:
+        """(forward, backward) layer orders of Algorithm 1 (see :mod:`snlite.route`)."""
+        return self._compiled()[0]
+
+    def tensors(self) -> dict[str, TensorSpec]:
+        """Every tensor of one training iteration, by name."""
+        return self._compiled()[1]
+
+    def steps(self) -> list[Step]:
+        """The 2N route steps: every layer's forward in route order, then every backward."""
+        return self._compiled()[2]
+
+    def output_tensor(self, name: str) -> str:
+        """The tensor holding layer ``name``'s output (a flatten's is its input's, reshaped)."""
+        return self._compiled()[3][name]
+
+    def output_grads(self, name: str) -> list[str]:
+        """The gradients of ``name``'s output, one per consumer; its backward sums them into the first."""
+        return self._compiled()[4][name]
+
+    def input_grads(self, name: str) -> list[str]:
+        """The gradient tensors ``name``'s backward writes, one per input."""
+        return [self._compiled()[5][(name, i)] for i in self.inputs[name]]
+
+    def param_count(self) -> int:
+        return sum(math.prod(s) for l in self.layers.values() for s in l.params().values())
+
+    def flops(self) -> int:
+        """Forward FLOPs of one batch."""
+        return sum(l.flops() for l in self.layers.values())
+
+    def summary(self) -> str:
+        """A table of the layers in route order: kind, output shape, parameters, checkpoint."""
+        rows = [f"{'layer':24} {'kind':13} {'output':22} {'params':>12}  checkpoint"]
+        for name in self.route()[0]:
+            l = self.layers[name]
+            p = sum(math.prod(s) for s in l.params().values())
+            rows.append(f"{name:24} {l.kind:13} {str(l.out_shape):22} {p:12,d}  {'yes' if l.checkpoint else ''}")
+        rows.append(f"{len(self.layers)} layers, {self.param_count():,d} parameters, {self.flops():,d} forward FLOPs")
+        return "\n".join(rows)
+
+    # compiling roles into names ----------------------------------------------------
+    def _compiled(self):
+        if self._cache is None:
+            if self.loss_layer is None:
+                raise ValueError("the graph has no softmax_loss layer: end it with g.softmax_loss(logits)")
+            succ = self.consumers()
+            route = execution_route(succ, "data")
+            self._cache = (route,) + _Compiler(self, succ, route).run()
+        return self._cache
+
+
+class _Compiler:
+    """Turns each layer's roles into tensor names and the route into steps."""
+
+    def __init__(self, g: Graph, succ, route):
+        self.g, self.succ, (self.fwd, self.bwd) = g, succ, route
+        self.tensors: dict[str, TensorSpec] = {}
+
+    def tensor(self, name, shape, kind, dtype="float32"):
+        if name in self.tensors:
+            raise ValueError(f"two tensors of the graph are both named {name!r}: rename a layer")
+        self.tensors[name] = TensorSpec(name, tuple(shape), dtype, kind)
+        return name
+
+    def run(self):
+        g = self.g
+        act, dys, dxs = {}, {}, {}
+        for name in self.fwd:  # output names, in forward order (a flatten's is its input's)
+            layer = g.layers[name]
+            if layer.alias_input:
+                act[name] = act[g.inputs[name][0]]
+            else:
+                act[name] = self.tensor(name, layer.out_shape, "input" if layer.kind == "data" else "activation")
+            for p, shape in layer.params().items():
+                self.tensor(f"{name}.{p}", shape, "weight")
+                self.tensor(f"{name}.{p}.grad", shape, "weight_grad")
+            for b, shape in layer.buffers().items():
+                self.tensor(f"{name}.{b}", shape, "buffer")
+            for s, (shape, dtype) in layer.saved().items():
+                self.tensor(f"{name}.{s}", shape, "activation", dtype)
+        labels = self.tensor("labels", (g.input_shape[0],), "input", "int32")
+        for name in self.bwd:  # gradient names, consumers before producers
+            cons = self.succ[name]
+            dys[name] = [dxs[(c, name)] for c in cons]
+            for p in g.inputs[name]:
+                if g.layers[name].alias_input:
+                    dxs[(name, p)] = dys[name][0]
+                else:
+                    tname = f"{p}.grad" if len(self.succ[p]) == 1 else f"{p}.grad@{name}"
+                    dxs[(name, p)] = self.tensor(tname, g.layers[p].out_shape, "gradient")
+        steps = []
+        for phase, order in (("forward", self.fwd), ("backward", self.bwd)):
+            for name in order:
+                steps.append(self.step(len(steps), name, phase, act, dys[name], dxs, labels))
+        return self.tensors, steps, act, dys, dxs
+
+    def step(self, index, name, phase, act, dy, dxs, labels) -> Step:
+        g, layer = self.g, self.g.layers[name]
+        roles = {"x": [act[i] for i in g.inputs[name]], "y": [act[name]], "labels": [labels],
+                 "dy": dy, "dx": [dxs[(name, i)] for i in g.inputs[name]]}
+        roles.update({s: [f"{name}.{s}"] for s in layer.saved()})
+        params = [f"{name}.{p}" for p in layer.params()]
+        buffers = [f"{name}.{b}" for b in layer.buffers()]
+        if layer.alias_input:  # flatten: nothing moves; only fork gradients are summed
+            return Step(index, name, layer.kind, phase, tuple(dy) if phase == "backward" else (), (),
+                        accumulate=tuple(dy[1:]) if phase == "backward" else ())
+        if phase == "forward":
+            reads = [t for r in layer.fwd_reads for t in roles[r]] + params + buffers
+            writes = [t for r in layer.fwd_writes for t in roles[r]]
+            if layer.kind == "batchnorm":
+                writes += buffers
+            return Step(index, name, layer.kind, phase, tuple(reads), tuple(writes))
+        reads = [t for r in layer.bwd_reads for t in roles[r]] + [p for p in params if p.endswith(".weight")]
+        writes = [t for r in layer.bwd_writes for t in roles[r]] + [f"{p}.grad" for p in params]
+        inplace = ()
+        if layer.bwd_inplace and roles["dx"]:
+            inplace = ((roles["dx"][0], (dy or roles["y"])[0]),)
+        accumulate = tuple(dy[1:]) if layer.kind != "data" else ()
+        return Step(index, name, layer.kind, phase, tuple(reads), tuple(writes), inplace, accumulate)
+
+
+def _pair(v, minimum=1):
+    h, w = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
+    if min(h, w) < minimum:
+        raise ValueError(f"expected sizes >= {minimum}, got {v!r}")
+    return int(h), int(w)
+
+
+def _positive(v, what):
+    if int(v) < 1:
+        raise ValueError(f"{what} must be a positive integer, got {v!r}")
+    return int(v)

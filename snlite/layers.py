@@ -1,0 +1,486 @@
+"""Layers: what each one computes, and what each route step reads and writes, declared as data.
+
+Each layer class states, as class attributes, the *roles* its forward and backward steps read
+and write, following cuDNN's conventions as the paper did (PAPER.md section 1):
+
+- ReLU, pooling and LRN backward read x, y and dy; conv and linear backward read x and dy.
+- ReLU, LRN, dropout and softmax backward write dx into dy's buffer (``bwd_inplace``); ReLU
+  forward is not in place.
+- Dropout backward reads dy and its mask.
+
+Roles are ``x`` (every input), ``y`` (the output), ``dy`` (the output's gradient), ``dx`` (every
+input's gradient), ``labels``, and the layer's own ``saved`` tensors (e.g. the dropout mask);
+parameters are read by both steps and their gradients written by the backward step; buffers
+(BatchNorm's running statistics) are read and written by the training forward.
+:class:`snlite.graph.Graph` turns roles into tensor names; the executor turns names into views
+and calls :meth:`Layer.forward` / :meth:`Layer.backward` with them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from kernels.conv import ALGORITHMS, output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
+from kernels.pooling import pool_output_shape
+
+CONV_OPS = ("forward", "backward_data", "backward_filter")
+
+
+@dataclass
+class StepIO:
+    """The views one step works on, by role, and how to run kernels (filled in by the executor)."""
+
+    run: object  # run(op_name, *args, **kwargs) on the device and stream of this step
+    x: list = field(default_factory=list)
+    y: object = None
+    dy: object = None
+    dx: list = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    grads: dict = field(default_factory=dict)
+    buffers: dict = field(default_factory=dict)
+    saved: dict = field(default_factory=dict)
+    labels: object = None
+    train: bool = True
+    update_running: bool = True  # BatchNorm: False when a forward step is recomputed
+    seed: int = 0  # dropout: a 32-bit seed for this layer and iteration
+    algo: dict = field(default_factory=dict)  # conv: op -> algorithm
+    workspace: object = None  # conv: a 1-D float32 view, large enough for the chosen algorithms
+    chunk: int = 1  # conv: images per im2col chunk
+
+
+class Layer:
+    """A layer of the graph. Subclasses set the roles below and implement forward/backward."""
+
+    kind: ClassVar[str] = "layer"
+    checkpoint: ClassVar[bool] = False  # SuperNeurons keeps checkpoint outputs; cheap layers are recomputed
+    n_inputs: ClassVar[int | None] = 1  # None: any number >= 2 (joins)
+    fwd_reads: ClassVar[tuple] = ("x",)
+    fwd_writes: ClassVar[tuple] = ("y",)
+    bwd_reads: ClassVar[tuple] = ("dy",)
+    bwd_writes: ClassVar[tuple] = ("dx",)
+    bwd_inplace: ClassVar[bool] = False  # dx (of the single input) is written into dy's buffer
+    alias_input: ClassVar[bool] = False  # the output is the input's storage, reshaped (flatten)
+
+    def __init__(self, name: str, in_shapes: list[tuple], **attrs):
+        self.name = name
+        self.in_shapes = [tuple(s) for s in in_shapes]
+        self.attrs = attrs
+        self.out_shape = self.infer_shape()
+
+    # declarations --------------------------------------------------------------
+    def infer_shape(self) -> tuple:
+        return self.in_shapes[0]
+
+    def params(self) -> dict[str, tuple]:
+        """Learnable parameters, PyTorch's local names (``weight``, ``bias``) -> shape."""
+        return {}
+
+    def buffers(self) -> dict[str, tuple]:
+        """Non-learnable state kept across iterations (BatchNorm's running statistics)."""
+        return {}
+
+    def saved(self) -> dict[str, tuple[tuple, str]]:
+        """Tensors the forward writes for the backward to read: local name -> (shape, dtype)."""
+        return {}
+
+    def flops(self) -> int:
+        """Forward floating-point operations (a multiply-add counts 2)."""
+        return math.prod(self.out_shape)
+
+    def workspace_bytes(self, op: str, algo: str, chunk: int = 1) -> int:
+        return 0
+
+    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {}
+
+    # execution -----------------------------------------------------------------
+    def forward(self, io: StepIO) -> None:
+        raise NotImplementedError
+
+    def backward(self, io: StepIO) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.name}: {self.in_shapes} -> {self.out_shape}>"
+
+
+def _uniform_fan_in(rng, shape, fan_in):
+    """PyTorch's default init for conv and linear (kaiming_uniform with a=sqrt(5) and its bias)."""
+    bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+
+class Data(Layer):
+    """The input batch and its labels. Its backward step reads the gradients of the data (the
+    paper's convention: the first layers compute them, and the route ends at the data layer)."""
+
+    kind = "data"
+    checkpoint = True
+    n_inputs = 0
+    fwd_reads = ()
+    fwd_writes = ("y", "labels")
+    bwd_reads = ("dy",)
+    bwd_writes = ()
+
+    def infer_shape(self):
+        return tuple(self.attrs["shape"])
+
+    def flops(self):
+        return 0
+
+    def forward(self, io):
+        pass  # the executor copies the batch in
+
+    def backward(self, io):
+        pass
+
+
+class Conv2d(Layer):
+    kind = "conv2d"
+    checkpoint = True
+    bwd_reads = ("x", "dy")
+
+    def infer_shape(self):
+        a = self.attrs
+        x = self.in_shapes[0]
+        if len(x) != 4:
+            raise ValueError(f"conv2d {self.name!r}: expected an (N, C, H, W) input, got {x}")
+        self.w_shape = (a["out_channels"], x[1]) + a["kernel"]
+        try:
+            return tuple(conv_output_shape(x, self.w_shape, a["stride"], a["padding"]))
+        except ValueError as e:
+            raise ValueError(f"conv2d {self.name!r}: {e}") from None
+
+    def params(self):
+        p = {"weight": self.w_shape}
+        if self.attrs["bias"]:
+            p["bias"] = (self.w_shape[0],)
+        return p
+
+    def flops(self):
+        return 2 * math.prod(self.out_shape) * math.prod(self.w_shape[1:])
+
+    def workspace_bytes(self, op, algo, chunk=1):
+        a = self.attrs
+        return conv_workspace_bytes(op, algo, self.in_shapes[0], self.w_shape, a["stride"], a["padding"], chunk)
+
+    def init_params(self, rng):
+        fan_in = math.prod(self.w_shape[1:])
+        return {k: _uniform_fan_in(rng, s, fan_in) for k, s in self.params().items()}
+
+    def _conv_kw(self, io, op):
+        a = self.attrs
+        return dict(stride=a["stride"], padding=a["padding"], algo=io.algo.get(op, "direct"),
+                    workspace=io.workspace, chunk=io.chunk)
+
+    def forward(self, io):
+        io.run("conv2d_forward", io.x[0], io.params["weight"], io.y, **self._conv_kw(io, "forward"))
+        if "bias" in io.params:
+            io.run("bias_add", io.y, io.params["bias"])
+
+    def backward(self, io):
+        io.run("conv2d_backward_filter", io.x[0], io.dy, io.grads["weight"], **self._conv_kw(io, "backward_filter"))
+        if "bias" in io.grads:
+            io.run("bias_backward", io.dy, io.grads["bias"])
+        io.run("conv2d_backward_data", io.dy, io.params["weight"], io.dx[0], **self._conv_kw(io, "backward_data"))
+
+
+class Linear(Layer):
+    """PyTorch's Linear; a 4-D input is flattened implicitly (as Caffe's InnerProduct does)."""
+
+    kind = "linear"
+    checkpoint = True
+    bwd_reads = ("x", "dy")
+
+    def infer_shape(self):
+        x = self.in_shapes[0]
+        self.in_features = math.prod(x[1:])
+        return (x[0], self.attrs["out_features"])
+
+    def params(self):
+        p = {"weight": (self.attrs["out_features"], self.in_features)}
+        if self.attrs["bias"]:
+            p["bias"] = (self.attrs["out_features"],)
+        return p
+
+    def flops(self):
+        return 2 * self.out_shape[0] * self.in_features * self.out_shape[1]
+
+    def init_params(self, rng):
+        return {k: _uniform_fan_in(rng, s, self.in_features) for k, s in self.params().items()}
+
+    def forward(self, io):
+        x = io.x[0].reshape(self.out_shape[0], self.in_features)
+        io.run("linear_forward", x, io.params["weight"], io.y)
+        if "bias" in io.params:
+            io.run("bias_add", io.y, io.params["bias"])
+
+    def backward(self, io):
+        x = io.x[0].reshape(self.out_shape[0], self.in_features)
+        io.run("linear_backward_filter", x, io.dy, io.grads["weight"])
+        if "bias" in io.grads:
+            io.run("bias_backward", io.dy, io.grads["bias"])
+        io.run("linear_backward_data", io.dy, io.params["weight"], io.dx[0].reshape(x.shape))
+
+
+class ReLU(Layer):
+    kind = "relu"
+    bwd_reads = ("x", "y", "dy")
+    bwd_inplace = True
+
+    def forward(self, io):
+        io.run("relu_forward", io.x[0], io.y)
+
+    def backward(self, io):
+        io.run("relu_backward", io.x[0], io.y, io.dy, io.dx[0])
+
+
+class _Pool(Layer):
+    bwd_reads = ("x", "y", "dy")  # cuDNN's pooling backward reads all three
+
+    def infer_shape(self):
+        a = self.attrs
+        try:
+            return tuple(pool_output_shape(self.in_shapes[0], a["kernel"], a["stride"], a["padding"], op=self.kind))
+        except ValueError as e:
+            raise ValueError(f"{self.kind} {self.name!r}: {e}") from None
+
+    def flops(self):
+        k = self.attrs["kernel"]
+        return math.prod(self.out_shape) * (k[0] * k[1] if isinstance(k, tuple) else k * k)
+
+    def _kw(self):
+        a = self.attrs
+        return dict(kernel=a["kernel"], stride=a["stride"], padding=a["padding"])
+
+
+class MaxPool2d(_Pool):
+    kind = "maxpool"
+
+    def forward(self, io):
+        io.run("maxpool2d_forward", io.x[0], io.y, **self._kw())
+
+    def backward(self, io):
+        io.run("maxpool2d_backward", io.x[0], io.y, io.dy, io.dx[0], **self._kw())
+
+
+class AvgPool2d(_Pool):
+    kind = "avgpool"
+
+    def _kw(self):
+        return dict(super()._kw(), count_include_pad=self.attrs["count_include_pad"])
+
+    def forward(self, io):
+        io.run("avgpool2d_forward", io.x[0], io.y, **self._kw())
+
+    def backward(self, io):
+        io.run("avgpool2d_backward", io.dy, io.dx[0], **self._kw())
+
+
+class BatchNorm2d(Layer):
+    kind = "batchnorm"
+    bwd_reads = ("x", "dy", "save_mean", "save_invstd")
+
+    def infer_shape(self):
+        if len(self.in_shapes[0]) != 4:
+            raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {self.in_shapes[0]}")
+        return self.in_shapes[0]
+
+    def params(self):
+        return {"weight": (self.out_shape[1],), "bias": (self.out_shape[1],)}
+
+    def buffers(self):
+        return {"running_mean": (self.out_shape[1],), "running_var": (self.out_shape[1],)}
+
+    def saved(self):
+        c = (self.out_shape[1],)
+        return {"save_mean": (c, "float32"), "save_invstd": (c, "float32")}
+
+    def flops(self):
+        return 8 * math.prod(self.out_shape)
+
+    def init_params(self, rng):
+        c = self.out_shape[1]
+        return {"weight": np.ones(c, np.float32), "bias": np.zeros(c, np.float32),
+                "running_mean": np.zeros(c, np.float32), "running_var": np.ones(c, np.float32)}
+
+    def forward(self, io):
+        p, b = io.params, io.buffers
+        if io.train:
+            io.run("batchnorm_forward_train", io.x[0], p["weight"], p["bias"], io.y, b["running_mean"],
+                   b["running_var"], io.saved["save_mean"], io.saved["save_invstd"],
+                   momentum=self.attrs["momentum"], eps=self.attrs["eps"], update_running=io.update_running)
+        else:
+            io.run("batchnorm_forward_infer", io.x[0], p["weight"], p["bias"], b["running_mean"], b["running_var"],
+                   io.y, eps=self.attrs["eps"])
+
+    def backward(self, io):
+        io.run("batchnorm_backward", io.x[0], io.dy, io.params["weight"], io.saved["save_mean"],
+               io.saved["save_invstd"], io.dx[0], io.grads["weight"], io.grads["bias"])
+
+
+class LRN(Layer):
+    """Cross-channel local response normalisation, as PyTorch's LocalResponseNorm."""
+
+    kind = "lrn"
+    bwd_reads = ("x", "y", "dy")
+    bwd_inplace = True
+
+    def flops(self):
+        return 2 * self.attrs["size"] * math.prod(self.out_shape)
+
+    def _kw(self):
+        return {k: self.attrs[k] for k in ("size", "alpha", "beta", "k")}
+
+    def forward(self, io):
+        io.run("lrn_forward", io.x[0], io.y, **self._kw())
+
+    def backward(self, io):
+        io.run("lrn_backward", io.x[0], io.y, io.dy, io.dx[0], **self._kw())
+
+
+class Dropout(Layer):
+    kind = "dropout"
+    fwd_writes = ("y", "mask")
+    bwd_reads = ("dy", "mask")
+    bwd_inplace = True
+
+    def saved(self):
+        return {"mask": (self.out_shape, "uint8")}
+
+    def forward(self, io):
+        if io.train:
+            io.run("dropout_forward", io.x[0], io.y, io.saved["mask"], p=self.attrs["p"], seed=io.seed)
+        else:
+            io.run("copy", io.x[0], io.y)
+
+    def backward(self, io):
+        io.run("dropout_backward", io.dy, io.saved["mask"], io.dx[0], p=self.attrs["p"])
+
+
+class Add(Layer):
+    """Element-wise sum of two or more inputs (residual joins). Backward: the first input's
+    gradient takes over dy's buffer; the others are copies of it."""
+
+    kind = "add"
+    checkpoint = True
+    n_inputs = None
+    bwd_inplace = True
+
+    def infer_shape(self):
+        first = self.in_shapes[0]
+        for i, s in enumerate(self.in_shapes[1:], 1):
+            if s != first:
+                raise ValueError(f"add {self.name!r}: input 0 has shape {first} but input {i} has shape {s}")
+        return first
+
+    def forward(self, io):
+        io.run("add", io.x[0], io.x[1], io.y)
+        for x in io.x[2:]:
+            io.run("accumulate", io.y, x)
+
+    def backward(self, io):
+        for dx in io.dx[1:]:
+            io.run("copy", io.dy, dx)
+        # io.dx[0] is io.dy's buffer: nothing to do
+
+
+class Concat(Layer):
+    """Channel concatenation of two or more (N, C_i, H, W) inputs (Inception, DenseNet)."""
+
+    kind = "concat"
+    checkpoint = True
+    n_inputs = None
+
+    def infer_shape(self):
+        first = self.in_shapes[0]
+        for i, s in enumerate(self.in_shapes):
+            if len(s) != 4 or (s[0], s[2], s[3]) != (first[0], first[2], first[3]):
+                raise ValueError(f"concat {self.name!r}: inputs must agree in N, H, W; input 0 is {first}, "
+                                 f"input {i} is {s}")
+        return (first[0], sum(s[1] for s in self.in_shapes), first[2], first[3])
+
+    def offsets(self):
+        out, o = [], 0
+        for s in self.in_shapes:
+            out.append(o)
+            o += s[1]
+        return out
+
+    def flops(self):
+        return 0
+
+    def forward(self, io):
+        for x, off in zip(io.x, self.offsets()):
+            io.run("concat_forward", x, io.y, offset=off)
+
+    def backward(self, io):
+        for dx, off in zip(io.dx, self.offsets()):
+            io.run("concat_backward", io.dy, dx, offset=off)
+
+
+class Flatten(Layer):
+    """(N, C, H, W) -> (N, C*H*W). No step of its own does any work: its output is its input's
+    storage, reshaped, and its input gradient is its output gradient."""
+
+    kind = "flatten"
+    fwd_reads = ()
+    fwd_writes = ()
+    bwd_reads = ()
+    bwd_writes = ()
+    alias_input = True
+
+    def infer_shape(self):
+        x = self.in_shapes[0]
+        return (x[0], math.prod(x[1:]))
+
+    def flops(self):
+        return 0
+
+    def forward(self, io):
+        pass
+
+    def backward(self, io):
+        pass
+
+
+class SoftmaxLoss(Layer):
+    """Softmax + cross-entropy, mean over the batch (PyTorch's CrossEntropyLoss). Its output is
+    the probabilities; the loss is a saved scalar. Backward writes dlogits into prob's buffer."""
+
+    kind = "softmax_loss"
+    checkpoint = True
+    fwd_reads = ("x", "labels")
+    fwd_writes = ("y", "loss")
+    bwd_reads = ("y", "labels")
+    bwd_inplace = True  # in place of y (the probabilities), not dy: it has no dy
+
+    def infer_shape(self):
+        x = self.in_shapes[0]
+        if len(x) != 2:
+            raise ValueError(f"softmax_loss {self.name!r}: expected (N, classes) logits, got {x}; add a linear layer")
+        if x[1] != self.attrs["num_classes"]:
+            raise ValueError(f"softmax_loss {self.name!r}: logits have {x[1]} classes but the graph was built "
+                             f"with num_classes={self.attrs['num_classes']}")
+        return x
+
+    def saved(self):
+        return {"loss": ((1,), "float32")}
+
+    def flops(self):
+        return 4 * math.prod(self.out_shape)
+
+    def forward(self, io):
+        io.run("softmax_xent_forward", io.x[0], io.labels, io.y, io.saved["loss"])
+
+    def backward(self, io):
+        io.run("softmax_xent_backward", io.y, io.labels, io.dx[0])
+
+
+LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, MaxPool2d, AvgPool2d, BatchNorm2d, LRN,
+                                          Dropout, Add, Concat, Flatten, SoftmaxLoss)}
+
+__all__ = ["ALGORITHMS", "CONV_OPS", "LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

@@ -1,0 +1,56 @@
+"""The execution route: SuperNeurons' Algorithm 1 (PAPER.md section 2), on plain data.
+
+Forward: depth-first from the data layer. Each layer counts how many of its predecessors have
+called it; a join runs only when the count reaches its number of inputs, then recurses into its
+successors in order. Backward: the same algorithm on the reversed graph, from the last layer, so
+a fork waits until the backward steps of all its successors have called it.
+
+Works on any DAG given as ``{node: [successors in order]}``; iterative, so a ResNet with 10,000
+layers does not hit Python's recursion limit.
+"""
+from __future__ import annotations
+
+
+def join_counting_dfs(successors: dict, start) -> list:
+    """Visit order of Algorithm 1 from ``start`` over ``successors`` (node -> ordered list)."""
+    n_inputs: dict = {}
+    for node, succ in successors.items():
+        n_inputs.setdefault(node, 0)
+        for s in succ:
+            n_inputs[s] = n_inputs.get(s, 0) + 1
+    calls = dict.fromkeys(n_inputs, 0)
+    order = [start]
+    stack = [iter(successors.get(start, ()))]
+    while stack:
+        nxt = next(stack[-1], None)
+        if nxt is None:
+            stack.pop()
+            continue
+        calls[nxt] += 1
+        if calls[nxt] == n_inputs[nxt]:  # the last predecessor has called: the join runs now
+            order.append(nxt)
+            stack.append(iter(successors.get(nxt, ())))
+    return order
+
+
+def reverse(successors: dict) -> dict:
+    """The reversed graph; each node's new successors are its predecessors in edge order."""
+    preds: dict = {node: [] for node in successors}
+    for node, succ in successors.items():
+        for s in succ:
+            preds.setdefault(s, []).append(node)
+    return preds
+
+
+def execution_route(successors: dict, source) -> tuple[list, list]:
+    """``(forward, backward)``: the forward visit order from ``source``, and the backward order,
+    the same algorithm on the reversed graph from the last forward node."""
+    forward = join_counting_dfs(successors, source)
+    missing = set(successors) - set(forward)
+    if missing:
+        raise ValueError(f"layers not reachable from {source!r} (or part of a cycle): {sorted(map(str, missing))}")
+    backward = join_counting_dfs(reverse(successors), forward[-1])
+    if len(backward) != len(forward):
+        raise ValueError(f"the network has more than one output layer; the backward route from {forward[-1]!r} "
+                         f"misses {sorted(map(str, set(forward) - set(backward)))}")
+    return forward, backward

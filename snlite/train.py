@@ -1,0 +1,119 @@
+"""The training API: the same calls on the host, the simulator and a real GPU.
+
+    model = snlite.Model(graph, device="auto", seed=0)
+    loss, grads = model.forward_backward(x, labels)    # no update
+    loss = model.step(x, labels, lr=0.01, momentum=0.9)
+    logits = model.predict(x)                          # inference: BN running stats, no dropout
+
+Layer math follows PyTorch, and ``model.params`` uses PyTorch's state_dict names, so weights
+can be exchanged. The dropout mask depends only on (seed, iteration, layer, element); BatchNorm's
+running statistics are updated exactly once per training step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from snlite.device import get_device
+from snlite.graph import Graph, TensorSpec
+from snlite.runtime import Executor
+
+
+class Model:
+    """A graph, its parameters and optimizer state on a device, and the executor that trains it."""
+
+    def __init__(self, graph: Graph, device="auto", seed: int = 0):
+        self.graph = graph
+        self.device = get_device(device)
+        self.seed = int(seed)
+        self.iteration = 0  # training iterations run so far (dropout masks depend on it)
+        tensors = graph.tensors()
+        self.learnable = [t.name for t in tensors.values() if t.kind == "weight"]
+        self.state_names = [t.name for t in tensors.values() if t.kind in ("weight", "buffer")]
+        momentum = {f"{n}.momentum": TensorSpec(f"{n}.momentum", tensors[n].shape, "float32", "optimizer")
+                    for n in self.learnable}
+        self.executor = Executor(graph, self.device, momentum)
+        rng = np.random.default_rng(self.seed)
+        init = {}
+        for name, layer in graph.layers.items():
+            for local, value in layer.init_params(rng).items():
+                init[f"{name}.{local}"] = value
+        for n in self.learnable:
+            init[f"{n}.momentum"] = np.zeros(tensors[n].shape, np.float32)
+        self._write(init)
+
+    # parameters -----------------------------------------------------------------
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """Weights and buffers by PyTorch state_dict name; a copy."""
+        return {n: self._read(n) for n in self.state_names}
+
+    def set_params(self, params: dict) -> None:
+        """Replace weights and buffers; names and shapes are checked before anything is written."""
+        tensors = self.graph.tensors()
+        missing = sorted(set(self.state_names) - set(params))
+        unexpected = sorted(set(params) - set(self.state_names))
+        wrong = [f"{n}: expected {tensors[n].shape}, got {tuple(np.shape(v))}"
+                 for n, v in params.items() if n in tensors and tuple(np.shape(v)) != tensors[n].shape]
+        if missing or unexpected or wrong:
+            parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {unexpected}"] if unexpected else [])
+            raise ValueError("parameters do not match the graph: " + "; ".join(parts + wrong))
+        self._write({n: np.asarray(v, np.float32) for n, v in params.items()})
+
+    # training -------------------------------------------------------------------
+    def forward_backward(self, x, labels) -> tuple[float, dict[str, np.ndarray]]:
+        """One training forward and backward; returns the loss and every weight's gradient."""
+        loss = self._train_iteration(x, labels)
+        return loss, {n: self._read(f"{n}.grad") for n in self.learnable}
+
+    def step(self, x, labels, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0) -> float:
+        """forward_backward, then SGD (torch.optim.SGD's rule) on every weight; returns the loss."""
+        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
+            raise ValueError(f"need lr > 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}")
+        loss = self._train_iteration(x, labels)
+        ex = self.executor
+        for n in self.learnable:
+            self.device.run("sgd_update", ex.view(n), ex.view(f"{n}.grad"), ex.view(f"{n}.momentum"),
+                            lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return loss
+
+    def predict(self, x) -> np.ndarray:
+        """Logits in inference mode, for any number of samples (run in batches of the graph's N)."""
+        x = np.asarray(x, dtype=np.float32)
+        n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
+        if x.shape[1:] != shape:
+            raise ValueError(f"predict: samples have shape {x.shape[1:]}, the graph expects {shape}")
+        loss_layer = self.graph.loss_layer
+        logits_name = self.graph.output_tensor(self.graph.inputs[loss_layer][0])
+        out = []
+        for start in range(0, len(x), n):
+            chunk = x[start:start + n]
+            batch = np.zeros((n,) + shape, np.float32)
+            batch[:len(chunk)] = chunk
+            self.executor.load_batch(batch, None)
+            for step in self.graph.steps():
+                if step.phase == "forward" and step.layer != loss_layer:
+                    self.executor.run_step(step, train=False, iteration=self.iteration, seed=self.seed)
+            out.append(self.device.read(self.executor.view(logits_name))[:len(chunk)])
+        return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
+
+    def evaluate(self, x, labels) -> float:
+        """Accuracy of ``predict`` on (x, labels)."""
+        return float(np.mean(self.predict(x).argmax(axis=1) == np.asarray(labels)))
+
+    # internals ------------------------------------------------------------------
+    def _train_iteration(self, x, labels) -> float:
+        if labels is None:
+            raise ValueError("training needs labels")
+        ex = self.executor
+        ex.load_batch(x, labels)
+        for step in self.graph.steps():
+            ex.run_step(step, train=True, iteration=self.iteration, seed=self.seed)
+        self.iteration += 1
+        return float(self.device.read(ex.view(f"{self.graph.loss_layer}.loss"))[0])
+
+    def _read(self, name):
+        return self.device.read(self.executor.view(name))
+
+    def _write(self, values: dict) -> None:
+        for name, value in values.items():
+            self.device.write(np.ascontiguousarray(value, dtype=np.float32), self.executor.view(name))

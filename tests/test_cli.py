@@ -1,0 +1,172 @@
+"""The `snlite` command: demo, train, --save/--load, --help, and one-line errors."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from snlite import cli
+from snlite.train import Model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = ["train", "lenet", "--data", "synthetic", "--device", "host", "--epochs", "1", "--limit", "128",
+         "--batch", "16"]
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------- demo
+def test_demo_shows_the_arena_and_the_loss_going_down(capsys):
+    code, out, err = run(capsys, "demo", "--steps", "30")
+    assert code == 0, err
+    assert "tensor" in out and "offset" in out and "one arena of" in out
+    assert re.search(r"relu1\.grad .*\n.*\(in relu1\.grad's buffer\)", out)  # in-place storage is shown
+    losses = [float(v) for v in re.findall(r"^step +\d+ +loss ([0-9.]+)$", out, re.M)]
+    assert len(losses) == 7 and losses[-1] < 0.5 * losses[0]
+    acc = re.search(r"test accuracy \d+% before training, (\d+)% after", out)
+    assert acc and int(acc[1]) >= 90
+
+
+def test_demo_on_the_meta_device_shows_the_layout_only(capsys):
+    code, out, _ = run(capsys, "demo", "--device", "meta")
+    assert code == 0 and "MetaDevice" in out and "offset" in out and "holds no data" in out
+    assert "step" not in out.split("holds no data")[1]
+
+
+# ---------------------------------------------------------------- train
+def test_train_one_short_epoch_on_synthetic_data(capsys):
+    code, out, err = run(capsys, *TRAIN)
+    assert code == 0, err
+    bar = re.search(r"epoch 1/1 \[#{20}\] 8/8  loss ([0-9.]+)  acc [0-9.]+%  [0-9,]+ img/s  device memory [0-9.]+ MiB",
+                    out)
+    assert bar, out
+    assert re.search(r"epoch 1/1: test accuracy [0-9.]+%", out)
+
+
+def test_save_and_load_round_trip(tmp_path, capsys):
+    file = tmp_path / "lenet.npz"
+    code, out, err = run(capsys, *TRAIN, "--save", str(file))
+    assert code == 0, err
+    assert os.listdir(tmp_path) == ["lenet.npz"]  # the temporary file was renamed, nothing left behind
+    saved = dict(np.load(file))
+    graph = cli.build_model("lenet", 16, cli.load_data("synthetic")[0])
+    model = Model(graph, device="host")
+    assert cli.load_params(str(file), model) == len(saved)
+    for name, value in model.params.items():
+        assert np.array_equal(value, saved[name]), name
+    code, out, err = run(capsys, *TRAIN, "--load", str(file))
+    assert code == 0 and f"loaded {len(saved)} parameter tensors" in out
+
+
+def test_load_reports_mismatches_in_one_line(tmp_path, capsys):
+    run(capsys, *TRAIN, "--save", str(tmp_path / "ok.npz"))
+    params = dict(np.load(tmp_path / "ok.npz"))
+    params["ip2.weight"] = params["ip2.weight"][:3]
+    del params["conv1.bias"]
+    np.savez(tmp_path / "bad.npz", **params)
+    code, out, err = run(capsys, *TRAIN, "--load", str(tmp_path / "bad.npz"))
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "does not fit this network" in err and "conv1.bias" in err and "ip2.weight: expected (4, 500)" in err
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file")
+    code, _, err = run(capsys, *TRAIN, "--load", str(tmp_path / "junk.npz"))
+    assert code == 1 and "not a readable .npz" in err
+    code, _, err = run(capsys, *TRAIN, "--load", str(tmp_path / "none.npz"))
+    assert code == 1 and "no such file" in err
+
+
+def test_save_into_a_missing_folder_fails_cleanly(tmp_path, capsys):
+    code, _, err = run(capsys, *TRAIN, "--save", str(tmp_path / "no" / "such" / "dir.npz"))
+    assert code == 1 and err.startswith("snlite train: error:")
+
+
+def test_digits_reaches_good_accuracy_quickly(capsys):
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install -e \".[digits]\")")
+    code, out, err = run(capsys, "train", "lenet", "--data", "digits", "--device", "host", "--epochs", "2")
+    assert code == 0, err
+    accs = [float(a) for a in re.findall(r"test accuracy ([0-9.]+)%", out)]
+    assert len(accs) == 2 and accs[-1] > 80  # the default 6 epochs reach 96-99%
+
+
+# ---------------------------------------------------------------- help and errors
+@pytest.mark.parametrize("argv", [["--help"], ["demo", "--help"], ["train", "--help"]])
+def test_help(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 0 and "usage: snlite" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--steps", "0"], ["demo", "--device", "tpu"], ["train", "lenet", "--batch", "-3"],
+    ["train", "lenet", "--lr", "0"], ["train", "lenet", "--momentum", "1"], ["train", "lenet", "--epochs", "x"],
+    ["train"], [],
+])
+def test_bad_flags_are_argparse_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--data", "imagenet"], "expected one of synthetic"),
+    (["--data", "mnist"], "expected one of"),
+    (["--data", "mnist:/no/such/dir"], "no directory '/no/such/dir'. Expected it to hold train-images-idx3-ubyte"),
+    (["--data", "cifar10:/no/such/dir"], "data_batch_1.bin"),
+    (["--data", "synthetic", "--batch", "4096"], "larger than the 2048 training images"),
+    (["--device", "meta"], "cannot train"),
+])
+def test_bad_values_are_one_line_errors(argv, message, capsys):
+    code, _, err = run(capsys, "train", "lenet", "--device", "host", *argv)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_unknown_net_and_wrong_image_size(capsys):
+    code, _, err = run(capsys, "train", "lenett", "--data", "synthetic")
+    assert code == 1 and "unknown model 'lenett'" in err
+    code, _, err = run(capsys, "train", "cifar_resnet20", "--data", "synthetic")
+    assert code == 1 and "takes images of (3, 32, 32)" in err
+
+
+def test_the_console_script_prints_no_traceback():
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "snlite.cli", "train", "lenet", "--data", "mnist:/no/such/dir"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("snlite train: error: MNIST: no directory")
+
+
+def test_progress_bar_redraws_on_a_terminal():
+    class Tty:
+        text = ""
+
+        def isatty(self):
+            return True
+
+        def write(self, s):
+            self.text += s
+
+        def flush(self):
+            pass
+
+    t = Tty()
+    bar = cli.Progress("epoch 1/1", 2, stream=t)
+    bar.update(1, "loss 1.0")
+    bar.update(2, "loss 0.5")
+    bar.close()
+    assert t.text.startswith("\repoch 1/1 [##########..........] 1/2  loss 1.0") and t.text.endswith("\n")
+    assert t.text.count("\r") == 3
+
+
+def test_demo_needs_neither_scikit_learn_nor_a_gpu():
+    code = ("import sys; sys.modules['sklearn'] = None\n"
+            "from snlite.cli import main\n"
+            "sys.exit(main(['demo', '--steps', '5']))")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "step   5  loss" in p.stdout

@@ -1,0 +1,238 @@
+"""Convolution: gradient checks of the references, bit-identity of the algorithms, workspace sizes.
+
+The generic tests (tests/test_kernels.py) compare every example with the NumPy reference; this
+file checks what is specific to convolution: the algorithm (direct or im2col), the im2col chunk
+and the gemm version must never change a single bit of the result, and ``workspace_bytes`` is
+exactly what the launcher asks for.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import cuda
+
+from kernels import conv, gemm
+from kernels._check import no_device_allocation
+from kernels.im2col import col2im_ref, im2col_ref
+from tests.gradcheck import check_backward, rand64
+
+OPS = ("forward", "backward_data", "backward_filter")
+
+# (x shape, w shape, stride, padding): stride 2, asymmetric kernels and padding, Inception's 1x7
+GRAD_CASES = [
+    ((2, 3, 5, 6), (4, 3, 3, 3), 1, 1),
+    ((2, 2, 7, 6), (3, 2, 3, 2), 2, (1, 0)),
+    ((1, 2, 4, 9), (3, 2, 1, 7), 1, (0, 3)),
+    ((2, 2, 6, 5), (2, 2, 2, 3), (2, 1), (3, 1)),  # rows of y entirely in the padding
+]
+# tiny, for the simulator: every algorithm, chunk and gemm version runs on each
+BIT_CASES = [
+    ((2, 2, 5, 4), (3, 2, 3, 2), 2, (1, 0)),
+    ((2, 3, 4, 7), (2, 3, 1, 3), (1, 2), (0, 1)),
+]
+
+
+def _ref_forward(x, w, stride, padding):
+    y = np.empty(conv.output_shape(x.shape, w.shape, stride, padding), x.dtype)
+    conv.conv2d_forward_ref(x, w, y, stride=stride, padding=padding)
+    return y
+
+
+# ---------------------------------------------------------------- references
+@pytest.mark.parametrize("xs,ws,stride,padding", GRAD_CASES)
+def test_backward_references_match_central_differences(rng, xs, ws, stride, padding):
+    x, w = rand64(rng, *xs), rand64(rng, *ws)
+    dy = rand64(rng, *conv.output_shape(xs, ws, stride, padding))
+    dx, dw = np.empty_like(x), np.empty_like(w)
+    conv.conv2d_backward_data_ref(dy, w, dx, stride=stride, padding=padding)
+    conv.conv2d_backward_filter_ref(x, dy, dw, stride=stride, padding=padding)
+    check_backward("conv2d", lambda: _ref_forward(x, w, stride, padding), {"x": dx, "w": dw}, {"x": x, "w": w}, dy)
+
+
+def test_forward_reference_matches_the_definition(rng):
+    x, w = rand64(rng, 2, 3, 6, 5), rand64(rng, 4, 3, 3, 2)
+    stride, padding = (2, 1), (1, 2)
+    y = _ref_forward(x, w, stride, padding)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2)))
+    for oh in range(y.shape[2]):
+        for ow in range(y.shape[3]):
+            window = xp[:, :, 2 * oh:2 * oh + 3, ow:ow + 2]
+            np.testing.assert_allclose(y[:, :, oh, ow], np.einsum("nchw,ochw->no", window, w), rtol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7),
+       kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3),
+       ph=st.integers(0, 3), pw=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_col2im_is_the_adjoint_of_im2col(n, c, h, w, kh, kw, sh, sw, ph, pw, seed):
+    if kh > h + 2 * ph or kw > w + 2 * pw:
+        return
+    rng = np.random.default_rng(seed)
+    hyper = {"kernel_size": (kh, kw), "stride": (sh, sw), "padding": (ph, pw)}
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    x, c_in = rand64(rng, n, c, h, w), rand64(rng, n, c * kh * kw, oh * ow)
+    col, dx = np.empty_like(c_in), np.empty_like(x)
+    im2col_ref(x, col, **hyper)
+    col2im_ref(c_in, dx, **hyper)
+    assert np.isclose(np.vdot(col, c_in), np.vdot(x, dx), rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------- algorithms agree bit for bit
+def _inputs(rng, op, xs, ws, stride, padding):
+    ys = conv.output_shape(xs, ws, stride, padding)
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    x = np.maximum(r(*xs), 0)  # exact zeros, as after a ReLU
+    nan = lambda s: np.full(s, np.nan, np.float32)  # noqa: E731
+    return {"forward": (x, r(*ws), nan(ys)), "backward_data": (r(*ys), r(*ws), nan(xs)),
+            "backward_filter": (x, r(*ys), nan(ws))}[op]
+
+
+_X_W = {"forward": (0, 1), "backward_data": (2, 1), "backward_filter": (0, 2)}  # where x and w (or dx, dw) are
+
+
+def _run(op, args, stride, padding, algo, version, chunk=1, block=None, extra_floats=0):
+    """Run ``conv2d_<op>`` on device copies (with a NaN workspace of exactly the size it needs
+    plus ``extra_floats``); return the output on the host."""
+    xs, ws = (args[i].shape for i in _X_W[op])
+    need = conv.workspace_bytes(op, algo, xs, ws, stride, padding, chunk) // 4
+    dev = [cuda.to_device(a) for a in args]
+    work = cuda.to_device(np.full(need + extra_floats, np.nan, np.float32)) if algo == "im2col" else None
+    launch = getattr(conv, f"conv2d_{op}")
+    with no_device_allocation():
+        launch(*dev, stride=stride, padding=padding, algo=algo, workspace=work, chunk=chunk, version=version,
+               block=block)
+    cuda.synchronize()
+    return dev[2].copy_to_host()
+
+
+def _all_runs(op, n, gemm_block=None):
+    """(label, algo, version, chunk): every direct version; im2col with every gemm version (chunk 1)
+    and with every chunk (first gemm version), a chunk larger than the batch included."""
+    runs = [(f"direct {v}", "direct", v, 1) for v in conv.DIRECT_VERSIONS[op]]
+    runs += [(f"im2col gemm {v}", "im2col", v, 1) for v in gemm.VERSIONS]
+    runs += [(f"im2col chunk {c}", "im2col", gemm.VERSIONS[0], c) for c in range(2, n + 2)]
+    return runs
+
+
+def _assert_bit_identical(op, args, stride, padding, runs, block=None):
+    want = getattr(conv, f"conv2d_{op}_ref")
+    ref = args[2].copy()
+    want(*[a.copy() for a in args[:2]], ref, stride=stride, padding=padding)
+    first_label, first = None, None
+    for label, algo, version, chunk in runs:
+        got = _run(op, args, stride, padding, algo, version, chunk, block, extra_floats=chunk)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=f"{op} {label} vs reference")
+        if first is None:
+            first_label, first = label, got
+            continue
+        same = got.view(np.uint32) == first.view(np.uint32)
+        assert same.all(), (f"conv2d_{op}: {label} differs from {first_label} in {int((~same).sum())} of "
+                            f"{same.size} elements, first at {tuple(int(i) for i in np.argwhere(~same)[0])}")
+
+
+@pytest.mark.parametrize("case", range(len(BIT_CASES)))
+@pytest.mark.parametrize("op", OPS)
+def test_algorithms_chunks_and_gemm_versions_are_bit_identical(rng, op, case):
+    xs, ws, stride, padding = BIT_CASES[case]
+    runs = _all_runs(op, xs[0])
+    if case > 0:  # the gemm versions once per op are enough for the slow simulator
+        runs = [r for r in runs if r[1] == "direct" or r[2] == gemm.VERSIONS[0]]
+    _assert_bit_identical(op, _inputs(rng, op, xs, ws, stride, padding), stride, padding, runs, block=(8, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("xs,ws,stride,padding", [
+    ((4, 16, 15, 15), (24, 16, 3, 3), 2, 1),
+    ((3, 8, 17, 17), (12, 8, 1, 7), 1, (0, 3)),
+    ((2, 16, 9, 11), (32, 16, 5, 5), 1, 2),
+])
+def test_bit_identical_on_a_real_gpu(rng, op, xs, ws, stride, padding):
+    """Real shapes on real hardware, where FMA contraction and the gemm's default blocks matter."""
+    runs = _all_runs(op, xs[0])
+    _assert_bit_identical(op, _inputs(rng, op, xs, ws, stride, padding), stride, padding, runs)
+
+
+# ---------------------------------------------------------------- workspace
+@pytest.mark.parametrize("op", OPS)
+def test_workspace_bytes(op):
+    xs, ws, stride, padding = (3, 2, 6, 5), (4, 2, 3, 2), (2, 1), (1, 0)
+    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=2) == 0
+    one = conv.workspace_bytes(op, "im2col", xs, ws, stride, padding)
+    _, _, oh, ow = conv.output_shape(xs, ws, stride, padding)
+    assert one == 4 * (2 * 3 * 2) * (oh * ow)  # one float32 column buffer: C*KH*KW x OH*OW
+    for chunk in (1, 2, 3):
+        assert conv.workspace_bytes(op, "im2col", xs, ws, stride, padding, chunk=chunk) == chunk * one
+    assert conv.workspace_bytes(op, "im2col", xs, ws, stride, padding, chunk=7) == 3 * one  # capped at N
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+@pytest.mark.parametrize("op", OPS)
+def test_launcher_needs_exactly_workspace_bytes(rng, op, chunk):
+    xs, ws, stride, padding = (2, 2, 4, 3), (3, 2, 2, 2), 1, (1, 0)
+    args = _inputs(rng, op, xs, ws, stride, padding)
+    need = conv.workspace_bytes(op, "im2col", xs, ws, stride, padding, chunk)
+    _run(op, args, stride, padding, "im2col", "v1", chunk)  # exactly the bytes asked for: fine
+    with pytest.raises(ValueError, match=f"conv2d_{op}: workspace too small .*chunk={chunk}: needs {need} bytes, "
+                                         f"got {need - 4} bytes"):
+        _run(op, args, stride, padding, "im2col", "v1", chunk, extra_floats=-1)
+    dev = [cuda.to_device(a) for a in args]
+    launch = getattr(conv, f"conv2d_{op}")
+    with pytest.raises(ValueError, match=f"needs a workspace of {need} bytes, got none"):
+        launch(*dev, stride=stride, padding=padding, algo="im2col", chunk=chunk)
+    with pytest.raises(ValueError, match="workspace: expected dtype float32"):
+        launch(*dev, stride=stride, padding=padding, algo="im2col", chunk=chunk,
+               workspace=cuda.to_device(np.zeros(need, np.float64)))
+    launch(*dev, stride=stride, padding=padding, algo="direct")  # direct needs none
+
+
+def test_empty_batch_gives_a_zero_filter_gradient():
+    x, dy = np.zeros((0, 2, 4, 4), np.float32), np.zeros((0, 3, 2, 2), np.float32)
+    dw = cuda.to_device(np.full((3, 2, 3, 3), np.nan, np.float32))
+    conv.conv2d_backward_filter(cuda.to_device(x), cuda.to_device(dy), dw, algo="im2col", workspace=None)
+    assert np.array_equal(dw.copy_to_host(), np.zeros((3, 2, 3, 3), np.float32))
+
+
+# ---------------------------------------------------------------- shapes, flops, errors
+def test_output_shape_and_flops():
+    assert conv.output_shape((1, 8, 17, 17), (4, 8, 1, 7), 1, (0, 3)) == (1, 4, 17, 17)  # "same" padding
+    assert conv.output_shape((2, 3, 227, 227), (96, 3, 11, 11), 4, 0) == (2, 96, 55, 55)  # AlexNet conv1
+    xs, ws = (3, 5, 9, 8), (7, 5, 3, 2)
+    n, co, oh, ow = conv.output_shape(xs, ws, 2, (1, 0))
+    assert conv.conv_flops(xs, ws, 2, (1, 0)) == n * gemm.gemm_flops(co, oh * ow, 5 * 3 * 2)  # one gemm per image
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: conv.output_shape((2, 3, 5, 5), (4, 2, 3, 3)), r"x has 3 channels \(shape \(2, 3, 5, 5\)\) but w "
+                                                            r"expects 2 \(shape \(4, 2, 3, 3\)\)"),
+    (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 7, 3), 1, (0, 1)), r"kernel 7x3 is larger than the padded "
+                                                                        r"input 5x7"),
+    (lambda: conv.output_shape((2, 3, 5), (4, 3, 3, 3)), r"expected x \(N, C, H, W\)"),
+    (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 3, 3), 0), "stride must be >= 1"),
+    (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 3, 3), 1, (-1, 0)), "padding must be >= 0"),
+    (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 3, 3), (1, 2, 3)), "stride: expected an int or a pair"),
+    (lambda: conv.workspace_bytes("backward", "im2col", (2, 3, 5, 5), (4, 3, 3, 3)), "unknown op 'backward'"),
+    (lambda: conv.workspace_bytes("forward", "fft", (2, 3, 5, 5), (4, 3, 3, 3)), "unknown algo 'fft'"),
+    (lambda: conv.workspace_bytes("forward", "im2col", (2, 3, 5, 5), (4, 3, 3, 3), chunk=0), "chunk must be"),
+])
+def test_shape_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_launcher_errors(rng):
+    x, w = cuda.to_device(rng.standard_normal((2, 3, 5, 5)).astype(np.float32)), cuda.to_device(
+        rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    y = cuda.to_device(np.zeros((2, 4, 3, 3), np.float32))
+    with pytest.raises(ValueError, match=r"conv2d_forward y: expected shape \(2, 4, 5, 5\), got \(2, 4, 3, 3\)"):
+        conv.conv2d_forward(x, w, y, padding=1, algo="direct")
+    with pytest.raises(ValueError, match="conv2d_forward: unknown algo 'winograd'"):
+        conv.conv2d_forward(x, w, y, algo="winograd")
+    with pytest.raises(ValueError, match=r"conv2d_backward_data: algo 'direct' has versions \('v1',\), got 'v2'"):
+        conv.conv2d_backward_data(y, w, x, algo="direct", version="v2")
+    with pytest.raises(ValueError, match="conv2d_forward: algo 'im2col' has versions .*, got 'v9'"):
+        conv.conv2d_forward(x, w, y, algo="im2col", version="v9")
+    with pytest.raises(ValueError, match="conv2d_backward_filter: chunk must be an int >= 1, got 0"):
+        conv.conv2d_backward_filter(x, y, w, algo="im2col", chunk=0)
+    with pytest.raises(ValueError, match="conv2d_backward_filter dy: expected dtype float32, got float64"):
+        conv.conv2d_backward_filter(x, cuda.to_device(np.zeros((2, 4, 3, 3))), w, algo="direct")

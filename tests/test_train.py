@@ -1,0 +1,138 @@
+"""Training a whole network: gradients against central differences on the host device, host
+against the CUDA simulator, PyTorch-style parameters, determinism, and clear errors."""
+import numpy as np
+import pytest
+
+from snlite.device import CudaDevice, HostDevice
+from snlite.graph import Graph
+from snlite.train import Model
+
+
+def fork_join_net(n=2, hw=6, dropout=True):
+    """A fork (conv1 read three times), a residual add, a concat, BN, LRN, dropout, avg and max pooling."""
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3)
+    x = g.input()
+    c1 = g.conv2d(x, 3, 3, padding=1, name="conv1")
+    a = g.relu(g.batchnorm(c1, name="bn1"), name="relu1")
+    b = g.conv2d(c1, 3, 1, bias=False, name="conv2")
+    s = g.lrn(g.add(a, b, name="add1"), size=3, alpha=0.5, name="lrn1")
+    cat = g.concat([s, c1], name="cat1")
+    p = g.avgpool(g.maxpool(cat, 2, stride=1, name="pool1"), 2, name="pool2")
+    y = g.flatten(p, name="flat1")
+    if dropout:
+        y = g.dropout(y, p=0.3, name="drop1")
+    g.softmax_loss(g.linear(y, 3, name="fc1"))
+    return g
+
+
+def _data(g, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(g.input_shape).astype(np.float32)
+    labels = rng.integers(0, g.num_classes, g.input_shape[0]).astype(np.int32)
+    return x, labels
+
+
+def test_whole_network_gradients_match_central_differences():
+    g = fork_join_net()
+    model = Model(g, device="host", seed=3)
+    x, labels = _data(g)
+    base = model.params
+    model.iteration = 0
+    _, grads = model.forward_backward(x, labels)
+    rng = np.random.default_rng(0)
+    eps = 2e-3  # small enough not to cross ReLU / max-pool kinks, large enough for float32 losses
+    for name, grad in grads.items():
+        for idx in [tuple(int(rng.integers(0, s)) for s in grad.shape) for _ in range(4)]:
+            losses = []
+            for sign in (1, -1):
+                p = {k: v.copy() for k, v in base.items()}
+                p[name][idx] += sign * eps
+                model.set_params(p)
+                model.iteration = 0  # the same dropout mask every time
+                losses.append(model.forward_backward(x, labels)[0])
+            numeric = (losses[0] - losses[1]) / (2 * eps)
+            assert abs(numeric - grad[idx]) <= 1e-3 + 5e-2 * abs(numeric), (
+                f"d loss / d {name}{list(idx)}: backward {grad[idx]:.6f}, central difference {numeric:.6f}")
+
+
+def test_host_and_simulator_agree():
+    g = fork_join_net(n=2, hw=4)
+    x, labels = _data(g)
+    results = []
+    for dev in (HostDevice(), CudaDevice()):
+        model = Model(g, device=dev, seed=5)
+        loss, grads = model.forward_backward(x, labels)
+        loss2 = model.step(x, labels, lr=0.1, momentum=0.9)
+        results.append((loss, grads, loss2, model.params))
+    (l0, g0, s0, p0), (l1, g1, s1, p1) = results
+    assert l0 == pytest.approx(l1, rel=1e-5)
+    assert s0 == pytest.approx(s1, rel=1e-5)
+    for name in g0:
+        np.testing.assert_allclose(g1[name], g0[name], rtol=1e-3, atol=1e-5, err_msg=name)
+    for name in p0:
+        np.testing.assert_allclose(p1[name], p0[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_training_is_deterministic_and_reduces_the_loss():
+    g = fork_join_net(n=4)
+    x, labels = _data(g)
+    runs = []
+    for _ in range(2):
+        model = Model(g, device="host", seed=7)
+        runs.append([model.step(x, labels, lr=0.05, momentum=0.9) for _ in range(8)])
+    assert runs[0] == runs[1], "the same seed must give the same losses, bit for bit"
+    assert runs[0][-1] < runs[0][0]
+
+
+def test_batchnorm_running_stats_update_once_per_step_and_predict_uses_them():
+    g = fork_join_net()
+    model = Model(g, device="host", seed=0)
+    x, labels = _data(g)
+    model.step(x, labels, lr=0.01)
+    after_one = model.params["bn1.running_mean"]
+    c1 = model.params  # running_mean after one step = 0.9 * 0 + 0.1 * batch mean (PyTorch's rule)
+    assert np.abs(after_one).max() > 0
+    logits = model.predict(x)
+    assert logits.shape == (2, 3)
+    np.testing.assert_array_equal(model.params["bn1.running_mean"], c1["bn1.running_mean"])  # predict changes nothing
+    np.testing.assert_array_equal(model.predict(x), logits)  # inference is deterministic (no dropout)
+    assert model.predict(np.concatenate([x, x, x[:1]])).shape == (5, 3)
+
+
+def test_dropout_mask_depends_on_iteration_not_on_history():
+    g = fork_join_net()
+    x, labels = _data(g)
+    m1, m2 = Model(g, device="host", seed=1), Model(g, device="host", seed=1)
+    m1.forward_backward(x, labels)
+    a = m1.executor.device.read(m1.executor.view("drop1.mask"))
+    m1.forward_backward(x, labels)
+    b = m1.executor.device.read(m1.executor.view("drop1.mask"))
+    m2.forward_backward(x, labels)
+    assert not np.array_equal(a, b), "a new iteration must draw a new mask"
+    np.testing.assert_array_equal(a, m2.executor.device.read(m2.executor.view("drop1.mask")))
+
+
+def test_set_params_checks_names_and_shapes_before_writing():
+    g = fork_join_net()
+    model = Model(g, device="host")
+    before = model.params
+    bad = dict(before)
+    bad["conv1.weight"] = np.zeros((1, 2, 3), np.float32)
+    bad["nope"] = np.zeros(1)
+    del bad["fc1.bias"]
+    with pytest.raises(ValueError, match=r"missing \['fc1.bias'\].*unexpected \['nope'\].*conv1.weight: expected"):
+        model.set_params(bad)
+    for k, v in model.params.items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_bad_batches_are_refused():
+    g = fork_join_net()
+    model = Model(g, device="host")
+    x, labels = _data(g)
+    with pytest.raises(ValueError, match="input batch has shape"):
+        model.step(x[:1], labels[:1])
+    with pytest.raises(ValueError, match=r"labels must be 2 integers in \[0, 3\)"):
+        model.step(x, np.array([0, 3]))
+    with pytest.raises(ValueError, match="lr > 0"):
+        model.step(x, labels, lr=0)
