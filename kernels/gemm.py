@@ -19,7 +19,8 @@ with zeros; adding 0*0 = +0.0 leaves an accumulator unchanged (it starts at +0.0
 ``block`` is (threads in x, threads in y[, tm, tn]): v1 and v2 use the thread block only; v3 also
 the micro-tile (default ``V3_MICRO``). Shared and local arrays need compile-time sizes, so v2
 allocates ``TILE_MAX`` x ``TILE_MAX`` tiles and uses part of them, and v3 builds (and registers)
-one kernel per block shape with a small factory, `_make_gemm_v3`.
+one kernel per block shape and pair of transpose flags with a small factory, `_make_gemm_v3`,
+on first use (the default block's four are built at import, for the PTX check).
 """
 from __future__ import annotations
 
@@ -239,9 +240,8 @@ def _gemm_v3(bx, by, tm, tn, trans_a, trans_b):
     return _V3_KERNELS[key]
 
 
-for _ta in (False, True):  # built at import, so the PTX test compiles the default block
-    for _tb in (False, True):
-        _gemm_v3(*DEFAULT_BLOCK["v3"], _ta, _tb)
+for _flags in ((False, False), (False, True), (True, False), (True, True)):
+    _gemm_v3(*DEFAULT_BLOCK["v3"], *_flags)  # built at import, so the PTX test compiles the default block
 
 
 # ---------------------------------------------------------------- launcher
@@ -288,7 +288,8 @@ def gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=0
     bx, by, tm, tn = _block(version, block)
     if m == 0 or n == 0:
         return
-    grid, scalars = (ceil_div(n, bx * tn), ceil_div(m, by * tm)), (np.float32(alpha), np.float32(beta), beta != 0)
+    grid = (ceil_div(n, bx * tn), ceil_div(m, by * tm))
+    scalars = (np.float32(alpha), np.float32(beta), bool(beta != 0))
     if version == "v3":
         _gemm_v3(bx, by, tm, tn, trans_a, trans_b)[grid, (bx, by), stream](a, b, c, *scalars)
     else:

@@ -2,12 +2,18 @@
 offload/prefetch and an LRU tensor cache, cost-aware recomputation, dynamic convolution workspace)
 reimplemented in Python with Numba CUDA kernels, for teaching and measurement.
 
-Importing snlite imports nothing heavy: numba is loaded when a device is first used.
+    import snlite
+    g = snlite.Graph(input_shape=(8, 1, 28, 28), num_classes=10)
+    ...
+    model = snlite.Model(g, device="auto")
 """
+from snlite import models
 from snlite.device import (ALIGNMENT_BYTES, CudaDevice, Device, HostDevice, MetaArray, MetaDevice, align_up,
                            get_device, nbytes_of)
+from snlite.graph import Graph, Node, Step, TensorSpec
+from snlite.train import Model
 
 __version__ = "0.1.0"
 
-__all__ = ["ALIGNMENT_BYTES", "CudaDevice", "Device", "HostDevice", "MetaArray", "MetaDevice", "align_up",
-           "get_device", "nbytes_of", "__version__"]
+__all__ = ["ALIGNMENT_BYTES", "CudaDevice", "Device", "Graph", "HostDevice", "MetaArray", "MetaDevice", "Model",
+           "Node", "Step", "TensorSpec", "align_up", "get_device", "models", "nbytes_of", "__version__"]

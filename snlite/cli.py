@@ -65,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Build a tiny CNN, print its layers and the arena its tensors live in, "
                                       "then train it for a few steps on synthetic data. Needs no GPU.")
     demo.add_argument("--device", choices=DEVICE_NAMES, default="host",
-                      help="where to run: host (NumPy, the default), cuda (a GPU, or the CUDA simulator with "
-                           "NUMBA_ENABLE_CUDASIM=1), meta (the layout only), auto (cuda if a GPU is present)")
+                      help="where to run: host (NumPy, the default), cuda (a GPU, or the slow CUDA simulator with "
+                           "NUMBA_ENABLE_CUDASIM=1: minutes even with --steps 2), meta (the layout only), "
+                           "auto (cuda if a GPU is present)")
     demo.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
     demo.add_argument("--seed", type=int, default=0, help="seed for the weights and the data (default 0)")
 
@@ -119,6 +120,8 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     from snlite.train import Model
 
+    if args.save and not os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(args.save)))):
+        raise CliError(f"--save {args.save}: its folder does not exist")  # say so before training, not after
     train, test = load_data(args.data, args.seed)
     if args.limit:
         train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))
@@ -175,15 +178,15 @@ def build_model(net: str, batch: int, train):
 
 def run_epoch(model, train, args, epoch: int) -> None:
     """One pass over ``train`` with a progress line: loss, accuracy, images/s, arena bytes."""
-    graph = model.graph
-    logits = graph.output_tensor(graph.inputs[graph.loss_layer][0])  # still intact after the step
     total = train.num_batches(args.batch)
     bar = Progress(f"epoch {epoch}/{args.epochs}", total)
     loss_sum = correct = seen = 0
     start = time.perf_counter()
     for i, (x, labels) in enumerate(train.batches(args.batch, shuffle=True, seed=args.seed * 1000 + epoch), 1):
-        loss_sum += model.step(x, labels, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
-        correct += int((model.device.read(model.executor.view(logits)).argmax(axis=1) == labels).sum())
+        loss, logits = model.step(x, labels, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                                  return_logits=True)
+        loss_sum += loss
+        correct += int((logits.argmax(axis=1) == labels).sum())
         seen += len(labels)
         rate = seen / max(time.perf_counter() - start, 1e-9)
         bar.update(i, f"loss {loss_sum / i:.4f}  acc {correct / seen:.2%}  {rate:,.0f} img/s  "

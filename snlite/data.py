@@ -103,7 +103,8 @@ class Dataset:
         test_idx = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
         train_idx = np.setdiff1d(np.arange(len(self)), test_idx)
         if not len(train_idx) or not len(test_idx):
-            raise ValueError(f"{self.name}: a test fraction of {test_fraction} of {len(self)} images leaves a part empty")
+            raise ValueError(f"{self.name}: a test fraction of {test_fraction} of {len(self)} images "
+                             "leaves a part empty")
         return self.subset(train_idx, f"{self.name}/train"), self.subset(test_idx, f"{self.name}/test")
 
     def standardized(self, mean: float | None = None, std: float | None = None) -> "Dataset":

@@ -257,7 +257,7 @@ class CudaDevice(Device):
         from numba import cuda
 
         if not cuda.is_available():
-            raise RuntimeError("no CUDA GPU found. Use device='host' (NumPy) or device='meta' (planning only), or "
+            raise RuntimeError("no CUDA GPU found. Use the host device (NumPy) or the meta device (planning only), or "
                                "run with NUMBA_ENABLE_CUDASIM=1 set before Python starts to use the CUDA simulator")
         self._cuda = cuda
         self.simulated = simulator_enabled()

@@ -274,7 +274,20 @@ class _Compiler:
         for phase, order in (("forward", self.fwd), ("backward", self.bwd)):
             for name in order:
                 steps.append(self.step(len(steps), name, phase, act, dys[name], dxs, labels))
+        self.check_dataflow(steps)
         return self.tensors, steps, act, dys, dxs
+
+    def check_dataflow(self, steps) -> None:
+        """Every tensor a step reads was written before (or is a weight/buffer): a layer whose
+        declarations miss a write would make every memory plan wrong, so fail loudly here."""
+        written = {n for n, t in self.tensors.items() if t.kind in ("weight", "buffer")}
+        for step in steps:
+            missing = [t for t in step.reads if t not in written]
+            if missing:
+                raise AssertionError(f"step {step.index} ({step.layer} {step.phase}) reads {missing} before any "
+                                     f"step writes them: the {step.kind} layer's declarations are incomplete")
+            written.update(step.writes)
+            written.update(new for new, _ in step.inplace)
 
     def step(self, index, name, phase, act, dy, dxs, labels) -> Step:
         g, layer = self.g, self.g.layers[name]

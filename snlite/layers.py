@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from kernels.conv import ALGORITHMS, output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
+from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
 
 CONV_OPS = ("forward", "backward_data", "backward_filter")
@@ -282,6 +282,7 @@ class AvgPool2d(_Pool):
 
 class BatchNorm2d(Layer):
     kind = "batchnorm"
+    fwd_writes = ("y", "save_mean", "save_invstd")
     bwd_reads = ("x", "dy", "save_mean", "save_invstd")
 
     def infer_shape(self):
@@ -483,4 +484,4 @@ class SoftmaxLoss(Layer):
 LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, MaxPool2d, AvgPool2d, BatchNorm2d, LRN,
                                           Dropout, Add, Concat, Flatten, SoftmaxLoss)}
 
-__all__ = ["ALGORITHMS", "CONV_OPS", "LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]
+__all__ = ["CONV_OPS", "LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

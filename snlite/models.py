@@ -16,9 +16,8 @@ batch SuperNeurons trained on a 12 GB K40) for VGG16, Inception-v4 and the ResNe
 LeNet 64 (Caffe's MNIST example), CIFAR ResNets 128 (He et al. 2016), DenseNet-121 64.
 
 Differences from the references, forced by snlite's layers: pooling uses floor mode (Caffe's AlexNet
-uses ceil mode, but at 227x227 every pooling divides exactly, so the shapes agree); Inception-v4's
-3x3 average poolings count the zero padding (the reference uses ``count_include_pad=False``, which
-changes values near borders but no shape, memory or parameter count).
+uses ceil mode, but at 227x227 every pooling divides exactly, so the shapes agree). Inception-v4's
+3x3 average poolings exclude the zero padding from the divisor, as the reference does.
 """
 from __future__ import annotations
 
@@ -205,7 +204,8 @@ def _chain(g, x, convs, name):
 
 def _pool_branch(g, x, out, name):
     """3x3 average pool (stride 1, padding 1) then a 1x1 BasicConv2d: branch3 of Inception-A/B/C."""
-    return _basic(g, g.avgpool(x, 3, stride=1, padding=1, count_include_pad=False, name=f"{name}.0"), out, 1, name=f"{name}.1")
+    pool = g.avgpool(x, 3, stride=1, padding=1, count_include_pad=False, name=f"{name}.0")
+    return _basic(g, pool, out, 1, name=f"{name}.1")
 
 
 def _inception_a(g, x, n):

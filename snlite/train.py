@@ -62,19 +62,21 @@ class Model:
     # training -------------------------------------------------------------------
     def forward_backward(self, x, labels) -> tuple[float, dict[str, np.ndarray]]:
         """One training forward and backward; returns the loss and every weight's gradient."""
-        loss = self._train_iteration(x, labels)
+        loss, _ = self._train_iteration(x, labels)
         return loss, {n: self._read(f"{n}.grad") for n in self.learnable}
 
-    def step(self, x, labels, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0) -> float:
-        """forward_backward, then SGD (torch.optim.SGD's rule) on every weight; returns the loss."""
+    def step(self, x, labels, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
+             return_logits: bool = False):
+        """forward_backward, then SGD (torch.optim.SGD's rule) on every weight. Returns the loss, or
+        ``(loss, logits)`` with ``return_logits`` (the logits copied out as the forward made them)."""
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ValueError(f"need lr > 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}")
-        loss = self._train_iteration(x, labels)
+        loss, logits = self._train_iteration(x, labels, return_logits)
         ex = self.executor
         for n in self.learnable:
             self.device.run("sgd_update", ex.view(n), ex.view(f"{n}.grad"), ex.view(f"{n}.momentum"),
                             lr=lr, momentum=momentum, weight_decay=weight_decay)
-        return loss
+        return (loss, logits) if return_logits else loss
 
     def predict(self, x) -> np.ndarray:
         """Logits in inference mode, for any number of samples (run in batches of the graph's N)."""
@@ -101,15 +103,18 @@ class Model:
         return float(np.mean(self.predict(x).argmax(axis=1) == np.asarray(labels)))
 
     # internals ------------------------------------------------------------------
-    def _train_iteration(self, x, labels) -> float:
+    def _train_iteration(self, x, labels, return_logits=False) -> tuple[float, np.ndarray | None]:
         if labels is None:
             raise ValueError("training needs labels")
-        ex = self.executor
+        ex, g = self.executor, self.graph
         ex.load_batch(x, labels)
-        for step in self.graph.steps():
+        logits = None
+        for step in g.steps():
+            if return_logits and step.layer == g.loss_layer and step.phase == "forward":
+                logits = self.device.read(ex.view(g.output_tensor(g.inputs[g.loss_layer][0])))
             ex.run_step(step, train=True, iteration=self.iteration, seed=self.seed)
         self.iteration += 1
-        return float(self.device.read(ex.view(f"{self.graph.loss_layer}.loss"))[0])
+        return float(self.device.read(ex.view(f"{g.loss_layer}.loss"))[0]), logits
 
     def _read(self, name):
         return self.device.read(self.executor.view(name))

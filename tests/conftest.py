@@ -10,6 +10,9 @@ REAL_GPU_REQUESTED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "0"
 if not REAL_GPU_REQUESTED:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+import sys  # noqa: E402
+import threading  # noqa: E402
+
 import pytest  # noqa: E402
 
 
@@ -42,3 +45,40 @@ def rng():
     import numpy as np
 
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quick_safe_simulator():
+    """Two fixes for the CUDA simulator for the whole session (undone afterwards; nothing on a GPU):
+    - shared-array get-or-create under a lock: the simulator's ``cuda.shared.array`` checks and
+      then creates without a lock, so two threads of a launch's first block can (rarely) get
+      different arrays and compute garbage;
+    - a short GIL switch interval: ``syncthreads`` polls the block's Python threads, so kernels
+      with barriers run several times faster."""
+    from numba import config
+
+    if not config.ENABLE_CUDASIM:
+        yield
+        return
+    import numpy as np
+    from numba.cuda.simulator import kernelapi
+
+    original, lock = kernelapi.FakeCUDAShared.array, threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory or an error: the original path
+            return original(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)  # the simulator's key: one array per source line
+        with lock:
+            if key not in self._allocations:
+                as_numpy = isinstance(dtype, kernelapi.types.Type)
+                self._allocations[key] = np.empty(shape, kernelapi.numpy_support.as_dtype(dtype) if as_numpy else dtype)
+            return self._allocations[key]
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5e-4)
+    kernelapi.FakeCUDAShared.array = array
+    yield
+    kernelapi.FakeCUDAShared.array = original
+    sys.setswitchinterval(old)

@@ -4,7 +4,7 @@ import pytest
 from numba import cuda
 
 from kernels import activation as A
-from tests.gradcheck import check_backward, rand64
+from gradcheck import check_backward, rand64
 
 
 def test_relu_backward_ref_gradcheck(rng):

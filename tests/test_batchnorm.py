@@ -5,7 +5,7 @@ import pytest
 from numba import cuda
 
 from kernels import batchnorm as bn
-from tests.gradcheck import check_backward, rand64
+from gradcheck import check_backward, rand64
 
 AXES = {2: (0,), 4: (0, 2, 3)}
 

@@ -81,8 +81,21 @@ def test_load_reports_mismatches_in_one_line(tmp_path, capsys):
 
 
 def test_save_into_a_missing_folder_fails_cleanly(tmp_path, capsys):
-    code, _, err = run(capsys, *TRAIN, "--save", str(tmp_path / "no" / "such" / "dir.npz"))
-    assert code == 1 and err.startswith("snlite train: error:")
+    code, out, err = run(capsys, *TRAIN, "--save", str(tmp_path / "no" / "such" / "dir.npz"))
+    assert code == 1 and "its folder does not exist" in err and "epoch" not in out
+
+
+def test_a_failed_save_leaves_no_file(tmp_path, monkeypatch):
+    (tmp_path / "old.npz").write_bytes(b"the previous file")
+
+    def savez_that_dies(f, **params):
+        f.write(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.np, "savez", savez_that_dies)
+    with pytest.raises(KeyboardInterrupt):
+        cli.save_params(str(tmp_path / "old.npz"), {"w": np.zeros(3)})
+    assert os.listdir(tmp_path) == ["old.npz"] and (tmp_path / "old.npz").read_bytes() == b"the previous file"
 
 
 def test_digits_reaches_good_accuracy_quickly(capsys):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from kernels import concat as cc
-from tests.gradcheck import check_backward, rand64
+from gradcheck import check_backward, rand64
 
 
 @pytest.mark.parametrize("offset", [0, 2, 4])

@@ -14,7 +14,7 @@ from numba import cuda
 from kernels import conv, gemm
 from kernels._check import no_device_allocation
 from kernels.im2col import col2im_ref, im2col_ref
-from tests.gradcheck import check_backward, rand64
+from gradcheck import check_backward, rand64
 
 OPS = ("forward", "backward_data", "backward_filter")
 

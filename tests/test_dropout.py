@@ -6,7 +6,7 @@ import pytest
 from numba import cuda
 
 from kernels import dropout as D
-from tests.gradcheck import check_backward, rand64
+from gradcheck import check_backward, rand64
 
 SEEDS = [0, 12345, 2**32 - 1]
 

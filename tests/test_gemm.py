@@ -23,16 +23,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKS = [(4, 4, 2, 2), (8, 4, 1, 2), (4, 8, 2, 4)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_barriers():
-    """The simulator's syncthreads polls its Python threads; a short GIL switch interval makes
-    the tiled versions several times faster here (restored afterwards)."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5e-4)
-    yield
-    sys.setswitchinterval(old)
-
-
 def _operands(rng, m, n, k, ta, tb):
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
@@ -178,6 +168,12 @@ def test_bench_helpers():
     table = bench.format_table("t", [{"a": 1.23456, "b": None}, {"a": "x"}], ["a", "b"]).splitlines()
     assert table[0] == "t" and table[1].split() == ["a", "b"] and table[2].split() == ["1.235", "-"]
     assert len(table) == 4
+    rows = [{"impl": "v3", "layout": "nn", "size": "8x8x8", "gflops": 50.0, "block": "a", "pct_of_cublas": 25.0},
+            {"impl": "v3", "layout": "nn", "size": "64x64x64", "gflops": 10.0, "block": "b", "pct_of_cublas": 20.0},
+            {"impl": "v3", "layout": "nn", "size": "64x64x64", "gflops": 30.0, "block": "c", "pct_of_cublas": 40.0},
+            {"impl": "cupy", "layout": "nn", "size": "64x64x64", "gflops": 75.0}]
+    assert "64x64x64: best 30 GFLOP/s with block c = 40% of cuBLAS" in bench.gemm_summary(rows)
+    assert bench.gemm_summary(rows[3:]) is None
 
 
 def test_bench_time_ms_warms_up_then_repeats():

@@ -1,6 +1,5 @@
 """Linear layers: gradient checks of the references (with and without the elementwise bias),
 every version bit-identical through the gemm, and shape errors naming the op and argument."""
-import sys
 
 import numpy as np
 import pytest
@@ -12,16 +11,7 @@ from kernels.linear import (
     OPS, linear_backward_data, linear_backward_data_ref, linear_backward_filter, linear_backward_filter_ref,
     linear_forward, linear_forward_ref,
 )
-from tests.gradcheck import check_backward, rand64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_barriers():
-    """Shorter GIL switch interval: the simulator's syncthreads runs several times faster."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5e-4)
-    yield
-    sys.setswitchinterval(old)
+from gradcheck import check_backward, rand64
 
 
 def test_backward_references_match_central_differences(rng):

@@ -4,7 +4,7 @@ import pytest
 from numba import cuda
 
 from kernels import lrn as L
-from tests.gradcheck import check_backward, rand64
+from gradcheck import check_backward, rand64
 
 CASES = [  # (shape, hyper-parameters): odd, even, 1, larger than C, 3-D; large alpha so every term counts
     ((2, 7, 2, 3), {"size": 5, "alpha": 0.5, "beta": 0.75, "k": 2.0}),

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from kernels import pooling as P
-from tests.gradcheck import check_backward, rand64
+from gradcheck import check_backward, rand64
 
 GEOMETRIES = [  # (x shape, hyper-parameters)
     ((2, 2, 7, 8), {"kernel": 3, "stride": 2, "padding": 1}),

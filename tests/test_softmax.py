@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from kernels import softmax as sm
-from tests.gradcheck import assert_grad_close, numeric_grad
+from gradcheck import assert_grad_close, numeric_grad
 
 
 def _forward_ref(logits, labels):

@@ -136,3 +136,16 @@ def test_bad_batches_are_refused():
         model.step(x, np.array([0, 3]))
     with pytest.raises(ValueError, match="lr > 0"):
         model.step(x, labels, lr=0)
+
+
+def test_every_zoo_model_runs_a_training_route_on_the_meta_device():
+    """At the paper's batch sizes: the layers' kernel calls and views work with shapes alone."""
+    from snlite.models import DEFAULT_BATCH, get_model
+
+    for name in ("lenet", "alexnet", "vgg16", "resnet50", "resnet152", "inception_v4", "densenet121"):
+        g = get_model(name, batch=DEFAULT_BATCH.get(name, 16))
+        model = Model(g, device="meta")
+        for step in g.steps():
+            model.executor.run_step(step)
+        assert model.device.kernel_calls > len(g.layers)
+        assert model.executor.arena_bytes >= sum(t.nbytes for t in g.tensors().values()) // 2

@@ -1,0 +1,85 @@
+"""MemoryConfig: the one place the switches live. Frozen; read by the scheduler and nowhere else.
+
+    MemoryConfig()                      # == baseline(): nothing on
+    MemoryConfig.superneurons()         # everything the paper does
+    dataclasses.replace(cfg, offload=True)
+
+| field        | values                                   | saves                                   | costs                          |
+|--------------|------------------------------------------|-----------------------------------------|--------------------------------|
+| liveness     | bool                                     | frees each tensor after its last use    | nothing                        |
+| offload      | bool                                     | CONV outputs wait on the host           | host RAM, PCIe traffic         |
+| cache        | bool                                     | moves data only when memory runs short  | (offload becomes lazy)         |
+| recompute    | off, speed, memory, cost_aware           | drops cheap layers' outputs             | extra forward FLOPs            |
+| workspace    | none, fastest, dynamic                   | (none: no conv workspace at all)        | (none: the slowest conv)       |
+| allocator    | pool, raw                                | pool: no malloc/free per tensor         | raw: one allocation per tensor |
+| fit          | first, best                              | best: less fragmentation                | a longer search                |
+| budget_bytes | None or int                              | fails early if the plan cannot fit      |                                |
+| count        | all, paper                               | what the trace's peak counts            |                                |
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+CHOICES = {
+    "recompute": ("off", "speed", "memory", "cost_aware"),
+    "workspace": ("none", "fastest", "dynamic"),
+    "allocator": ("pool", "raw"),
+    "fit": ("first", "best"),
+    "count": ("all", "paper"),
+}
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Which SuperNeurons optimizations a run uses. See the module docstring for each field."""
+
+    liveness: bool = False
+    offload: bool = False
+    cache: bool = False
+    recompute: str = "off"
+    workspace: str = "none"
+    allocator: str = "pool"
+    fit: str = "first"
+    budget_bytes: int | None = None
+    count: str = "all"
+
+    def __post_init__(self):
+        for name in ("liveness", "offload", "cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MemoryConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"MemoryConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        b = self.budget_bytes
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
+            raise ValueError(f"MemoryConfig.budget_bytes must be a positive int or None, got {b!r}")
+
+    @classmethod
+    def baseline(cls) -> "MemoryConfig":
+        """Nothing on: every tensor keeps its memory for the whole iteration."""
+        return cls()
+
+    @classmethod
+    def superneurons(cls, **overrides) -> "MemoryConfig":
+        """Everything the paper does: liveness, offload with the LRU cache, cost-aware
+        recomputation, dynamic convolution workspace, one pool."""
+        return dataclasses.replace(cls(liveness=True, offload=True, cache=True, recompute="cost_aware",
+                                       workspace="dynamic"), **overrides)
+
+    def replace(self, **changes) -> "MemoryConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown MemoryConfig field(s) {sorted(unknown)}; "
+                             f"fields: {[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """One line naming what is on, e.g. ``liveness + offload + recompute=cost_aware``."""
+        parts = [n for n in ("liveness", "offload", "cache") if getattr(self, n)]
+        parts += [f"{n}={getattr(self, n)}" for n in ("recompute", "workspace") if getattr(self, n) not in ("off", "none")]
+        return " + ".join(parts) or "baseline"
+
+
+baseline = MemoryConfig.baseline
+superneurons = MemoryConfig.superneurons
