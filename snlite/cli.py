@@ -135,7 +135,7 @@ def cmd_train(args) -> int:
         print(f"loaded {load_params(args.load, model)} parameter tensors from {args.load}")
     print(f"{args.net} on {model.device!r}: {len(train):,d} training and {len(test):,d} test images of "
           f"{train.shape} ({train.name.split('/')[0]}, {train.num_classes} classes), batch {args.batch}, "
-          f"arena {_bytes(model.executor.arena_bytes)}")
+          f"arena {_bytes(model.runtime.capacity)}")
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         run_epoch(model, train, args, epoch)
@@ -190,7 +190,7 @@ def run_epoch(model, train, args, epoch: int) -> None:
         seen += len(labels)
         rate = seen / max(time.perf_counter() - start, 1e-9)
         bar.update(i, f"loss {loss_sum / i:.4f}  acc {correct / seen:.2%}  {rate:,.0f} img/s  "
-                      f"device memory {_bytes(model.executor.arena_bytes)}")
+                      f"peak device memory {_bytes(model.trace.peak_bytes)}")
     bar.close()
 
 

@@ -46,9 +46,9 @@ class StepIO:
     train: bool = True
     update_running: bool = True  # BatchNorm: False when a forward step is recomputed
     seed: int = 0  # dropout: a 32-bit seed for this layer and iteration
-    algo: dict = field(default_factory=dict)  # conv: op -> algorithm
+    algo: dict = field(default_factory=dict)  # conv: op -> algorithm ("direct" where absent)
+    chunk: dict = field(default_factory=dict)  # conv: op -> images per im2col chunk
     workspace: object = None  # conv: a 1-D float32 view, large enough for the chosen algorithms
-    chunk: int = 1  # conv: images per im2col chunk
 
 
 class Layer:
@@ -174,7 +174,7 @@ class Conv2d(Layer):
     def _conv_kw(self, io, op):
         a = self.attrs
         return dict(stride=a["stride"], padding=a["padding"], algo=io.algo.get(op, "direct"),
-                    workspace=io.workspace, chunk=io.chunk)
+                    workspace=io.workspace, chunk=io.chunk.get(op, 1))
 
     def forward(self, io):
         io.run("conv2d_forward", io.x[0], io.params["weight"], io.y, **self._conv_kw(io, "forward"))

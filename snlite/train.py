@@ -13,25 +13,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from snlite.config import MemoryConfig
 from snlite.device import get_device
-from snlite.graph import Graph, TensorSpec
-from snlite.runtime import Executor
+from snlite.graph import Graph
+from snlite.runtime import BudgetError, Runtime, optimizer_specs, smallest_budget
 
 
 class Model:
-    """A graph, its parameters and optimizer state on a device, and the executor that trains it."""
+    """A graph, its parameters and optimizer state on a device, trained by the memory runtime
+    under ``config`` (a :class:`MemoryConfig`; None is the baseline). ``model.trace`` is the
+    last iteration's trace; ``model.runtime.plan`` what the scheduler decided."""
 
-    def __init__(self, graph: Graph, device="auto", seed: int = 0):
+    def __init__(self, graph: Graph, config: MemoryConfig | None = None, device="auto", seed: int = 0):
         self.graph = graph
+        self.config = config or MemoryConfig()
+        if not isinstance(self.config, MemoryConfig):
+            raise ValueError(f"config must be a MemoryConfig (or None), got {type(config).__name__}")
         self.device = get_device(device)
         self.seed = int(seed)
         self.iteration = 0  # training iterations run so far (dropout masks depend on it)
         tensors = graph.tensors()
         self.learnable = [t.name for t in tensors.values() if t.kind == "weight"]
         self.state_names = [t.name for t in tensors.values() if t.kind in ("weight", "buffer")]
-        momentum = {f"{n}.momentum": TensorSpec(f"{n}.momentum", tensors[n].shape, "float32", "optimizer")
-                    for n in self.learnable}
-        self.executor = Executor(graph, self.device, momentum)
+        momentum = optimizer_specs(graph)
+        if self.config.budget_bytes is not None and self.device.has_data:
+            _check_budget(graph, self.config, momentum)  # fail before anything runs
+        self.runtime = Runtime(graph, self.config, self.device, momentum)
         rng = np.random.default_rng(self.seed)
         init = {}
         for name, layer in graph.layers.items():
@@ -40,6 +47,11 @@ class Model:
         for n in self.learnable:
             init[f"{n}.momentum"] = np.zeros(tensors[n].shape, np.float32)
         self._write(init)
+
+    @property
+    def trace(self):
+        """The trace of the last iteration run (training or inference)."""
+        return self.runtime.trace
 
     # parameters -----------------------------------------------------------------
     @property
@@ -72,9 +84,9 @@ class Model:
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ValueError(f"need lr > 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}")
         loss, logits = self._train_iteration(x, labels, return_logits)
-        ex = self.executor
+        rt = self.runtime
         for n in self.learnable:
-            self.device.run("sgd_update", ex.view(n), ex.view(f"{n}.grad"), ex.view(f"{n}.momentum"),
+            self.device.run("sgd_update", rt.view(n), rt.view(f"{n}.grad"), rt.view(f"{n}.momentum"),
                             lr=lr, momentum=momentum, weight_decay=weight_decay)
         return (loss, logits) if return_logits else loss
 
@@ -84,18 +96,13 @@ class Model:
         n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
         if x.shape[1:] != shape:
             raise ValueError(f"predict: samples have shape {x.shape[1:]}, the graph expects {shape}")
-        loss_layer = self.graph.loss_layer
-        logits_name = self.graph.output_tensor(self.graph.inputs[loss_layer][0])
         out = []
         for start in range(0, len(x), n):
             chunk = x[start:start + n]
             batch = np.zeros((n,) + shape, np.float32)
             batch[:len(chunk)] = chunk
-            self.executor.load_batch(batch, None)
-            for step in self.graph.steps():
-                if step.phase == "forward" and step.layer != loss_layer:
-                    self.executor.run_step(step, train=False, iteration=self.iteration, seed=self.seed)
-            out.append(self.device.read(self.executor.view(logits_name))[:len(chunk)])
+            _, logits = self.runtime.run(batch, None, train=False, iteration=self.iteration, seed=self.seed)
+            out.append(logits[:len(chunk)])
         return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
 
     def evaluate(self, x, labels) -> float:
@@ -106,19 +113,38 @@ class Model:
     def _train_iteration(self, x, labels, return_logits=False) -> tuple[float, np.ndarray | None]:
         if labels is None:
             raise ValueError("training needs labels")
-        ex, g = self.executor, self.graph
-        ex.load_batch(x, labels)
-        logits = None
-        for step in g.steps():
-            if return_logits and step.layer == g.loss_layer and step.phase == "forward":
-                logits = self.device.read(ex.view(g.output_tensor(g.inputs[g.loss_layer][0])))
-            ex.run_step(step, train=True, iteration=self.iteration, seed=self.seed)
+        _check_batch(self.graph, x, labels)
+        loss, logits = self.runtime.run(x, labels, train=True, iteration=self.iteration, seed=self.seed,
+                                        keep_logits=return_logits)
         self.iteration += 1
-        return float(self.device.read(ex.view(f"{g.loss_layer}.loss"))[0]), logits
+        return (float("nan") if loss is None else loss), logits
 
     def _read(self, name):
-        return self.device.read(self.executor.view(name))
+        return self.device.read(self.runtime.view(name))
 
     def _write(self, values: dict) -> None:
         for name, value in values.items():
-            self.device.write(np.ascontiguousarray(value, dtype=np.float32), self.executor.view(name))
+            self.device.write(np.ascontiguousarray(value, dtype=np.float32), self.runtime.view(name))
+
+
+def _check_batch(graph, x, labels) -> None:
+    x_shape = np.shape(x)
+    if tuple(x_shape) != graph.input_shape:
+        raise ValueError(f"input batch has shape {tuple(x_shape)}, the graph expects {graph.input_shape}")
+    labels = np.asarray(labels)
+    k = graph.num_classes
+    if labels.shape != (x_shape[0],) or labels.min() < 0 or labels.max() >= k:
+        raise ValueError(f"labels must be {x_shape[0]} integers in [0, {k}); got shape {labels.shape}, "
+                         f"range [{labels.min()}, {labels.max()}]")
+
+
+def _check_budget(graph, config, extra) -> None:
+    """Plan on the meta device first: a budget too small fails here, before anything runs."""
+    from snlite.device import MetaDevice
+
+    try:
+        Runtime(graph, config, MetaDevice(), extra).run()
+    except BudgetError as e:
+        need = smallest_budget(graph, config, extra=extra)
+        raise BudgetError(f"{e} The smallest budget that works under this configuration is {need:,d} bytes "
+                          f"({need / 2**20:,.1f} MiB).") from None

@@ -22,28 +22,32 @@ def run(capsys, *argv):
 
 
 # ---------------------------------------------------------------- demo
-def test_demo_shows_the_arena_and_the_loss_going_down(capsys):
+def test_demo_shows_the_plan_the_savings_and_identical_training(capsys):
     code, out, err = run(capsys, "demo", "--steps", "30")
     assert code == 0, err
-    assert "tensor" in out and "offset" in out and "one arena of" in out
-    assert re.search(r"relu1\.grad .*\n.*\(in relu1\.grad's buffer\)", out)  # in-place storage is shown
-    losses = [float(v) for v in re.findall(r"^step +\d+ +loss ([0-9.]+)$", out, re.M)]
+    assert "Scheduler for small_cnn" in out and "offload conv1" in out and "release conv1" in out
+    peaks = [int(v.replace(",", "")) for v in re.findall(r"^(?:baseline|\+ \w+) +([0-9,]+) ", out, re.M)]
+    assert len(peaks) == 4 and peaks == sorted(peaks, reverse=True) and peaks[-1] < peaks[0]
+    assert "losses and weights bit-identical: True" in out
+    for planned in re.findall(r"peak ([0-9,]+) bytes \(planned ([0-9,]+)\)", out):
+        assert planned[0] == planned[1], "each run's peak must equal the planned peak"
+    losses = [float(v) for v in re.findall(r"^step +\d+ +loss ([0-9.]+) \(baseline\)", out, re.M)]
     assert len(losses) == 7 and losses[-1] < 0.5 * losses[0]
     acc = re.search(r"test accuracy \d+% before training, (\d+)% after", out)
     assert acc and int(acc[1]) >= 90
 
 
-def test_demo_on_the_meta_device_shows_the_layout_only(capsys):
+def test_demo_on_the_meta_device_shows_the_plan_only(capsys):
     code, out, _ = run(capsys, "demo", "--device", "meta")
-    assert code == 0 and "MetaDevice" in out and "offset" in out and "holds no data" in out
-    assert "step" not in out.split("holds no data")[1]
+    assert code == 0 and "Scheduler for small_cnn" in out and "holds no data" in out
+    assert "step " not in out.split("holds no data")[1]
 
 
 # ---------------------------------------------------------------- train
 def test_train_one_short_epoch_on_synthetic_data(capsys):
     code, out, err = run(capsys, *TRAIN)
     assert code == 0, err
-    bar = re.search(r"epoch 1/1 \[#{20}\] 8/8  loss ([0-9.]+)  acc [0-9.]+%  [0-9,]+ img/s  device memory [0-9.]+ MiB",
+    bar = re.search(r"epoch 1/1 \[#{20}\] 8/8  loss ([0-9.]+)  acc [0-9.]+%  [0-9,]+ img/s  peak device memory [0-9.]+ MiB",
                     out)
     assert bar, out
     assert re.search(r"epoch 1/1: test accuracy [0-9.]+%", out)

@@ -1,0 +1,189 @@
+"""The scheduler: SuperNeurons' optimizations as stages, each one toggled by :class:`MemoryConfig`.
+
+    sched = Scheduler(graph, MemoryConfig.superneurons())
+    print(sched)               # the stages, on or off, and what each decided
+    plan = sched.plan()        # per-op actions, as data
+    print(plan.table())        # ... as a readable table
+
+The stages run in the paper's order and take and return plain data:
+
+1. :class:`RecomputeStage` expands the route into ops, inserting forward re-runs of cheap layers
+   before the backward steps that need them (:mod:`snlite.recompute`);
+2. :class:`LivenessStage` frees every tensor after its last use (:mod:`snlite.liveness`); when
+   off, only recomputation's dropped tensors are freed early;
+3. :class:`OffloadStage` schedules CONV outputs to the host and back (:mod:`snlite.offload`);
+   with the cache on, offloading is lazy instead: nothing is scheduled, and the runtime's
+   :class:`CacheStage` evicts least-recently-used tensors only when an allocation would fail;
+4. :class:`WorkspaceStage` picks each conv step's algorithm at run time (:mod:`snlite.workspace`),
+   from the memory free at that moment.
+
+The runtime (:mod:`snlite.runtime`) executes a plan on any device; on the meta device that is
+the simulation, and it allocates exactly what the host and CUDA devices then allocate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from snlite import liveness, offload, recompute
+from snlite.config import MemoryConfig
+from snlite.recompute import Op, base_name
+
+PERSISTENT_KINDS = ("weight", "weight_grad", "buffer", "optimizer")
+
+
+@dataclass(frozen=True)
+class PlannedOp:
+    """An op and the memory actions around it."""
+
+    op: Op
+    release: tuple[str, ...] = ()  # before: offloaded tensors whose device copy is released
+    prefetch: tuple[str, ...] = ()  # before: tensors copied back from the host
+    offload: tuple[str, ...] = ()  # after: tensors copied to the host
+    frees: tuple[str, ...] = ()  # after: tensors freed (last use, or dropped for recomputation)
+
+
+@dataclass
+class Plan:
+    """What the stages decided, op by op."""
+
+    config: MemoryConfig
+    ops: list[PlannedOp]
+    recompute: recompute.RecomputeInfo
+    transfers: list[offload.Transfer] = field(default_factory=list)
+
+    def table(self, limit: int | None = None) -> str:
+        rows = [f"{'op':>5} {'step':>5}  {'layer':24} {'phase':10} actions"]
+        for p in self.ops[:limit]:
+            acts = ([f"release {','.join(p.release)}"] if p.release else []) + \
+                   ([f"prefetch {','.join(p.prefetch)}"] if p.prefetch else []) + \
+                   ([f"offload {','.join(p.offload)}"] if p.offload else []) + \
+                   ([f"free {','.join(p.frees)}"] if p.frees else [])
+            rows.append(f"{p.op.index:>5} {p.op.step:>5}  {p.op.layer:24} {p.op.phase:10} {'; '.join(acts)}")
+        if limit is not None and len(self.ops) > limit:
+            rows.append(f"... {len(self.ops) - limit} more ops")
+        return "\n".join(rows)
+
+
+class Stage:
+    """One optimization: on or off, and a line saying what it does."""
+
+    name = "stage"
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.summary = "off"
+
+    def __str__(self) -> str:
+        return f"{self.name:11} {'on ' if self.enabled else 'off'}  {self.summary if self.enabled else ''}"
+
+
+class RecomputeStage(Stage):
+    name = "recompute"
+
+    def __init__(self, strategy: str):
+        super().__init__(strategy != "off")
+        self.strategy = strategy
+
+    def apply(self, graph, persistent):
+        ops, info = recompute.expand(graph, self.strategy, persistent)
+        if self.enabled:
+            kinds = sorted(set(info.segment_strategy.values()))
+            self.summary = (f"{self.strategy}: {len(info.dropped)} tensors dropped, {info.count} forward re-runs "
+                            f"({', '.join(kinds)}-centric segments), +{info.extra_flops:,d} FLOPs")
+        return ops, info
+
+
+class LivenessStage(Stage):
+    name = "liveness"
+
+    def apply(self, ops, persistent, dropped):
+        handed = {i: {old for _, old in op.inplace} for i, op in enumerate(ops)}
+        if self.enabled:
+            frees = {r.step: [t for t in r.frees if t not in handed[r.step]] for r in liveness.analyze(ops, persistent)}
+            self.summary = f"{sum(map(len, frees.values()))} frees after last uses"
+            return frees
+        early = {t for op in ops for t in (*op.reads, *op.writes) if base_name(t) in dropped}
+        _, last = liveness.first_and_last_use(ops, persistent)
+        frees: dict[int, list[str]] = {}
+        for t in early:
+            if t not in handed[last[t]]:
+                frees.setdefault(last[t], []).append(t)
+        return frees
+
+
+class OffloadStage(Stage):
+    name = "offload"
+
+    def __init__(self, enabled: bool, lazy: bool):
+        super().__init__(enabled)
+        self.lazy = lazy
+
+    def apply(self, ops, graph):
+        if not self.enabled or self.lazy:
+            if self.enabled:
+                self.summary = "lazy: the LRU cache moves CONV outputs only when memory runs short"
+            return []
+        transfers = offload.schedule(ops, graph)
+        self.summary = f"{len(transfers)} CONV outputs to pinned host memory and back"
+        return transfers
+
+
+class CacheStage(Stage):
+    name = "cache"
+
+    def __init__(self, enabled: bool, conv_only: bool):
+        super().__init__(enabled)
+        self.summary = ("LRU eviction of " + ("CONV outputs" if conv_only else "activations and gradients")
+                        + " when an allocation would fail")
+
+
+class WorkspaceStage(Stage):
+    name = "workspace"
+
+    def __init__(self, mode: str):
+        super().__init__(mode != "none")
+        self.mode = mode
+        self.summary = {"fastest": "always the fastest conv algorithm",
+                        "dynamic": "the fastest conv algorithm whose workspace fits now"}.get(mode, "")
+
+
+class Scheduler:
+    """Builds a :class:`Plan` for ``graph`` under ``config`` from one stage per optimization."""
+
+    def __init__(self, graph, config: MemoryConfig | None = None):
+        self.graph = graph
+        self.config = config or MemoryConfig()
+        c = self.config
+        self.recompute = RecomputeStage(c.recompute)
+        self.liveness = LivenessStage(c.liveness)
+        self.offload = OffloadStage(c.offload, lazy=c.cache)
+        self.cache = CacheStage(c.cache, conv_only=c.offload)
+        self.workspace = WorkspaceStage(c.workspace)
+        self.stages = [self.recompute, self.liveness, self.offload, self.cache, self.workspace]
+        self._plan = None
+
+    def persistent(self) -> set[str]:
+        return {n for n, t in self.graph.tensors().items() if t.kind in PERSISTENT_KINDS}
+
+    def plan(self) -> Plan:
+        if self._plan is None:
+            persistent = self.persistent()
+            ops, info = self.recompute.apply(self.graph, persistent)
+            frees = self.liveness.apply(ops, persistent, set(info.dropped))
+            transfers = self.offload.apply(ops, self.graph)
+            before_rel, before_pre, after_off = {}, {}, {}
+            for tr in transfers:
+                after_off.setdefault(tr.offload_after, []).append(tr.tensor)
+                before_rel.setdefault(tr.release_before, []).append(tr.tensor)
+                if tr.prefetch_before is not None:
+                    before_pre.setdefault(tr.prefetch_before, []).append(tr.tensor)
+            planned = [PlannedOp(op, tuple(before_rel.get(i, ())), tuple(before_pre.get(i, ())),
+                                 tuple(after_off.get(i, ())), tuple(frees.get(i, ()))) for i, op in enumerate(ops)]
+            self._plan = Plan(self.config, planned, info, transfers)
+        return self._plan
+
+    def __str__(self) -> str:
+        self.plan()
+        lines = [f"Scheduler for {self.graph.name} under {self.config.describe()}"]
+        lines += [f"  {s}" for s in self.stages]
+        return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""Dynamic convolution workspace (PAPER.md section 6).
+
+Convolution algorithms trade workspace for speed. After liveness, offload and recomputation have
+decided what is resident, each conv step (forward, backward-data, backward-filter separately)
+picks, per the ``workspace`` setting:
+
+- ``none``: the ``direct`` algorithm, no workspace;
+- ``fastest``: the fastest algorithm, whatever it needs;
+- ``dynamic``: the fastest algorithm whose workspace fits in the largest free block right now.
+
+The candidates are ``direct`` and ``im2col`` over chunks of k images (k = N, N/2, ..., 1;
+workspace proportional to k). Their speed comes from :class:`CostModel`, a simple model of the
+GPU that ranks them the way measurements do (im2col + GEMM about twice as fast as direct, larger
+chunks a little faster than smaller ones, each launch a fixed cost). The ranking, not the model's
+absolute times, is what the choice uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("none", "fastest", "dynamic")
+
+
+@dataclass(frozen=True)
+class Choice:
+    algo: str
+    chunk: int
+    workspace_bytes: int
+    est_ms: float
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Estimated milliseconds of a convolution: FLOPs at a rate per algorithm, plus launches."""
+
+    direct_gflops: float = 2000.0
+    im2col_gflops: float = 4000.0
+    launch_ms: float = 0.005
+
+    def estimate(self, layer, op: str, algo: str, chunk: int) -> float:
+        n = layer.in_shapes[0][0]
+        if algo == "direct":
+            return layer.flops() / (self.direct_gflops * 1e6) + self.launch_ms
+        launches = 2 * n + 2 * -(-n // chunk)  # a GEMM per image, a transform per chunk
+        return layer.flops() / (self.im2col_gflops * 1e6) + launches * self.launch_ms
+
+
+def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:
+    """Every (algorithm, chunk) for this conv step, fastest first."""
+    n = layer.in_shapes[0][0]
+    chunks, k = [], n
+    while k >= 1:
+        chunks.append(k)
+        k //= 2
+    out = [Choice("direct", 1, 0, model.estimate(layer, op, "direct", 1))]
+    out += [Choice("im2col", c, layer.workspace_bytes(op, "im2col", c), model.estimate(layer, op, "im2col", c))
+            for c in chunks]
+    return sorted(out, key=lambda c: (c.est_ms, c.workspace_bytes))
+
+
+def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: CostModel = CostModel()) -> Choice:
+    """The algorithm for one conv step under ``mode``; ``largest_free_bytes`` is the pool's
+    largest free block now (None: unlimited)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown workspace mode {mode!r}; choose one of {MODES}")
+    ranked = candidates(layer, op, model)
+    if mode == "none":
+        return next(c for c in ranked if c.algo == "direct")
+    if mode == "fastest" or largest_free_bytes is None:
+        return ranked[0]
+    return next(c for c in ranked if c.workspace_bytes <= largest_free_bytes)
