@@ -83,6 +83,7 @@ class Graph:
         self.layers: dict[str, Layer] = {}
         self.inputs: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
+        self._loss: str | None = None
         self._cache = None
 
     # building -------------------------------------------------------------------
@@ -110,6 +111,8 @@ class Graph:
         layer = LAYER_TYPES[kind](name, [n.shape for n in nodes], **attrs)
         self.layers[name] = layer
         self.inputs[name] = [n.name for n in nodes]
+        if kind == "softmax_loss":
+            self._loss = name
         self._cache = None
         return Node(self, name, layer.out_shape)
 
@@ -169,7 +172,8 @@ class Graph:
     # what was built -----------------------------------------------------------------
     @property
     def loss_layer(self) -> str | None:
-        return next((n for n, l in self.layers.items() if l.kind == "softmax_loss"), None)
+        """The softmax_loss layer's name (None until it is added)."""
+        return self._loss
 
     def consumers(self) -> dict[str, list[str]]:
         """layer -> the layers that read its output, in the order they were added."""

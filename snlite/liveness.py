@@ -37,6 +37,16 @@ def first_and_last_use(steps, persistent=frozenset()) -> tuple[dict[str, int], d
     return first, last
 
 
+def frees_after(steps, persistent=frozenset()) -> dict[int, list[str]]:
+    """step -> the tensors to free right after it (their last use), in order of first use.
+    What the scheduler needs, in O(total uses): no live sets are built."""
+    first, last = first_and_last_use(steps, persistent)
+    out: dict[int, list[str]] = {}
+    for t in sorted(last, key=first.__getitem__):
+        out.setdefault(last[t], []).append(t)
+    return out
+
+
 def analyze(steps, persistent=frozenset()) -> list[StepLiveness]:
     """In/out sets and frees for every step. ``steps`` need ``reads`` and ``writes``."""
     first, last = first_and_last_use(steps, persistent)
@@ -50,7 +60,7 @@ def analyze(steps, persistent=frozenset()) -> list[StepLiveness]:
         for t in (*step.reads, *step.writes):
             if t not in persistent:
                 live.setdefault(t)
-        frees = tuple(t for t in live if last[t] == i) if i in frees_at else ()
+        frees = tuple(sorted(frees_at[i], key=first.__getitem__)) if i in frees_at else ()
         for t in frees:
             del live[t]
         out.append(StepLiveness(i, live_in, tuple(live), frees))

@@ -123,6 +123,10 @@ def expand(graph, strategy: str, persistent=frozenset()) -> tuple[list[Op], Reco
     fwd_step = {s.layer: s for s in steps if s.phase == "forward"}
     order = {name: i for i, name in enumerate(graph.route()[0])}
     current: dict[str, str] = {}  # dropped tensor -> its live recomputed incarnation
+    for_this_step: list[str] = []  # memory-centric incarnations, dead after the step they serve
+    members: dict[str, list[str]] = {}
+    for layer, r in roots.items():
+        members.setdefault(r, []).append(layer)
     serial = [0]
 
     def rerun(layer, step_index):
@@ -135,6 +139,8 @@ def expand(graph, strategy: str, persistent=frozenset()) -> tuple[list[Op], Reco
                 continue  # a recomputed BatchNorm never updates its running statistics
             serial[0] += 1
             current[t] = f"{t}#r{serial[0]}"
+            if per_segment[roots[layer]] == "memory":
+                for_this_step.append(t)
             writes.append(current[t])
             names.append((t, current[t]))
         names += [(t, current[t]) for t in fs.reads if t in current]
@@ -151,7 +157,7 @@ def expand(graph, strategy: str, persistent=frozenset()) -> tuple[list[Op], Reco
                 producer = drop[t]
                 root = roots[producer]
                 if per_segment[root] == "speed":
-                    chain = sorted((l for l, r in roots.items() if r == root), key=order.get)
+                    chain = sorted(members[root], key=order.get)
                 else:
                     chain = [producer]
                     while chain[-1] in roots and graph.inputs[chain[-1]][0] in roots:
@@ -163,7 +169,7 @@ def expand(graph, strategy: str, persistent=frozenset()) -> tuple[list[Op], Reco
         names = tuple((t, current[t]) for t in (*s.reads, *s.writes) if t in current)
         reads = [current.get(t, t) if s.phase == "backward" else t for t in s.reads]
         add(s.index, s.layer, s.phase, reads, s.writes, s.inplace, s.accumulate, names if s.phase == "backward" else ())
-        if s.phase == "backward":
-            for t in [t for t in current if per_segment[roots[drop[t]]] == "memory"]:
-                del current[t]  # memory-centric: rebuilt for this step only
+        for t in for_this_step:
+            del current[t]  # memory-centric: rebuilt for this step only
+        for_this_step.clear()
     return ops, info

@@ -81,6 +81,9 @@ class Runtime:
         self._bytes = dict.fromkeys(("weights", "weight_grads", "optimizer", "input", "activations", "gradients",
                                      "workspace", "in_flight"), 0)
         self._events: dict[str, object] = {}
+        self._resident = 0  # tensors holding device memory now
+        self._log: list[tuple[str, int]] = []  # (tensor, +1 allocated / -1 released), to rebuild the peak's live set
+        self._peak_log = 0
         self._layer_index = {name: i for i, name in enumerate(graph.layers)}
         self.trace = self._trace = self.inference_trace = Trace(count=c.count)
         for name in self.persistent:
@@ -143,14 +146,20 @@ class Runtime:
         if self.arena is None:
             self.buffers[offset] = self.device.alloc_arena(self.pool.reserved_bytes(nbytes))
         t.allocate(offset)
+        self._held(t, +1)
         self._bytes[self._category(t)] += self.reserved(t.nbytes)
         if t.name in self.evictable or base_name(t.name) in self.evictable:
             self.lru[t.name] = None
+
+    def _held(self, t: Tensor, sign: int) -> None:
+        self._resident += sign
+        self._log.append((t.name, sign))
 
     def _release_block(self, t: Tensor, offset, category: str) -> None:
         self.pool.free(offset)
         if self.arena is None:
             del self.buffers[offset]
+        self._held(t, -1)
         self._bytes[category] -= self.reserved(t.nbytes)
         self.lru.pop(t.name, None)
 
@@ -212,6 +221,7 @@ class Runtime:
         if self.arena is None:
             self.buffers[offset] = self.device.alloc_arena(self.pool.reserved_bytes(nbytes))
         t.start_prefetch(offset)
+        self._held(t, +1)
         self._bytes[KIND_CATEGORY[t.kind]] += self.reserved(t.nbytes)
         ready = self.device.event()
         ready.record(self.compute)
@@ -266,6 +276,7 @@ class Runtime:
         else:
             self.inference_trace = trace
         self.pool.reset_peak()
+        self._log, self._peak_log = [], 0
         loss = logits = None
         for planned in self.plan.ops:
             op = planned.op
@@ -310,6 +321,7 @@ class Runtime:
         if not train and dev.has_data:
             logits = dev.read(self.view(logits_name, g.layers[g.inputs[loss_layer][0]].out_shape))
         dev.synchronize()
+        trace.peak_tensors = self._peak_tensors()
         self._end_iteration()
         return loss, logits
 
@@ -399,17 +411,29 @@ class Runtime:
             working += sum(self._bytes[c] for c in ("weights", "weight_grads", "optimizer"))
             working += self.reserved(workspace.nbytes) if workspace is not None else 0
         host = self.host_pool.stats().in_use_bytes if self.host_pool is not None else 0
-        rec = StepRecord(op.index, op.step, op.layer, op.phase, device_bytes, host,
-                         sum(1 for t in self.tensors.values() if t.resident), total, working)
+        rec = StepRecord(op.index, op.step, op.layer, op.phase, device_bytes, host, self._resident, total, working)
         tr = self._trace
         tr.steps.append(rec)
         tr.l_peak_bytes = max(tr.l_peak_bytes, working)
         tr.host_peak_bytes = max(tr.host_peak_bytes, host)
         if total > tr.peak_bytes:
             tr.peak_bytes, tr.peak_step, tr.peak_op = total, op.step, len(tr.steps) - 1
-            live = [(t.name, self.reserved(t.nbytes)) for t in self.tensors.values() if t.resident
-                    and (cats is None or self._category(t) in cats)]
-            tr.peak_tensors = tuple(sorted(live, key=lambda p: -p[1]))
+            self._peak_log = len(self._log)
+
+    def _peak_tensors(self) -> tuple:
+        """The tensors resident at the peak, largest first: the allocation log replayed up to it."""
+        held: dict[str, int] = {}
+        for name, sign in self._log[:self._peak_log]:
+            held[name] = held.get(name, 0) + sign
+        cats = PAPER_CATEGORIES if self.config.count == "paper" else None
+        live = [(n, self.reserved(self.specs[base_name(n)].nbytes if base_name(n) in self.specs else 1))
+                for n, k in held.items() if k > 0]
+        live = [(n, b) for n, b in live if cats is None or KIND_CATEGORY[self._kind(n)] in cats]
+        return tuple(sorted(live, key=lambda p: -p[1]))
+
+    def _kind(self, name: str) -> str:
+        spec = self.specs.get(base_name(name))
+        return spec.kind if spec is not None else "workspace"
 
     def _end_iteration(self) -> None:
         for name in [n for n in self.tensors if n not in self.persistent_set]:
@@ -421,8 +445,13 @@ class Runtime:
     def _budget_message(self, t: Tensor, step, err: PoolFullError) -> str:
         live = sorted(((x.name, x.nbytes) for x in self.tensors.values() if x.resident), key=lambda p: -p[1])
         shown = ", ".join(f"{n} ({b:,d} B)" for n, b in live[:8]) + (f" and {len(live) - 8} more" if len(live) > 8 else "")
+        if step == "setup":
+            where = "while placing the weights and optimizer state"
+        else:
+            s = self.graph.steps()[step] if isinstance(step, int) else None
+            where = f"at step {step} ({s.layer} {s.phase})" if s is not None else f"at {step}"
         return (f"{self.graph.name} does not fit a budget of {self.capacity:,d} bytes under "
-                f"{self.config.describe()}: at step {step}, {t.name} needs {t.nbytes:,d} bytes but the largest free "
+                f"{self.config.describe()}: {where}, {t.name} needs {t.nbytes:,d} bytes but the largest free "
                 f"block is {err.stats.largest_free_bytes:,d} bytes. Live there: {shown}.")
 
 

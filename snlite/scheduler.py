@@ -99,7 +99,7 @@ class LivenessStage(Stage):
     def apply(self, ops, persistent, dropped):
         handed = {i: {old for _, old in op.inplace} for i, op in enumerate(ops)}
         if self.enabled:
-            frees = {r.step: [t for t in r.frees if t not in handed[r.step]] for r in liveness.analyze(ops, persistent)}
+            frees = {i: [t for t in ts if t not in handed[i]] for i, ts in liveness.frees_after(ops, persistent).items()}
             self.summary = f"{sum(map(len, frees.values()))} frees after last uses"
             return frees
         early = {t for op in ops for t in (*op.reads, *op.writes) if base_name(t) in dropped}
@@ -187,3 +187,30 @@ class Scheduler:
         lines = [f"Scheduler for {self.graph.name} under {self.config.describe()}"]
         lines += [f"  {s}" for s in self.stages]
         return "\n".join(lines)
+
+
+def validate(plan: Plan, persistent) -> None:
+    """Walk a plan on plain data and raise PlanError-style ValueError if any op reads a tensor
+    that is not resident then (written earlier, not freed, released or still on the host).
+    The LRU cache's moves happen at run time; the runtime checks those op by op."""
+    resident: set[str] = set(persistent)
+    on_host: set[str] = set()
+    for p in plan.ops:
+        op = p.op
+        for t in p.release:
+            resident.discard(t)
+            on_host.add(t)
+        for t in p.prefetch:
+            if t not in on_host:
+                raise ValueError(f"op {op.index} prefetches {t}, which is not on the host")
+            on_host.discard(t)
+            resident.add(t)
+        missing = [t for t in op.reads if t not in resident]
+        if missing:
+            raise ValueError(f"op {op.index} ({op.layer} {op.phase}, step {op.step}) reads {missing}, which "
+                             f"{'is' if len(missing) == 1 else 'are'} not resident")
+        for new, old in op.inplace:
+            resident.discard(old)
+        resident.update(op.writes)
+        for t in p.frees:
+            resident.discard(t)

@@ -75,3 +75,14 @@ def test_real_network_invariants():
         assert not (set(r.live_out) & set(r.frees))
     assert result[-1].live_out == ()
     assert not persistent & {t for r in result for t in r.live_out}
+
+
+def test_frees_after_agrees_with_the_live_sets():
+    from snlite.liveness import frees_after
+    from snlite.models import cifar_resnet
+
+    g = cifar_resnet(20, batch=2)
+    persistent = {n for n, t in g.tensors().items() if t.kind in ("weight", "weight_grad", "buffer")}
+    fast = frees_after(g.steps(), persistent)
+    for r in analyze(g.steps(), persistent):
+        assert tuple(fast.get(r.step, ())) == r.frees
