@@ -8,12 +8,16 @@ reimplemented in Python with Numba CUDA kernels, for teaching and measurement.
     model = snlite.Model(g, device="auto")
 """
 from snlite import models
+from snlite.config import MemoryConfig
 from snlite.device import (ALIGNMENT_BYTES, CudaDevice, Device, HostDevice, MetaArray, MetaDevice, align_up,
                            get_device, nbytes_of)
 from snlite.graph import Graph, Node, Step, TensorSpec
+from snlite.runtime import BudgetError, simulate
+from snlite.scheduler import Scheduler
 from snlite.train import Model
 
 __version__ = "0.1.0"
 
-__all__ = ["ALIGNMENT_BYTES", "CudaDevice", "Device", "Graph", "HostDevice", "MetaArray", "MetaDevice", "Model",
-           "Node", "Step", "TensorSpec", "align_up", "get_device", "models", "nbytes_of", "__version__"]
+__all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig", "MetaArray",
+           "MetaDevice", "Model", "Node", "Scheduler", "Step", "TensorSpec", "align_up", "get_device", "models",
+           "nbytes_of", "simulate", "__version__"]
