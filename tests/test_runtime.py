@@ -145,7 +145,8 @@ def test_workspace_modes():
     assert chosen != best, "a tight pool must force a smaller workspace somewhere"
 
 
-@pytest.mark.parametrize("name", ["lenet", "alexnet", "vgg16", "resnet50", "inception_v4", "densenet121"])
+@pytest.mark.parametrize("name", ["lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4",
+                                  "densenet121", "cifar_resnet20"])
 def test_peaks_never_rise_as_stages_are_added(name):
     from snlite.models import get_model
 
