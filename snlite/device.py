@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,13 +115,19 @@ class CudaStream:
 
 
 class CudaEvent:
-    """A CUDA event; ``wait(stream)`` makes ``stream`` wait for it without blocking the host."""
+    """A CUDA event; ``wait(stream)`` makes ``stream`` wait for it without blocking the host.
+    On the simulator, which runs everything synchronously and records no times, ``elapsed_ms``
+    is host wall-clock time between the two records (the cost of simulating, not of a GPU)."""
 
-    def __init__(self, raw):
+    def __init__(self, raw, simulated: bool = False):
         self.raw = raw
+        self.simulated = simulated
+        self.wall = None
 
     def record(self, stream: CudaStream) -> None:
         self.raw.record(stream.raw)
+        if self.simulated:
+            self.wall = time.perf_counter()
 
     def wait(self, stream: CudaStream) -> None:
         self.raw.wait(stream.raw)
@@ -133,6 +140,8 @@ class CudaEvent:
         self.raw.synchronize()
 
     def elapsed_ms(self, end: "CudaEvent") -> float:
+        if self.simulated:
+            return (end.wall - self.wall) * 1e3
         return float(self.raw.elapsed_time(end.raw))
 
 
@@ -282,7 +291,7 @@ class CudaDevice(Device):
 
     def event(self, timing: bool = False):
         if self.simulated:  # the simulator's events take no arguments
-            return CudaEvent(self._cuda.event())
+            return CudaEvent(self._cuda.event(), simulated=True)
         return CudaEvent(self._cuda.event(timing=timing))
 
     def _stream(self, stream):

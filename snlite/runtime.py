@@ -54,8 +54,10 @@ def dropout_seed(seed: int, iteration: int, layer_index: int) -> int:
 class Runtime:
     """A graph's tensors in one pool on ``device``, and the loop that runs the plan."""
 
-    def __init__(self, graph, config: MemoryConfig | None, device, extra: dict[str, TensorSpec] | None = None):
+    def __init__(self, graph, config: MemoryConfig | None, device, extra: dict[str, TensorSpec] | None = None,
+                 costs=None):
         self.graph, self.device = graph, device
+        self.costs = costs or ws.CostModel()  # how conv algorithms are ranked (see snlite.workspace)
         self.config = config or MemoryConfig()
         self.scheduler = Scheduler(graph, self.config)
         self.plan = self.scheduler.plan()
@@ -379,7 +381,7 @@ class Runtime:
             return None
         kinds = ("forward",) if phase == "forward" else ("backward_filter", "backward_data")
         largest = self.pool.largest_free_block()
-        choices = {k: ws.choose(layer, k, self.config.workspace, largest) for k in kinds}
+        choices = {k: ws.choose(layer, k, self.config.workspace, largest, self.costs) for k in kinds}
         io.algo = {k: c.algo for k, c in choices.items()}
         io.chunk = {k: c.chunk for k, c in choices.items()}
         for k, c in choices.items():
@@ -442,6 +444,62 @@ class Runtime:
         self._events.clear()
         self.lru.clear()
 
+    def measure_conv_costs(self, reps: int = 3) -> ws.MeasuredCosts:
+        """Time every conv algorithm candidate of the graph on this device, with buffers taken
+        from the pool (and given back), and return the table. Meaningful on a real GPU; on the
+        simulator it exercises the same code with meaningless times."""
+        table, done = {}, set()
+        for layer in self.graph.layers.values():
+            if layer.kind != "conv2d" or ws.conv_key(layer) in done:
+                continue
+            done.add(ws.conv_key(layer))
+            shapes = {"x": layer.in_shapes[0], "w": layer.w_shape, "y": layer.out_shape}
+            bufs = {k: Tensor(name=f"measure.{k}", nbytes=4 * math.prod(v), kind="workspace") for k, v in shapes.items()}
+            try:
+                for t in bufs.values():
+                    self.specs[t.name] = TensorSpec(t.name, shapes[t.name.split(".")[1]], "float32", "workspace")
+                    self.tensors[t.name] = t
+                    self._alloc(t, "measure")
+                x, w, y = (self.view(f"measure.{k}") for k in "xwy")
+                args = {"forward": ("conv2d_forward", (x, w, y)), "backward_data": ("conv2d_backward_data", (y, w, x)),
+                        "backward_filter": ("conv2d_backward_filter", (x, y, w))}
+                for op, (kernel, arrays) in args.items():
+                    for c in ws.candidates(layer, op, self.costs):
+                        if c.workspace_bytes and not self.pool.can_fit(c.workspace_bytes):
+                            continue
+                        table[(ws.conv_key(layer), op, c.algo, c.chunk)] = self._time_conv(layer, kernel, arrays, c, reps)
+            finally:
+                for t in bufs.values():
+                    if t.resident:
+                        self._release_block(t, t.free(), "workspace")
+                    self.tensors.pop(t.name, None)
+                    self.specs.pop(t.name, None)
+        return ws.MeasuredCosts(table)
+
+    def _time_conv(self, layer, kernel, arrays, choice, reps) -> float:
+        wk = None
+        if choice.workspace_bytes:
+            wk = Tensor(name="measure.workspace", nbytes=choice.workspace_bytes, kind="workspace")
+            self.specs[wk.name] = TensorSpec(wk.name, (choice.workspace_bytes // 4,), "float32", "workspace")
+            self.tensors[wk.name] = wk
+            self._alloc(wk, "measure")
+        try:
+            kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo,
+                      chunk=choice.chunk, workspace=self.view(wk.name) if wk else None)
+            self._run(kernel, *arrays, **kw)  # warm up: compiles the kernels
+            start, end = self.device.event(timing=True), self.device.event(timing=True)
+            start.record(self.compute)
+            for _ in range(reps):
+                self._run(kernel, *arrays, **kw)
+            end.record(self.compute)
+            end.synchronize()
+            return start.elapsed_ms(end) / reps
+        finally:
+            if wk is not None:
+                self._release_block(wk, wk.free(), "workspace")
+                self.tensors.pop(wk.name, None)
+                self.specs.pop(wk.name, None)
+
     def _budget_message(self, t: Tensor, step, err: PoolFullError) -> str:
         live = sorted(((x.name, x.nbytes) for x in self.tensors.values() if x.resident), key=lambda p: -p[1])
         shown = ", ".join(f"{n} ({b:,d} B)" for n, b in live[:8]) + (f" and {len(live) - 8} more" if len(live) > 8 else "")
@@ -461,38 +519,39 @@ def optimizer_specs(graph) -> dict[str, TensorSpec]:
             for n, t in graph.tensors().items() if t.kind == "weight"}
 
 
-def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True) -> Trace:
+def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, costs=None) -> Trace:
     """Run one training iteration of ``graph`` under ``config`` on the meta device and return
     its trace: what a :class:`~snlite.train.Model` (SGD with momentum, unless ``optimizer`` is
-    False) then allocates on the host or CUDA device, byte for byte."""
-    rt = Runtime(graph, config, _meta(), optimizer_specs(graph) if optimizer else None)
+    False) then allocates on the host or CUDA device, byte for byte. ``costs``: the conv
+    algorithm timings a GPU measured (``Model.runtime.costs``), to plan that GPU's choices."""
+    rt = Runtime(graph, config, _meta(), optimizer_specs(graph) if optimizer else None, costs)
     rt.run()
     return rt.trace
 
 
 def smallest_budget(graph, config: MemoryConfig, lo: int = 0, hi: int | None = None, block: int = 1024,
-                    extra=None) -> int:
+                    extra=None, costs=None) -> int:
     """The smallest ``budget_bytes`` (a multiple of ``block``) under which ``config`` runs
     (binary search with the meta device; ``extra`` tensors as given to :class:`Runtime`)."""
     from dataclasses import replace
 
     hi = hi or Runtime(graph, replace(config, budget_bytes=None), _meta(), extra).capacity
-    if not _fits(graph, replace(config, budget_bytes=hi), extra):
+    if not _fits(graph, replace(config, budget_bytes=hi), extra, costs):
         raise BudgetError(f"{graph.name} does not fit even {hi:,d} bytes under {config.describe()}")
     lo = max(lo // block, 0)
     hi = math.ceil(hi / block)
     while lo + 1 < hi:
         mid = (lo + hi) // 2
-        if _fits(graph, replace(config, budget_bytes=mid * block), extra):
+        if _fits(graph, replace(config, budget_bytes=mid * block), extra, costs):
             hi = mid
         else:
             lo = mid
     return hi * block
 
 
-def _fits(graph, config, extra=None) -> bool:
+def _fits(graph, config, extra=None, costs=None) -> bool:
     try:
-        Runtime(graph, config, _meta(), extra).run()
+        Runtime(graph, config, _meta(), extra, costs).run()
         return True
     except BudgetError:
         return False

@@ -50,12 +50,22 @@ class Plan:
     ops: list[PlannedOp]
     recompute: recompute.RecomputeInfo
     transfers: list[offload.Transfer] = field(default_factory=list)
+    conv_layers: frozenset = frozenset()  # their steps also pick a workspace (at run time if dynamic)
+    persistent: frozenset = frozenset()  # weights, their gradients, buffers: allocated once, never in a row
 
     def table(self, limit: int | None = None) -> str:
+        """One row per op, its actions in the order the runtime takes them: release and prefetch
+        before it, then alloc (what it writes), the workspace choice for convs, the compute, then
+        offload and free after it."""
         rows = [f"{'op':>5} {'step':>5}  {'layer':24} {'phase':10} actions"]
         for p in self.ops[:limit]:
+            inplace = {new: old for new, old in p.op.inplace}
+            allocs = [t for t in p.op.writes if t not in inplace and t not in self.persistent]
             acts = ([f"release {','.join(p.release)}"] if p.release else []) + \
                    ([f"prefetch {','.join(p.prefetch)}"] if p.prefetch else []) + \
+                   ([f"alloc {','.join(allocs)}"] if allocs else []) + \
+                   [f"{new} into {old}'s buffer" for new, old in inplace.items()] + \
+                   ([f"workspace {self.config.workspace}"] if p.op.layer in self.conv_layers else []) + \
                    ([f"offload {','.join(p.offload)}"] if p.offload else []) + \
                    ([f"free {','.join(p.frees)}"] if p.frees else [])
             rows.append(f"{p.op.index:>5} {p.op.step:>5}  {p.op.layer:24} {p.op.phase:10} {'; '.join(acts)}")
@@ -179,7 +189,8 @@ class Scheduler:
                     before_pre.setdefault(tr.prefetch_before, []).append(tr.tensor)
             planned = [PlannedOp(op, tuple(before_rel.get(i, ())), tuple(before_pre.get(i, ())),
                                  tuple(after_off.get(i, ())), tuple(frees.get(i, ()))) for i, op in enumerate(ops)]
-            self._plan = Plan(self.config, planned, info, transfers)
+            convs = frozenset(n for n, l in self.graph.layers.items() if l.kind == "conv2d")
+            self._plan = Plan(self.config, planned, info, transfers, convs, frozenset(persistent))
         return self._plan
 
     def __str__(self) -> str:

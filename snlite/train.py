@@ -39,6 +39,11 @@ class Model:
         if self.config.budget_bytes is not None and self.device.has_data:
             _check_budget(graph, self.config, momentum)  # fail before anything runs
         self.runtime = Runtime(graph, self.config, self.device, momentum)
+        if getattr(self.device, "simulated", True) is False and self.config.workspace != "none":
+            # a real GPU: rank conv algorithms by measurement, then re-check the budget with that ranking
+            self.runtime.costs = self.runtime.measure_conv_costs()
+            if self.config.budget_bytes is not None:
+                _check_budget(graph, self.config, momentum, self.runtime.costs)
         rng = np.random.default_rng(self.seed)
         init = {}
         for name, layer in graph.layers.items():
@@ -138,13 +143,13 @@ def _check_batch(graph, x, labels) -> None:
                          f"range [{labels.min()}, {labels.max()}]")
 
 
-def _check_budget(graph, config, extra) -> None:
+def _check_budget(graph, config, extra, costs=None) -> None:
     """Plan on the meta device first: a budget too small fails here, before anything runs."""
     from snlite.device import MetaDevice
 
     try:
-        Runtime(graph, config, MetaDevice(), extra).run()
+        Runtime(graph, config, MetaDevice(), extra, costs).run()
     except BudgetError as e:
-        need = smallest_budget(graph, config, extra=extra)
+        need = smallest_budget(graph, config, extra=extra, costs=costs)
         raise BudgetError(f"{e} The smallest budget that works under this configuration is {need:,d} bytes "
                           f"({need / 2**20:,.1f} MiB).") from None

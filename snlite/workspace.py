@@ -9,10 +9,12 @@ picks, per the ``workspace`` setting:
 - ``dynamic``: the fastest algorithm whose workspace fits in the largest free block right now.
 
 The candidates are ``direct`` and ``im2col`` over chunks of k images (k = N, N/2, ..., 1;
-workspace proportional to k). Their speed comes from :class:`CostModel`, a simple model of the
-GPU that ranks them the way measurements do (im2col + GEMM about twice as fast as direct, larger
-chunks a little faster than smaller ones, each launch a fixed cost). The ranking, not the model's
-absolute times, is what the choice uses.
+workspace proportional to k). On the host and meta devices their speed comes from
+:class:`CostModel`, a simple model of a GPU (im2col + GEMM about twice as fast as direct, each
+launch a fixed cost, so direct wins for tiny layers). On a real GPU the runtime times every
+candidate once (:meth:`snlite.runtime.Runtime.measure_conv_costs`) and ranks by
+:class:`MeasuredCosts`; handing the same table to ``simulate`` plans the same choices on a laptop.
+The ranking, not the absolute times, is what the choice uses.
 """
 from __future__ import annotations
 
@@ -43,6 +45,24 @@ class CostModel:
             return layer.flops() / (self.direct_gflops * 1e6) + self.launch_ms
         launches = 2 * n + 2 * -(-n // chunk)  # a GEMM per image, a transform per chunk
         return layer.flops() / (self.im2col_gflops * 1e6) + launches * self.launch_ms
+
+
+def conv_key(layer) -> tuple:
+    """What a convolution's speed depends on: its input and weight shapes, stride and padding."""
+    return (layer.in_shapes[0], layer.w_shape, layer.attrs["stride"], layer.attrs["padding"])
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """Milliseconds measured on a real GPU, by (conv_key, op, algo, chunk); anything not measured
+    falls back to the model. The same table given to the meta device reproduces the GPU's choices."""
+
+    table: dict
+    fallback: CostModel = CostModel()
+
+    def estimate(self, layer, op: str, algo: str, chunk: int) -> float:
+        ms = self.table.get((conv_key(layer), op, algo, chunk))
+        return ms if ms is not None else self.fallback.estimate(layer, op, algo, chunk)
 
 
 def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:

@@ -208,3 +208,29 @@ def test_trace_and_plan_are_readable():
     assert sum(b for _, b in tr.peak_tensors) <= tr.peak_bytes
     assert "peak" in tr.summary() and "act" in tr.table(limit=5)
     assert {KIND for KIND in PERSISTENT_KINDS} <= {"weight", "weight_grad", "buffer", "optimizer"}
+
+
+def test_measured_conv_costs_drive_the_choice_and_plan_the_same_on_meta():
+    """On a real GPU the runtime times each candidate; here the simulator runs the same code
+    (its times mean nothing), and the measured table, given to simulate, plans the same choices."""
+    from snlite import workspace
+
+    g = Graph(input_shape=(2, 1, 5, 5), num_classes=2, name="tiny")
+    g.softmax_loss(g.linear(g.flatten(g.conv2d(g.input(), 2, 3, padding=1, name="conv1")), 2))
+    cfg = MemoryConfig(liveness=True, workspace="fastest")
+    model = Model(g, cfg, device=CudaDevice())
+    costs = model.runtime.measure_conv_costs(reps=1)
+    layer = g.layers["conv1"]
+    assert {k[1] for k in costs.table} == {"forward", "backward_data", "backward_filter"}
+    assert all(ms >= 0 for ms in costs.table.values())
+    model.runtime.costs = costs
+    x, labels = _data(g)
+    model.forward_backward(x, labels)
+    planned = simulate(g, cfg, costs=costs)
+    assert [(c.op, c.algo, c.chunk) for c in model.trace.conv_choices] == \
+           [(c.op, c.algo, c.chunk) for c in planned.conv_choices]
+    for c in model.trace.conv_choices:
+        assert (c.algo, c.chunk) == (lambda b: (b.algo, b.chunk))(workspace.candidates(layer, c.op, costs)[0])
+    assert model.trace.peak_bytes == planned.peak_bytes
+    assert model.runtime.pool.stats().in_use_bytes == sum(
+        model.runtime.reserved(t.nbytes) for t in model.runtime.tensors.values() if t.resident)
