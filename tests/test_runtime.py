@@ -234,3 +234,15 @@ def test_measured_conv_costs_drive_the_choice_and_plan_the_same_on_meta():
     assert model.trace.peak_bytes == planned.peak_bytes
     assert model.runtime.pool.stats().in_use_bytes == sum(
         model.runtime.reserved(t.nbytes) for t in model.runtime.tensors.values() if t.resident)
+
+
+def test_lru_cache_on_the_simulator_moves_data_through_pinned_memory_bit_identically():
+    g = mixed_net(n=2, hw=4)
+    relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
+    cfg = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    base = _train(g, MemoryConfig(), device=CudaDevice(), steps=1)
+    cached = _train(g, cfg, device=CudaDevice(), steps=1)
+    assert cached[0] == base[0] and all(np.array_equal(cached[1][n], v) for n, v in base[1].items())
+    tr = cached[2].trace
+    assert tr.d2h_bytes > 0 and tr.h2d_bytes > 0 and tr.cache_misses > 0
+    assert tr.peak_bytes == simulate(g, cfg).peak_bytes <= cfg.budget_bytes
