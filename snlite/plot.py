@@ -44,6 +44,12 @@ def require_matplotlib():
     return plt
 
 
+def _mib(nbytes: float) -> str:
+    """MiB with one decimal, or two below 10 MiB (small networks)."""
+    v = nbytes / MIB
+    return f"{v:,.1f}" if v >= 10 else f"{v:,.2f}"
+
+
 def _figure(width: float, height: float):
     """A Figure on its own Agg canvas: never registered with pyplot, so no window and no leak."""
     require_matplotlib()
@@ -117,8 +123,10 @@ def timeline_series(trace, count: str | None = None, max_points: int = 2000) -> 
 
 # ---- timelines ----
 
-def _draw_timeline(ax, trace, tl: Timeline, count: str, peak_side: str | None = None):
+def _draw_timeline(ax, trace, tl: Timeline, count: str):
     """One stacked timeline on ``ax``: categories, the forward/backward boundary, the peak, l_peak."""
+    from matplotlib.ticker import MaxNLocator
+
     x = tl.ops
     polys = ax.stackplot(x, tl.mib, colors=[COLORS[c] for c in tl.categories], labels=tl.categories,
                          step="mid" if len(x) <= 400 else None, linewidth=0)
@@ -142,34 +150,38 @@ def _draw_timeline(ax, trace, tl: Timeline, count: str, peak_side: str | None = 
                    label="l_peak (largest layer's need)")
     r = trace.steps[tl.peak_op]
     ax.plot([tl.peak_op], [tl.peak_mib], marker="v", color="#b2182b", markersize=8, linestyle="none", zorder=5)
-    right = tl.peak_op > 0.6 * n if peak_side is None else peak_side == "left"
-    ax.annotate(f"peak {tl.peak_mib:,.1f} MiB at step {r.step}: {r.layer} ({r.phase})",
+    right = tl.peak_op > 0.6 * n  # the label goes to the side with more room
+    ax.annotate(f"peak {_mib(tl.peak_mib * MIB)} MiB at step {r.step}: {r.layer} ({r.phase})",
                 xy=(tl.peak_op, tl.peak_mib), xytext=(-12 if right else 12, 9), textcoords="offset points",
                 ha="right" if right else "left", va="bottom", fontsize=8.5, zorder=6,
                 bbox=dict(boxstyle="round,pad=0.25", facecolor="white", edgecolor="#b2182b", alpha=0.9),
                 arrowprops=dict(arrowstyle="-", color="#b2182b", linewidth=0.8))
     ax.set_ylabel("MiB", fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=8)
     ax.grid(axis="y", alpha=0.3)
 
 
 def _tensor_box(ax, trace, limit: int = 5):
     """The largest tensors at the peak, in a box to the right of ``ax``."""
-    rows = [f"{name[:18]:18} {b / MIB:9,.1f}" for name, b in trace.peak_tensors[:limit]] or ["(none recorded)"]
+    rows = [f"{name[:18]:18} {_mib(b):>9}" for name, b in trace.peak_tensors[:limit]] or ["(none recorded)"]
     if any("#r" in name for name, _ in trace.peak_tensors[:limit]):
         rows.append("(#rN: a recomputed copy)")
-    ax.text(1.015, 1.0, f"largest at the peak (MiB)\n" + "\n".join(rows), transform=ax.transAxes, ha="left",
+    ax.text(1.015, 1.0, "largest at the peak (MiB)\n" + "\n".join(rows), transform=ax.transAxes, ha="left",
             va="top", fontsize=7.5, family="monospace",
             bbox=dict(boxstyle="round,pad=0.4", facecolor="#f7f7f7", edgecolor="#999999"))
 
 
-def _legend(fig, axes):
-    handles, labels = {}, {}
+def _legend(fig, axes) -> int:
+    """One legend under the panels (each label once); returns its number of rows."""
+    handles: dict = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 6), fontsize=8,
-               frameon=False, bbox_to_anchor=(0.42, 0.0))
+    ncol = min(len(handles), 6)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8, frameon=False,
+               bbox_to_anchor=(0.42, 0.0))
+    return -(-len(handles) // ncol)  # rows
 
 
 def _count_words(count: str) -> str:
@@ -180,9 +192,7 @@ def _timelines(traces: dict, path, title, count, max_points, shared_y: bool):
     if not traces:
         raise ValueError("no traces to plot")
     n = len(traces)
-    top_in, bottom_in, gap_in, panel_in = 0.85, 0.8, 0.85, (3.2 if n == 1 else 2.0)  # layout, in inches
-    height = top_in + bottom_in + n * panel_in + (n - 1) * gap_in
-    fig = _figure(12, height)
+    fig = _figure(12, 5)
     axes = fig.subplots(n, 1, sharey=shared_y, squeeze=False)[:, 0]
     counts = [count or t.count for t in traces.values()]
     series = [timeline_series(t, c, max_points) for t, c in zip(traces.values(), counts)]
@@ -190,13 +200,17 @@ def _timelines(traces: dict, path, title, count, max_points, shared_y: bool):
     for ax, (label, trace), tl, c in zip(axes, traces.items(), series, counts):
         _draw_timeline(ax, trace, tl, c)
         ax.set_ylim(0, top * 1.3)
-        ratio = f", l_peak {trace.l_peak_bytes / MIB:,.1f} MiB, peak/l_peak {trace.ratio:.2f}" \
+        ratio = f", l_peak {_mib(trace.l_peak_bytes)} MiB, peak/l_peak {trace.ratio:.2f}" \
             if c == trace.count and trace.l_peak_bytes else ""
         head = f"{label}: " if label else ""
-        ax.set_title(f"{head}peak {tl.peak_mib:,.1f} MiB{ratio}", loc="left", fontsize=9.5, fontweight="bold")
+        ax.set_title(f"{head}peak {_mib(tl.peak_mib * MIB)} MiB{ratio}", loc="left", fontsize=9.5, fontweight="bold")
         _tensor_box(ax, trace)
     axes[-1].set_xlabel("op (route order, recomputations included)", fontsize=9)
-    _legend(fig, axes)
+    legend_rows = _legend(fig, axes)
+    top_in, gap_in, panel_in = 0.85, 0.85, (3.2 if n == 1 else 2.0)  # the layout, in inches
+    bottom_in = 0.6 + 0.2 * legend_rows
+    height = top_in + bottom_in + n * panel_in + (n - 1) * gap_in
+    fig.set_size_inches(12, height)
     fig.suptitle(title or f"memory per op: {_count_words(counts[0])}", fontsize=12, x=0.065, y=1 - 0.1 / height,
                  ha="left", va="top")
     fig.subplots_adjust(left=0.065, right=0.77, top=1 - top_in / height, bottom=bottom_in / height,
@@ -228,33 +242,35 @@ def plot_tradeoff(rows, path, title=None, base_flops: float | None = None):
     xs = np.array([100.0 * r["extra_flops"] / (base_flops or r["base_flops"]) if percent else r["extra_flops"] / 1e9
                    for r in rows])
     ys = np.array([r["peak_bytes"] / MIB for r in rows])
-    order = np.lexsort((ys, xs))
-    frontier, best = [], np.inf
-    for i in order:
-        if ys[i] < best:
-            frontier.append(i)
-            best = ys[i]
+    # a point is dominated when another has no more memory and no more compute, and less of one
+    dominated = np.array([any(xs[j] <= xs[i] and ys[j] <= ys[i] and (xs[j] < xs[i] or ys[j] < ys[i])
+                              for j in range(len(rows))) for i in range(len(rows))])
     fig = _figure(9, 5.5)
     ax = fig.subplots()
-    on = np.zeros(len(rows), bool)
-    on[frontier] = True
-    ax.scatter(xs[on], ys[on], s=46, color="#1f77b4", zorder=3, label="on the frontier")
-    ax.scatter(xs[~on], ys[~on], s=46, facecolor="white", edgecolor="#1f77b4", zorder=3, label="dominated")
-    fx, fy = xs[frontier], ys[frontier]
+    ax.scatter(xs[~dominated], ys[~dominated], s=46, color="#1f77b4", zorder=3, label="on the frontier")
+    if dominated.any():
+        ax.scatter(xs[dominated], ys[dominated], s=46, facecolor="white", edgecolor="#1f77b4", zorder=3,
+                   label="dominated")
+    front = sorted(set(zip(xs[~dominated], ys[~dominated])))
+    fx, fy = np.array(front).T
     ax.step(np.append(fx, xs.max() * 1.02 + 1e-9), np.append(fy, fy[-1]), where="post", color="#1f77b4", alpha=0.4)
+    labels: dict = {}  # rows at the same point share one label
+    for r, x, y in zip(rows, xs, ys):
+        moved = r.get("moved_bytes") or 0
+        labels.setdefault((x, y), []).append(r["label"] + (f" (moved {moved / MIB:,.0f} MiB)" if moved else ""))
     xspan, yspan = (np.ptp(xs) or 1.0), (np.ptp(ys) or 1.0)
     placed = []
-    for i in order:
-        near = sum(abs(xs[i] - xs[j]) < 0.04 * xspan and abs(ys[i] - ys[j]) < 0.04 * yspan for j in placed)
-        placed.append(i)
-        moved = rows[i].get("moved_bytes") or 0
-        text = rows[i]["label"] + (f" (moved {moved / MIB:,.0f} MiB)" if moved else "")
-        ax.annotate(text, (xs[i], ys[i]), xytext=(7, 4 - 11 * near), textcoords="offset points", fontsize=8,
-                    va="bottom" if near == 0 else "top")
+    for (x, y), names in sorted(labels.items()):
+        near = sum(abs(x - px) < 0.04 * xspan and abs(y - py) < 0.04 * yspan for px, py in placed)
+        placed.append((x, y))
+        left = x > xs.min() + 0.6 * xspan  # labels of the right-most points go to their left
+        ax.annotate(", ".join(names), (x, y), xytext=(-7 if left else 7, 4 - 11 * near), textcoords="offset points",
+                    fontsize=8, ha="right" if left else "left", va="bottom" if near == 0 else "top",
+                    bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.8))
     ax.set_xlabel("extra compute (% of forward FLOPs)" if percent else "extra compute (GFLOPs)", fontsize=9)
     ax.set_ylabel("peak memory (MiB)", fontsize=9)
     ax.set_ylim(0, ys.max() * 1.15 or 1)
-    ax.set_xlim(min(0, xs.min()) - 0.05 * xspan, xs.max() + 0.3 * xspan)
+    ax.set_xlim(min(0, xs.min()) - 0.05 * xspan, xs.max() + 0.08 * xspan)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     ax.set_title(title or "peak memory against extra compute", fontsize=11)

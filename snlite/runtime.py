@@ -19,6 +19,7 @@ a copy's event only where a true dependency exists (a release, or a read of a pr
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 
@@ -444,61 +445,25 @@ class Runtime:
         self._events.clear()
         self.lru.clear()
 
-    def measure_conv_costs(self, reps: int = 3) -> ws.MeasuredCosts:
-        """Time every conv algorithm candidate of the graph on this device, with buffers taken
-        from the pool (and given back), and return the table. Meaningful on a real GPU; on the
-        simulator it exercises the same code with meaningless times."""
-        table, done = {}, set()
-        for layer in self.graph.layers.values():
-            if layer.kind != "conv2d" or ws.conv_key(layer) in done:
-                continue
-            done.add(ws.conv_key(layer))
-            shapes = {"x": layer.in_shapes[0], "w": layer.w_shape, "y": layer.out_shape}
-            bufs = {k: Tensor(name=f"measure.{k}", nbytes=4 * math.prod(v), kind="workspace") for k, v in shapes.items()}
-            try:
-                for t in bufs.values():
-                    self.specs[t.name] = TensorSpec(t.name, shapes[t.name.split(".")[1]], "float32", "workspace")
-                    self.tensors[t.name] = t
-                    self._alloc(t, "measure")
-                x, w, y = (self.view(f"measure.{k}") for k in "xwy")
-                args = {"forward": ("conv2d_forward", (x, w, y)), "backward_data": ("conv2d_backward_data", (y, w, x)),
-                        "backward_filter": ("conv2d_backward_filter", (x, y, w))}
-                for op, (kernel, arrays) in args.items():
-                    for c in ws.candidates(layer, op, self.costs):
-                        if c.workspace_bytes and not self.pool.can_fit(c.workspace_bytes):
-                            continue
-                        table[(ws.conv_key(layer), op, c.algo, c.chunk)] = self._time_conv(layer, kernel, arrays, c, reps)
-            finally:
-                for t in bufs.values():
-                    if t.resident:
-                        self._release_block(t, t.free(), "workspace")
-                    self.tensors.pop(t.name, None)
-                    self.specs.pop(t.name, None)
-        return ws.MeasuredCosts(table)
-
-    def _time_conv(self, layer, kernel, arrays, choice, reps) -> float:
-        wk = None
-        if choice.workspace_bytes:
-            wk = Tensor(name="measure.workspace", nbytes=choice.workspace_bytes, kind="workspace")
-            self.specs[wk.name] = TensorSpec(wk.name, (choice.workspace_bytes // 4,), "float32", "workspace")
-            self.tensors[wk.name] = wk
-            self._alloc(wk, "measure")
+    @contextlib.contextmanager
+    def scratch(self, name: str, shape):
+        """A float32 view of ``shape`` taken from the pool for the duration of a ``with`` block
+        (used to time conv algorithms with the runtime's own memory)."""
+        t = Tensor(name=name, nbytes=4 * math.prod(shape), kind="workspace")
+        self.specs[name] = TensorSpec(name, tuple(shape), "float32", "workspace")
+        self.tensors[name] = t
         try:
-            kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo,
-                      chunk=choice.chunk, workspace=self.view(wk.name) if wk else None)
-            self._run(kernel, *arrays, **kw)  # warm up: compiles the kernels
-            start, end = self.device.event(timing=True), self.device.event(timing=True)
-            start.record(self.compute)
-            for _ in range(reps):
-                self._run(kernel, *arrays, **kw)
-            end.record(self.compute)
-            end.synchronize()
-            return start.elapsed_ms(end) / reps
+            self._alloc(t, "scratch")
+            yield self.view(name)
         finally:
-            if wk is not None:
-                self._release_block(wk, wk.free(), "workspace")
-                self.tensors.pop(wk.name, None)
-                self.specs.pop(wk.name, None)
+            if t.resident:
+                self._release_block(t, t.free(), "workspace")
+            self.tensors.pop(name, None)
+            self.specs.pop(name, None)
+
+    def launch(self, op_name: str, *args, **kwargs) -> None:
+        """Run a kernel on the compute stream."""
+        self._run(op_name, *args, **kwargs)
 
     def _budget_message(self, t: Tensor, step, err: PoolFullError) -> str:
         live = sorted(((x.name, x.nbytes) for x in self.tensors.values() if x.resident), key=lambda p: -p[1])

@@ -17,6 +17,7 @@ from snlite.config import MemoryConfig
 from snlite.device import get_device
 from snlite.graph import Graph
 from snlite.runtime import BudgetError, Runtime, optimizer_specs, smallest_budget
+from snlite.workspace import measure_conv_costs
 
 
 class Model:
@@ -41,7 +42,7 @@ class Model:
         self.runtime = Runtime(graph, self.config, self.device, momentum)
         if getattr(self.device, "simulated", True) is False and self.config.workspace != "none":
             # a real GPU: rank conv algorithms by measurement, then re-check the budget with that ranking
-            self.runtime.costs = self.runtime.measure_conv_costs()
+            self.runtime.costs = measure_conv_costs(self.runtime)
             if self.config.budget_bytes is not None:
                 _check_budget(graph, self.config, momentum, self.runtime.costs)
         rng = np.random.default_rng(self.seed)

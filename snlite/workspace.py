@@ -11,13 +11,14 @@ picks, per the ``workspace`` setting:
 The candidates are ``direct`` and ``im2col`` over chunks of k images (k = N, N/2, ..., 1;
 workspace proportional to k). On the host and meta devices their speed comes from
 :class:`CostModel`, a simple model of a GPU (im2col + GEMM about twice as fast as direct, each
-launch a fixed cost, so direct wins for tiny layers). On a real GPU the runtime times every
-candidate once (:meth:`snlite.runtime.Runtime.measure_conv_costs`) and ranks by
+launch a fixed cost, so direct wins for tiny layers). On a real GPU every candidate is timed
+once with the runtime's own memory (:func:`measure_conv_costs`) and ranked by
 :class:`MeasuredCosts`; handing the same table to ``simulate`` plans the same choices on a laptop.
 The ranking, not the absolute times, is what the choice uses.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 MODES = ("none", "fastest", "dynamic")
@@ -89,3 +90,40 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
     if mode == "fastest" or largest_free_bytes is None:
         return ranked[0]
     return next(c for c in ranked if c.workspace_bytes <= largest_free_bytes)
+
+
+def measure_conv_costs(runtime, reps: int = 3) -> MeasuredCosts:
+    """Time every conv algorithm candidate of ``runtime``'s graph on its device, with buffers
+    taken from its pool (and given back). Meaningful on a real GPU; on the simulator it runs the
+    same code and the times are the simulation's wall-clock cost."""
+    table, seen = {}, set()
+    for layer in runtime.graph.layers.values():
+        if layer.kind != "conv2d" or conv_key(layer) in seen:
+            continue
+        seen.add(conv_key(layer))
+        with runtime.scratch("measure.x", layer.in_shapes[0]) as x, runtime.scratch("measure.w", layer.w_shape) as w, \
+                runtime.scratch("measure.y", layer.out_shape) as y:
+            calls = {"forward": ("conv2d_forward", (x, w, y)), "backward_data": ("conv2d_backward_data", (y, w, x)),
+                     "backward_filter": ("conv2d_backward_filter", (x, y, w))}
+            for op, (kernel, arrays) in calls.items():
+                for c in candidates(layer, op, runtime.costs):
+                    if c.workspace_bytes and not runtime.pool.can_fit(c.workspace_bytes):
+                        continue  # it could never be chosen here
+                    table[(conv_key(layer), op, c.algo, c.chunk)] = _time(runtime, layer, kernel, arrays, c, reps)
+    return MeasuredCosts(table)
+
+
+def _time(runtime, layer, kernel, arrays, choice, reps) -> float:
+    with contextlib.ExitStack() as stack:
+        wk = stack.enter_context(runtime.scratch("measure.workspace", (choice.workspace_bytes // 4,))) \
+            if choice.workspace_bytes else None
+        kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo,
+                  chunk=choice.chunk, workspace=wk)
+        runtime.launch(kernel, *arrays, **kw)  # warm up: compiles the kernels
+        start, end = runtime.device.event(timing=True), runtime.device.event(timing=True)
+        start.record(runtime.compute)
+        for _ in range(reps):
+            runtime.launch(kernel, *arrays, **kw)
+        end.record(runtime.compute)
+        end.synchronize()
+        return start.elapsed_ms(end) / reps

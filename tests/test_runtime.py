@@ -219,7 +219,7 @@ def test_measured_conv_costs_drive_the_choice_and_plan_the_same_on_meta():
     g.softmax_loss(g.linear(g.flatten(g.conv2d(g.input(), 2, 3, padding=1, name="conv1")), 2))
     cfg = MemoryConfig(liveness=True, workspace="fastest")
     model = Model(g, cfg, device=CudaDevice())
-    costs = model.runtime.measure_conv_costs(reps=1)
+    costs = workspace.measure_conv_costs(model.runtime, reps=1)
     layer = g.layers["conv1"]
     assert {k[1] for k in costs.table} == {"forward", "backward_data", "backward_filter"}
     assert all(ms >= 0 for ms in costs.table.values())
