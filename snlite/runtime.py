@@ -56,12 +56,12 @@ class Runtime:
     """A graph's tensors in one pool on ``device``, and the loop that runs the plan."""
 
     def __init__(self, graph, config: MemoryConfig | None, device, extra: dict[str, TensorSpec] | None = None,
-                 costs=None):
+                 costs=None, plan=None):
         self.graph, self.device = graph, device
         self.costs = costs or ws.CostModel()  # how conv algorithms are ranked (see snlite.workspace)
         self.config = config or MemoryConfig()
         self.scheduler = Scheduler(graph, self.config)
-        self.plan = self.scheduler.plan()
+        self.plan = plan or self.scheduler.plan()  # a plan built elsewhere (e.g. sqrt(N) checkpoints) runs too
         self.specs = dict(graph.tensors())
         self.specs.update(extra or {})
         self.persistent = [n for n, t in self.specs.items() if t.kind in PERSISTENT_KINDS]

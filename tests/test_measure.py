@@ -1,0 +1,345 @@
+"""snlite.measure and the planning commands: plan, compare, maxbatch, maxdepth, bench (meta device)."""
+import dataclasses
+import json
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from snlite import Graph, MemoryConfig, Model, cli, measure, simulate
+from snlite.models import get_model, resnet
+from snlite.runtime import Runtime, optimizer_specs
+from snlite.scheduler import Scheduler, validate
+
+
+def run(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def alexnet(batch):
+    return get_model("alexnet", batch)
+
+
+# ---------------------------------------------------------------- sizes
+@pytest.mark.parametrize("text,nbytes", [
+    ("4096", 4096), ("64KiB", 65536), ("64kib", 65536), ("500MB", 500_000_000), ("1.5GB", 1_500_000_000),
+    ("12GiB", 12 * 2**30), ("12 gib", 12 * 2**30), ("0.5KiB", 512), ("2TB", 2 * 10**12), ("7b", 7),
+])
+def test_parse_size(text, nbytes):
+    assert measure.parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "12XB", "12 G", "-5MB", "0", "1e9", "1.2.3MB", "0.1B"])
+def test_parse_size_rejects_with_a_clear_message(text):
+    with pytest.raises(ValueError, match="size"):
+        measure.parse_size(text)
+
+
+def test_format_size():
+    assert measure.format_size(512) == "512 B"
+    assert measure.format_size(65536) == "64.0 KiB"
+    assert measure.format_size(3 * 2**30 // 2) == "1.50 GiB"
+    assert measure.format_size(None) == "-"
+
+
+# ---------------------------------------------------------------- flags -> MemoryConfig
+def test_every_memory_config_field_is_a_flag_and_flags_override_the_preset():
+    fields = {f.name for f in dataclasses.fields(MemoryConfig)}
+    assert set(cli.MEMORY_FLAGS) | {"budget_bytes"} == fields
+    parser = cli.build_parser()
+    args = parser.parse_args(["plan", "lenet", "--no-cache", "--preset", "superneurons", "--recompute", "speed",
+                              "--workspace", "none", "--allocator", "raw", "--fit", "best", "--count", "paper",
+                              "--budget", "64MiB"])
+    assert cli.memory_config(args) == MemoryConfig.superneurons(
+        cache=False, recompute="speed", workspace="none", allocator="raw", fit="best", count="paper",
+        budget_bytes=64 * 2**20)
+    assert cli.memory_config(parser.parse_args(["plan", "lenet"])) == MemoryConfig.baseline()
+    args = parser.parse_args(["train", "lenet", "--liveness", "--offload"])
+    assert cli.memory_config(args) == MemoryConfig(liveness=True, offload=True)
+
+
+def test_bad_size_flag_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["plan", "lenet", "--budget", "12XB"])
+    assert e.value.code == 2 and "not a size: '12XB'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- plan
+def test_plan_prints_the_peak_the_live_tensors_and_the_conv_table(capsys):
+    code, out, err = run(capsys, "plan", "alexnet", "--batch", 8, "--preset", "superneurons", "--steps")
+    assert code == 0, err
+    for text in ("Scheduler for alexnet", "peak ", "l_peak (largest step)", "peak / l_peak", "recomputation: ",
+                 "transfers: ", "cache: ", "convolution workspace", "per step (KiB)"):
+        assert text in out, text
+    trace = simulate(alexnet(8), MemoryConfig.superneurons())
+    assert measure.format_size(trace.peak_bytes) in out
+    at = re.search(r"at step (\d+) \((\S+) (forward|backward)", out)
+    assert at and int(at[1]) == trace.peak_step
+    assert trace.peak_tensors[0][0] in out
+
+
+def test_plan_json_has_totals_steps_config_and_conv_choices(tmp_path, capsys):
+    file = tmp_path / "plan.json"
+    code, out, err = run(capsys, "plan", "lenet", "--batch", 4, "--liveness", "--recompute", "cost_aware",
+                         "--json", file)
+    assert code == 0, err
+    data = json.loads(file.read_text())
+    config = MemoryConfig(liveness=True, recompute="cost_aware")
+    trace = simulate(get_model("lenet", 4), config)
+    paper = simulate(get_model("lenet", 4), config.replace(count="paper"))
+    assert data["config"] == dataclasses.asdict(config) and data["batch"] == 4
+    assert data["totals"]["peak_bytes"] == trace.peak_bytes and data["totals"]["paper_peak_bytes"] == paper.peak_bytes
+    assert data["totals"]["extra_flops"] == trace.extra_flops > 0
+    assert len(data["steps"]) == len(trace.steps) and data["steps"][0]["device_bytes"]
+    assert {c["op"] for c in data["conv_choices"]} == {"forward", "backward_data", "backward_filter"}
+    assert data["recompute"]["count"] == trace.recompute_count
+
+
+def test_plan_with_a_budget_that_fits(capsys):
+    code, out, _ = run(capsys, "plan", "lenet", "--batch", 4, "--budget", "64MiB")
+    assert code == 0 and "budget: fits 64.0 MiB" in out
+
+
+# ---------------------------------------------------------------- why it does not fit
+BUDGET = 830 * 2**20  # alexnet at batch 16: the baseline needs ~900 MiB, the weights alone ~714 MiB
+
+
+def test_a_budget_too_small_explains_and_ranks_the_changes(capsys):
+    code, out, err = run(capsys, "plan", "alexnet", "--batch", 16, "--budget", "830MiB")
+    assert code == cli.EXIT_DOES_NOT_FIT, err
+    assert "does NOT fit a budget of 830.0 MiB" in out and "where it failed:" in out and "Live there:" in out
+    assert "without a budget it peaks at" in out
+    assert re.search(r"^#  change +what +fits +peak +saves +extra FLOPs +moved +costs$", out, re.M)
+    code, js, _ = run(capsys, "plan", "alexnet", "--batch", 16, "--budget", "830MiB", "--json")
+    suggestions = json.loads(js)["explanation"]["suggestions"]
+    assert code == cli.EXIT_DOES_NOT_FIT and len(suggestions) >= 6
+    flags = [s["change"] for s in suggestions]
+    assert {"--liveness", "--offload", "--cache", "--recompute cost_aware", "--recompute memory"} <= set(flags)
+    assert any(f.startswith("--batch ") for f in flags)
+    fits = [s["fits"] for s in suggestions]
+    assert fits == sorted(fits, reverse=True), "the changes that fit come first"
+    rows = [line.split() for line in out.split("costs\n", 1)[1].splitlines() if re.match(r"^ ?\d+  ", line)]
+    assert [int(r[0]) for r in rows] == list(range(1, len(flags) + 1))
+    for row, flag in zip(rows, flags):
+        assert " ".join(row[1:]).startswith(flag)
+    assert "try: " + flags[0] in out
+
+
+def test_the_suggestions_that_say_they_fit_really_fit():
+    ex = measure.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=BUDGET))
+    assert not ex.fits and "does not fit a budget" in ex.message and ex.need.peak_bytes > BUDGET
+    assert any(s.fits for s in ex.suggestions) and any(not s.fits for s in ex.suggestions)
+    for s in ex.suggestions:
+        assert s.config.budget_bytes == BUDGET
+        assert measure.fits(alexnet(s.batch), s.config) == s.fits, s.change
+    keys = [s.rank_key() for s in ex.suggestions]
+    assert keys == sorted(keys)
+    smaller = next(s for s in ex.suggestions if s.change.startswith("--batch"))
+    assert smaller.batch < 16 and not measure.fits(alexnet(smaller.batch + 1), smaller.config)
+    assert measure.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=2**31)).fits
+
+
+def test_nothing_fits_when_the_weights_do_not(capsys):
+    code, out, err = run(capsys, "plan", "alexnet", "--batch", 2, "--budget", "100MiB", "--json", "-")
+    assert code == cli.EXIT_DOES_NOT_FIT
+    data = json.loads(out)
+    assert data["fits"] is False and "weights and optimizer state" in data["explanation"]["message"]
+    assert not any(s["fits"] for s in data["explanation"]["suggestions"])
+
+
+def test_train_runs_under_a_config_and_a_budget_too_small_is_one_line(capsys):
+    argv = ["train", "lenet", "--data", "synthetic", "--device", "host", "--epochs", "1", "--limit", "64",
+            "--batch", "16"]
+    code, out, err = run(capsys, *argv, "--preset", "superneurons", "--no-cache")
+    assert code == 0, err
+    assert "memory: liveness + offload + recompute=cost_aware + workspace=dynamic" in out
+    code, out, err = run(capsys, *argv, "--liveness", "--budget", "1MiB")
+    assert code == cli.EXIT_DOES_NOT_FIT and len(err.strip().splitlines()) == 1 and "does not fit" in err
+
+
+# ---------------------------------------------------------------- compare and sqrt(N)
+def test_compare_prints_one_row_per_strategy_in_order(capsys):
+    code, out, err = run(capsys, "compare", "alexnet", "--batch", 32)
+    assert code == 0, err
+    labels = list(measure.COMPARE) + [measure.SQRT_LABEL]
+    assert all(label in out for label in labels)
+    code, out, _ = run(capsys, "compare", "alexnet", "--batch", 32, "--json")
+    rows = {r["label"]: r for r in json.loads(out)["rows"]}
+    assert list(rows) == labels
+    for key in ("peak_bytes", "paper_peak_bytes"):
+        for recompute in ("speed", "memory", "cost_aware"):
+            chain = [rows[k][key] for k in ("baseline", "liveness", "+ offload", f"+ offload + recompute {recompute}")]
+            assert chain == sorted(chain, reverse=True), (key, recompute, chain)
+        assert rows["+ offload"][key] < rows["baseline"][key]
+    assert rows["+ offload"]["d2h_bytes"] > 0 and rows[measure.SQRT_LABEL]["extra_flops"] > 0
+
+
+def test_compare_under_a_budget_says_which_fit(capsys):
+    code, out, err = run(capsys, "compare", "alexnet", "--batch", 16, "--budget", "850MiB", "--json")
+    assert code == 0, err
+    fits = {r["label"]: r["fits"] for r in json.loads(out)["rows"]}
+    assert fits["baseline"] is False and fits["+ offload + recompute cost_aware"] is True
+
+
+def small_net(batch=2):
+    """Conv, BN, ReLU, a residual add, pooling, dropout, FC: every kind of tensor the plan drops."""
+    g = Graph((batch, 3, 8, 8), 5, name="small")
+    x = g.relu(g.batchnorm(g.conv2d(g.input(), 4, 3, padding=1)))
+    y = g.relu(g.batchnorm(g.conv2d(x, 4, 3, padding=1)))
+    x = g.maxpool(g.relu(g.add(x, y)), 2)
+    x = g.dropout(g.relu(g.linear(g.flatten(x), 16)), 0.5)
+    g.softmax_loss(g.linear(x, 5))
+    return g
+
+
+@pytest.mark.parametrize("net", [small_net(), get_model("resnet50", 1), get_model("inception_v4", 1)],
+                         ids=["small", "resnet50", "inception_v4"])
+def test_checkpoint_plan_is_valid_and_saves_memory(net):
+    plan = measure.checkpoint_plan(net)
+    validate(plan, Scheduler(net).persistent())
+    trace = measure.run(net, plan.config.replace(count="paper"), plan)
+    assert trace.recompute_count > 0 and trace.extra_flops <= net.flops()
+    assert trace.peak_bytes <= simulate(net, MemoryConfig(count="paper")).peak_bytes
+
+
+def test_checkpoint_plan_computes_the_same_loss_and_gradients():
+    g = small_net()
+    rng = np.random.default_rng(0)
+    x, labels = rng.standard_normal(g.input_shape).astype(np.float32), np.array([1, 3])
+    model = Model(g, MemoryConfig(liveness=True), device="host")
+    params = model.params
+    loss, grads = model.forward_backward(x, labels)
+    plan = measure.checkpoint_plan(g, every=2)
+    model.runtime = Runtime(g, plan.config, model.device, optimizer_specs(g), plan=plan)
+    model.set_params(params)
+    model.iteration = 0
+    loss2, grads2 = model.forward_backward(x, labels)
+    assert model.trace.recompute_count > 0 and loss2 == loss
+    for name in grads:
+        assert np.array_equal(grads[name], grads2[name]), name
+
+
+# ---------------------------------------------------------------- searches
+def test_largest_gallops_and_bisects():
+    for edge in (-1, 0, 1, 7, 63, 99):
+        for start in (0, 5, 50, 99):
+            calls = []
+
+            def ok(i):
+                calls.append(i)
+                return i <= edge
+            assert measure.largest(100, ok, start) == (None if edge < 0 else edge)
+            assert len(calls) <= 16
+
+
+def test_maxbatch_result_fits_and_one_more_does_not(capsys):
+    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "12MiB")
+    assert code == 0, err
+    assert all(label in out for label in measure.SEARCH) and "count all" in out and "took " in out
+    code, out, _ = run(capsys, "maxbatch", "lenet", "--budget", "12MiB", "--json")
+    rows = {r["strategy"]: r for r in json.loads(out)["rows"]}
+    batch = rows["liveness"]["batch"]
+    config = MemoryConfig(liveness=True, budget_bytes=12 * 2**20)
+    assert batch > 1 and rows["liveness"]["next"] == batch + 1
+    assert measure.fits(get_model("lenet", batch), config) and not measure.fits(get_model("lenet", batch + 1), config)
+    assert rows["superneurons"]["batch"] >= rows["baseline"]["batch"]
+
+
+def test_maxbatch_shows_the_papers_figures(capsys):
+    code, out, _ = run(capsys, "maxbatch", "alexnet", "--budget", "2GiB")
+    assert code == 0 and "SuperNeurons 1,792; the best other framework 1,408" in out
+
+
+def test_maxdepth_result_fits_and_the_next_valid_depth_does_not(capsys):
+    code, out, err = run(capsys, "maxdepth", "--batch", 1, "--budget", "2GiB", "--json")
+    assert code == 0, err
+    rows = {r["strategy"]: r for r in json.loads(out)["rows"]}
+    assert list(rows) == list(measure.SEARCH)
+    depth = rows["liveness"]["depth"]
+    units = (depth - 2) // 3
+    next_depth = {16: 101, 33: 152}.get(units, depth + 3)
+    assert rows["liveness"]["next"] == next_depth
+    config = MemoryConfig(liveness=True, budget_bytes=2 * 2**30)
+    assert measure.fits(resnet(depth, 1), config) and not measure.fits(resnet(next_depth, 1), config)
+    depths = [rows[k]["depth"] for k in ("baseline", "liveness", "+ offload", "+ recompute")]
+    assert depths == sorted(depths)
+
+
+def test_maxdepth_prints_the_table_and_its_time(capsys):
+    code, out, err = run(capsys, "maxdepth", "--batch", 16, "--budget", "5GiB", "--max-units", 60)
+    assert code == 0, err
+    assert "SuperNeurons 1,920" in out and re.search(r"took \d+\.\d s", out)
+    assert re.search(r"^superneurons +>= 182 +60 .* 1,920$", out, re.M) and "the search stopped there" in out
+    assert re.search(r"^baseline +\d+ +\d+ ", out, re.M)
+
+
+def test_resnet_units_are_the_valid_depths():
+    units = measure.resnet_units(60)
+    assert units[:4] == [16, 33, 50, 51] and units[-1] == 60
+    for u in units:
+        resnet(3 * u + 2, 1)  # raises for an invalid depth
+
+
+# ---------------------------------------------------------------- bench, plots, help, errors
+def test_bench_says_no_gpu_and_times_the_planning(capsys):
+    code, out, err = run(capsys, "bench", "--units", 50)
+    assert code == 0, err
+    assert "no GPU here" in out and "ResNet-152 (50 residual units" in out and "superneurons" in out
+
+
+def fake_plot(monkeypatch, fail=False):
+    calls = []
+
+    class PlotUnavailable(RuntimeError):
+        pass
+
+    def record(name):
+        def draw(data, path, title=None, **kw):
+            if fail:
+                raise PlotUnavailable("matplotlib is not installed: pip install matplotlib")
+            calls.append((name, data, path, title))
+        return draw
+    module = types.SimpleNamespace(PlotUnavailable=PlotUnavailable, plot_timeline=record("timeline"),
+                                   plot_tradeoff=record("tradeoff"))
+    monkeypatch.setitem(sys.modules, "snlite.plot", module)
+    import snlite
+    monkeypatch.setattr(snlite, "plot", module, raising=False)
+    return calls
+
+
+def test_plot_flags_call_the_plot_module(monkeypatch, tmp_path, capsys):
+    calls = fake_plot(monkeypatch)
+    assert run(capsys, "plan", "lenet", "--batch", 2, "--plot", tmp_path / "t.png")[0] == 0
+    assert run(capsys, "compare", "lenet", "--batch", 2, "--plot", tmp_path / "c.png")[0] == 0
+    (kind1, trace, path1, _), (kind2, rows, path2, _) = calls
+    assert kind1 == "timeline" and trace.steps and path1.endswith("t.png")
+    assert kind2 == "tradeoff" and path2.endswith("c.png")
+    assert set(rows[0]) == {"label", "peak_bytes", "extra_flops", "moved_bytes"} and len(rows) == 8
+
+
+def test_plot_unavailable_is_a_one_line_error(monkeypatch, tmp_path, capsys):
+    fake_plot(monkeypatch, fail=True)
+    code, _, err = run(capsys, "compare", "lenet", "--batch", 2, "--plot", tmp_path / "c.png")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "pip install matplotlib" in err
+
+
+@pytest.mark.parametrize("command", ["plan", "compare", "maxbatch", "maxdepth", "bench"])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"])
+    assert e.value.code == 0 and f"usage: snlite {command}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan", "lenett"], "unknown model 'lenett'"), (["compare", "resnet51"], "no bottleneck ResNet of depth 51"),
+    (["maxbatch", "nope", "--budget", "1GiB"], "unknown model 'nope'"),
+    (["plan", "lenet", "--json", "/no/such/dir/x.json"], "its folder does not exist"),
+])
+def test_errors_are_one_line(argv, message, capsys):
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, err
