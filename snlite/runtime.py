@@ -68,6 +68,7 @@ class Runtime:
         self.persistent_set = set(self.persistent)
         self.dropped = set(self.plan.recompute.dropped)
         self.evictable = self._evictable()
+        self.conv_outputs = {graph.output_tensor(n) for n, l in graph.layers.items() if l.kind == "conv2d"}
         c = self.config
         raw = c.allocator == "raw"
         self.capacity = c.budget_bytes or self.upper_bound_bytes()
@@ -108,13 +109,16 @@ class Runtime:
         return sum(block(self.specs[base_name(n)].nbytes) for n in names) + block(wmax)
 
     def _host_bytes(self) -> int:
-        """The pinned slab: room for every tensor that may go to the host, at once."""
+        """The pinned slab: room for every tensor (and recomputed incarnation) that may go to the
+        host, all at once, so a move to the host can never fail for lack of host memory."""
         slot = HostPool(256).reserved_bytes
-        return sum(slot(max(self.specs[n].nbytes, 1)) for n in self.evictable) or slot(1)
+        names = set(self.specs) | {t for p in self.plan.ops for t in p.op.writes}
+        return sum(slot(max(self.specs[base_name(n)].nbytes, 1)) for n in names
+                   if base_name(n) in self.evictable) or slot(1)
 
     def _evictable(self) -> set[str]:
-        if self.config.offload:
-            return {self.graph.output_tensor(n) for n, l in self.graph.layers.items() if l.kind == "conv2d"}
+        """What may leave the device: activations, their gradients and the batch (the cache may
+        evict any of them; eager offload moves only CONV outputs, see :mod:`snlite.offload`)."""
         return {n for n, t in self.specs.items() if t.kind in ("activation", "gradient", "input")}
 
     # tensors ------------------------------------------------------------------------
@@ -254,13 +258,16 @@ class Runtime:
             self.lru.move_to_end(t.name)
 
     def _evict_one(self) -> bool:
-        """Move the least recently used unlocked tensor to the host; False if none is left."""
-        for name in self.lru:
-            t = self.tensors[name]
-            if not t.locked and t.state is State.ON_DEVICE:
-                self._start_offload(t, "evict")
-                self._finish_offload(t)
-                return True
+        """Move the least recently used unlocked tensor to the host; False if none is left. With
+        ``offload`` on, CONV outputs go first (the paper's choice: they are the cheapest to hide)."""
+        passes = (self.conv_outputs, None) if self.config.offload else (None,)
+        for only in passes:
+            for name in self.lru:
+                t = self.tensors[name]
+                if (only is None or base_name(name) in only) and not t.locked and t.state is State.ON_DEVICE:
+                    self._start_offload(t, "evict")
+                    self._finish_offload(t)
+                    return True
         return False
 
     # one iteration ------------------------------------------------------------------

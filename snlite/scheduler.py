@@ -131,7 +131,7 @@ class OffloadStage(Stage):
     def apply(self, ops, graph):
         if not self.enabled or self.lazy:
             if self.enabled:
-                self.summary = "lazy: the LRU cache moves CONV outputs only when memory runs short"
+                self.summary = "lazy: the LRU cache moves data (CONV outputs first) only when memory runs short"
             return []
         transfers = offload.schedule(ops, graph)
         self.summary = f"{len(transfers)} CONV outputs to pinned host memory and back"
@@ -141,9 +141,9 @@ class OffloadStage(Stage):
 class CacheStage(Stage):
     name = "cache"
 
-    def __init__(self, enabled: bool, conv_only: bool):
+    def __init__(self, enabled: bool, conv_first: bool):
         super().__init__(enabled)
-        self.summary = ("LRU eviction of " + ("CONV outputs" if conv_only else "activations and gradients")
+        self.summary = ("LRU eviction of activations and gradients" + (", CONV outputs first" if conv_first else "")
                         + " when an allocation would fail")
 
 
@@ -167,7 +167,7 @@ class Scheduler:
         self.recompute = RecomputeStage(c.recompute)
         self.liveness = LivenessStage(c.liveness)
         self.offload = OffloadStage(c.offload, lazy=c.cache)
-        self.cache = CacheStage(c.cache, conv_only=c.offload)
+        self.cache = CacheStage(c.cache, conv_first=c.offload)
         self.workspace = WorkspaceStage(c.workspace)
         self.stages = [self.recompute, self.liveness, self.offload, self.cache, self.workspace]
         self._plan = None
