@@ -231,26 +231,35 @@ def largest(n: int, ok, start: int = 0) -> int | None:
     size; the pool's fragmentation can bend that a little, so what a search guarantees is that its
     result fits and the next candidate does not (both simulated)."""
     start = min(max(start, 0), n - 1)
-    if ok(start):
-        lo, step = start, 1
+    stride = max(2, start // 16)  # after the neighbour, gallop in strides that scale with the guess
+
+    def steps():
+        yield 1  # a good guess is settled by its neighbour: two probes
+        s = stride
         while True:
+            yield s
+            s *= 2
+
+    if ok(start):
+        lo = start
+        for step in steps():
             if lo == n - 1:
                 return lo
             probe = min(lo + step, n - 1)
             if not ok(probe):
                 hi = probe
                 break
-            lo, step = probe, step * 2
+            lo = probe
     else:
-        hi, step = start, 1
-        while True:
+        hi = start
+        for step in steps():
             if hi == 0:
                 return None
             probe = max(hi - step, 0)
             if ok(probe):
                 lo = probe
                 break
-            hi, step = probe, step * 2
+            hi = probe
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(mid):
@@ -309,7 +318,10 @@ def _estimate(build, config, xs) -> float | None:
         return None
     cfg = config.replace(budget_bytes=None, cache=False, workspace="none")
     (x0, x1) = xs
-    p0, p1 = (run(build(x), cfg).peak_bytes for x in (x0, x1))
+    # with the cache, what must fit is roughly the largest step's working set (everything else can
+    # wait on the host); without it, the peak
+    need = (lambda t: t.l_peak_bytes) if config.cache else (lambda t: t.peak_bytes)
+    p0, p1 = (need(run(build(x), cfg)) for x in (x0, x1))
     if p1 <= p0:
         return None
     return x0 + (config.budget_bytes - p0) * (x1 - x0) / (p1 - p0)

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import OrderedDict
 
 import numpy as np
 
 from snlite import workspace as ws
+from snlite.cache import LRUCache
 from snlite.config import MemoryConfig
 from snlite.graph import TensorSpec
 from snlite.layers import StepIO
@@ -68,7 +68,6 @@ class Runtime:
         self.persistent_set = set(self.persistent)
         self.dropped = set(self.plan.recompute.dropped)
         self.evictable = self._evictable()
-        self.conv_outputs = {graph.output_tensor(n) for n, l in graph.layers.items() if l.kind == "conv2d"}
         c = self.config
         raw = c.allocator == "raw"
         self.capacity = c.budget_bytes or self.upper_bound_bytes()
@@ -81,7 +80,8 @@ class Runtime:
         self.host_slab = device.alloc_pinned(self.host_capacity) if moving else None
         self.compute, self.copy_out, self.copy_in = device.stream(), device.stream(), device.stream()
         self.tensors: dict[str, Tensor] = {}
-        self.lru: OrderedDict[str, None] = OrderedDict()  # resident evictable tensors, least recent first
+        self.conv_outputs = {graph.output_tensor(n) for n, l in graph.layers.items() if l.kind == "conv2d"}
+        self.lru = LRUCache(self.conv_outputs if self.config.offload else ())  # resident evictable tensors
         self._bytes = dict.fromkeys(("weights", "weight_grads", "optimizer", "input", "activations", "gradients",
                                      "workspace", "in_flight"), 0)
         self._events: dict[str, object] = {}
@@ -155,8 +155,8 @@ class Runtime:
         t.allocate(offset)
         self._held(t, +1)
         self._bytes[self._category(t)] += self.reserved(t.nbytes)
-        if t.name in self.evictable or base_name(t.name) in self.evictable:
-            self.lru[t.name] = None
+        if base_name(t.name) in self.evictable:
+            self.lru.add(t.name, base_name(t.name))
 
     def _held(self, t: Tensor, sign: int) -> None:
         self._resident += sign
@@ -168,7 +168,7 @@ class Runtime:
             del self.buffers[offset]
         self._held(t, -1)
         self._bytes[category] -= self.reserved(t.nbytes)
-        self.lru.pop(t.name, None)
+        self.lru.remove(t.name)
 
     def _free(self, name: str) -> None:
         t = self.tensors.get(name)
@@ -206,7 +206,7 @@ class Runtime:
             done.record(self.copy_out)
             self._events[t.name] = done
             self._trace.d2h_bytes += t.nbytes
-        self.lru.pop(t.name, None)
+        self.lru.remove(t.name)
         self._trace.host_peak_bytes = max(self._trace.host_peak_bytes, self.host_pool.stats().in_use_bytes)
 
     def _finish_offload(self, t: Tensor) -> None:
@@ -250,24 +250,21 @@ class Runtime:
         if t.state is State.PREFETCHING:
             self._events.pop(t.name).wait(self.compute)
             t.finish_prefetch()
-            if t.name in self.evictable or base_name(t.name) in self.evictable:
-                self.lru[t.name] = None
+            if base_name(t.name) in self.evictable:
+                self.lru.add(t.name, base_name(t.name))
         if not t.readable:
             raise PlanError(f"op {step} reads {t.name}, which is {t.state.name}: the plan is wrong")
-        if t.name in self.lru:
-            self.lru.move_to_end(t.name)
+        self.lru.touch(t.name)
 
     def _evict_one(self) -> bool:
-        """Move the least recently used unlocked tensor to the host; False if none is left. With
-        ``offload`` on, CONV outputs go first (the paper's choice: they are the cheapest to hide)."""
-        passes = (self.conv_outputs, None) if self.config.offload else (None,)
-        for only in passes:
-            for name in self.lru:
-                t = self.tensors[name]
-                if (only is None or base_name(name) in only) and not t.locked and t.state is State.ON_DEVICE:
-                    self._start_offload(t, "evict")
-                    self._finish_offload(t)
-                    return True
+        """Move the least recently used unlocked tensor to the host (CONV outputs first when
+        ``offload`` is on, see :class:`~snlite.cache.LRUCache`); False if none is left."""
+        for name in self.lru.eviction_order():
+            t = self.tensors[name]
+            if not t.locked and t.state is State.ON_DEVICE:
+                self._start_offload(t, "evict")
+                self._finish_offload(t)
+                return True
         return False
 
     # one iteration ------------------------------------------------------------------
@@ -316,8 +313,8 @@ class Runtime:
             self._compute(op, names, train, iteration, seed)
             for new, old in op.inplace:
                 self.tensors[new].take_buffer(self.tensors[old])
-                if self.lru.pop(old, 1) is None:
-                    self.lru[new] = None
+                if self.lru.remove(old):
+                    self.lru.add(new, base_name(new))
             if train and op.layer == loss_layer and op.phase == "forward" and dev.has_data:
                 loss = float(dev.read(self.view(f"{loss_layer}.loss"))[0])
             for t in touched:
@@ -357,6 +354,12 @@ class Runtime:
             name = inplace.get(name, name)
             return self.view(name, shape) if name in touched or name in self.persistent_set else None
 
+        if not self.device.has_data:  # the meta device: memory only; no views, no kernels
+            workspace = self._workspace(op, layer, phase, StepIO(run=None))
+            self._record(op, workspace)
+            if workspace is not None:
+                self._free_workspace(workspace)
+            return
         if phase == "backward" and op.accumulate:  # a fork: sum the readers' gradients into the first
             first = g.output_grads(op.layer)[0]
             for t in op.accumulate:
@@ -401,7 +404,8 @@ class Runtime:
         self.tensors[t.name] = t
         self.specs[t.name] = TensorSpec(t.name, (nbytes // 4,), "float32", "workspace")
         self._alloc(t, op.step)
-        io.workspace = self.view(t.name)
+        if self.device.has_data:
+            io.workspace = self.view(t.name)
         return t
 
     def _free_workspace(self, t: Tensor) -> None:
@@ -413,7 +417,7 @@ class Runtime:
         device_bytes = dict(self._bytes)
         total = counted(device_bytes, count)
         cats = PAPER_CATEGORIES if count == "paper" else None
-        touched = {*op.reads, *op.writes}
+        touched = {*op.reads, *op.writes} - {new for new, _ in op.inplace}  # an in-place write shares its buffer
         working = sum(self.reserved(self.tensors[n].nbytes) for n in touched
                       if (cats is None or KIND_CATEGORY[self.tensors[n].kind] in cats)
                       and self.tensors[n].kind not in PERSISTENT_KINDS)

@@ -147,6 +147,6 @@ def test_every_zoo_model_runs_a_training_route_on_the_meta_device():
         g = get_model(name, batch=DEFAULT_BATCH.get(name, 16))
         model = Model(g, device="meta")
         loss, _ = model.runtime.run()
-        assert loss is None  # the meta device holds no values
-        assert model.device.kernel_calls > len(g.layers)
+        assert loss is None  # the meta device holds no values, and runs no kernels: memory only
+        assert len(model.trace.steps) >= 2 * len(g.layers) - sum(l.kind == "flatten" for l in g.layers.values())
         assert model.trace.peak_bytes >= sum(t.nbytes for t in g.tensors().values() if t.kind == "weight")

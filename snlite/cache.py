@@ -1,0 +1,54 @@
+"""The LRU tensor cache of the Unified Tensor Pool (PAPER.md section 4, Algorithm 2).
+
+Tensors stay on the device until an allocation fails; then unlocked tensors leave from the least
+recently used end until the request fits. A lookup that finds its tensor on the device is a hit;
+one that finds it on the host is a miss (the tensor is fetched back). The runtime locks the
+tensors the current step depends on, and decides what a move costs; this class only keeps the
+order: two queues, so that with offload on the CONV outputs are evicted first (the paper offloads
+only them eagerly), and so that every operation is O(1) however many tensors are cached.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class LRUCache:
+    """Resident evictable tensors in least-recently-used order; ``preferred`` ones leave first."""
+
+    def __init__(self, preferred=frozenset()):
+        self.preferred = frozenset(preferred)
+        self._first: OrderedDict[str, None] = OrderedDict()  # preferred tensors (CONV outputs)
+        self._rest: OrderedDict[str, None] = OrderedDict()
+
+    def _queue(self, name: str, base: str) -> OrderedDict:
+        return self._first if base in self.preferred else self._rest
+
+    def add(self, name: str, base: str | None = None) -> None:
+        """``name`` is resident now (most recently used); ``base`` is the tensor it incarnates."""
+        self._queue(name, base or name)[name] = None
+
+    def touch(self, name: str) -> None:
+        """``name`` was just used: move it to the most recently used end."""
+        for q in (self._first, self._rest):
+            if name in q:
+                q.move_to_end(name)
+
+    def remove(self, name: str) -> bool:
+        """Forget ``name`` (it left the device); True if it was cached."""
+        return self._first.pop(name, 1) is None or self._rest.pop(name, 1) is None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._first or name in self._rest
+
+    def __len__(self) -> int:
+        return len(self._first) + len(self._rest)
+
+    def eviction_order(self):
+        """Names in the order they should leave: preferred first, each queue oldest first.
+        (A generator: the runtime stops at the first unlocked one.)"""
+        yield from self._first
+        yield from self._rest
+
+    def clear(self) -> None:
+        self._first.clear()
+        self._rest.clear()

@@ -1,0 +1,362 @@
+"""``snlite paper``: every byte-accounting experiment of the paper that needs no GPU, in one report.
+
+    from snlite import report
+    rep = report.paper_report("paper-out", quick=True)   # prints each table, writes paper-out/report.md
+    rep.sections[0].tables[0].rows                       # the numbers, as plain data
+
+Each experiment is one function that returns a :class:`Section` (its tables, notes and figures);
+every number comes from :mod:`snlite.measure` (``measure``, ``compare``, ``max_batch``,
+``max_depth``), which runs :func:`snlite.simulate` on the meta device. The paper's figures
+(PAPER.md) are shown alongside as references, not as targets: the paper counted activations and
+gradients on its own runtime (cuDNN, a 12 GB K40); snlite counts its own pool, byte for byte.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+
+from snlite import __version__, measure
+from snlite.config import MemoryConfig
+from snlite.models import get_model
+from snlite.runtime import optimizer_specs, smallest_budget
+
+GIB = 1 << 30
+BUDGET = 12 * GIB  # the paper's GPU (12 GB K40), as a pool size
+PAPER_COUNT = "paper count: activations + gradients"
+ALL_COUNT = "count all: everything on the device (weights, their gradients, momentum, the batch, activations, " \
+            "gradients, workspace)"
+# PAPER.md section 4: AlexNet's traffic per iteration (GB) without / with the tensor cache
+PAPER_TRAFFIC_WITHOUT = {256: 2.56, 1024: 9.50}
+PAPER_TRAFFIC_WITH = {1024: 0.88}
+PAPER_TRAFFIC_NOTHING_BELOW = 896  # "moved nothing per iteration until batch 896"
+
+
+# ---------------------------------------------------------------------------- what a report holds
+@dataclass
+class Table:
+    """A table and what it counts (``caption``); ``align`` per column, < or > (default: first left)."""
+
+    caption: str
+    head: list[str]
+    rows: list[list]
+    align: str | None = None
+
+    def markdown(self) -> str:
+        """A Markdown table, padded so that it also reads as plain text."""
+        align = self.align or "<" + ">" * (len(self.head) - 1)
+        cells = [[str(c) for c in r] for r in [self.head] + self.rows]
+        widths = [max(3, *(len(r[i]) for r in cells)) for i in range(len(self.head))]
+
+        def line(r):
+            return "| " + " | ".join(c.ljust(w) if a == "<" else c.rjust(w) for c, a, w in zip(r, align, widths)) \
+                + " |"
+        rule = "|" + "|".join("-" * (w + 1) + (":" if a == ">" else "-") for a, w in zip(align, widths)) + "|"
+        return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
+
+
+@dataclass
+class Section:
+    """One experiment: an introduction, tables, notes under them, figures (paths relative to the report)."""
+
+    title: str
+    text: str
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (path, alt text)
+    seconds: float = 0.0
+
+    def markdown(self) -> str:
+        parts = [f"## {self.title}", self.text]
+        for t in self.tables:
+            parts += [f"*{t.caption}*", t.markdown()]
+        parts += self.notes
+        parts += [f"![{alt}]({path})" for path, alt in self.figures]
+        parts.append(f"<sub>({self.seconds:.1f} s)</sub>")
+        return "\n\n".join(parts)
+
+
+@dataclass
+class Report:
+    sections: list[Section]
+    path: str
+    seconds: float
+    quick: bool
+    plots: str | None  # None: drawn; else why not
+
+
+# ---------------------------------------------------------------------------- formatting
+def _gb(nbytes: int) -> str:
+    """Decimal GB, as the paper writes its traffic."""
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def _where(trace) -> str:
+    r = trace.steps[trace.peak_op]
+    return f"{trace.peak_step}: {r.layer} ({r.phase})"
+
+
+def _found(f) -> str:
+    return "none fits" if f.value is None else (f">= {f.value:,d}" if f.capped else f"{f.value:,d}")
+
+
+def _measure_or_none(graph, config, label):
+    m = measure.measure(graph, config, label)
+    return m if m.fits is not False else None
+
+
+# ---------------------------------------------------------------------------- the experiments
+def trajectory(batch: int = 200) -> tuple[Section, dict]:
+    """AlexNet's peak under each technique (both counts, where, what is live); returns the section
+    and ``{label: Measurement}`` for the figures."""
+    graph = get_model("alexnet", batch)
+    tight = smallest_budget(graph, MemoryConfig.superneurons(), extra=optimizer_specs(graph))
+    configs = {label: measure.COMPARE[label] for label in
+               ("baseline", "liveness", "+ offload", "+ offload + recompute cost_aware")}
+    configs["superneurons(), no budget"] = MemoryConfig.superneurons()
+    configs["superneurons(), 12 GiB"] = MemoryConfig.superneurons(budget_bytes=BUDGET)
+    configs[f"superneurons(), {measure.format_size(tight)} (its smallest)"] = \
+        MemoryConfig.superneurons(budget_bytes=tight)
+    runs, rows = {}, []
+    for label, cfg in configs.items():
+        m = measure.measure(graph, cfg, label)
+        if m.fits is False:
+            rows.append([label, "does not fit"] + [""] * 8)
+            continue
+        runs[label] = m
+        p, t = m.paper, m.trace
+        rows.append([label, measure.format_size(p.peak_bytes), _where(p), len(p.peak_tensors), f"{p.ratio:.2f}",
+                     measure.format_size(t.peak_bytes), _where(t), t.steps[t.peak_op].live_tensors,
+                     f"{_gb(t.d2h_bytes)} / {_gb(t.h2d_bytes)}", t.recompute_count])
+    head = ["technique", "peak (act+grad)", "at step: layer (phase)", "live act+grad tensors", "peak/l_peak (act+grad)",
+            "peak (all)", "at step: layer (phase)", "live tensors (all)", "to host / back", "recomputed"]
+    text = (f"AlexNet (Caffe's, 227x227), batch {batch}, one training iteration on the meta device, under each "
+            f"technique in turn; the \"+\" rows add to liveness. The peak is given in both counts, each with the "
+            f"route step where it happens (forward steps first, then backward; recomputation runs inside "
+            f"backward) and the tensors resident there. The LRU cache only moves data when an allocation would "
+            f"fail, so without a budget (or with 12 GiB, far more than AlexNet at batch {batch} needs) "
+            f"superneurons() moves nothing; in its smallest budget ({tight:,d} bytes, found by "
+            f"snlite.runtime.smallest_budget) the cache has to evict.")
+    table = Table(f"{PAPER_COUNT} in columns 2-5 (live act+grad tensors: how many activation and gradient tensors "
+                  f"are resident at that peak); {ALL_COUNT} in columns 6-8 (live tensors: every resident tensor, "
+                  f"weights included); to host / back: bytes copied per iteration (GB = 1e9 bytes); recomputed: "
+                  f"layer forwards re-run in backward", head, rows)
+    return Section("1. AlexNet's memory trajectory under each technique", text, [table]), runs
+
+
+def recompute(models) -> Section:
+    """The three recomputation strategies on top of liveness: how many forwards re-run, extra FLOPs, peaks."""
+    rows = []
+    for name, batch in models:
+        graph = get_model(name, batch)
+        for strategy in ("off", "speed", "memory", "cost_aware"):
+            cfg = MemoryConfig(liveness=True, recompute=strategy)
+            m = measure.measure(graph, cfg, strategy)
+            p, t = m.paper, m.trace
+            rows.append([f"{graph.name} ({batch})", "none (liveness only)" if strategy == "off" else strategy,
+                         t.recompute_count, f"{m.extra_pct:.1f}%", measure.format_size(p.peak_bytes),
+                         measure.format_size(p.l_peak_bytes), f"{p.ratio:.2f}", measure.format_size(t.peak_bytes)])
+    text = ("Cost-aware recomputation (PAPER.md section 5) against its two pure forms, each on top of liveness "
+            "(no offload, no cache, no workspace). Speed-centric re-runs each segment once per iteration, "
+            "memory-centric re-runs what each backward step needs every time; cost-aware picks speed-centric for "
+            "a segment whenever that stays under l_peak. The paper's claim: cost-aware reaches peak = l_peak "
+            "with recompute counts close to speed-centric.")
+    table = Table(f"recomputed: layer forwards re-run in one iteration; extra FLOPs: their FLOPs in % of one "
+                  f"forward pass; peak, l_peak and peak/l_peak in the {PAPER_COUNT}; last column: {ALL_COUNT}",
+                  ["network (batch)", "recompute", "recomputed", "extra FLOPs (% of forward)", "peak (act+grad)",
+                   "l_peak (act+grad)", "peak/l_peak (act+grad)", "peak (all)"], rows, "<<>>>>>>")
+    return Section("2. Recomputation: speed, memory, cost_aware", text, [table])
+
+
+def traffic(batches) -> Section:
+    """AlexNet's bytes to the host and back per iteration in 12 GiB, eager offload against the cache."""
+    rows = []
+    for b in batches:
+        graph = get_model("alexnet", b)
+        eager = _measure_or_none(graph, MemoryConfig.superneurons(cache=False, budget_bytes=BUDGET), "eager")
+        lazy = _measure_or_none(graph, MemoryConfig.superneurons(budget_bytes=BUDGET), "cache")
+        paper_with = "0" if b < PAPER_TRAFFIC_NOTHING_BELOW else PAPER_TRAFFIC_WITH.get(b, "")
+        row = [f"{b:,d}"]
+        for m, paper in ((eager, PAPER_TRAFFIC_WITHOUT.get(b, "")), (lazy, paper_with)):
+            if m is None:
+                row += ["does not fit", "", ""]
+            else:
+                t = m.trace
+                row += [_gb(t.d2h_bytes), _gb(t.h2d_bytes), measure.format_size(t.peak_bytes)]
+            row.append(f"{paper:.2f} GB" if isinstance(paper, float) else paper)
+        rows.append(row)
+    head = ["batch", "without: to host", "without: back", "without: peak (all)", "paper: without (GB)",
+            "with: to host", "with: back", "with: peak (all)", "paper: with (GB)"]
+    text = ("AlexNet in a 12 GiB pool as the batch grows. Without the cache = superneurons(cache=False): offload "
+            "is eager, every CONV output goes to the host after its forward and comes back in backward, needed "
+            "or not. With the cache = superneurons(): offload is lazy, data moves only when an allocation would "
+            "fail. Everything else (liveness, cost-aware recomputation, dynamic workspace) is the same in both.")
+    notes = [f"The paper's figures (PAPER.md section 4: with the cache nothing moved until batch "
+             f"{PAPER_TRAFFIC_NOTHING_BELOW} and 0.88 GB at 1024; without it 2.56 GB at batch 256 up to 9.50 GB at "
+             f"1024) are references from another runtime, not targets. Our counting differs: the 12 GiB pool holds "
+             f"everything (count all): weights, their gradients and SGD momentum stay on the device, the batch and "
+             f"the conv workspace too, so the cache runs short later or earlier than the paper's did; eager "
+             f"offload moves each CONV output exactly once each way, so its traffic is twice the bytes of the CONV "
+             f"outputs and grows linearly with the batch; the paper does not say whether it counted one direction "
+             f"or both. 'does not fit': that configuration fails in 12 GiB (the runtime raises BudgetError). The peaks "
+             f"include the dynamic conv workspace, which takes what memory is free at each conv step, so a peak need "
+             f"not grow with the batch."]
+    table = Table(f"bytes copied per training iteration (GB = 1e9 bytes, as the paper writes them); peak: "
+                  f"{ALL_COUNT}; budget 12 GiB", head, rows)
+    return Section("3. Traffic per iteration with and without the tensor cache", text, [table], notes)
+
+
+def depth(batch: int, labels) -> Section:
+    """The paper's Table 4: the deepest ImageNet ResNet at ``batch`` in 12 GiB, per strategy."""
+    if list(labels) == list(measure.SEARCH):
+        found = measure.max_depth_table(batch, BUDGET)  # shares the graphs between strategies
+    else:
+        found = [measure.max_depth(batch, measure.SEARCH[label].replace(budget_bytes=BUDGET), label)
+                 for label in labels]
+    rows = [[f.label, f.config.describe(), _found(f), "-" if f.value is None else f"{(f.value - 2) // 3:,d}",
+             measure.format_size(f.trace.peak_bytes if f.trace else None), measure.format_size(f.host_peak_bytes),
+             f.probes, f"{f.seconds:.1f} s"] for f in found]
+    ours = Table(f"deepest ImageNet ResNet (depth = 3 x residual units + 2) at batch {batch} that runs in a 12 GiB "
+                 f"pool; peak and host memory there, {ALL_COUNT}; probes: iterations simulated by the search "
+                 f"(snlite.measure.max_depth)", ["strategy", "config", "depth", "residual units", "peak (all)",
+                                                 "host memory", "probes", "time"], rows, "<<>>>>>>")
+    paper = Table("the paper's Table 4 (PAPER.md section 7): deepest ResNet at batch 16 on a 12 GB K40",
+                  ["framework", "depth"], [[k, f"{v:,d}"] for k, v in measure.PAPER_DEPTH.items()])
+    text = ("The paper's Table 4. Each strategy's search gallops from a straight-line estimate and bisects, every "
+            "probe a full simulated iteration; the depth found fits, the next valid depth does not.")
+    notes = [f"At batch 1 the paper reached {measure.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units); "
+             f"`snlite maxdepth --batch 1` searches that (over a minute on this CPU, so not part of this report)."]
+    return Section("4. Table 4: depth", text, [ours, paper], notes)
+
+
+def width(nets) -> Section:
+    """The paper's Table 5: the largest batch in 12 GiB per network and strategy."""
+    rows = []
+    for net in nets:
+        found = measure.max_batch_table(lambda b, n=net: get_model(n, b), BUDGET)
+        rows.append([net] + [_found(f) for f in found]
+                    + [f"{measure.PAPER_BATCH[net]:,d}", f"{measure.PAPER_BEST_OTHER_BATCH[net]:,d}"])
+    head = ["network"] + list(measure.SEARCH) + ["paper: SuperNeurons", "paper: best other"]
+    table = Table(f"largest batch that runs in a 12 GiB pool ({ALL_COUNT}; snlite.measure.max_batch); last two "
+                  f"columns: the paper's Table 5 (PAPER.md section 7, 12 GB K40)", head, rows)
+    text = ("The paper's Table 5, per strategy: " + "; ".join(f"{k} = {v.describe()}" for k, v in
+                                                               measure.SEARCH.items()) + ".")
+    return Section("5. Table 5: width", text, [table])
+
+
+def tradeoff(batch: int = 200) -> tuple[Section, list[dict]]:
+    """Peak against extra compute for AlexNet (snlite.measure.compare, plus superneurons())."""
+    graph = get_model("alexnet", batch)
+    runs = measure.compare(graph) + [measure.measure(graph, MemoryConfig.superneurons(), "superneurons()")]
+    rows = [[m.label, measure.format_size(m.paper_peak_bytes), measure.format_size(m.peak_bytes),
+             f"{m.extra_pct:.1f}%", m.trace.recompute_count, _gb(m.moved_bytes)] for m in runs]
+    points = [{"label": m.label, "peak_bytes": m.paper_peak_bytes, "extra_flops": m.trace.extra_flops,
+               "moved_bytes": m.moved_bytes, "base_flops": m.forward_flops} for m in runs]
+    text = (f"AlexNet, batch {batch}, no budget: what each strategy saves against what it costs in recomputed "
+            f"forward work and bytes moved. \"+\" rows add to liveness; {measure.SQRT_LABEL} is Chen et al. "
+            f"2016's reference (snlite.measure.checkpoint_plan). The plot's y axis is the {PAPER_COUNT}.")
+    table = Table(f"peak (act+grad): {PAPER_COUNT}; peak (all): {ALL_COUNT}; extra FLOPs in % of one forward "
+                  f"pass; moved: bytes to the host and back per iteration", ["strategy", "peak (act+grad)",
+                                                                             "peak (all)", "extra FLOPs",
+                                                                             "recomputed", "moved"], rows)
+    return Section("6. Trade-off: peak memory against extra compute", text, [table]), points
+
+
+# ---------------------------------------------------------------------------- figures
+def _plots():
+    """snlite.plot if matplotlib is there, else the reason (a line that says how to install it)."""
+    from snlite import plot
+
+    try:
+        plot.require_matplotlib()
+    except plot.PlotUnavailable as e:
+        return None, str(e)
+    return plot, None
+
+
+def _draw_trajectory(plot, out: str, section: Section, runs: dict, batch: int) -> None:
+    for count, words in (("paper", "activations + gradients (the paper's count)"), ("all", "all device memory")):
+        name = f"alexnet_b{batch}_trajectory_{count}.png"
+        traces = {label: (m.paper if count == "paper" else m.trace) for label, m in runs.items()}
+        plot.plot_compare_timelines(traces, os.path.join(out, name),
+                                    title=f"AlexNet, batch {batch}: {words} per op, one training iteration")
+        section.figures.append((name, f"AlexNet batch {batch} memory per op, {words}, under each technique"))
+
+
+# ---------------------------------------------------------------------------- the report
+FULL = dict(recompute=[("alexnet", 200), ("resnet50", 32), ("resnet101", 32)],
+            traffic=[256, 512, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560],
+            depth=list(measure.SEARCH), width=["alexnet", "vgg16", "inception_v4", "resnet50", "resnet101",
+                                               "resnet152"])
+QUICK = dict(recompute=[("alexnet", 200), ("resnet50", 32)], traffic=[256, 1024],
+             depth=["baseline", "liveness"], width=["alexnet", "resnet50"])
+
+
+def paper_report(out: str, quick: bool = False, command: str | None = None, log=print) -> Report:
+    """Run every experiment (``QUICK``: fewer models and strategies), ``log`` each section as it is
+    done, and write ``out/report.md`` with the figures beside it (when matplotlib is there)."""
+    t0 = time.perf_counter()
+    plan = QUICK if quick else FULL
+    os.makedirs(out, exist_ok=True)
+    plot, missing = _plots()
+    sections = []
+
+    def add(section: Section, started: float) -> None:
+        section.seconds = time.perf_counter() - started
+        sections.append(section)
+        log(section.markdown() + "\n")
+
+    s = time.perf_counter()
+    section, runs = trajectory(200)
+    if plot is not None:
+        _draw_trajectory(plot, out, section, runs, 200)
+    add(section, s)
+    s = time.perf_counter()
+    add(recompute(plan["recompute"]), s)
+    s = time.perf_counter()
+    add(traffic(plan["traffic"]), s)
+    s = time.perf_counter()
+    add(depth(16, plan["depth"]), s)
+    s = time.perf_counter()
+    add(width(plan["width"]), s)
+    s = time.perf_counter()
+    section, points = tradeoff(200)
+    if plot is not None:
+        plot.plot_tradeoff(points, os.path.join(out, "alexnet_b200_tradeoff.png"),
+                           title="AlexNet, batch 200: peak (activations + gradients) against extra compute")
+        section.figures.append(("alexnet_b200_tradeoff.png", "AlexNet batch 200, peak against extra compute"))
+    add(section, s)
+
+    seconds = time.perf_counter() - t0
+    path = os.path.join(out, "report.md")
+    with open(path, "w") as f:
+        f.write(_header(command or f"snlite paper --out {out}" + (" --quick" if quick else ""), quick, missing,
+                        seconds) + "\n\n" + "\n\n".join(x.markdown() for x in sections) + "\n")
+    return Report(sections, path, seconds, quick, missing)
+
+
+def _header(command: str, quick: bool, missing: str | None, seconds: float) -> str:
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    lines = [
+        "# SuperNeurons' byte-accounting experiments, reproduced by snlite",
+        f"Made by `{command}` on {when} with snlite {__version__} (Python {platform.python_version()}, "
+        f"{platform.machine()}), in {seconds:.1f} s, on the meta device: no GPU, no data.",
+        "## How to read this",
+        "Every number is one training iteration (forward, backward, SGD with momentum) simulated by "
+        "`snlite.simulate` on the meta device, which allocates exactly what a real run then allocates from the "
+        "pool, byte for byte. Two counts appear, and every table says which: the paper's count (activations and "
+        "their gradients, what the paper plots) and count all (everything on the device: weights, their "
+        "gradients, momentum, the input batch, activations, gradients, conv workspace; what has to fit a GPU). "
+        "\"Fits 12 GiB\" always means the simulation ran in a 12 GiB pool, never a comparison of peaks. Sizes "
+        "are binary (MiB, GiB) except the traffic, in decimal GB as the paper writes it. Columns marked "
+        "\"paper\" are PAPER.md's figures, measured by the authors on their runtime and a 12 GB K40: "
+        "references to compare the shape against, not numbers we expect to match.",
+    ]
+    if quick:
+        lines.append("**Quick run** (`--quick`): fewer networks, batches and strategies; run without `--quick` "
+                     "for the full tables.")
+    if missing:
+        lines.append(f"**No figures**: {missing}; then run the command again. Every table is here without them.")
+    return "\n\n".join(lines)

@@ -1,0 +1,90 @@
+"""`snlite paper`: the report runs, has every section and table, and its numbers are simulate()'s."""
+import contextlib
+import io
+import os
+import re
+
+import pytest
+
+from snlite import __version__, cli, measure, report
+from snlite.config import MemoryConfig
+from snlite.models import get_model
+from snlite.runtime import simulate
+
+SECTIONS = ("## How to read this", "## 1. AlexNet's memory trajectory", "## 2. Recomputation",
+            "## 3. Traffic per iteration", "## 4. Table 4: depth", "## 5. Table 5: width", "## 6. Trade-off")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """One `snlite paper --quick` run for the whole module: (exit status, stdout, report text, folder)."""
+    out = tmp_path_factory.mktemp("paper")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = cli.main(["paper", "--out", str(out), "--quick"])
+    path = out / "report.md"
+    return code, stdout.getvalue(), path.read_text() if path.exists() else "", out
+
+
+def _row(text: str, section: str, first_cell: str) -> list[str]:
+    """The cells of the first table row of ``section`` whose first cell is ``first_cell``."""
+    body = text.split(section, 1)[1].split("\n## ", 1)[0]
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row {first_cell!r} in {section!r}")
+
+
+def test_paper_quick_writes_every_section_and_table(quick):
+    code, out, text, folder = quick
+    assert code == 0, out
+    assert text.startswith("# ") and "snlite paper --out" in text and "--quick" in text and __version__ in text
+    for heading in SECTIONS:
+        assert heading in text, heading
+    assert len(re.findall(r"^\|-", text, re.M)) >= 7  # every experiment has its table (Table 4: ours and the paper's)
+    assert re.search(r"in [0-9.]+ s, on the meta device", text)
+    # every table is printed too, and the total time
+    assert "| technique" in out and "| network" in out and re.search(r"took [0-9.]+ s in all", out)
+    # the figures: embedded as relative links to files beside the report, or a line that says how to get them
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    if links:
+        assert all(not os.path.isabs(p) and (folder / p).is_file() for p in links)
+    else:
+        assert "pip install" in text
+
+
+def test_numbers_are_those_of_simulate(quick):
+    code, _, text, _ = quick
+    assert code == 0
+    graph = get_model("alexnet", 200)
+    base = _row(text, "## 1.", "baseline")
+    assert base[1] == measure.format_size(simulate(graph, MemoryConfig(count="paper")).peak_bytes)
+    assert base[5] == measure.format_size(simulate(graph, MemoryConfig()).peak_bytes)
+    cost_aware = _row(text, "## 2.", "alexnet (200)")  # first alexnet row: liveness only
+    assert cost_aware[4] == measure.format_size(simulate(graph, MemoryConfig(liveness=True, count="paper")).peak_bytes)
+    found = measure.max_batch(lambda b: get_model("alexnet", b), MemoryConfig(budget_bytes=report.BUDGET))
+    assert _row(text, "## 5.", "alexnet")[1] == f"{found.value:,d}"
+    trace = simulate(get_model("alexnet", 256), MemoryConfig.superneurons(cache=False, budget_bytes=report.BUDGET))
+    assert _row(text, "## 3.", "256")[1] == f"{trace.d2h_bytes / 1e9:.2f} GB"
+
+
+def test_without_matplotlib_every_table_is_still_there(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "_plots", lambda: (None, "plots need matplotlib: pip install matplotlib"))
+    monkeypatch.setattr(report, "QUICK", dict(recompute=[("alexnet", 200)], traffic=[256, 4096],
+                                              depth=["baseline"], width=["alexnet"]))
+    rep = report.paper_report(str(tmp_path), quick=True, log=lambda s: None)
+    text = (tmp_path / "report.md").read_text()
+    assert rep.plots and "pip install matplotlib" in text and "![" not in text
+    assert os.listdir(tmp_path) == ["report.md"]
+    for heading in SECTIONS:
+        assert heading in text, heading
+    row = _row(text, "## 3.", "4,096")  # batch 4096 does not fit 12 GiB: said in its cells, no traceback
+    assert len(row) == 9 and row[1] == "does not fit" and row[5] == "does not fit"
+
+
+def test_out_must_be_a_folder(tmp_path, capsys):
+    file = tmp_path / "report.md"
+    file.write_text("")
+    assert cli.main(["paper", "--out", str(file), "--quick"]) == 1
+    assert "is not a folder" in capsys.readouterr().err
