@@ -135,9 +135,27 @@ def _gemm_v1(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
 
 @cuda_kernel(_SIG)
 def _gemm_v2(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
+    """Tiled GEMM: C = alpha * op(A) @ op(B) + beta * C, one (bx, by) thread block per by x bx tile of C.
+
+    Assignment 3 (tiled GEMM kernel on the simulator). Requirements (``pytest -m a3``):
+
+    - thread (tx, ty) of block (x, y) owns C[y*by + ty, x*bx + tx] (the launcher's grid covers C
+      with ceil(N / bx) x ceil(M / by) blocks of ``block = (bx, by)``, bx and by at most TILE_MAX);
+      M, N and K need not be multiples of the block: guard every index, write only inside C;
+    - tiled: the block stages slices of op(A) and op(B) in ``cuda.shared.array`` tiles (at most
+      TILE_MAX x TILE_MAX, one per source line) between ``cuda.syncthreads()`` barriers that every
+      thread reaches, so each element of A is read from global memory at most ceil(N / bx) times
+      and each element of B at most ceil(M / by) times (v1 reads each N or M times);
+    - the canonical order: the accumulator starts at float32 0.0 and adds ``acc += av * bv`` for
+      k = 0, 1, ..., K-1 in ascending order, then ``_epilogue`` writes C, so the result is
+      bit-identical to ``_gemm_v1`` (and within float32 rounding of ``gemm_ref``);
+    - when ``use_beta`` is False, C is written without being read (it may hold NaN);
+    - indices are written with ``cuda.threadIdx``/``cuda.blockIdx``/``cuda.blockDim``; no atomics.
+    """
     # Tiled: a (bx, by) block computes a by x bx tile of C. Per step it stages a by x tk slice of
     # op(A) and a tk x bx slice of op(B) (tk = min(bx, by)) in shared memory, so every value read
     # from global memory serves a whole row or column of the tile.
+    # BEGIN ASSIGNMENT 3: tiled GEMM kernel on the simulator
     sa = cuda.shared.array((TILE_MAX, TILE_MAX), float32)
     sb = cuda.shared.array((TILE_MAX, TILE_MAX), float32)
     tx = cuda.threadIdx.x
@@ -161,6 +179,7 @@ def _gemm_v2(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
         cuda.syncthreads()
     if row < m_ and col < n_:
         c[row, col] = _epilogue(acc, c[row, col] if use_beta else float32(0.0), alpha, beta, use_beta)
+    # END ASSIGNMENT 3
 
 
 def _make_gemm_v3(bx, by, tm, tn, trans_a, trans_b):

@@ -25,7 +25,17 @@ class StepLiveness:
 
 
 def first_and_last_use(steps, persistent=frozenset()) -> tuple[dict[str, int], dict[str, int]]:
-    """Index of the first and last step that reads or writes each non-persistent tensor."""
+    """Index of the first and last step that reads or writes each non-persistent tensor.
+
+    Assignment 1 (liveness analysis), part 1. Requirements, checked by ``pytest -m a1``:
+
+    - ``first[t]`` and ``last[t]`` are the positions in ``steps`` of the first and the last step
+      whose ``reads`` or ``writes`` name ``t``, forward or backward;
+    - a tensor in ``persistent`` is in neither dict (weights live for the whole run);
+    - O(N + total uses): one pass over the route records the last uses; the paper's construction,
+      which rescans the route for every step, is O(N^2).
+    """
+    # BEGIN ASSIGNMENT 1: liveness analysis
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for i, step in enumerate(steps):
@@ -35,6 +45,7 @@ def first_and_last_use(steps, persistent=frozenset()) -> tuple[dict[str, int], d
             first.setdefault(t, i)
             last[t] = i
     return first, last
+    # END ASSIGNMENT 1
 
 
 def frees_after(steps, persistent=frozenset()) -> dict[int, list[str]]:
@@ -48,7 +59,24 @@ def frees_after(steps, persistent=frozenset()) -> dict[int, list[str]]:
 
 
 def analyze(steps, persistent=frozenset()) -> list[StepLiveness]:
-    """In/out sets and frees for every step. ``steps`` need ``reads`` and ``writes``."""
+    """In/out sets and frees for every step. ``steps`` need ``reads`` and ``writes``.
+
+    Assignment 1 (liveness analysis), part 2. Requirements, checked by ``pytest -m a1``:
+
+    - one :class:`StepLiveness` per step, in route order, ``step`` being its position;
+    - a tensor enters the live set at its first use and leaves it right after its last use:
+      ``live_in`` of step i holds the tensors with first use < i <= last use, ``live_out`` those
+      with first use <= i < last use, so ``live_out`` of a step is ``live_in`` of the next and
+      the route ends with nothing live (PAPER.md's Fig. 4 table, exactly);
+    - ``frees`` of step i: the tensors whose last use is step i, so each tensor is freed once,
+      right after its last use, and a freed tensor is never in ``live_out``;
+    - persistent tensors never appear;
+    - every tuple lists its tensors in order of first use, ties in the order they appear in
+      the step (its reads, then its writes), so plans are deterministic;
+    - O(N + total uses + size of the sets): one pass to record the last uses (use
+      :func:`first_and_last_use`), one to walk the route with a live set; no rescans.
+    """
+    # BEGIN ASSIGNMENT 1: liveness analysis
     first, last = first_and_last_use(steps, persistent)
     frees_at: dict[int, list[str]] = {}
     for t, i in last.items():
@@ -65,6 +93,7 @@ def analyze(steps, persistent=frozenset()) -> list[StepLiveness]:
             del live[t]
         out.append(StepLiveness(i, live_in, tuple(live), frees))
     return out
+    # END ASSIGNMENT 1
 
 
 def format_table(result: list[StepLiveness], labels=None) -> str:

@@ -1,0 +1,639 @@
+"""Graders for the assignments (docs/INSTRUCTORS.md): ``pytest -m a<k>`` grades assignment k,
+as does ``python -m snlite.assignments grade <k>``.
+
+Each test checks requirements listed in the docstring of a function the assignment stubs, against
+an independent reference (a brute-force definition, a block bitmap, NumPy, the paper's rule
+recomputed from step bytes) or a property (bit-identical training, valid plans), so any correct
+design passes. The graders run in order: a test for assignment k may rely on the solutions of
+assignments 1..k-1 and never on a later one (a1 simulates with the raw allocator so that it does
+not need the pool of a2; a4 and a5 train networks, which needs a1 and a2).
+"""
+import math
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from snlite.config import MemoryConfig
+from snlite.graph import Graph
+from snlite.liveness import analyze, first_and_last_use, format_table, frees_after
+from snlite.pool import HostPool, PoolFullError, TensorPool
+from snlite.runtime import simulate
+from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate
+from snlite.train import Model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KB = 1024
+
+
+def persistent_of(g):
+    return {n for n, t in g.tensors().items() if t.kind in PERSISTENT_KINDS}
+
+
+def conv_chain(n=2, hw=6, convs=4):
+    """data -> (conv -> relu) x convs -> flatten -> fc -> softmax: the paper's offload setting."""
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="conv_chain")
+    y = g.input()
+    for i in range(1, convs + 1):
+        y = g.relu(g.conv2d(y, 3, 3, padding=1, name=f"conv{i}"), name=f"relu{i}")
+    g.softmax_loss(g.linear(g.flatten(y, name="flat"), 3, name="fc"))
+    return g
+
+
+def branchy_net(n=2, hw=6):
+    """A fork whose branch reads a CONV output after the next CONV starts, a residual add, BN, LRN,
+    pooling and dropout: every case of the offload rule and every kind of cheap layer."""
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="branchy")
+    c1 = g.conv2d(g.input(), 3, 3, padding=1, name="conv1")
+    a = g.relu(g.batchnorm(c1, name="bn1"), name="relu1")
+    c2 = g.conv2d(a, 3, 3, padding=1, name="conv2")
+    c3 = g.conv2d(c1, 3, 1, bias=False, name="conv3")  # reads conv1's output after conv2 has started
+    s = g.lrn(g.add(g.relu(c2, name="relu2"), c3, name="add1"), size=3, alpha=0.5, name="lrn1")
+    c4 = g.conv2d(g.maxpool(s, 2, name="pool1"), 4, 3, padding=1, name="conv4")
+    y = g.dropout(g.flatten(g.relu(c4, name="relu4"), name="flat1"), p=0.3, name="drop1")
+    g.softmax_loss(g.linear(y, 3, name="fc1"))
+    return g
+
+
+def train(g, config, steps=2):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(g.input_shape).astype(np.float32)
+    labels = rng.integers(0, g.num_classes, g.input_shape[0]).astype(np.int32)
+    model = Model(g, config, device="host", seed=4)
+    losses = [model.step(x, labels, lr=0.1, momentum=0.9, weight_decay=1e-3) for _ in range(steps)]
+    return losses, model.params, model
+
+
+def assert_same_training(got, want, what):
+    assert got[0] == want[0], f"{what}: losses {got[0]} differ from the baseline's {want[0]}"
+    for name, value in want[1].items():
+        assert np.array_equal(got[1][name], value), f"{what}: parameter {name} differs from the baseline"
+
+
+# ================================================================ assignment 1: liveness analysis
+@dataclass(frozen=True)
+class S:
+    reads: tuple
+    writes: tuple
+
+
+# PAPER.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, SOFTMAX5, backward 6..11.
+FIG4 = [("DATA", S((), ("t0",))), ("CONV", S(("t0",), ("t1",))), ("POOL", S(("t1",), ("t3",))),
+        ("CONV", S(("t0",), ("t2",))), ("FC", S(("t3", "t2"), ("t4",))), ("SOFTMAX", S(("t4",), ("prob",))),
+        ("SOFTMAX bwd", S(("prob",), ("t5",))), ("FC bwd", S(("t3", "t2", "t5"), ("t6",))),
+        ("POOL bwd", S(("t1", "t3", "t6"), ("t7",))), ("CONV bwd", S(("t0", "t7"), ("t8",))),
+        ("CONV bwd", S(("t0", "t6"), ("t9",))), ("DATA", S(("t8", "t9"), ()))]
+FIG4_TABLE = [  # (in, out), exactly as the paper prints them (compared as sets: the paper lists t7 before t6)
+    ((), ("t0",)), (("t0",), ("t0", "t1")), (("t0", "t1"), ("t0", "t1", "t3")),
+    (("t0", "t1", "t3"), ("t0", "t1", "t3", "t2")), (("t0", "t1", "t3", "t2"), ("t0", "t1", "t3", "t2", "t4")),
+    (("t0", "t1", "t3", "t2", "t4"), ("t0", "t1", "t3", "t2", "prob")),
+    (("t0", "t1", "t3", "t2", "prob"), ("t0", "t1", "t3", "t2", "t5")),
+    (("t0", "t1", "t3", "t2", "t5"), ("t0", "t1", "t3", "t6")), (("t0", "t1", "t3", "t6"), ("t0", "t7", "t6")),
+    (("t0", "t7", "t6"), ("t0", "t6", "t8")), (("t0", "t6", "t8"), ("t8", "t9")), (("t8", "t9"), ())]
+
+
+def reference_liveness(steps, persistent=frozenset()):
+    """The definition, by brute force: (first, last, [(live_in, live_out, frees)]), tuples in order of first use."""
+    names = []  # in order of first use
+    for s in steps:
+        for t in (*s.reads, *s.writes):
+            if t not in persistent and t not in names:
+                names.append(t)
+    uses = {t: [i for i, s in enumerate(steps) if t in s.reads or t in s.writes] for t in names}
+    first, last = {t: u[0] for t, u in uses.items()}, {t: u[-1] for t, u in uses.items()}
+    rows = [(tuple(t for t in names if first[t] < i <= last[t]), tuple(t for t in names if first[t] <= i < last[t]),
+             tuple(t for t in names if last[t] == i)) for i in range(len(steps))]
+    return first, last, rows
+
+
+def assert_liveness_matches(steps, persistent=frozenset(), what="route"):
+    first, last, rows = reference_liveness(steps, persistent)
+    got_first, got_last = first_and_last_use(steps, persistent)
+    assert dict(got_first) == first, f"{what}: first uses differ from the definition"
+    assert dict(got_last) == last, f"{what}: last uses differ from the definition"
+    result = analyze(steps, persistent)
+    assert [r.step for r in result] == list(range(len(steps))), f"{what}: one StepLiveness per step, in order"
+    for r, (live_in, live_out, frees) in zip(result, rows):
+        assert tuple(r.live_in) == live_in, f"{what} step {r.step}: in {r.live_in}, expected {live_in}"
+        assert tuple(r.live_out) == live_out, f"{what} step {r.step}: out {r.live_out}, expected {live_out}"
+        assert tuple(r.frees) == frees, f"{what} step {r.step}: frees {r.frees}, expected (last uses) {frees}"
+    fast = frees_after(steps, persistent)
+    assert {i: tuple(ts) for i, ts in fast.items()} == {i: row[2] for i, row in enumerate(rows) if row[2]}, \
+        f"{what}: frees_after disagrees with the last uses"
+
+
+@pytest.mark.a1
+def test_a1_fig4_table_exactly():
+    result = analyze([s for _, s in FIG4])
+    assert len(result) == len(FIG4_TABLE)
+    for r, (want_in, want_out) in zip(result, FIG4_TABLE):
+        assert (set(r.live_in), set(r.live_out)) == (set(want_in), set(want_out)), \
+            f"Fig. 4, step {r.step} ({FIG4[r.step][0]}): in {r.live_in} out {r.live_out}; the paper: {want_in} " \
+            f"{want_out}"
+    assert_liveness_matches([s for _, s in FIG4], what="Fig. 4")
+    assert "{t0,t1,t3,t2,prob}" in format_table(result, [label for label, _ in FIG4])
+
+
+@pytest.mark.a1
+@pytest.mark.parametrize("name", ["cifar_resnet20", "alexnet"])
+def test_a1_frees_are_the_last_uses_on_a_real_network(name):
+    from snlite.models import get_model
+
+    g = get_model(name, batch=2)
+    steps, persistent = g.steps(), persistent_of(g)
+    assert_liveness_matches(steps, persistent, what=name)
+    result = analyze(steps, persistent)
+    freed = [t for r in result for t in r.frees]
+    assert len(freed) == len(set(freed)), f"{name}: a tensor is freed twice"
+    assert not persistent & set(freed), f"{name}: a persistent tensor (a weight) was freed"
+    assert result[-1].live_out == (), f"{name}: tensors still live after the last step"
+
+
+@pytest.mark.a1
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from("abcdefgh"), max_size=3),
+                          st.lists(st.sampled_from("abcdefgh"), max_size=2)), max_size=14),
+       st.sets(st.sampled_from("abcdefgh"), max_size=2))
+def test_a1_random_routes_match_the_definition(route, persistent):
+    steps = [S(tuple(r), tuple(w)) for r, w in route]
+    assert_liveness_matches(steps, frozenset(persistent), what=f"route {route}, persistent {sorted(persistent)}")
+
+
+class CountingStep:
+    """A step that counts how often its ``reads`` and ``writes`` are looked at."""
+
+    looks = 0
+
+    def __init__(self, reads, writes):
+        self._reads, self._writes = reads, writes
+
+    @property
+    def reads(self):
+        CountingStep.looks += 1
+        return self._reads
+
+    @property
+    def writes(self):
+        CountingStep.looks += 1
+        return self._writes
+
+
+def _chain(n):
+    """n forward steps then n backward steps: a plain chain, like a deep network's route."""
+    fwd = [CountingStep((f"x{i - 1}",) if i else (), (f"x{i}",)) for i in range(n)]
+    bwd = [CountingStep((f"x{i - 1}", f"g{i}") if i else (f"g{i}",), (f"g{i - 1}",) if i else ())
+           for i in reversed(range(n))]
+    return fwd + bwd
+
+
+@pytest.mark.a1
+@pytest.mark.parametrize("fn", [first_and_last_use, analyze, frees_after], ids=lambda f: f.__name__)
+def test_a1_linear_time_a_constant_number_of_looks_per_step(fn):
+    looks = []
+    for n in (100, 400):
+        steps = _chain(n)
+        CountingStep.looks = 0
+        fn(steps)
+        looks.append(CountingStep.looks / len(steps))
+    assert looks[1] <= looks[0] * 1.1 + 0.5, (
+        f"{fn.__name__} looked at each step's reads/writes {looks[0]:.1f} times for a 200-step route but "
+        f"{looks[1]:.1f} times for an 800-step one: the work must be O(N), a constant number of passes")
+
+
+@pytest.mark.a1
+def test_a1_liveness_lowers_the_peak_and_every_plan_stays_valid():
+    from snlite.models import get_model
+
+    g = get_model("cifar_resnet20", batch=2)
+    raw = MemoryConfig(allocator="raw")  # one allocation per tensor: no need for the pool of assignment 2
+    with_liveness = raw.replace(liveness=True)
+    validate(Scheduler(g, with_liveness).plan(), persistent_of(g))
+    assert simulate(g, with_liveness).peak_bytes < simulate(g, raw).peak_bytes
+
+
+# ================================================================ assignment 2: the pool allocator
+def free_runs(used):
+    """Maximal runs of free blocks in a bitmap: [(first block, length)], in address order."""
+    runs, start = [], None
+    for i, u in enumerate([*used, True]):
+        if not u and start is None:
+            start = i
+        elif u and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return runs
+
+
+def expected_block(used, need, fit):
+    fits = [(length, start) for start, length in free_runs(used) if length >= need]
+    if not fits:
+        return None
+    return min(start for _, start in fits) if fit == "first" else min(fits)[1]
+
+
+def state(pool):
+    return pool.free_regions(), pool.allocations(), pool.stats()
+
+
+def assert_pool_matches(pool, used, live):
+    """The pool against a block bitmap: free list = the bitmap's free runs (sorted, coalesced, the exact
+    complement of the live allocations), allocations = the model's, books balanced."""
+    b = pool.block_bytes
+    assert pool.free_regions() == tuple((s * b, n * b) for s, n in free_runs(used)), \
+        f"free list {pool.free_regions()} but the free blocks are {free_runs(used)} (in blocks of {b})"
+    assert {off: size for off, (_, size) in pool.allocations().items()} == {off: n * b for off, n in live.items()}
+    stats = pool.stats()
+    assert stats.in_use_bytes == sum(live.values()) * b and stats.free_bytes + stats.in_use_bytes == pool.capacity_bytes
+
+
+@pytest.mark.a2
+@pytest.mark.parametrize("fit", ["first", "best"])
+@pytest.mark.parametrize("blocks", [1, 2, 3, 4])
+def test_a2_choices_on_a_fragmented_pool(fit, blocks):
+    pool = TensorPool(10 * KB, fit)
+    offsets = [pool.alloc(n * KB, f"t{i}") for i, n in enumerate([3, 1, 2, 1, 1, 1])]
+    for i in (0, 2):
+        pool.free(offsets[i])
+    used = [False] * 3 + [True] + [False] * 2 + [True] * 3 + [False]  # holes of 3, 2 and 1 blocks
+    assert_pool_matches(pool, used, {3 * KB: 1, 6 * KB: 1, 7 * KB: 1, 8 * KB: 1})
+    want = expected_block(used, blocks, fit)
+    if want is None:
+        before = state(pool)
+        with pytest.raises(PoolFullError):
+            pool.alloc(blocks * KB, "big")
+        assert state(pool) == before, "a failed alloc must change nothing"
+    else:
+        assert pool.alloc(blocks * KB - 100, "x") == want * KB, f"{fit} fit for {blocks} blocks"
+
+
+OPS = st.lists(st.one_of(st.tuples(st.just("alloc"), st.integers(0, 4 * KB)),
+                         st.tuples(st.just("free"), st.integers(0, 50))), max_size=40)
+
+
+@pytest.mark.a2
+@settings(max_examples=200, deadline=None)
+@given(fit=st.sampled_from(["first", "best"]), nblocks=st.integers(1, 16), ops=OPS)
+def test_a2_any_sequence_matches_a_block_bitmap(fit, nblocks, ops):
+    pool = TensorPool(nblocks * KB, fit)
+    used, live = [False] * nblocks, {}
+    for i, (kind, arg) in enumerate(ops):
+        if kind == "alloc":
+            need = max(1, math.ceil(arg / KB))
+            want = expected_block(used, need, fit)
+            if want is None:
+                before = state(pool)
+                with pytest.raises(PoolFullError):
+                    pool.alloc(arg, f"t{i}", step=i)
+                assert state(pool) == before, "a failed alloc must change nothing"
+                continue
+            assert pool.alloc(arg, f"t{i}", step=i) == want * KB, f"{fit} fit of {need} blocks in {free_runs(used)}"
+            used[want:want + need] = [True] * need
+            live[want * KB] = need
+        elif live:
+            off = sorted(live)[arg % len(live)]
+            pool.free(off)
+            need = live.pop(off)
+            used[off // KB:off // KB + need] = [False] * need
+        assert_pool_matches(pool, used, live)
+
+
+@pytest.mark.a2
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 3 * KB), min_size=1, max_size=12), data=st.data())
+def test_a2_freeing_everything_in_any_order_coalesces_to_one_region(sizes, data):
+    pool = TensorPool(40 * KB)
+    offsets = [pool.alloc(n, f"t{i}") for i, n in enumerate(sizes)]
+    for off in data.draw(st.permutations(offsets)):
+        pool.free(off)
+    assert pool.free_regions() == ((0, pool.capacity_bytes),)
+    assert pool.stats().in_use_bytes == 0
+
+
+@pytest.mark.a2
+def test_a2_free_coalesces_with_both_neighbours_at_once():
+    pool = TensorPool(6 * KB)
+    a, b, c, d = (pool.alloc(KB, n) for n in "abcd")  # blocks 0..3 used, 4..5 free
+    pool.free(a)
+    pool.free(c)
+    assert pool.free_regions() == ((0, KB), (2 * KB, KB), (4 * KB, 2 * KB))
+    pool.free(b)  # its left and right neighbours are free: one region of three blocks
+    assert pool.free_regions() == ((0, 3 * KB), (4 * KB, 2 * KB))
+    pool.free(d)
+    assert pool.free_regions() == ((0, 6 * KB),)
+    with pytest.raises(ValueError):
+        pool.free(d)  # a double free is refused
+    assert pool.free_regions() == ((0, 6 * KB),)
+
+
+@pytest.mark.a2
+def test_a2_host_pool_uses_the_same_logic_at_256_bytes():
+    pool = HostPool(4 * KB)
+    x = pool.alloc(300, "x")  # two 256-byte slots
+    y = pool.alloc(1, "y")
+    assert (x, y) == (0, 512)
+    pool.free(x)
+    assert pool.alloc(200, "z") == 0, "first fit reuses the hole at the start"
+    pool.free(0)
+    pool.free(y)
+    assert pool.free_regions() == ((0, 4 * KB),)
+
+
+@pytest.mark.a2
+@pytest.mark.parametrize("fit", ["first", "best"])
+def test_a2_training_in_the_pool_is_bit_identical_to_one_allocation_per_tensor(fit):
+    g = conv_chain()
+    want = train(g, MemoryConfig(liveness=True, allocator="raw"))
+    got = train(g, MemoryConfig(liveness=True, fit=fit))
+    assert_same_training(got, want, f"the pool ({fit} fit)")
+    assert got[2].runtime.pool.stats().high_water_bytes <= got[2].runtime.pool.capacity_bytes
+
+
+# ================================================================ assignment 3: the tiled GEMM kernel
+def canonical_gemm(a, b, c, ta, tb, alpha, beta):
+    """The canonical order in float32: acc = 0; acc += a*b for k = 0..K-1 (each step rounded), then the epilogue."""
+    a_, b_ = (a.T if ta else a), (b.T if tb else b)
+    acc = np.zeros((a_.shape[0], b_.shape[1]), np.float32)
+    for k in range(a_.shape[1]):
+        acc += a_[:, k:k + 1] * b_[k:k + 1, :]
+    out = np.float32(alpha) * acc
+    return out + np.float32(beta) * c if beta != 0 else out
+
+
+def run_gemm(version, a, b, c, block, **kw):
+    from numba import cuda
+
+    from kernels.gemm import gemm
+
+    d_c = cuda.to_device(c)
+    gemm(cuda.to_device(a), cuda.to_device(b), d_c, version=version, block=block, **kw)
+    return d_c.copy_to_host()
+
+
+def operands(rng, m, n, k, ta, tb):
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    return a, b
+
+
+def assert_v2_correct(a, b, c, ta, tb, alpha, beta, block):
+    from kernels.gemm import gemm_ref
+
+    got = run_gemm("v2", a, b, c, block, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta)
+    ref = c.astype(np.float64)
+    gemm_ref(a.astype(np.float64), b.astype(np.float64), ref, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=f"v2 vs NumPy, block {block}, ta={ta} tb={tb}")
+    v1 = run_gemm("v1", a, b, c, block, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta)
+    assert np.array_equal(got, v1), f"v2 is not bit-identical to v1 (block {block}, ta={ta} tb={tb})"
+    assert np.array_equal(got, canonical_gemm(a, b, c, ta, tb, alpha, beta)), "v2 does not follow the canonical order"
+
+
+@pytest.mark.a3
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_a3_v2_matches_numpy_and_v1_at_odd_shapes(rng, ta, tb):
+    a, b = operands(rng, 13, 11, 19, ta, tb)  # nothing a multiple of the block
+    c = rng.standard_normal((13, 11)).astype(np.float32)
+    assert_v2_correct(a, b, c, ta, tb, 0.75, -1.5, (8, 4) if ta == tb else (4, 8))
+
+
+@pytest.mark.a3
+def test_a3_beta_zero_never_reads_c_and_k_zero(rng):
+    a, b = operands(rng, 9, 6, 11, False, True)
+    nan = np.full((9, 6), np.nan, np.float32)
+    got = run_gemm("v2", a, b, nan, (4, 4), trans_b=True, alpha=2.0)
+    assert np.array_equal(got, canonical_gemm(a, b, nan, False, True, 2.0, 0.0)), "with beta == 0, C is not read"
+    nan = np.full((5, 6), np.nan, np.float32)
+    empty = run_gemm("v2", np.zeros((5, 0), np.float32), np.zeros((0, 6), np.float32), nan, (4, 4))
+    assert np.array_equal(empty, np.zeros((5, 6), np.float32)), "K = 0: C = alpha * 0"
+
+
+@pytest.mark.a3
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 10), n=st.integers(1, 10), k=st.integers(1, 12), ta=st.booleans(), tb=st.booleans(),
+       block=st.sampled_from([(4, 4), (8, 4), (4, 8), (2, 8)]), seed=st.integers(0, 2**16))
+def test_a3_v2_bit_identical_to_v1_on_random_shapes(m, n, k, ta, tb, block, seed):
+    rng = np.random.default_rng(seed)
+    a, b = operands(rng, m, n, k, ta, tb)
+    assert_v2_correct(a, b, rng.standard_normal((m, n)).astype(np.float32), ta, tb, 1.25, 0.5, block)
+
+
+def counted(host):
+    """A simulator device array that counts the element reads kernels make from it."""
+    from numba import cuda
+
+    d, reads = cuda.to_device(host), []
+
+    class Counting(np.ndarray):
+        def __getitem__(self, index):
+            reads.append(1)
+            return super().__getitem__(index)
+
+    d._ary = d._ary.view(Counting)
+    return d, reads
+
+
+@pytest.mark.a3
+def test_a3_v2_is_tiled_each_value_read_from_global_memory_once_per_block(rng):
+    from numba import config
+
+    from kernels.gemm import gemm
+
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("counts global reads through the CUDA simulator's arrays (run without NUMBA_ENABLE_CUDASIM=0)")
+    m, n, k, (bx, by) = 12, 16, 10, (4, 4)
+    a, b = operands(rng, m, n, k, False, False)
+    bounds = {"A": m * k * math.ceil(n / bx), "B": k * n * math.ceil(m / by)}
+    counts = {}
+    for version in ("v1", "v2"):
+        (d_a, reads_a), (d_b, reads_b), (d_c, reads_c) = counted(a), counted(b), counted(np.zeros((m, n), np.float32))
+        gemm(d_a, d_b, d_c, version=version, block=(bx, by))  # beta == 0: C must not be read
+        assert np.array_equal(d_c.copy_to_host(), canonical_gemm(a, b, None, False, False, 1.0, 0.0))
+        counts[version] = {"A": len(reads_a), "B": len(reads_b), "C": len(reads_c)}
+    assert counts["v1"]["A"] > bounds["A"], "sanity: the naive kernel reads A once per output"
+    assert counts["v2"]["C"] == 0, f"with beta == 0, C is written without being read (v2 read it {counts['v2']['C']}x)"
+    for what, bound in bounds.items():
+        assert counts["v2"][what] <= bound, (
+            f"v2 read {what} {counts['v2'][what]} times from global memory; a {bx}x{by} tiled kernel reads each "
+            f"element at most once per block that needs it: {bound} (v1 read it {counts['v1'][what]} times)")
+
+
+@pytest.mark.a3
+def test_a3_v2_compiles_for_a_real_gpu():
+    script = ("from kernels import gemm\nfrom kernels._common import registered_kernels\n"
+              "from numba.cuda import compile_ptx\n"
+              "spec = next(s for s in registered_kernels() if s.name == 'kernels.gemm._gemm_v2')\n"
+              "compile_ptx(spec.py_func, spec.signature, cc=(9, 0))\nprint('ok')\n")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+        "PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, \
+        f"_gemm_v2 does not compile to PTX (the simulator checks no types):\n{proc.stderr[-3000:]}"
+
+
+# ================================================================ assignment 4: offload and prefetch
+def route_ops(g):
+    from snlite.recompute import expand
+
+    return expand(g, "off")[0]
+
+
+def expected_transfers(ops, g):
+    """PAPER.md section 4's rule, recomputed directly from the ops (see offload.schedule's docstring)."""
+    from snlite.offload import Transfer
+
+    convs = [op for op in ops if op.phase == "forward" and g.layers[op.layer].kind == "conv2d"]
+    out = []
+    for this, nxt in zip(convs, convs[1:]):
+        t = g.output_tensor(this.layer)
+        r = next((op for op in ops[nxt.index:] if t in op.reads), None)
+        if r is None or r.phase == "forward":
+            continue
+        backward = next(op.index for op in ops if op.phase == "backward" and op.layer == nxt.layer)
+        out.append(Transfer(t, this.index, nxt.index, min(backward, r.index)))
+    return out
+
+
+def assert_schedule_properties(ops, g, transfers):
+    convs = [op for op in ops if op.phase == "forward" and g.layers[op.layer].kind == "conv2d"]
+    conv_outputs = [g.output_tensor(op.layer) for op in convs]
+    moved = [tr.tensor for tr in transfers]
+    assert set(moved) <= set(conv_outputs[:-1]), f"only CONV outputs move, never the last CONV's: {moved}"
+    assert moved == [t for t in conv_outputs if t in moved], "transfers are listed in forward order"
+    for tr in transfers:
+        k = conv_outputs.index(tr.tensor)
+        assert tr.offload_after == convs[k].index, f"{tr.tensor}: offload right after its CONV's forward"
+        assert tr.release_before == convs[k + 1].index, f"{tr.tensor}: release when the next CONV's forward starts"
+        assert tr.prefetch_before is not None and tr.release_before < tr.prefetch_before
+        readers = [op.index for op in ops[tr.release_before:] if tr.tensor in op.reads]
+        assert readers and tr.prefetch_before <= readers[0], f"{tr.tensor}: prefetched after its first read back"
+        assert ops[readers[0]].phase != "forward"
+
+
+@pytest.mark.a4
+def test_a4_offload_schedule_on_a_conv_chain():
+    from snlite.offload import schedule
+
+    g = conv_chain(convs=4)
+    ops = route_ops(g)
+    transfers = schedule(ops, g)
+    assert_schedule_properties(ops, g, transfers)
+    assert [tr.tensor for tr in transfers] == ["conv1", "conv2", "conv3"], "every CONV output but the last"
+    bwd = {op.layer: op.index for op in ops if op.phase == "backward"}
+    for k, tr in enumerate(transfers, 1):
+        assert tr.prefetch_before == bwd[f"conv{k + 1}"], f"conv{k} comes back when backward reaches conv{k + 1}"
+    assert transfers == expected_transfers(ops, g)
+
+
+@pytest.mark.a4
+@pytest.mark.parametrize("name", ["branchy", "lenet", "alexnet", "cifar_resnet20"])
+def test_a4_offload_schedule_follows_the_rule_and_plans_stay_valid(name):
+    from snlite.models import get_model
+    from snlite.offload import schedule
+
+    g = branchy_net() if name == "branchy" else get_model(name, batch=2)
+    ops = route_ops(g)
+    transfers = schedule(ops, g)
+    assert_schedule_properties(ops, g, transfers)
+    assert transfers == expected_transfers(ops, g)
+    plan = Scheduler(g, MemoryConfig(liveness=True, offload=True)).plan()
+    validate(plan, persistent_of(g))
+    if name == "branchy":  # conv1's output is still read by conv3's forward after conv2 starts: it stays
+        assert "conv1" not in {tr.tensor for tr in transfers} and transfers
+
+
+@pytest.mark.a4
+@pytest.mark.parametrize("net", [conv_chain, branchy_net], ids=["conv_chain", "branchy"])
+def test_a4_training_under_offload_is_bit_identical(net):
+    g = net()
+    want = train(g, MemoryConfig())
+    got = train(g, MemoryConfig(liveness=True, offload=True))
+    assert_same_training(got, want, "offload")
+    trace, moved = got[2].trace, {tr.tensor for tr in got[2].runtime.plan.transfers}
+    assert moved and trace.d2h_bytes == trace.h2d_bytes == sum(g.tensors()[t].nbytes for t in moved)
+    assert trace.peak_bytes <= simulate(g, MemoryConfig(liveness=True)).peak_bytes
+
+
+# ================================================================ assignment 5: cost-aware recomputation
+def expected_strategies(g, persistent):
+    """The paper's rule, recomputed from step bytes: speed iff sum_seg l^f + max_seg l^b <= l_peak."""
+    from snlite.recompute import segments
+
+    steps, tensors = g.steps(), g.tensors()
+    need = [sum(tensors[t].nbytes for t in set(s.reads) | set(s.writes) if t not in persistent) for s in steps]
+    l_peak = max(need)
+    fwd = {s.layer: need[i] for i, s in enumerate(steps) if s.phase == "forward"}
+    bwd = {s.layer: need[i] for i, s in enumerate(steps) if s.phase == "backward"}
+    members = defaultdict(list)
+    for layer, root in segments(g).items():
+        members[root].append(layer)
+    return {root: "speed" if sum(fwd[m] for m in ms) + max(bwd[m] for m in ms) <= l_peak else "memory"
+            for root, ms in members.items()}
+
+
+NETS5 = ["branchy", "lenet", "alexnet", "cifar_resnet20", "vgg16"]
+
+
+def net5(name):
+    from snlite.models import get_model
+
+    return branchy_net(n=4) if name == "branchy" else get_model(name, batch=8)
+
+
+@pytest.mark.a5
+@pytest.mark.parametrize("name", NETS5)
+def test_a5_cost_aware_follows_the_papers_rule(name):
+    from snlite.recompute import choose_strategies, segments
+
+    g = net5(name)
+    persistent = persistent_of(g)
+    roots = set(segments(g).values())
+    for fixed in ("speed", "memory"):
+        assert choose_strategies(g, fixed, persistent) == dict.fromkeys(roots, fixed)
+    got = choose_strategies(g, "cost_aware", persistent)
+    assert set(got) == roots, "one entry per segment, keyed by its checkpoint"
+    want = expected_strategies(g, persistent)
+    wrong = {r: (got[r], want[r]) for r in roots if got[r] != want[r]}
+    assert not wrong, f"{name}: segments given the wrong strategy (got, paper's rule): {wrong}"
+    if name == "alexnet":
+        assert set(want.values()) == {"speed", "memory"}, "alexnet has segments of both kinds"
+
+
+@pytest.mark.a5
+def test_a5_a_segment_that_needs_exactly_l_peak_is_speed_centric():
+    from snlite.recompute import choose_strategies
+
+    g = Graph(input_shape=(1, 5, 2, 2), num_classes=2, name="boundary")  # sizes found so the tie happens
+    y = g.relu(g.conv2d(g.input(), 2, 1, name="conv1"), name="relu1")
+    g.softmax_loss(g.linear(g.flatten(g.conv2d(y, 1, 1, name="conv2"), name="flat"), 2, name="fc"))
+    persistent = persistent_of(g)
+    steps, tensors = g.steps(), g.tensors()
+    need = [sum(tensors[t].nbytes for t in set(s.reads) | set(s.writes) if t not in persistent) for s in steps]
+    relu = {s.phase: need[i] for i, s in enumerate(steps) if s.layer == "relu1"}
+    assert relu["forward"] + relu["backward"] == max(need), "the test net no longer ties; pick new sizes"
+    assert choose_strategies(g, "cost_aware", persistent)["conv1"] == "speed", "the rule is <= l_peak"
+
+
+@pytest.mark.a5
+@pytest.mark.parametrize("name", NETS5)
+def test_a5_cost_aware_peak_is_at_most_speed_centric(name):
+    g = net5(name)
+    traces = {s: simulate(g, MemoryConfig(liveness=True, recompute=s)) for s in ("speed", "memory", "cost_aware")}
+    assert traces["cost_aware"].peak_bytes <= traces["speed"].peak_bytes
+    assert traces["memory"].recompute_count >= traces["cost_aware"].recompute_count >= traces["speed"].recompute_count
+
+
+@pytest.mark.a5
+def test_a5_training_under_cost_aware_recomputation_is_bit_identical():
+    g = branchy_net(n=4)
+    want = train(g, MemoryConfig())
+    for cfg in (MemoryConfig(liveness=True, recompute="cost_aware"),
+                MemoryConfig(liveness=True, offload=True, recompute="cost_aware")):
+        got = train(g, cfg)
+        assert_same_training(got, want, cfg.describe())
+        assert got[2].trace.recompute_count > 0

@@ -1,0 +1,134 @@
+"""The assignment round trip (docs/INSTRUCTORS.md): a student copy fails each assignment's graders
+with that assignment's NotImplementedError, and passes them once the solution is put back; plus
+the ``python -m snlite.assignments`` commands (list, check, make-student, grade) and the marker
+checks. This file is left out of the student copy (it needs the solutions)."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from snlite import assignments
+from snlite.assignments import AssignmentError, main, make_student, scan, scan_file, student_text
+
+ROOT = Path(__file__).resolve().parent.parent
+TITLES = {1: "liveness", 2: "pool", 3: "GEMM", 4: "offload", 5: "recomputation"}
+
+
+def run_graders(copy: Path, k: int) -> subprocess.CompletedProcess:
+    """``pytest -m a<k>`` on the copy's own graders, with only the copy on the path, on the simulator."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(copy))
+    cmd = [sys.executable, "-m", "pytest", "-p", "snlite.assignments", "-p", "no:cacheprovider", "-m", f"a{k}", "-x",
+           "-q", assignments.GRADERS]
+    return subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_path):
+    copy = tmp_path / "student"
+    printed = []
+    regions = make_student(copy, ROOT, out=printed.append)
+    numbers = sorted({r.number for r in regions})
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 5
+    assert all(TITLES[r.number].lower() in r.title.lower() for r in regions if r.number in TITLES)
+    assert any("left out" in line and "test_student_copy.py" in line for line in printed)
+    assert not (copy / "tests" / "test_student_copy.py").exists() and (copy / assignments.GRADERS).is_file()
+    in_copy, problems = scan(copy)
+    assert not problems and all(r.is_stub for r in in_copy), "every region of the copy is the stub"
+    assert [(r.path, r.function) for r in in_copy] == [(r.path, r.function) for r in regions]
+    which = subprocess.run([sys.executable, "-c", "import snlite; print(snlite.__file__)"], cwd=tmp_path,
+                           env=dict(os.environ, PYTHONPATH=str(copy)), capture_output=True, text=True)
+    assert Path(which.stdout.strip()).resolve().is_relative_to(copy.resolve()), "the copy's snlite must be imported"
+    for k in numbers:  # in order: the solutions of 1..k-1 are back when assignment k is graded
+        failed = run_graders(copy, k)
+        out = failed.stdout + failed.stderr
+        assert failed.returncode == 1, f"assignment {k}: the stubs should fail its graders:\n{out[-3000:]}"
+        assert "NotImplementedError" in out and f"Assignment {k}:" in out, out[-3000:]
+        for path in sorted({r.path for r in regions if r.number == k}):
+            assert {r.number for r in regions if r.path == path} == {k}, "one assignment per file, to copy it back"
+            shutil.copy2(ROOT / path, copy / path)
+        passed = run_graders(copy, k)
+        out = passed.stdout + passed.stderr
+        assert passed.returncode == 0, f"assignment {k}: with its solution back its graders should pass:\n{out[-3000:]}"
+    assert not any(r.is_stub for r in scan(copy)[0])
+
+
+def test_make_student_refuses_a_non_empty_or_nested_directory(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["make-student", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not an empty directory" in err and "never overwrites" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"], "nothing was written"
+    with pytest.raises(AssignmentError, match="inside the repository"):
+        make_student(ROOT / "student-copy-never-made", ROOT)
+    assert not (ROOT / "student-copy-never-made").exists()
+
+
+def test_list_and_check_on_this_repository(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for path, function in [("snlite/liveness.py", "first_and_last_use"), ("snlite/liveness.py", "analyze"),
+                           ("snlite/pool.py", "TensorPool.alloc"), ("kernels/gemm.py", "_gemm_v2"),
+                           ("snlite/offload.py", "schedule"), ("snlite/recompute.py", "choose_strategies")]:
+        assert any(path in line and function in line and "solution" in line for line in out.splitlines()), function
+    assert main(["check"]) == 0
+    assert capsys.readouterr().out.startswith(f"ok: {len({r.number for r in scan()[0]})} assignments")
+
+
+def test_grade_one_assignment_is_one_command():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "1", "-q", "-p", "no:cacheprovider"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "assignment 1: passed" in proc.stdout and " passed" in proc.stdout
+
+
+BROKEN = {
+    "unclosed": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    return 1\n", "never closed"),
+    "mismatch": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    return 1\n    # END ASSIGNMENT 2\n", "closes BEGIN"),
+    "nested": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    # BEGIN ASSIGNMENT 2: u\n    return 1\n"
+               "    # END ASSIGNMENT 2\n", "do not nest"),
+    "no title": ("def f():\n    # BEGIN ASSIGNMENT 1\n    return 1\n    # END ASSIGNMENT 1\n", "no title"),
+    "module level": ("# BEGIN ASSIGNMENT 1: t\nX = 1\n# END ASSIGNMENT 1\n", "not inside a function"),
+    "empty": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    # nothing\n    # END ASSIGNMENT 1\n    return 1\n",
+              "holds no code"),
+    "near miss": ("def f():\n    # begin assignment 1: t\n    return 1\n", "looks like a marker"),
+    "indent": ("def f():\n    if True:\n        # BEGIN ASSIGNMENT 1: t\n        return 1\n    # END ASSIGNMENT 1\n",
+               "not indented like"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_check_names_each_malformed_marker(case):
+    text, words = BROKEN[case]
+    _, problems = scan_file(text, "x.py")
+    assert any(words in p and p.startswith("x.py:") for p in problems), problems
+
+
+def test_check_wants_numbers_without_gaps_and_graders(tmp_path):
+    for d in ("snlite", "tests"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "snlite" / "assignments.py").write_text("")
+    (tmp_path / "snlite" / "x.py").write_text("def f():\n    # BEGIN ASSIGNMENT 2: two\n    return 2\n"
+                                              "    # END ASSIGNMENT 2\n")
+    (tmp_path / assignments.GRADERS).write_text("import pytest\n\n@pytest.mark.a2\ndef test_two():\n    pass\n")
+    _, problems = assignments.check(tmp_path)
+    assert problems == ["assignments are numbered 1..2 with no gaps, but [1] have no region"]
+    (tmp_path / assignments.GRADERS).write_text("")
+    assert any("no grader" in p for p in assignments.check(tmp_path)[1])
+
+
+def test_the_stub_keeps_markers_and_indentation_and_compiles():
+    text = ("class P:\n    def alloc(self, n):\n        \"\"\"Docs stay.\"\"\"\n"
+            "        # BEGIN ASSIGNMENT 2: the pool\n        need = n + 1\n        return need\n"
+            "        # END ASSIGNMENT 2\n")
+    regions, problems = scan_file(text, "p.py")
+    assert not problems and [(r.function, r.is_stub) for r in regions] == [("P.alloc", False)]
+    stubbed = student_text(text, regions)
+    assert stubbed.splitlines()[3:] == ["        # BEGIN ASSIGNMENT 2: the pool",
+                                        '        raise NotImplementedError("Assignment 2: the pool")',
+                                        "        # END ASSIGNMENT 2"]
+    compile(stubbed, "p.py", "exec")
+    again, _ = scan_file(stubbed, "p.py")
+    assert again[0].is_stub and student_text(stubbed, again) == stubbed, "a copy of a copy is the same copy"
