@@ -162,6 +162,21 @@ class Runtime:
         self._resident += sign
         self._log.append((t.name, sign))
 
+    def _hand_over(self, new: Tensor, old: Tensor) -> None:
+        """An in-place write: ``new`` takes over ``old``'s block (and its place in the accounting
+        and the cache); ``old`` is dead, and so is any host copy it had."""
+        category = self._category(old)
+        new.take_buffer(old)
+        nbytes = self.reserved(old.nbytes)
+        self._bytes[category] -= nbytes
+        self._bytes[self._category(new)] += nbytes
+        self._log += [(old.name, -1), (new.name, +1)]
+        host = old.release_host()
+        if host is not None:
+            self.host_pool.free(host)
+        if self.lru.remove(old.name):
+            self.lru.add(new.name, base_name(new.name))
+
     def _release_block(self, t: Tensor, offset, category: str) -> None:
         self.pool.free(offset)
         if self.arena is None:
@@ -312,9 +327,7 @@ class Runtime:
                 logits = dev.read(self.view(logits_name, g.layers[g.inputs[loss_layer][0]].out_shape))
             self._compute(op, names, train, iteration, seed)
             for new, old in op.inplace:
-                self.tensors[new].take_buffer(self.tensors[old])
-                if self.lru.remove(old):
-                    self.lru.add(new, base_name(new))
+                self._hand_over(self.tensors[new], self.tensors[old])
             if train and op.layer == loss_layer and op.phase == "forward" and dev.has_data:
                 loss = float(dev.read(self.view(f"{loss_layer}.loss"))[0])
             for t in touched:

@@ -246,3 +246,21 @@ def test_lru_cache_on_the_simulator_moves_data_through_pinned_memory_bit_identic
     tr = cached[2].trace
     assert tr.d2h_bytes > 0 and tr.h2d_bytes > 0 and tr.cache_misses > 0
     assert tr.peak_bytes == simulate(g, cfg).peak_bytes <= cfg.budget_bytes
+
+
+def test_many_iterations_leak_nothing_and_keep_the_planned_peak():
+    """Regression: in-place handovers once leaked host slots and drifted the per-category bytes."""
+    g = mixed_net(n=4)
+    relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
+    cfg = MemoryConfig(liveness=True, cache=True, recompute="cost_aware", budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    planned = simulate(g, cfg)
+    model = Model(g, cfg, device="host")
+    x, labels = _data(g)
+    for _ in range(12):
+        model.step(x, labels, lr=0.05)
+        rt = model.runtime
+        assert rt.host_pool.stats().in_use_bytes == 0, "host slots must all be free between iterations"
+        assert min(min(r.device_bytes.values()) for r in model.trace.steps) >= 0
+        assert model.trace.peak_bytes == planned.peak_bytes and model.trace.d2h_bytes == planned.d2h_bytes
+    persistent = sum(rt.reserved(t.nbytes) for n, t in rt.tensors.items() if n in rt.persistent_set)
+    assert rt.pool.stats().in_use_bytes == persistent

@@ -1,0 +1,289 @@
+# %% [markdown]
+# # 00 Numba CUDA on the simulator
+#
+# What you will learn:
+# - how a Numba CUDA kernel is written and launched: a grid of blocks of threads, one thread per element;
+# - a reduction with shared memory and barriers (`cuda.syncthreads`), summed in a fixed order;
+# - what the CUDA simulator can show (the kernel's logic, against a NumPy reference) and what it cannot
+#   (speed, races): it runs every CUDA thread as a Python thread;
+# - the PTX check: compiling the same kernels for a real GPU (sm_90) on a CPU, with the simulator off;
+# - how snlite checks its own kernels: `kernels.gemm` against its NumPy reference, all three versions.
+#
+# Run it: `python tutorials/00_numba_cuda_simulator.py` from the repository root (after `pip install -e ".[test]"`),
+# or cell by cell (`# %%` cells: VS Code's "Run Cell", or Jupyter through jupytext). About 10 s on a laptop CPU.
+# `SNLITE_TUTORIAL_QUICK=1` makes everything smaller.
+
+# %% The simulator switch must be set before numba is imported
+import os
+
+# NUMBA_ENABLE_CUDASIM is read once, when numba is first imported: set it before any `import numba`
+# (and before importing snlite or kernels, which import numba). setdefault keeps an explicit
+# NUMBA_ENABLE_CUDASIM=0 from the command line, so on a machine with an NVIDIA GPU
+# `NUMBA_ENABLE_CUDASIM=0 python tutorials/00_numba_cuda_simulator.py` runs the same cells on hardware.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+import inspect  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from numba import config, cuda, float32  # noqa: E402
+
+QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+print(f"numba.cuda runs on: {'the CUDA simulator (Python threads)' if SIMULATOR else 'a real GPU'}")
+if SIMULATOR:
+    # The simulator's block manager polls its threads while they wait at a barrier; a short GIL
+    # switch interval makes kernels with cuda.syncthreads() several times faster (tests/conftest.py
+    # does the same). It changes nothing else.
+    sys.setswitchinterval(5e-4)
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+# %% [markdown]
+# ## A first kernel: element-wise, one thread per element
+# `cuda.grid(1)` is this thread's global index, `blockIdx.x * blockDim.x + threadIdx.x`. The grid is
+# rounded up to whole blocks, so the last block has threads past the end: every index is guarded.
+
+# %%
+@cuda.jit
+def saxpy(a, x, y, out):
+    i = cuda.grid(1)
+    if i < out.size:  # the guard: the last block may run past the end
+        out[i] = a * x[i] + y[i]
+
+
+n = 1000 if QUICK else 3000
+block = 128
+rng = np.random.default_rng(0)
+x = rng.standard_normal(n).astype(np.float32)
+y = rng.standard_normal(n).astype(np.float32)
+d_x, d_y = cuda.to_device(x), cuda.to_device(y)  # host -> device copies
+d_out = cuda.device_array(n, np.float32)  # device memory, not initialised
+grid = ceil_div(n, block)
+t0 = time.perf_counter()
+saxpy[grid, block](np.float32(2.0), d_x, d_y, d_out)  # kernel[blocks, threads per block](args)
+cuda.synchronize()
+kernel_s = time.perf_counter() - t0
+out = d_out.copy_to_host()  # device -> host
+want = np.float32(2.0) * x + y
+print(f"saxpy on {n:,d} elements: {grid} blocks x {block} threads = {grid * block:,d} threads "
+      f"({grid * block - n} of them past the end, guarded)")
+print(f"matches NumPy exactly: {np.array_equal(out, want)}")
+# What you should see: True. One multiply and one add per element, in the same order as NumPy.
+
+# %% [markdown]
+# ## A reduction with shared memory
+# Each block sums its slice in shared memory with a fixed-shape tree: at every level, thread t adds
+# element t + width into element t, then all threads wait at a barrier. The tree has the same shape
+# on every run, so the result is bit-reproducible (snlite forbids floating-point atomics, whose order
+# changes from run to run). Each block writes one partial sum; a second, tiny launch sums those.
+
+# %%
+RED_BLOCK = 64  # a power of two; shared arrays need a compile-time size
+
+
+@cuda.jit
+def block_sum(x, partial):
+    buf = cuda.shared.array(RED_BLOCK, float32)  # one array per block, visible to all its threads
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * RED_BLOCK + t
+    buf[t] = x[i] if i < x.size else float32(0.0)
+    cuda.syncthreads()  # every thread has written its element
+    width = RED_BLOCK // 2
+    while width > 0:
+        if t < width:
+            buf[t] += buf[t + width]
+        cuda.syncthreads()  # this level is done before the next one reads it
+        width //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = buf[0]
+
+
+def device_sum(d_x):
+    """Sum a float32 device array: block partial sums, then the partials, until one value is left."""
+    while d_x.size > 1:
+        blocks = ceil_div(d_x.size, RED_BLOCK)
+        d_partial = cuda.device_array(blocks, np.float32)
+        block_sum[blocks, RED_BLOCK](d_x, d_partial)
+        d_x = d_partial
+    return d_x.copy_to_host()[0]
+
+
+total = device_sum(d_x)
+print(f"sum of {n:,d} floats: kernel {total:.6f}, NumPy float64 {x.astype(np.float64).sum():.6f}, "
+      f"difference {abs(total - x.astype(np.float64).sum()):.2e}")
+print(f"same bits when run again: {device_sum(d_x) == total}")
+# What you should see: a difference of about 1e-5 or less (float32 rounding in a different order than
+# NumPy's), and True: a fixed tree gives the same bits every run.
+
+# %% [markdown]
+# ## What the simulator can and cannot show
+# Timing: the simulator starts one Python thread per CUDA thread, so it runs a few thousand threads a
+# second. Its timings say nothing about a GPU's.
+
+# %%
+t0 = time.perf_counter()
+np.float32(2.0) * x + y
+numpy_s = time.perf_counter() - t0
+print(f"saxpy: kernel {kernel_s * 1e3:.1f} ms ({grid * block / kernel_s:,.0f} threads/s), NumPy {numpy_s * 1e6:.1f} us")
+# What you should see on the simulator: thousands of times slower than NumPy. On a GPU this launch
+# would take a few microseconds.
+
+# %% [markdown]
+# Threads are Python threads. On the simulator a kernel can call any Python: here each thread appends
+# (block, thread, phase) to a Python list and names its thread class. Without a barrier each thread
+# runs to its end before the next one starts; with `cuda.syncthreads()` all threads of the block reach
+# the barrier before any goes on.
+
+# %%
+if SIMULATOR:
+    events = []
+
+    @cuda.jit
+    def no_barrier(dummy):
+        events.append((cuda.blockIdx.x, cuda.threadIdx.x, "a"))
+        events.append((cuda.blockIdx.x, cuda.threadIdx.x, "b"))
+
+    @cuda.jit
+    def with_barrier(dummy):
+        events.append((cuda.blockIdx.x, cuda.threadIdx.x, "a"))
+        cuda.syncthreads()
+        events.append((cuda.blockIdx.x, cuda.threadIdx.x, "b"))
+
+    dummy = cuda.device_array(1, np.float32)
+    for kernel in (no_barrier, with_barrier):
+        events.clear()
+        kernel[1, 4](dummy)
+        print(f"{kernel.__name__:12} order of (block, thread, phase):",
+              " ".join(f"{t}{p}" for _, t, p in events))
+
+    names = []
+
+    @cuda.jit
+    def who(dummy):
+        names.append(type(threading.current_thread()).__name__)
+
+    who[1, 2](dummy)
+    print(f"each CUDA thread runs as a Python {names[0]} (a threading.Thread)")
+    # What you should see: 0a 0b 1a 1b ... without the barrier (one thread at a time), and
+    # 0a 1a 2a 3a then the b's with it.
+else:
+    print("(a real GPU: kernels cannot call Python there, so this cell only runs on the simulator)")
+
+# %% [markdown]
+# Races: threads that do `counter[0] += 1` without an atomic read the same old value and lose updates
+# on a GPU. On the simulator each thread usually runs to its end before the next starts, so the
+# race does not show: the simulator checks logic, not concurrency. The integer atomic is always right.
+
+# %%
+@cuda.jit
+def racy_count(counter):
+    counter[0] += 1  # read, add, write: three steps another thread can interleave with
+
+
+@cuda.jit
+def atomic_count(counter):
+    cuda.atomic.add(counter, 0, 1)  # one indivisible step (integer atomics are deterministic)
+
+
+threads = 4 * 64
+for kernel in (racy_count, atomic_count):
+    d_c = cuda.to_device(np.zeros(1, np.int32))
+    kernel[4, 64](d_c)
+    print(f"{kernel.__name__:12} {d_c.copy_to_host()[0]:4d} of {threads} increments")
+# What you should see on the simulator: 256 for both; the racy one is right by luck. On a GPU the
+# racy count comes out far below 256.
+
+# %% [markdown]
+# ## The PTX check: compile for a real GPU, on the CPU
+# The simulator checks no types: a kernel that only works as Python would pass. `numba.cuda.compile_ptx`
+# compiles a kernel for a real GPU (here compute capability 9.0) without one. It needs the simulator
+# off, and that flag is read when numba is imported, so the check runs in a fresh Python process with
+# `NUMBA_ENABLE_CUDASIM=0` (snlite's `tests/test_ptx.py` does this for every registered kernel).
+
+# %%
+PTX_SCRIPT = r'''
+import json, re, sys
+from numba import cuda, float32
+from numba.cuda import compile_ptx
+RED_BLOCK = %d
+def ceil_div(a, b):
+    return -(-a // b)
+%s
+%s
+FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.f(16|32|64)\b")
+out = {}
+for fn, sig in ((saxpy, "void(float32, float32[::1], float32[::1], float32[::1])"),
+                (block_sum, "void(float32[::1], float32[::1])")):
+    ptx, _ = compile_ptx(fn, sig, cc=(9, 0))
+    out[fn.__name__] = {"lines": ptx.count("\n"), "target": re.search(r"\.target (\w+)", ptx).group(1),
+                        "bar.sync": len(re.findall(r"\bbar\.sync\b", ptx)),
+                        "shared": len(re.findall(r"\b(ld|st)\.shared", ptx)),
+                        "float atomics": len(FLOAT_ATOMIC.findall(ptx))}
+json.dump(out, sys.stdout)
+'''
+
+
+def kernel_source(kernel):
+    """The kernel's Python source, without its decorator (the simulator keeps it as .py_func)."""
+    src = inspect.getsource(getattr(kernel, "py_func", kernel))
+    return src[src.index("def "):]
+
+
+script = PTX_SCRIPT % (RED_BLOCK, kernel_source(saxpy), kernel_source(block_sum))
+env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+t0 = time.perf_counter()
+proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+if proc.returncode == 0:
+    import json
+
+    print(f"PTX compiled in a subprocess in {time.perf_counter() - t0:.1f} s:")
+    print(f"{'kernel':10} {'target':7} {'lines':>6} {'bar.sync':>9} {'ld/st.shared':>13} {'float atomics':>14}")
+    for name, r in json.loads(proc.stdout).items():
+        print(f"{name:10} {r['target']:7} {r['lines']:6d} {r['bar.sync']:9d} {r['shared']:13d} "
+              f"{r['float atomics']:14d}")
+    # What you should see: target sm_90; saxpy uses no barrier and no shared memory; block_sum has
+    # bar.sync (the cuda.syncthreads() calls) and ld/st.shared; no floating-point atomics anywhere.
+else:
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    print(f"PTX check unavailable here ({last[:160]}); it needs NVIDIA's NVVM: pip install 'numba-cuda[cu13]'")
+
+# %% [markdown]
+# ## One of snlite's kernels against its NumPy reference
+# Every kernel family in `kernels/` has NumPy references (`gemm_ref`), kernels (`v1` naive, `v2` tiled in
+# shared memory, `v3` register-blocked) and `examples(rng)`: small, odd shapes. `kernels._check.run_example`
+# runs the reference on NumPy copies and the launcher on device copies, with device allocation forbidden
+# inside the launcher. `python -m kernels.gemm` does this for every example.
+
+# %%
+import kernels.gemm as gemm  # noqa: E402
+from kernels._check import compare, run_example  # noqa: E402
+
+examples = gemm.examples(np.random.default_rng(0))[:2 if QUICK else 4]
+print(f"{'example':20} {'version':8} {'max |kernel - reference|':>25} {'same bits as v1':>16}")
+for ex in examples:
+    first = None
+    for version in gemm.VERSIONS:
+        want, got = run_example(gemm.OPS, ex, version)
+        assert compare(ex, want, got) is None, compare(ex, want, got)
+        first = got[0] if first is None else first
+        print(f"{ex.label[:20]:20} {version:8} {np.abs(got[0] - want[0]).max():25.2e} "
+              f"{str(np.array_equal(got[0], first)):>16}")
+# What you should see: tiny differences from NumPy (which sums in another order), and True in the last
+# column: all versions add acc += a*b for k = 0, 1, ... in the same order, so they agree bit for bit.
+# snlite relies on it: the convolution algorithm the memory budget allows never changes the numbers.
+
+# %% [markdown]
+# ## Exercise
+# 1. In `block_sum`, delete the `cuda.syncthreads()` inside the loop and run again. On the simulator the
+#    sum is often still right (threads run one at a time until a barrier); explain why a GPU would give
+#    garbage, and why `python -m pytest tests/test_ptx.py` would still pass.
+# 2. Set `RED_BLOCK = 48` (not a power of two). Which elements does the tree skip? Check the sum.
+# 3. Run `NUMBA_ENABLE_CUDASIM=0 python tutorials/00_numba_cuda_simulator.py` without a GPU: what fails,
+#    and at which line? (The PTX cell never needed a GPU: why?)

@@ -1,0 +1,224 @@
+# %% [markdown]
+# # 07 End to end: train with everything on, then go deep
+#
+# What you will learn:
+# - training a small CNN (BatchNorm, dropout, two convolutions) on the 8x8 handwritten digits with every
+#   SuperNeurons optimization on (`MemoryConfig.superneurons()`), squeezed to the smallest memory budget
+#   it runs in, so the LRU cache really moves tensors and recomputation really rebuilds them;
+# - the proof that none of it changes a bit: a baseline model trained side by side ends with the same
+#   losses and bit-identical weights;
+# - reading the trace of a real run (`model.trace`), and that the planned peak is the executed peak;
+# - the paper's depth experiment: the deepest ResNet that fits 12 GiB at batch 16, with and without.
+#
+# Run it: `python tutorials/07_end_to_end.py` from the repository root (after `pip install -e ".[digits]"`;
+# without scikit-learn it falls back to synthetic images), or cell by cell (`# %%` cells in VS Code or
+# Jupyter). About 25 s on a laptop CPU; 10 s with SNLITE_TUTORIAL_QUICK=1. No GPU: the host
+# device runs each kernel's NumPy reference (`device="auto"` would pick a real GPU when there is one).
+
+# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+import snlite
+from snlite import BudgetError, MemoryConfig, Model, simulate
+from snlite.data import digits, synthetic
+from snlite.runtime import optimizer_specs, smallest_budget
+
+QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
+HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
+OUT.mkdir(parents=True, exist_ok=True)
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+
+def save_plot(kind, data, name, **kwargs):
+    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
+    try:
+        from snlite import plot
+    except ImportError as e:
+        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
+        return
+    try:
+        getattr(plot, kind)(data, OUT / name, **kwargs)
+        print(f"plot saved: {OUT / name}")
+    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
+        print(f"plot {name} skipped: {e}")
+
+
+# %% [markdown]
+# ## The data and the network
+
+# %%
+try:
+    train, test = digits(standardize=True)  # scikit-learn's bundled digits, no download
+except ImportError:
+    print('scikit-learn is missing (pip install -e ".[digits]"): using synthetic 8x8 images instead')
+    train = synthetic(1400, (1, 8, 8), 10, seed=0)
+    test = synthetic(360, (1, 8, 8), 10, seed=1)
+batch = 32
+print(f"train: {train}\ntest:  {test}")
+
+g = snlite.Graph((batch, 1, 8, 8), train.num_classes, name="digits_cnn")
+x = g.relu(g.batchnorm(g.conv2d(g.input(), 16, 3, padding=1)))
+x = g.maxpool(g.relu(g.conv2d(x, 32, 3, padding=1)), 2)
+x = g.dropout(g.relu(g.linear(g.flatten(x), 64)), 0.25)
+g.softmax_loss(g.linear(x, train.num_classes))
+print(g.summary())
+
+# %% [markdown]
+# ## Everything on, at the smallest budget that works
+# `smallest_budget` searches on the meta device; the momentum buffers SGD keeps are part of the budget.
+
+# %%
+extra = optimizer_specs(g)
+need = smallest_budget(g, MemoryConfig.superneurons(), extra=extra)
+sn = MemoryConfig.superneurons(budget_bytes=need)
+base = MemoryConfig.baseline()
+print(f"baseline peak {simulate(g, base).peak_bytes / KiB:,.0f} KiB; superneurons() runs in {need / KiB:,.0f} KiB")
+print(snlite.Scheduler(g, sn))
+try:
+    Model(g, sn.replace(budget_bytes=need - 16 * KiB), device="host")
+except BudgetError as e:
+    print(f"\n16 KiB less is refused before anything runs:\n  {str(e)[:300]}...")
+# What you should see: every stage on; a budget below the smallest is an error that names the step, the
+# live tensors and the smallest budget that works, raised before a single kernel runs.
+
+# %% [markdown]
+# ## Train both, side by side, and compare every bit
+# Same seed, same batches, same SGD. The SuperNeurons model evicts tensors to the host and back, drops
+# and rebuilds cheap layers' outputs (dropout rebuilds its mask from a hash of seed, iteration and
+# layer; a recomputed BatchNorm does not update its running statistics), and picks conv algorithms by
+# free memory. None of this may change a single bit.
+
+# %%
+epochs = 1 if QUICK else 3
+max_steps = 10 if QUICK else None
+models = {"baseline": Model(g, base, device="host", seed=0), "superneurons": Model(g, sn, device="host", seed=0)}
+losses = {k: [] for k in models}
+before = models["superneurons"].evaluate(test.x, test.labels)
+t0 = time.perf_counter()
+for epoch in range(epochs):
+    for i, (xb, yb) in enumerate(train.batches(batch, shuffle=True, seed=epoch)):
+        if max_steps is not None and i >= max_steps:
+            break
+        for k, m in models.items():
+            losses[k].append(m.step(xb, yb, lr=0.05, momentum=0.9, weight_decay=1e-4))
+    print(f"epoch {epoch + 1}: mean loss of the last 20 steps {np.mean(losses['baseline'][-20:]):.4f} (baseline), "
+          f"{np.mean(losses['superneurons'][-20:]):.4f} (superneurons)")
+seconds = time.perf_counter() - t0
+pa, pb = models["baseline"].params, models["superneurons"].params
+same_losses = losses["baseline"] == losses["superneurons"]
+same_weights = all(np.array_equal(pa[n], pb[n]) for n in pa)
+print(f"{len(losses['baseline'])} steps x 2 models in {seconds:.1f} s")
+print(f"losses identical: {same_losses}; all {len(pa)} weight and buffer tensors bit-identical: {same_weights}")
+after = {k: m.evaluate(test.x, test.labels) for k, m in models.items()}
+print(f"test accuracy: {before:.1%} before training; after: {after['baseline']:.1%} (baseline), "
+      f"{after['superneurons']:.1%} (superneurons), chance {1 / train.num_classes:.0%}")
+# What you should see: True and True, and the same accuracy for both (about 95% on the digits after three
+# epochs). The optimizations change where tensors live and when, never what is computed.
+
+# %% [markdown]
+# ## Read the trace of the last training step
+
+# %%
+m = models["superneurons"]
+tr = m.trace
+print(tr.summary())
+planned = simulate(g, sn)  # one iteration as planned on the meta device
+print(f"\nthe plan on the meta device: peak {planned.peak_bytes:,d} bytes; this run on the host device: "
+      f"{tr.peak_bytes:,d}; equal: {planned.peak_bytes == tr.peak_bytes}")
+print(f"largest tensors at the peak: {', '.join(f'{n} ({b // KiB} KiB)' for n, b in tr.peak_tensors[:4])}")
+rows = planned.table().splitlines()
+print(f"\nthe ops around the peak (op {planned.peak_op}), KiB by category:")
+print("\n".join([rows[0]] + rows[1 + max(0, planned.peak_op - 4):planned.peak_op + 4]))
+# What you should see: some KiB to the host and back with a few cache misses (the budget is tight),
+# several recomputed layer forwards (phase "recompute" around the peak), and a planned peak equal to the
+# executed one (True): the meta device makes the same allocations from the same pool as the host and
+# CUDA devices.
+save_plot("plot_compare_timelines", {k: mm.trace for k, mm in models.items()}, "07_digits_train_step.png",
+          title="digits CNN, one training step: baseline vs superneurons() at its smallest budget")
+
+# %% [markdown]
+# ## Go deeper: the largest ResNet that fits 12 GiB at batch 16
+# The paper's depth experiment (a 12 GB K40): Caffe reached ResNet-148, TensorFlow 592, SuperNeurons
+# 1920. Here ResNets grow in the third stage, one bottleneck unit (3 layers) at a time: depth = 3 units + 2.
+# "Fits" means one iteration runs on the meta device under the budget (weights, gradients, momentum,
+# batch, activations and workspace all inside it). Each probe simulates a network of thousands of
+# layers, so the search must be frugal: a first guess from a straight line (the peak of an unbudgeted run
+# without the cache grows linearly with depth), then steps of 1.5x from it until one probe fits and the
+# next does not, then bisection until the bracket is narrow (a few percent; 1 unit would cost more probes).
+
+# %%
+budget = 12 * GiB
+depth_batch = 16
+precision = 32  # stop when the bracket is narrower than 1/precision of the depth found
+cap = 600 if QUICK else 10_000  # the most residual units tried (quick mode stops early: "at least")
+
+
+def fits(units, config):
+    try:
+        simulate(snlite.models.resnet(3 * units + 2, batch=depth_batch), config.replace(budget_bytes=budget))
+        return True
+    except BudgetError:
+        return False
+
+
+def deepest(config):
+    """(lo, hi, guess, probes): ResNets of lo residual units fit, of hi do not (lo >= 50, the smallest
+    grown ResNet; lo is None if even that fails; hi is None if the cap fits), the first guess, and how
+    many budgeted runs it took."""
+    probes = [0]
+
+    def ok(u):
+        probes[0] += 1
+        return fits(u, config)
+
+    plain = config.replace(cache=False, workspace="none")  # no budget, no cache: peak linear in units
+    p50, p100 = (simulate(snlite.models.resnet(3 * u + 2, batch=depth_batch), plain).peak_bytes for u in (50, 100))
+    guess = min(cap, max(50, int(50 + (budget - p50) * 50 / (p100 - p50))))
+    if ok(guess):  # step up by 1.5x until a probe fails
+        lo, hi = guess, min(cap, int(guess * 1.5))
+        while ok(hi):
+            if hi == cap:
+                return cap, None, guess, probes[0]
+            lo, hi = hi, min(cap, int(hi * 1.5))
+    else:  # step down until a probe fits
+        hi, lo = guess, max(50, int(guess / 1.5))
+        while not ok(lo):
+            if lo == 50:
+                return None, 50, guess, probes[0]
+            hi, lo = lo, max(50, int(lo / 1.5))
+    while hi - lo > max(1, lo // precision):  # bisect: lo fits, hi does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, hi, guess, probes[0]
+
+
+results = {}
+print(f"{'configuration':14} {'fits':>12} {'does not fit':>13} {'first guess':>12} {'probes':>7} {'seconds':>8}")
+for label, config in (("baseline", MemoryConfig()), ("superneurons", MemoryConfig.superneurons())):
+    t0 = time.perf_counter()
+    lo, hi, guess, probes = deepest(config)
+    results[label] = lo
+    print(f"{label:14} {'ResNet-' + str(3 * lo + 2) if lo else '-':>12} "
+          f"{'ResNet-' + str(3 * hi + 2) if hi else '(not tried)':>13} "
+          f"{'ResNet-' + str(3 * guess + 2):>12} {probes:7d} {time.perf_counter() - t0:8.1f}")
+if results["baseline"] and results["superneurons"]:
+    print(f"superneurons goes at least {results['superneurons'] / results['baseline']:.1f}x deeper than the baseline "
+          f"(the paper: 1920 / 148 = {1920 / 148:.1f}x Caffe, 3.24x TensorFlow)")
+# What you should see: several times deeper with superneurons() than the baseline. The straight line
+# guesses the baseline almost exactly, but not superneurons(): with the cache, tensors leave the device
+# when the budget is reached, so the peak of a run without the cache is the wrong yardstick. The search
+# pays for that with extra probes. (`snlite maxdepth` runs the same experiment from the command line.)
+
+# %% [markdown]
+# ## Exercise
+# 1. In the training cell, give the SuperNeurons model `seed=1` instead of `seed=0`. Which check fails
+#    first, and why does that prove the comparison is not vacuous?
+# 2. In the depth cell, set `depth_batch = 1` (the search then takes a few minutes). How deep does
+#    superneurons() go now (the paper: 2500 residual units at batch 1), and what limits it? Hint: simulate
+#    the deepest one and look at its trace's categories at the peak: which grow with depth but not with
+#    the batch?
