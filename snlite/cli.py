@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use at most this many training and test images (a quick run)")
     train.add_argument("--save", metavar="FILE.npz", help="write the trained parameters here")
     train.add_argument("--load", metavar="FILE.npz", help="start from the parameters in this file")
+    train.add_argument("--streams", metavar="FILE.png", help="on a CUDA device, time the last step's kernels and "
+                       "copies per stream (compute, copy_out, copy_in) and draw them (needs matplotlib)")
     add_memory_flags(train)
     add_planning_commands(sub)
     return parser
@@ -272,6 +274,8 @@ def cmd_train(args) -> int:
     if not model.device.has_data:
         raise CliError(f"the {model.device.name} device holds no data, so it cannot train; "
                        "see a layout with: snlite demo --device meta")
+    if args.streams and model.device.name != "cuda":
+        raise CliError("--streams times the CUDA streams: it needs --device cuda (a GPU, or the simulator)")
     if args.load:
         print(f"loaded {load_params(args.load, model)} parameter tensors from {args.load}")
     print(f"{args.net} on {model.device!r}: {len(train):,d} training and {len(test):,d} test images of "
@@ -279,9 +283,23 @@ def cmd_train(args) -> int:
           f"arena {_bytes(model.runtime.capacity)}, memory: {config.describe()}")
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
+        model.runtime.profile = bool(args.streams) and epoch == args.epochs  # profiled: the last epoch's steps
         run_epoch(model, train, args, epoch)
         acc = model.evaluate(test.x, test.labels)
         print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({time.perf_counter() - start:.1f} s so far)")
+    if args.streams:
+        from snlite.plot import PlotUnavailable, plot_streams
+
+        try:
+            plot_streams(model.runtime.stream_events, args.streams,
+                         title=f"{args.net}: one training step per stream ({model.device!r})")
+        except PlotUnavailable as e:
+            raise CliError(str(e)) from None
+        busy = {}
+        for ev in model.runtime.stream_events:
+            busy[ev["stream"]] = busy.get(ev["stream"], 0.0) + ev["end_ms"] - ev["start_ms"]
+        print(f"streams of the last step drawn to {args.streams}: "
+              + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items()))
     if args.save:
         save_params(args.save, model.params)
         print(f"saved {len(model.state_names)} parameter tensors to {args.save}")

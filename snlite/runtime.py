@@ -90,6 +90,9 @@ class Runtime:
         self._peak_log = 0
         self._layer_index = {name: i for i, name in enumerate(graph.layers)}
         self.trace = self._trace = self.inference_trace = Trace(count=c.count)
+        self.profile = False  # on a CUDA device: time every kernel and copy with events, per stream
+        self.stream_events: list[dict] = []  # the last profiled iteration: stream, label, start_ms, end_ms
+        self._spans: list = []
         for name in self.persistent:
             self._alloc(self._tensor(name), step="setup")
 
@@ -162,6 +165,18 @@ class Runtime:
         self._resident += sign
         self._log.append((t.name, sign))
 
+    @contextlib.contextmanager
+    def _span(self, stream_name: str, stream, label: str):
+        """With ``profile`` on a CUDA device, bracket the work enqueued inside with timing events."""
+        if not (self.profile and self.device.name == "cuda"):
+            yield
+            return
+        start, end = self.device.event(timing=True), self.device.event(timing=True)
+        start.record(stream)
+        yield
+        end.record(stream)
+        self._spans.append((stream_name, label, start, end))
+
     def _hand_over(self, new: Tensor, old: Tensor) -> None:
         """An in-place write: ``new`` takes over ``old``'s block (and its place in the accounting
         and the cache); ``old`` is dead, and so is any host copy it had."""
@@ -216,7 +231,8 @@ class Runtime:
             ready = self.device.event()
             ready.record(self.compute)
             ready.wait(self.copy_out)  # the copy starts once the producing kernels finished
-            self.device.copy_to_host(self.view(t.name), self._host_view(t), stream=self.copy_out)
+            with self._span("copy_out", self.copy_out, f"{t.name} to host"):
+                self.device.copy_to_host(self.view(t.name), self._host_view(t), stream=self.copy_out)
             done = self.device.event()
             done.record(self.copy_out)
             self._events[t.name] = done
@@ -248,7 +264,8 @@ class Runtime:
         ready = self.device.event()
         ready.record(self.compute)
         ready.wait(self.copy_in)  # the block's previous readers have finished
-        self.device.copy_to_device(self._host_view(t), self.view(t.name), stream=self.copy_in)
+        with self._span("copy_in", self.copy_in, f"{t.name} to device"):
+            self.device.copy_to_device(self._host_view(t), self.view(t.name), stream=self.copy_in)
         done = self.device.event()
         done.record(self.copy_in)
         self._events[t.name] = done
@@ -342,6 +359,11 @@ class Runtime:
             logits = dev.read(self.view(logits_name, g.layers[g.inputs[loss_layer][0]].out_shape))
         dev.synchronize()
         trace.peak_tensors = self._peak_tensors()
+        if self._spans:
+            first = self._spans[0][2]
+            self.stream_events = [dict(stream=s, label=label, start_ms=first.elapsed_ms(a), end_ms=first.elapsed_ms(b))
+                                  for s, label, a, b in self._spans]
+            self._spans = []
         self._end_iteration()
         return loss, logits
 
@@ -393,7 +415,8 @@ class Runtime:
             io.dx = [v(t, shape_of[i]) for t, i in zip(g.input_grads(op.layer), g.inputs[op.layer])]
         workspace = self._workspace(op, layer, phase, io)
         self._record(op, workspace)
-        (layer.forward if phase == "forward" else layer.backward)(io)
+        with self._span("compute", self.compute, f"{op.layer} {op.phase}"):
+            (layer.forward if phase == "forward" else layer.backward)(io)
         if workspace is not None:
             self._free_workspace(workspace)
 

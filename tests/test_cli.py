@@ -187,3 +187,9 @@ def test_demo_needs_neither_scikit_learn_nor_a_gpu():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "step   5  loss" in p.stdout
+
+
+def test_streams_needs_a_cuda_device(capsys):
+    code, _, err = run(capsys, "train", "lenet", "--data", "synthetic", "--limit", "16", "--batch", "8", "--epochs", "1",
+                       "--device", "host", "--streams", "x.png")
+    assert code != 0 and "--streams" in err and "needs --device cuda" in err and "Traceback" not in err

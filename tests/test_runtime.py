@@ -264,3 +264,20 @@ def test_many_iterations_leak_nothing_and_keep_the_planned_peak():
         assert model.trace.peak_bytes == planned.peak_bytes and model.trace.d2h_bytes == planned.d2h_bytes
     persistent = sum(rt.reserved(t.nbytes) for n, t in rt.tensors.items() if n in rt.persistent_set)
     assert rt.pool.stats().in_use_bytes == persistent
+
+
+def test_profiling_times_every_kernel_and_copy_per_stream_on_cuda():
+    g = mixed_net(n=2, hw=4)
+    model = Model(g, MemoryConfig(liveness=True, offload=True), device=CudaDevice())
+    model.runtime.profile = True
+    x, labels = _data(g)
+    model.forward_backward(x, labels)
+    events = model.runtime.stream_events
+    streams = {e["stream"] for e in events}
+    assert streams == {"compute", "copy_out", "copy_in"}
+    assert sum(e["stream"] == "compute" for e in events) >= len(g.layers)
+    assert all(e["end_ms"] >= e["start_ms"] >= 0 for e in events)
+    host = Model(g, MemoryConfig(liveness=True, offload=True), device="host")
+    host.runtime.profile = True
+    host.forward_backward(x, labels)
+    assert host.runtime.stream_events == []  # the host has no streams to time
