@@ -144,7 +144,9 @@ class Runtime:
             v = self.device.view(self.arena, t.offset, spec.shape, spec.dtype)
         return v if shape is None or tuple(shape) == tuple(spec.shape) else v.reshape(tuple(shape))
 
-    def _alloc(self, t: Tensor, step) -> None:
+    def _take_block(self, t: Tensor, step):
+        """A block for ``t`` from the pool; with the cache on, a failed allocation evicts least
+        recently used tensors until it fits. Raises BudgetError when nothing more can leave."""
         nbytes = max(t.nbytes, 1)
         while True:
             try:
@@ -153,10 +155,13 @@ class Runtime:
             except PoolFullError as e:
                 if not (self.config.cache and self._evict_one()):
                     raise BudgetError(self._budget_message(t, step, e)) from None
-        if self.arena is None:
+        if self.arena is None:  # the raw allocator: one device allocation per tensor
             self.buffers[offset] = self.device.alloc_arena(self.pool.reserved_bytes(nbytes))
-        t.allocate(offset)
         self._held(t, +1)
+        return offset
+
+    def _alloc(self, t: Tensor, step) -> None:
+        t.allocate(self._take_block(t, step))
         self._bytes[self._category(t)] += self.reserved(t.nbytes)
         if base_name(t.name) in self.evictable:
             self.lru.add(t.name, base_name(t.name))
@@ -248,18 +253,7 @@ class Runtime:
         self._release_block(t, offset, "in_flight")
 
     def _start_prefetch(self, t: Tensor, step) -> None:
-        nbytes = max(t.nbytes, 1)
-        while True:
-            try:
-                offset = self.pool.alloc(nbytes, t.name, step)
-                break
-            except PoolFullError as e:
-                if not (self.config.cache and self._evict_one()):
-                    raise BudgetError(self._budget_message(t, step, e)) from None
-        if self.arena is None:
-            self.buffers[offset] = self.device.alloc_arena(self.pool.reserved_bytes(nbytes))
-        t.start_prefetch(offset)
-        self._held(t, +1)
+        t.start_prefetch(self._take_block(t, step))
         self._bytes[KIND_CATEGORY[t.kind]] += self.reserved(t.nbytes)
         ready = self.device.event()
         ready.record(self.compute)
