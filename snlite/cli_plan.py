@@ -1,0 +1,400 @@
+"""The planning subcommands of ``snlite`` (plan, compare, maxbatch, maxdepth, paper, bench): they
+run the scheduler on the meta device and print what :mod:`snlite.measure` computes."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+
+from snlite import measure
+
+from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, _positive_int, _size, add_memory_flags, memory_config
+
+PAPER_GPU = "12 GB K40"
+
+
+def add_planning_commands(sub) -> None:
+    net_help = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
+                "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121")
+    batch_help = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
+    json_help = "write the numbers as JSON to FILE (- or no FILE: standard output, instead of the tables)"
+
+    plan = sub.add_parser("plan", help="what the scheduler does for a network, measured on the meta device",
+                          description="Run the scheduler on the meta device and print the peak (both counts), "
+                                      "l_peak, where the peak is and what is live there, the recomputation, "
+                                      "transfers and cache, and each conv step's algorithm. With a --budget too "
+                                      "small: why, and the changes that would make it fit, ranked (exit 3).")
+    plan.add_argument("net", metavar="NET", help=net_help)
+    plan.add_argument("--batch", type=_positive_int, default=None, help=batch_help)
+    plan.add_argument("--steps", action="store_true", help="also print the per-step table (bytes by category)")
+    plan.add_argument("--top", type=_positive_int, default=10, help="live tensors shown at the peak (default 10)")
+    plan.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+    plan.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline (needs matplotlib)")
+    add_memory_flags(plan)
+
+    compare = sub.add_parser("compare", help="one row per memory strategy: peak, recomputation, bytes moved",
+                             description="Simulate NET under each strategy: baseline, liveness, + offload, "
+                                         "+ offload + cache, + recompute speed / memory / cost_aware (on top of "
+                                         "liveness + offload), and sqrt(N) checkpointing (Chen et al. 2016) as "
+                                         "a reference.")
+    compare.add_argument("net", metavar="NET", help=net_help)
+    compare.add_argument("--batch", type=_positive_int, default=None, help=batch_help)
+    compare.add_argument("--budget", type=_size, metavar="SIZE", default=None,
+                         help="run every strategy under this budget and say which fit (the cache only moves "
+                              "data when memory runs short)")
+    compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
+    compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+
+    for name, what in (("maxbatch", "the largest batch"), ("maxdepth", "the deepest ImageNet ResNet")):
+        p = sub.add_parser(name, help=f"{what} that fits a budget, per strategy (the paper's Table "
+                                      f"{5 if name == 'maxbatch' else 4})",
+                           description=f"Binary search, on the meta device, for {what} that fits --budget under "
+                                       f"baseline, liveness, + offload, + recompute (cost_aware) and superneurons "
+                                       f"(with the cache and dynamic workspace). Everything counts (count all): a "
+                                       f"GPU holds the weights, gradients and momentum too. The paper's figures "
+                                       f"({PAPER_GPU}) are shown alongside.")
+        if name == "maxbatch":
+            p.add_argument("net", metavar="NET", help=net_help)
+            p.add_argument("--max-batch", type=_positive_int, default=measure.MAX_BATCH,
+                           help=f"search no further (default {measure.MAX_BATCH})")
+        else:
+            p.add_argument("--batch", type=_positive_int, default=16, help="images per step (default 16, the paper's)")
+            p.add_argument("--max-units", type=_positive_int, default=10_000,
+                           help="search no deeper than this many residual units (default 10000: depth 30002)")
+        p.add_argument("--budget", type=_size, metavar="SIZE", default=measure.parse_size("12GiB"),
+                       help="device memory (default 12GiB)")
+        p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+
+    paper = sub.add_parser("paper", help="reproduce the paper's byte-accounting experiments; write a report",
+                           description="Every experiment of the paper that needs no GPU, on the meta device: "
+                                       "AlexNet's memory trajectory per technique, the recomputation strategies, "
+                                       "traffic with and without the tensor cache, Table 4 (depth) and Table 5 "
+                                       "(width) in 12 GiB, the peak vs extra compute trade-off. Prints each table "
+                                       "and writes DIR/report.md (with PNG figures if matplotlib is installed). "
+                                       "One to two minutes on a 2-core CPU; --quick: about ten seconds.")
+    paper.add_argument("--out", default="paper-out", metavar="DIR",
+                       help="where report.md and its figures go (default paper-out; created if missing)")
+    paper.add_argument("--quick", action="store_true", help="fewer networks, batches and strategies (for tests)")
+
+    bench = sub.add_parser("bench", help="the GPU kernel benchmark (if there is a GPU) and the CPU planning one",
+                           description="On a real GPU, run the kernel benchmark (python -m kernels.bench); "
+                                       "elsewhere say so. Then, always, time the planning of a very deep ResNet "
+                                       "on the CPU (python -m snlite.bench deep).")
+    bench.add_argument("--units", type=_positive_int, default=2500,
+                       help="residual units of the planned ResNet (default 2500: the paper's deepest)")
+    bench.add_argument("--batch", type=_positive_int, default=1, help="its batch (default 1)")
+    bench.add_argument("--out", default="bench-out", metavar="DIR", help="where the GPU benchmark writes bench.json")
+    bench.add_argument("--quick", action="store_true", help="the GPU benchmark's smaller sizes")
+
+
+# ---------------------------------------------------------------- planning commands (meta device)
+def _builder(net: str):
+    """``batch -> Graph`` for ``net`` from the model zoo (None: the model's default batch)."""
+    from snlite import models
+
+    return lambda batch=None: models.get_model(net, batch)
+
+
+def _graph(args):
+    """(builder, graph, batch) for ``args.net`` and ``args.batch`` (None: the model's default)."""
+    build = _builder(args.net)
+    graph = build(args.batch)
+    return build, graph, graph.input_shape[0]
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _table(head: list[str], rows: list[list], align: str | None = None) -> str:
+    """A plain text table; ``align`` per column: < or > (default: first left, others right)."""
+    align = align or "<" + ">" * (len(head) - 1)
+    cells = [[str(c) for c in r] for r in [head] + rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    return "\n".join("  ".join(f"{c:{a}{w}}" for c, a, w in zip(r, align, widths)).rstrip() for r in cells)
+
+
+def _write_json(target: str, data) -> None:
+    text = json.dumps(data, indent=1, default=_jsonable)
+    if target == "-":
+        print(text)
+        return
+    path = os.path.expanduser(target)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise CliError(f"--json {target}: its folder does not exist")
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+def _jsonable(v):
+    if dataclasses.is_dataclass(v):
+        return dataclasses.asdict(v)
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    return str(v)
+
+
+def _plot(kind: str, *args, **kwargs) -> None:
+    """``snlite.plot.plot_timeline`` / ``plot_tradeoff``, imported only when asked for."""
+    try:
+        from snlite import plot
+    except ImportError as e:
+        raise CliError(f"--plot needs snlite.plot and matplotlib ({e}); pip install matplotlib") from None
+    try:
+        getattr(plot, kind)(*args, **kwargs)
+    except plot.PlotUnavailable as e:
+        raise CliError(f"--plot: {e}") from None
+
+
+def cmd_plan(args) -> int:
+    from snlite.scheduler import Scheduler
+
+    config = memory_config(args)
+    build, graph, batch = _graph(args)
+    if config.budget_bytes is not None:
+        ex = measure.explain_budget(build, batch, config)
+        if not ex.fits:
+            if args.json:
+                _write_json(args.json, {"net": args.net, "batch": batch, "fits": False,
+                                        "explanation": explanation_json(ex)})
+            if args.json != "-":
+                print_explanation(ex)
+            return EXIT_DOES_NOT_FIT
+    m = measure.measure(graph, config)
+    trace = m.trace if config.count == "all" else m.paper
+    if args.json:
+        _write_json(args.json, {"net": args.net, "batch": batch, "fits": m.fits, "config": config,
+                                "totals": m.totals(), "recompute": Scheduler(graph, config).plan().recompute,
+                                "peak_tensors": trace.peak_tensors, "steps": trace.steps,
+                                "conv_choices": trace.conv_choices})
+    if args.plot:
+        _plot("plot_timeline", trace, args.plot, title=f"{graph.name}, batch {batch}: {config.describe()}")
+    if args.json == "-":
+        return 0
+    print(f"{graph.name}, batch {batch}: {len(graph.layers)} layers, {graph.param_count():,d} parameters, "
+          f"{graph.flops() / 1e9:,.2f} GFLOPs forward; simulated on the meta device")
+    print(Scheduler(graph, config))
+    print(f"  allocator {config.allocator} ({config.fit} fit), peak counted as {config.count!r} below, budget "
+          f"{measure.format_size(config.budget_bytes) if config.budget_bytes else 'none'}")
+    print()
+    t, p = m.trace, m.paper
+    print(_table(["", "count all", "paper count (activations + gradients)"], [
+        ["peak", measure.format_size(t.peak_bytes), measure.format_size(p.peak_bytes)],
+        ["l_peak (largest step)", measure.format_size(t.l_peak_bytes), measure.format_size(p.l_peak_bytes)],
+        ["peak / l_peak", f"{t.ratio:.2f}", f"{p.ratio:.2f}"]]))
+    at = trace.steps[trace.peak_op]
+    live = trace.peak_tensors
+    held = sum(at.device_bytes.get(c, 0) for c in ("weights", "weight_grads", "optimizer"))
+    print(f"\npeak ({config.count} count) at step {trace.peak_step} ({at.layer} {at.phase}, op {trace.peak_op}): "
+          f"besides the weights, their gradients and momentum ({measure.format_size(held)}, always there), "
+          f"{len(live)} tensors live, the largest {min(args.top, len(live))}:")
+    for name, nbytes in live[:args.top]:
+        print(f"  {name:40} {measure.format_size(nbytes):>12}")
+    print(f"\nrecomputation: {t.recompute_count} layer forwards re-run, +{t.extra_flops:,d} FLOPs "
+          f"({m.extra_pct:.1f}% of the forward pass)")
+    print(f"transfers: {measure.format_size(t.d2h_bytes)} to the host, {measure.format_size(t.h2d_bytes)} back; "
+          f"host peak {measure.format_size(t.host_peak_bytes)}")
+    print(f"cache: {t.cache_hits} hits, {t.cache_misses} misses" + ("" if config.cache else " (cache off)"))
+    if config.budget_bytes:
+        print(f"budget: fits {measure.format_size(config.budget_bytes)} "
+              f"({_pct(t.peak_bytes, config.budget_bytes)} used at the peak)")
+    if trace.conv_choices:
+        print("\n" + conv_table(trace.conv_choices))
+    if args.steps:
+        print("\nper step (KiB):\n" + trace.table())
+    return 0
+
+
+def conv_table(choices, limit: int = 12) -> str:
+    """One row per conv layer: the algorithm (x images per chunk) and workspace of each conv op,
+    then how often each algorithm was chosen."""
+    ops = ("forward", "backward_data", "backward_filter")
+    by_layer: dict[str, dict] = {}
+    for c in choices:
+        by_layer.setdefault(c.layer, {}).setdefault(c.op, c)
+
+    def cell(c):
+        return "-" if c is None else (f"{c.algo} x{c.chunk}, " if c.algo != "direct" else "direct, ") \
+            + measure.format_size(c.workspace_bytes)
+    rows = [[layer] + [cell(d.get(o)) for o in ops] for layer, d in list(by_layer.items())[:limit]]
+    text = "convolution workspace (algorithm x images per chunk, workspace):\n" + _table(["layer", *ops], rows, "<<<<")
+    if len(by_layer) > limit:
+        text += f"\n... and {len(by_layer) - limit} more conv layers (all of them: --json)"
+    counts: dict[str, dict[str, int]] = {}
+    for d in by_layer.values():
+        for o, c in d.items():
+            counts.setdefault(o, {})[c.algo] = counts.get(o, {}).get(c.algo, 0) + 1
+    return text + "\nchosen: " + "; ".join(f"{o} " + ", ".join(f"{a} {n}" for a, n in sorted(counts[o].items()))
+                                          for o in ops if o in counts)
+
+
+def print_explanation(ex) -> None:
+    """Why ``ex`` does not fit, and the ranked changes (stdout)."""
+    need = ex.need.trace
+    at = need.steps[need.peak_op]
+    print(f"{ex.net}, batch {ex.batch}, does NOT fit a budget of {measure.format_size(ex.config.budget_bytes)} "
+          f"under {ex.config.describe()}.")
+    print(f"\nwhere it failed: {ex.message}")
+    print(f"\nwithout a budget it peaks at {measure.format_size(need.peak_bytes)} (count all; "
+          f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at step {need.peak_step} "
+          f"({at.layer} {at.phase}); the largest tensors live there:")
+    for name, nbytes in need.peak_tensors[:8]:
+        print(f"  {name:40} {measure.format_size(nbytes):>12}")
+    print("\nwhat would make it fit, each simulated under the same budget on the meta device (ranked: those "
+          "that fit first, then by cost: nothing < bytes moved < slower convolutions < extra FLOPs < a smaller "
+          "batch):")
+    rows = [[i, s.change, s.what, "yes" if s.fits else "no", measure.format_size(s.peak_bytes),
+             measure.format_size(s.saved_bytes) if s.saved_bytes and s.saved_bytes > 0 else "-",
+             f"{s.extra_pct:.1f}%" if s.extra_flops else "-", measure.format_size(s.moved_bytes) if s.moved_bytes
+             else "-", s.cost] for i, s in enumerate(ex.suggestions, 1)]
+    print(_table(["#", "change", "what", "fits", "peak", "saves", "extra FLOPs", "moved", "costs"], rows,
+                 "><<<>>>><"))
+    if not any(s.fits for s in ex.suggestions):
+        print("\nnothing here fits: a larger --budget, or a smaller network")
+    elif ex.suggestions[0].fits:
+        print(f"\ntry: {ex.suggestions[0].change}")
+
+
+def explanation_json(ex) -> dict:
+    """An Explanation as plain data: the message, the run without a budget, the ranked suggestions."""
+    need = ex.need.trace
+    return {"config": ex.config, "budget_bytes": ex.config.budget_bytes, "message": ex.message,
+            "need": ex.need.totals(), "peak_tensors": need.peak_tensors,
+            "suggestions": [dict(dataclasses.asdict(s), rank=i) for i, s in enumerate(ex.suggestions, 1)]}
+
+
+def cmd_compare(args) -> int:
+    build, graph, batch = _graph(args)
+    t0 = time.perf_counter()
+    rows = measure.compare(graph, args.budget)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        _write_json(args.json, {"net": args.net, "batch": batch, "budget_bytes": args.budget,
+                                "rows": [r.totals() for r in rows]})
+    if args.plot:
+        _plot("plot_tradeoff", [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.trace.extra_flops,
+                                 "moved_bytes": r.moved_bytes} for r in rows], args.plot,
+              title=f"{graph.name}, batch {batch}")
+    if args.json == "-":
+        return 0
+    budget = f", budget {measure.format_size(args.budget)}" if args.budget else ""
+    print(f"{graph.name}, batch {batch}{budget}: {len(graph.layers)} layers, {graph.flops() / 1e9:,.2f} GFLOPs "
+          f"forward; each strategy simulated on the meta device")
+    head = ["strategy", "peak (all)", "peak (paper)", "peak/l_peak", "recomputed", "extra FLOPs", "moved", "host peak"]
+    table = [[r.label, measure.format_size(r.peak_bytes), measure.format_size(r.paper_peak_bytes),
+              f"{r.paper.ratio:.2f}", r.trace.recompute_count, f"{r.extra_pct:.1f}%",
+              measure.format_size(r.moved_bytes), measure.format_size(r.trace.host_peak_bytes)]
+             + (["yes" if r.fits else "no"] if args.budget else []) for r in rows]
+    print(_table(head + (["fits"] if args.budget else []), table))
+    n = len(graph.route()[0])
+    print(f"\npeak (all): everything on the device; peak (paper) and peak/l_peak: activations + gradients only. "
+          f"extra FLOPs: recomputed forward work, % of one forward pass; moved: bytes to the host and back.\n"
+          f"'+' rows: on top of liveness. {measure.SQRT_LABEL}: Chen et al. "
+          f"2016's reference, keep every {max(1, round(n ** 0.5))}th of the {n} layers' outputs, recompute each "
+          f"segment once in backward, liveness on (snlite.measure.checkpoint_plan)."
+          + ("" if args.budget else " Without --budget the cache never has to move anything.")
+          + f" ({seconds:.1f} s)")
+    return 0
+
+
+def _found_json(rows, key: str) -> list[dict]:
+    return [{"strategy": r.label, "config": r.config.describe(), key: r.value, "next": r.next_value,
+             "capped": r.capped, "peak_bytes": r.trace.peak_bytes if r.trace else None,
+             "host_peak_bytes": r.host_peak_bytes, "probes": r.probes, "seconds": r.seconds} for r in rows]
+
+
+def _found_cell(r) -> str:
+    return "none" if r.value is None else (f">= {r.value:,d}" if r.capped else f"{r.value:,d}")
+
+
+def cmd_maxbatch(args) -> int:
+    build = _builder(args.net)
+    t0 = time.perf_counter()
+    rows = measure.max_batch_table(build, args.budget, args.max_batch)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        _write_json(args.json, {"net": args.net, "budget_bytes": args.budget, "count": "all",
+                                "rows": _found_json(rows, "batch"), "seconds": seconds})
+        if args.json == "-":
+            return 0
+    paper = measure.PAPER_BATCH.get(args.net.lower())
+    other = measure.PAPER_BEST_OTHER_BATCH.get(args.net.lower())
+    print(f"largest batch of {args.net} in {measure.format_size(args.budget)}, simulated on the meta device "
+          f"(count all: weights, gradients, momentum, the batch, activations and workspace all on the device)")
+    head = ["strategy", "batch", "peak", "host memory", "probes"] + (["paper"] if paper else [])
+    table = [[r.label, _found_cell(r), measure.format_size(r.trace.peak_bytes if r.trace else None),
+              measure.format_size(r.host_peak_bytes), r.probes]
+             + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else []) for r in rows]
+    print(_table(head, table))
+    if paper:
+        print(f"paper ({PAPER_GPU}, PAPER.md section 7): SuperNeurons {paper:,d}; the best other framework "
+              f"{other:,d}")
+    print(f"took {seconds:.1f} s")
+    return 0
+
+
+def cmd_maxdepth(args) -> int:
+    t0 = time.perf_counter()
+    rows = measure.max_depth_table(args.batch, args.budget, args.max_units)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        _write_json(args.json, {"batch": args.batch, "budget_bytes": args.budget, "count": "all",
+                                "rows": _found_json(rows, "depth"), "seconds": seconds})
+        if args.json == "-":
+            return 0
+    print(f"deepest ImageNet ResNet (depth = 3 * residual units + 2) at batch {args.batch} in "
+          f"{measure.format_size(args.budget)}, simulated on the meta device (count all: weights, gradients, "
+          f"momentum, the batch, activations and workspace all on the device)")
+    paper = measure.PAPER_DEPTH_AT_BATCH.get(args.batch)
+    head = ["strategy", "depth", "units", "peak", "host memory", "probes", "time"] + (["paper"] if paper else [])
+    table = [[r.label, _found_cell(r), "-" if r.value is None else f"{(r.value - 2) // 3:,d}",
+              measure.format_size(r.trace.peak_bytes if r.trace else None), measure.format_size(r.host_peak_bytes),
+              r.probes, f"{r.seconds:.1f} s"] + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else [])
+             for r in rows]
+    print(_table(head, table))
+    if any(r.capped for r in rows):
+        print(f">=: still fits at --max-units {args.max_units}; the search stopped there")
+    print(f"paper ({PAPER_GPU}, PAPER.md section 7): at batch 16 "
+          + ", ".join(f"{k} {v:,d}" for k, v in measure.PAPER_DEPTH.items())
+          + f"; at batch 1 SuperNeurons {measure.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")
+    print(f"took {seconds:.1f} s")
+    return 0
+
+
+def cmd_paper(args) -> int:
+    from snlite import report
+
+    out = os.path.expanduser(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CliError(f"--out {args.out}: exists and is not a folder")
+    rep = report.paper_report(out, quick=args.quick,
+                              command="snlite paper --out " + args.out + (" --quick" if args.quick else ""))
+    figures = sum(len(s.figures) for s in rep.sections)
+    print(f"wrote {rep.path} ({len(rep.sections)} sections, {figures} figures"
+          + (f"; no figures: {rep.plots}" if rep.plots else "") + f"); took {rep.seconds:.1f} s in all")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from snlite import bench
+
+    try:
+        from kernels import bench as kernel_bench
+        reason = kernel_bench.no_gpu_reason()
+    except ImportError as e:
+        kernel_bench, reason = None, f"numba.cuda cannot be imported ({e})."
+    status = 0
+    if reason:
+        print(f"GPU kernel benchmark: no GPU here ({reason.removeprefix('No GPU benchmark: ')})")
+    else:
+        status = kernel_bench.main(["--out", args.out] + (["--quick"] if args.quick else []))
+    print(f"\nCPU planning benchmark (python -m snlite.bench deep --units {args.units}):")
+    return bench.main(["deep", "--units", str(args.units), "--batch", str(args.batch)]) or status
+
+
+
+PLAN_COMMANDS = {"plan": cmd_plan, "compare": cmd_compare, "maxbatch": cmd_maxbatch, "maxdepth": cmd_maxdepth,
+                 "paper": cmd_paper, "bench": cmd_bench}
