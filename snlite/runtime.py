@@ -33,7 +33,7 @@ from snlite.pool import HostPool, PoolFullError, RawAllocator, TensorPool
 from snlite.recompute import base_name
 from snlite.scheduler import PERSISTENT_KINDS, Scheduler
 from snlite.tensor import State, Tensor
-from snlite.trace import KIND_CATEGORY, PAPER_CATEGORIES, ConvChoice, StepRecord, Trace, counted
+from snlite.trace import CATEGORIES, KIND_CATEGORY, PAPER_CATEGORIES, ConvChoice, StepRecord, Trace, counted
 
 
 class BudgetError(MemoryError):
@@ -82,8 +82,7 @@ class Runtime:
         self.tensors: dict[str, Tensor] = {}
         self.conv_outputs = {graph.output_tensor(n) for n, l in graph.layers.items() if l.kind == "conv2d"}
         self.lru = LRUCache(self.conv_outputs if self.config.offload else ())  # resident evictable tensors
-        self._bytes = dict.fromkeys(("weights", "weight_grads", "optimizer", "input", "activations", "gradients",
-                                     "workspace", "in_flight"), 0)
+        self._bytes = dict.fromkeys(CATEGORIES, 0)  # device bytes held now, by trace category
         self._events: dict[str, object] = {}
         self._resident = 0  # tensors holding device memory now
         self._log: list[tuple[str, int]] = []  # (tensor, +1 allocated / -1 released), to rebuild the peak's live set
