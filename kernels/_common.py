@@ -52,6 +52,12 @@ def cuda_kernel(signature: str):
     return deco
 
 
+@cuda.jit(device=True, inline=True)
+def unravel4(i, d1, d2, d3):
+    """Flat index -> (a, b, c, d) of a C-contiguous 4-D array of shape (_, d1, d2, d3)."""
+    return i // (d1 * d2 * d3), (i // (d2 * d3)) % d1, (i // d3) % d2, i % d3
+
+
 def registered_kernels() -> tuple[KernelSpec, ...]:
     """Every kernel recorded so far (import the family modules first)."""
     return tuple(_KERNELS)

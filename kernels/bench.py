@@ -225,7 +225,7 @@ def bench_gemm(plan: dict) -> list[dict]:
 
                 shown = block or gemm_family.DEFAULT_BLOCK[version]
                 _guard(rows, {"size": size, "layout": layout, "impl": version, "block": "x".join(map(str, shown))}, row)
-            del d_a, d_b, d_c
+            d_a = d_b = d_c = None  # free the device buffers before the next size
     return rows
 
 
@@ -292,7 +292,7 @@ def bench_conv(plan: dict) -> list[dict]:
                                 "gflops": gflops(conv_flops(x_shape, w_shape, stride, padding), t["ms"])}
 
                     _guard(rows, label, row)
-        del d
+        d = None  # free the device buffers before the next layer
     return rows
 
 

@@ -34,7 +34,7 @@ from numba import cuda, float32
 
 from kernels import gemm as _gemm
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, cuda_kernel, pair
+from kernels._common import Op, ceil_div, check, cuda_kernel, pair, unravel4
 from kernels.im2col import _col_value, _out_index, _tap, col2im, col2im_ref, im2col, im2col_ref, output_hw
 
 ALGORITHMS = ("direct", "im2col")
@@ -136,10 +136,7 @@ def _forward_v1(x, w, y, sh, sw, ph, pw):
     i = cuda.grid(1)
     n_, co_, oh_, ow_ = y.shape
     if i < n_ * co_ * oh_ * ow_:
-        ow = i % ow_
-        oh = (i // ow_) % oh_
-        co = (i // (ow_ * oh_)) % co_
-        n = i // (ow_ * oh_ * co_)
+        n, co, oh, ow = unravel4(i, co_, oh_, ow_)
         acc = float32(0.0)
         for ci in range(w.shape[1]):
             for kh in range(w.shape[2]):
@@ -179,10 +176,7 @@ def _backward_data_v1(dy, w, dx, sh, sw, ph, pw):
     n_, c_, h_, w_ = dx.shape
     co_, _, kh_, kw_ = w.shape
     if i < n_ * c_ * h_ * w_:
-        iw = i % w_
-        ih = (i // w_) % h_
-        c = (i // (w_ * h_)) % c_
-        n = i // (w_ * h_ * c_)
+        n, c, ih, iw = unravel4(i, c_, h_, w_)
         total = float32(0.0)
         for kh in range(kh_):
             oh = _out_index(ih + ph - kh, sh, dy.shape[2])
@@ -203,10 +197,7 @@ def _backward_filter_v1(x, dy, dw, sh, sw, ph, pw):
     i = cuda.grid(1)
     co_, c_, kh_, kw_ = dw.shape
     if i < co_ * c_ * kh_ * kw_:
-        kw = i % kw_
-        kh = (i // kw_) % kh_
-        c = (i // (kw_ * kh_)) % c_
-        co = i // (kw_ * kh_ * c_)
+        co, c, kh, kw = unravel4(i, c_, kh_, kw_)
         dwv = float32(0.0)
         for n in range(dy.shape[0]):
             s = float32(0.0)

@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, pair
+from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, pair, unravel4
 
 BLOCK = 128  # threads per block of the 1-D launches
 
@@ -119,10 +119,7 @@ def _col2im_v1(col, dx, kh_, kw_, oh_, ow_, sh, sw, ph, pw):
     i = cuda.grid(1)
     n_, c_, h_, w_ = dx.shape
     if i < n_ * c_ * h_ * w_:
-        iw = i % w_
-        ih = (i // w_) % h_
-        c = (i // (w_ * h_)) % c_
-        n = i // (w_ * h_ * c_)
+        n, c, ih, iw = unravel4(i, c_, h_, w_)
         total = float32(0.0)
         for kh in range(kh_):
             oh = _out_index(ih + ph - kh, sh, oh_)

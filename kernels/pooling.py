@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, pair
+from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, pair, unravel4
 
 BLOCK = 128  # threads per block (1-D launches over output or input elements)
 VERSIONS = ("v1",)
@@ -127,12 +127,6 @@ def avgpool2d_backward_ref(dy, dx, *, kernel, stride=None, padding=0, count_incl
 
 # ---------------------------------------------------------------- device helpers
 @cuda.jit(device=True, inline=True)
-def _unravel(i, c_, h_, w_):
-    """Flat index -> (n, c, h, w) of a C-contiguous (N, C, H, W) array."""
-    return i // (c_ * h_ * w_), (i // (h_ * w_)) % c_, (i // w_) % h_, i % w_
-
-
-@cuda.jit(device=True, inline=True)
 def _no_earlier_match(x, n, c, h0, w0, kw, ih, iw, v):
     """True iff no real position of the window at (h0, w0) before (ih, iw), in (kh, kw) order, holds v."""
     for a in range(max(h0, 0), ih + 1):
@@ -185,7 +179,7 @@ def _maxpool2d_forward_v1(x, y, kh, kw, sh, sw, ph, pw):
     # propagates (v != v), as in PyTorch and np.max.
     i = cuda.grid(1)
     if i < y.size:
-        n, c, oh, ow = _unravel(i, y.shape[1], y.shape[2], y.shape[3])
+        n, c, oh, ow = unravel4(i, y.shape[1], y.shape[2], y.shape[3])
         h0 = oh * sh - ph
         w0 = ow * sw - pw
         best = float32(-math.inf)
@@ -202,7 +196,7 @@ def _maxpool2d_backward_v1(x, y, dy, dx, kh, kw, sh, sw, ph, pw):
     # Naive gather: each dx element tries every output window.
     i = cuda.grid(1)
     if i < dx.size:
-        n, c, ih, iw = _unravel(i, dx.shape[1], dx.shape[2], dx.shape[3])
+        n, c, ih, iw = unravel4(i, dx.shape[1], dx.shape[2], dx.shape[3])
         acc = float32(0.0)
         for oh in range(dy.shape[2]):
             for ow in range(dy.shape[3]):
@@ -215,7 +209,7 @@ def _maxpool2d_backward_v2(x, y, dy, dx, kh, kw, sh, sw, ph, pw):
     # Gather over only the windows that overlap the element, in the same (oh, ow) order as v1.
     i = cuda.grid(1)
     if i < dx.size:
-        n, c, ih, iw = _unravel(i, dx.shape[1], dx.shape[2], dx.shape[3])
+        n, c, ih, iw = unravel4(i, dx.shape[1], dx.shape[2], dx.shape[3])
         oh0, oh1 = _overlapping(ih, sh, ph, kh, dy.shape[2])
         ow0, ow1 = _overlapping(iw, sw, pw, kw, dy.shape[3])
         acc = float32(0.0)
@@ -229,7 +223,7 @@ def _maxpool2d_backward_v2(x, y, dy, dx, kh, kw, sh, sw, ph, pw):
 def _avgpool2d_forward_v1(x, y, kh, kw, sh, sw, ph, pw, count_include_pad):
     i = cuda.grid(1)
     if i < y.size:
-        n, c, oh, ow = _unravel(i, y.shape[1], y.shape[2], y.shape[3])
+        n, c, oh, ow = unravel4(i, y.shape[1], y.shape[2], y.shape[3])
         h0 = oh * sh - ph
         w0 = ow * sw - pw
         acc = float32(0.0)
@@ -245,7 +239,7 @@ def _avgpool2d_backward_v1(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
     # Naive gather: each dx element tries every output window.
     i = cuda.grid(1)
     if i < dx.size:
-        n, c, ih, iw = _unravel(i, dx.shape[1], dx.shape[2], dx.shape[3])
+        n, c, ih, iw = unravel4(i, dx.shape[1], dx.shape[2], dx.shape[3])
         h_, w_ = dx.shape[2], dx.shape[3]
         acc = float32(0.0)
         for oh in range(dy.shape[2]):
@@ -262,7 +256,7 @@ def _avgpool2d_backward_v2(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
     # Gather over only the overlapping windows, in the same (oh, ow) order as v1.
     i = cuda.grid(1)
     if i < dx.size:
-        n, c, ih, iw = _unravel(i, dx.shape[1], dx.shape[2], dx.shape[3])
+        n, c, ih, iw = unravel4(i, dx.shape[1], dx.shape[2], dx.shape[3])
         h_, w_ = dx.shape[2], dx.shape[3]
         oh0, oh1 = _overlapping(ih, sh, ph, kh, dy.shape[2])
         ow0, ow1 = _overlapping(iw, sw, pw, kw, dy.shape[3])

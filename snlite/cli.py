@@ -32,7 +32,7 @@ import numpy as np
 
 from snlite.device import DEVICE_NAMES
 from snlite.runtime import BudgetError
-from snlite.cli_args import (EXIT_DOES_NOT_FIT, MEMORY_FLAGS, CliError, _bytes, _float_in,  # noqa: F401 (re-exported)
+from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _bytes, _float_in,  # noqa: F401 (re-exported)
                               _positive_int, add_memory_flags, memory_config)
 from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
 

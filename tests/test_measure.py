@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from snlite import Graph, MemoryConfig, Model, cli, measure, simulate
+from snlite import Graph, MemoryConfig, Model, cli, cli_args, measure, simulate
 from snlite.models import get_model, resnet
 from snlite.runtime import Runtime, optimizer_specs
 from snlite.scheduler import Scheduler, validate
@@ -50,7 +50,7 @@ def test_format_size():
 # ---------------------------------------------------------------- flags -> MemoryConfig
 def test_every_memory_config_field_is_a_flag_and_flags_override_the_preset():
     fields = {f.name for f in dataclasses.fields(MemoryConfig)}
-    assert set(cli.MEMORY_FLAGS) | {"budget_bytes"} == fields
+    assert set(cli_args.MEMORY_FLAGS) | {"budget_bytes"} == fields
     parser = cli.build_parser()
     args = parser.parse_args(["plan", "lenet", "--no-cache", "--preset", "superneurons", "--recompute", "speed",
                               "--workspace", "none", "--allocator", "raw", "--fit", "best", "--count", "paper",
