@@ -12,12 +12,13 @@ from snlite.config import MemoryConfig
 from snlite.device import (ALIGNMENT_BYTES, CudaDevice, Device, HostDevice, MetaArray, MetaDevice, align_up,
                            get_device, nbytes_of)
 from snlite.graph import Graph, Node, Step, TensorSpec
-from snlite.runtime import BudgetError, simulate
+from snlite.placement import BudgetError, place, simulate
+from snlite.program import Program
 from snlite.scheduler import Scheduler
 from snlite.train import Model
 
 __version__ = "0.1.0"
 
 __all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig", "MetaArray",
-           "MetaDevice", "Model", "Node", "Scheduler", "Step", "TensorSpec", "align_up", "get_device", "models",
-           "nbytes_of", "simulate", "__version__"]
+           "MetaDevice", "Model", "Node", "Program", "Scheduler", "Step", "TensorSpec", "align_up", "get_device", "models",
+           "nbytes_of", "place", "simulate", "__version__"]

@@ -12,7 +12,7 @@ import time
 
 from snlite.config import MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model, resnet
-from snlite.runtime import simulate
+from snlite.placement import simulate
 
 PRESETS = {
     "baseline": MemoryConfig(),

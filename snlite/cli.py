@@ -7,6 +7,8 @@
     snlite train lenet --data digits --preset superneurons --budget 64MiB
     snlite plan alexnet --batch 200 --preset superneurons        # what the scheduler does, measured
     snlite plan alexnet --batch 200 --budget 1GiB               # too small: why, and what would fit
+    snlite plan lenet --preset superneurons --program            # the program: every alloc, copy, event, kernel
+    snlite plan lenet --save-program p.json && snlite check p.json   # the race checker on a saved program
     snlite compare alexnet --batch 200                          # one row per strategy
     snlite maxbatch alexnet --budget 12GiB                      # the paper's Table 5, simulated
     snlite maxdepth --batch 16 --budget 12GiB                   # the paper's Table 4, simulated
@@ -31,7 +33,7 @@ import time
 import numpy as np
 
 from snlite.device import DEVICE_NAMES
-from snlite.runtime import BudgetError
+from snlite.placement import BudgetError
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _bytes, _float_in,  # noqa: F401 (re-exported)
                               _positive_int, add_memory_flags, memory_config)
 from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
@@ -134,10 +136,11 @@ def cmd_train(args) -> int:
         print(f"loaded {load_params(args.load, model)} parameter tensors from {args.load}")
     print(f"{args.net} on {model.device!r}: {len(train):,d} training and {len(test):,d} test images of "
           f"{train.shape} ({train.name.split('/')[0]}, {train.num_classes} classes), batch {args.batch}, "
-          f"arena {_bytes(model.runtime.capacity)}, memory: {config.describe()}")
+          f"arena {_bytes(model.executor.arena.nbytes if model.executor.arena else 0)}, pinned "
+          f"{_bytes(model.executor.slab.nbytes if model.executor.slab else 0)}, memory: {config.describe()}")
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
-        model.runtime.profile = bool(args.streams) and epoch == args.epochs  # profiled: the last epoch's steps
+        model.profile = bool(args.streams) and epoch == args.epochs  # profiled: the last epoch's steps
         run_epoch(model, train, args, epoch)
         acc = model.evaluate(test.x, test.labels)
         print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({time.perf_counter() - start:.1f} s so far)")
@@ -145,12 +148,12 @@ def cmd_train(args) -> int:
         from snlite.plot import PlotUnavailable, plot_streams
 
         try:
-            plot_streams(model.runtime.stream_events, args.streams,
+            plot_streams(model.stream_events, args.streams,
                          title=f"{args.net}: one training step per stream ({model.device!r})")
         except PlotUnavailable as e:
             raise CliError(str(e)) from None
         busy = {}
-        for ev in model.runtime.stream_events:
+        for ev in model.stream_events:
             busy[ev["stream"]] = busy.get(ev["stream"], 0.0) + ev["end_ms"] - ev["start_ms"]
         print(f"streams of the last step drawn to {args.streams}: "
               + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items()))

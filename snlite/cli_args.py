@@ -70,6 +70,9 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{name}", choices=CHOICES[name], default=None, help=text)
     g.add_argument("--budget", type=_size, metavar="SIZE", default=None,
                    help="device memory budget, e.g. 12GiB, 1.5GB, 500MB, 4096 (default: unlimited)")
+    g.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
+                   help="pinned host memory budget (offloaded tensors, the staged batch, results; default: "
+                        "unlimited)")
 
 
 def memory_config(args) -> MemoryConfig:
@@ -78,6 +81,8 @@ def memory_config(args) -> MemoryConfig:
     changes = {n: getattr(args, n) for n in MEMORY_FLAGS if getattr(args, n) is not None}
     if args.budget is not None:
         changes["budget_bytes"] = args.budget
+    if args.host_budget is not None:
+        changes["host_budget_bytes"] = args.host_budget
     return base.replace(**changes)
 
 

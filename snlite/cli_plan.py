@@ -33,7 +33,20 @@ def add_planning_commands(sub) -> None:
     plan.add_argument("--top", type=_positive_int, default=10, help="live tensors shown at the peak (default 10)")
     plan.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline (needs matplotlib)")
+    plan.add_argument("--program", action="store_true",
+                      help="print the program: every allocation, copy, event and kernel launch of one iteration, "
+                           "in order, with its stream, and the race checker's verdict on it")
+    plan.add_argument("--save-program", metavar="FILE.json",
+                      help="save the program as JSON (Program.load reads it back; snlite check FILE checks it)")
     add_memory_flags(plan)
+
+    check = sub.add_parser("check", help="check a saved program for races (snlite plan NET --save-program FILE)",
+                           description="Load a program saved as JSON and run the race checker on two consecutive "
+                                       "iterations of it: every pair of accesses to the same bytes on two streams, "
+                                       "at least one a write, must be ordered by the program's events. Exit 0: no "
+                                       "race; 1: races (each explained) or a malformed program.")
+    check.add_argument("file", metavar="FILE.json", help="a program saved by snlite plan --save-program")
+    check.add_argument("--all", action="store_true", help="explain every race, not only the first five")
 
     compare = sub.add_parser("compare", help="one row per memory strategy: peak, recomputation, bytes moved",
                              description="Simulate NET under each strategy: baseline, liveness, + offload, "
@@ -198,14 +211,59 @@ def cmd_plan(args) -> int:
     print(f"transfers: {measure.format_size(t.d2h_bytes)} to the host, {measure.format_size(t.h2d_bytes)} back; "
           f"host peak {measure.format_size(t.host_peak_bytes)}")
     print(f"cache: {t.cache_hits} hits, {t.cache_misses} misses" + ("" if config.cache else " (cache off)"))
+    print(f"memory needed: device arena {measure.format_size(m.arena_bytes)}, pinned host memory "
+          f"{measure.format_size(m.slab_bytes)} (the program's high-water marks; the staged batch and results included)")
     if config.budget_bytes:
         print(f"budget: fits {measure.format_size(config.budget_bytes)} "
               f"({_pct(t.peak_bytes, config.budget_bytes)} used at the peak)")
+    if config.host_budget_bytes:
+        print(f"host budget: fits {measure.format_size(config.host_budget_bytes)} "
+              f"({_pct(m.slab_bytes, config.host_budget_bytes)} pinned)")
     if trace.conv_choices:
         print("\n" + conv_table(trace.conv_choices))
     if args.steps:
         print("\nper step (KiB):\n" + trace.table())
+    if args.save_program:
+        _save_program(m.program, args.save_program)
+        print(f"\nprogram saved to {args.save_program} ({len(m.program):,d} instructions)")
+    if args.program:
+        from snlite.checker import find_races
+
+        races = find_races(m.program)
+        print("\n" + m.program.table())
+        print(f"race checker: {'no races' if not races else f'{len(races)} race(s)'} over two iterations")
     return 0
+
+
+def _save_program(program, target: str) -> None:
+    path = os.path.expanduser(target)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise CliError(f"--save-program {target}: its folder does not exist")
+    program.save(path)
+
+
+def cmd_check(args) -> int:
+    from snlite.checker import ProgramError, find_races
+    from snlite.program import Program
+
+    if not os.path.isfile(os.path.expanduser(args.file)):
+        raise CliError(f"{args.file}: no such file; save one with: snlite plan NET --save-program {args.file}")
+    program = Program.load(os.path.expanduser(args.file))
+    try:
+        races = find_races(program)
+    except ProgramError as e:
+        print(f"{args.file}: a malformed program: {e}")
+        return 1
+    if not races:
+        print(f"{args.file}: {program.net} under {program.config} ({program.mode}), {len(program):,d} instructions: "
+              f"no races over two iterations")
+        return 0
+    shown = races if args.all else races[:5]
+    print(f"{args.file}: {len(races)} race(s) in {program.net} under {program.config} ({program.mode}):\n")
+    print("\n\n".join(r.explain(program) for r in shown))
+    if len(shown) < len(races):
+        print(f"\n... and {len(races) - len(shown)} more (--all shows them)")
+    return 1
 
 
 def conv_table(choices, limit: int = 12) -> str:
@@ -397,4 +455,4 @@ def cmd_bench(args) -> int:
 
 
 PLAN_COMMANDS = {"plan": cmd_plan, "compare": cmd_compare, "maxbatch": cmd_maxbatch, "maxdepth": cmd_maxdepth,
-                 "paper": cmd_paper, "bench": cmd_bench}
+                 "paper": cmd_paper, "bench": cmd_bench, "check": cmd_check}

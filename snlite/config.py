@@ -14,6 +14,7 @@
 | allocator    | pool, raw                                | pool: no malloc/free per tensor         | raw: one allocation per tensor |
 | fit          | first, best                              | best: less fragmentation                | a longer search                |
 | budget_bytes | None or int                              | fails early if the plan cannot fit      |                                |
+| host_budget_bytes | None or int                         | fails early if pinned host memory runs out |                             |
 | count        | all, paper                               | what the trace's peak counts            |                                |
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class MemoryConfig:
     fit: str = "first"
     budget_bytes: int | None = None
     count: str = "all"
+    host_budget_bytes: int | None = None
 
     def __post_init__(self):
         for name in ("liveness", "offload", "cache"):
@@ -51,9 +53,10 @@ class MemoryConfig:
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"MemoryConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        b = self.budget_bytes
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
-            raise ValueError(f"MemoryConfig.budget_bytes must be a positive int or None, got {b!r}")
+        for name in ("budget_bytes", "host_budget_bytes"):
+            b = getattr(self, name)
+            if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
+                raise ValueError(f"MemoryConfig.{name} must be a positive int or None, got {b!r}")
 
     @classmethod
     def baseline(cls) -> "MemoryConfig":

@@ -22,7 +22,7 @@ import numpy as np
 from snlite.config import MemoryConfig
 from snlite.data import synthetic
 from snlite.graph import Graph
-from snlite.runtime import simulate
+from snlite.placement import simulate
 from snlite.scheduler import Scheduler
 from snlite.train import Model
 

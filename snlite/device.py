@@ -10,10 +10,13 @@ Three devices, one interface:
   can plan a network of thousands of layers in seconds.
 
 The interface: one arena buffer of a given size, with tensors as 256-byte-aligned views into it;
-pinned host buffers (a slab, also carved into views); streams and events (no-ops where the device
-has none); asynchronous host<->device copies; and running a kernel by name
-(``device.run("relu_forward", x, y)``). Each device counts the bytes it has allocated
-(``arena_bytes``, ``pinned_bytes``): on all three the same plan allocates the same bytes.
+pinned host buffers (a slab, also carved into views); named streams and events (no-ops where the
+device has none); asynchronous host<->device copies; the CPU's own reads and writes of pinned
+memory; and running a kernel by name on a stream (``device.run("relu_forward", x, y, stream=s)``).
+There is no hidden stream: during an iteration every operation names one of the program's streams
+(:mod:`snlite.executor`); ``stream=None`` means the default stream and is for work outside an
+iteration (tests, setting weights). Each device counts the bytes it has allocated (``arena_bytes``,
+``pinned_bytes``): on all three the same program allocates the same bytes.
 """
 from __future__ import annotations
 
@@ -83,6 +86,9 @@ class NullStream:
 
     raw = 0
 
+    def __init__(self, name: str = "default"):
+        self.name = name
+
     def synchronize(self) -> None:
         pass
 
@@ -107,8 +113,8 @@ class NullEvent:
 
 
 class CudaStream:
-    def __init__(self, raw):
-        self.raw = raw
+    def __init__(self, raw, name: str = "default"):
+        self.raw, self.name = raw, name
 
     def synchronize(self) -> None:
         self.raw.synchronize()
@@ -158,17 +164,18 @@ class Device:
         self.kernel_calls = 0  # kernels run through this device
 
     # storage ---------------------------------------------------------------
-    def alloc_arena(self, nbytes: int) -> Buffer:
-        """Allocate the one device arena; every tensor is a view into it."""
+    def alloc_arena(self, nbytes: int, stream=None) -> Buffer:
+        """Allocate a device buffer (the one arena; with the raw allocator, one per tensor), filled with
+        NaN bytes on ``stream`` (None: before this returns), so a read before any write shows."""
         nbytes = _positive(nbytes, "arena")
-        buf = Buffer(self, nbytes, self._alloc(nbytes, pinned=False))
+        buf = Buffer(self, nbytes, self._alloc(nbytes, pinned=False, stream=stream))
         self.arena_bytes += nbytes
         return buf
 
     def alloc_pinned(self, nbytes: int) -> Buffer:
         """Allocate a slab of pinned host memory, taken once and carved into views."""
         nbytes = _positive(nbytes, "pinned slab")
-        buf = Buffer(self, nbytes, self._alloc(nbytes, pinned=True), pinned=True)
+        buf = Buffer(self, nbytes, self._alloc(nbytes, pinned=True, stream=None), pinned=True)
         self.pinned_bytes += nbytes
         return buf
 
@@ -187,8 +194,8 @@ class Device:
         return self._view(buf, offset_bytes, shape, np.dtype(dtype))
 
     # streams, copies, kernels -------------------------------------------------
-    def stream(self):
-        return NullStream()
+    def stream(self, name: str = "default"):
+        return NullStream(name)
 
     def event(self, timing: bool = False):
         return NullEvent()
@@ -214,6 +221,15 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def host_write(self, dst, src) -> None:
+        """The CPU writes ``src`` into the pinned host view ``dst`` (a staged input)."""
+        _same_layout("host_write", src, dst)
+        np.copyto(dst, src)
+
+    def host_read(self, src) -> np.ndarray:
+        """The CPU reads the pinned host view ``src`` (a result); a copy."""
+        return np.array(src, copy=True)
+
     def read(self, array) -> np.ndarray:
         """Copy a device view to a new NumPy array, synchronously (for inspection and tests)."""
         raise NotImplementedError
@@ -233,7 +249,7 @@ class HostDevice(Device):
 
     name = "host"
 
-    def _alloc(self, nbytes, pinned):
+    def _alloc(self, nbytes, pinned, stream):
         return np.full(nbytes, 0xFF, dtype=np.uint8)
 
     def _view(self, buf, offset, shape, dtype):
@@ -259,7 +275,7 @@ class HostDevice(Device):
 
 class CudaDevice(Device):
     """Numba CUDA: a real GPU, or the simulator when NUMBA_ENABLE_CUDASIM=1 was set before numba
-    was imported. Kernels run on ``compute_stream`` unless a stream is given."""
+    was imported. Work runs on the stream it is given (None: the default stream)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -272,22 +288,25 @@ class CudaDevice(Device):
         self.simulated = simulator_enabled()
         self.name = "cuda"
         self.gpu_name = "CUDA simulator" if self.simulated else _decode(cuda.get_current_device().name)
-        self.compute_stream = self.stream()
 
-    def _alloc(self, nbytes, pinned):
+    def _alloc(self, nbytes, pinned, stream):
         if pinned:
             return self._cuda.pinned_array(nbytes, dtype=np.uint8)
         raw = self._cuda.device_array(nbytes, dtype=np.uint8)
         usable = nbytes // 4  # poison with NaN, as the host device does
-        if usable:
-            self._run(_ops()["fill"], (raw[:usable * 4].view(np.float32),), None, {"value": np.nan})
+        if self.simulated:  # a simulated fill kernel costs minutes for a few MiB: copy NaN bytes in instead
+            raw.copy_to_device(np.full(nbytes, 0xFF, np.uint8), stream=self._stream(stream))
+        elif usable:
+            self._run(_ops()["fill"], (raw[:usable * 4].view(np.float32),), stream, {"value": np.nan})
+            if stream is None:
+                self._cuda.synchronize()  # outside an iteration: done before anything uses it
         return raw
 
     def _view(self, buf, offset, shape, dtype):
         return buf.raw[offset:offset + nbytes_of(shape, dtype)].view(dtype).reshape(shape)
 
-    def stream(self):
-        return CudaStream(self._cuda.stream())
+    def stream(self, name: str = "default"):
+        return CudaStream(self._cuda.stream(), name)
 
     def event(self, timing: bool = False):
         if self.simulated:  # the simulator's events take no arguments
@@ -295,7 +314,7 @@ class CudaDevice(Device):
         return CudaEvent(self._cuda.event(timing=timing))
 
     def _stream(self, stream):
-        return (stream or self.compute_stream).raw
+        return 0 if stream is None else stream.raw
 
     def _copy_to_host(self, src, dst, stream):
         src.copy_to_host(dst, stream=self._stream(stream))
@@ -329,11 +348,17 @@ class MetaDevice(Device):
     name = "meta"
     has_data = False
 
-    def _alloc(self, nbytes, pinned):
+    def _alloc(self, nbytes, pinned, stream):
         return None
 
     def _view(self, buf, offset, shape, dtype):
         return MetaArray(shape, dtype, offset)
+
+    def host_write(self, dst, src) -> None:
+        _same_layout("host_write", src, dst)
+
+    def host_read(self, src):
+        return None
 
     def _copy_to_host(self, src, dst, stream):
         pass

@@ -10,7 +10,7 @@ Pure functions that return plain data; :mod:`snlite.cli` prints them (``snlite p
     max_batch(lambda b: get_model("alexnet", b), cfg)    # largest batch under cfg.budget_bytes
     max_depth(16, cfg)                                   # deepest ImageNet ResNet under it
 
-Every number comes from :func:`snlite.simulate` (the runtime on the meta device), so it is what a
+Every number comes from a program (:func:`snlite.place`, read by :func:`snlite.trace.trace_program`), so it is what a
 :class:`~snlite.train.Model` then allocates, byte for byte. "Fits" always means: the simulation
 ran under ``budget_bytes`` (the pool holds everything: weights, gradients, momentum, the batch,
 activations, workspace), never a comparison of peaks, since fragmentation, the LRU cache and the
@@ -26,10 +26,10 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
 from snlite.config import MemoryConfig
-from snlite.device import MetaDevice
 from snlite.models import PAPER_WIDTH_BATCH, resnet
 from snlite.recompute import Op, RecomputeInfo
-from snlite.runtime import BudgetError, Runtime, optimizer_specs, simulate
+from snlite.placement import BudgetError, place
+from snlite.trace import trace_program
 from snlite.scheduler import LivenessStage, Plan, PlannedOp, Scheduler
 from snlite.trace import Trace
 
@@ -80,6 +80,17 @@ class Measurement:
     paper: Trace
     forward_flops: int
     fits: bool | None = None  # None: no budget given
+    program: object = None  # the snlite.program.Program both traces were read off
+
+    @property
+    def arena_bytes(self) -> int:
+        """Device memory the program needs: its arena (the placement's high-water mark)."""
+        return self.program.arena_bytes
+
+    @property
+    def slab_bytes(self) -> int:
+        """Pinned host memory the program needs: its slab (offloaded tensors, the staged batch, results)."""
+        return self.program.slab_bytes
 
     @property
     def peak_bytes(self) -> int:
@@ -108,16 +119,13 @@ class Measurement:
                 "peak_layer": t.steps[t.peak_op].layer if t.steps else None,
                 "recompute_count": t.recompute_count, "extra_flops": t.extra_flops,
                 "forward_flops": self.forward_flops, "d2h_bytes": t.d2h_bytes, "h2d_bytes": t.h2d_bytes,
-                "cache_hits": t.cache_hits, "cache_misses": t.cache_misses, "host_peak_bytes": t.host_peak_bytes}
+                "cache_hits": t.cache_hits, "cache_misses": t.cache_misses, "host_peak_bytes": t.host_peak_bytes,
+                "arena_bytes": self.arena_bytes, "slab_bytes": self.slab_bytes}
 
 
 def run(graph, config: MemoryConfig, plan: Plan | None = None) -> Trace:
-    """One simulated training iteration: the scheduler's plan, or ``plan`` if given."""
-    if plan is None:
-        return simulate(graph, config)
-    rt = Runtime(graph, config, MetaDevice(), optimizer_specs(graph), plan=plan)
-    rt.run()
-    return rt.trace
+    """One training iteration's trace, read off its program: the scheduler's plan, or ``plan``."""
+    return trace_program(place(graph, config, plan=plan), config.count)
 
 
 def fits(graph, config: MemoryConfig, plan: Plan | None = None) -> bool:
@@ -132,14 +140,14 @@ def fits(graph, config: MemoryConfig, plan: Plan | None = None) -> bool:
 def measure(graph, config: MemoryConfig, label: str | None = None, plan: Plan | None = None) -> Measurement:
     """Simulate ``config`` with both counts. Under a budget that is too small, the numbers are of
     the run without it (what it would need) and ``fits`` is False."""
-    ok = None
-    if config.budget_bytes is not None:
-        ok = fits(graph, config.replace(count="all"), plan)
-        if not ok:
-            config = config.replace(budget_bytes=None)
-    t_all = run(graph, config.replace(count="all"), plan)
-    t_paper = run(graph, config.replace(count="paper"), plan)
-    return Measurement(label or config.describe(), config, t_all, t_paper, graph.flops(), ok)
+    budgeted = config.budget_bytes is not None or config.host_budget_bytes is not None
+    try:
+        program, ok = place(graph, config, plan=plan), (True if budgeted else None)
+    except BudgetError:
+        config = config.replace(budget_bytes=None, host_budget_bytes=None)
+        program, ok = place(graph, config, plan=plan), False
+    t_all, t_paper = trace_program(program, "all"), trace_program(program, "paper")
+    return Measurement(label or config.describe(), config, t_all, t_paper, graph.flops(), ok, program)
 
 
 # ---------------------------------------------------------------------------- sqrt(N) checkpoints

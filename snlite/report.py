@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from snlite import __version__, measure
 from snlite.config import MemoryConfig
 from snlite.models import get_model
-from snlite.runtime import optimizer_specs, smallest_budget
+from snlite.placement import smallest_budget
 
 GIB = 1 << 30
 BUDGET = 12 * GIB  # the paper's GPU (12 GB K40), as a pool size
@@ -112,7 +112,7 @@ def trajectory(batch: int = 200) -> tuple[Section, dict]:
     """AlexNet's peak under each technique (both counts, where, what is live); returns the section
     and ``{label: Measurement}`` for the figures."""
     graph = get_model("alexnet", batch)
-    tight = smallest_budget(graph, MemoryConfig.superneurons(), extra=optimizer_specs(graph))
+    tight = smallest_budget(graph, MemoryConfig.superneurons())
     configs = {label: measure.COMPARE[label] for label in
                ("baseline", "liveness", "+ offload", "+ offload + recompute cost_aware")}
     configs["superneurons(), no budget"] = MemoryConfig.superneurons()
@@ -138,7 +138,7 @@ def trajectory(batch: int = 200) -> tuple[Section, dict]:
             f"backward) and the tensors resident there. The LRU cache only moves data when an allocation would "
             f"fail, so without a budget (or with 12 GiB, far more than AlexNet at batch {batch} needs) "
             f"superneurons() moves nothing; in its smallest budget ({tight:,d} bytes, found by "
-            f"snlite.runtime.smallest_budget) the cache has to evict.")
+            f"snlite.placement.smallest_budget) the cache has to evict.")
     table = Table(f"{PAPER_COUNT} in columns 2-5 (live act+grad tensors: how many activation and gradient tensors "
                   f"are resident at that peak); {ALL_COUNT} in columns 6-8 (live tensors: every resident tensor, "
                   f"weights included); to host / back: bytes copied per iteration (GB = 1e9 bytes); recomputed: "

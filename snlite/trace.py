@@ -1,7 +1,8 @@
-"""The trace: what the runtime did, op by op, and the totals people ask about.
+"""The trace: what a program does to memory, op by op, and the totals people ask about.
 
-Every byte here is what the pool reserved (requests rounded up to its blocks), so the trace of a
-run on the meta device equals, byte for byte, what the host and CUDA devices then hold.
+:func:`trace_program` reads it off a :class:`~snlite.program.Program` without running anything.
+Every byte here is what the pool reserved (requests rounded up to its blocks), and the host and CUDA
+devices run that same program, so the trace is, byte for byte, what they then hold.
 
 Categories: ``weights`` (weights and BatchNorm buffers), ``weight_grads``, ``optimizer``
 (momentum), ``input`` (the batch and its labels), ``activations`` (layer outputs and what
@@ -34,7 +35,7 @@ class StepRecord:
     layer: str
     phase: str
     device_bytes: dict  # category -> bytes
-    host_bytes: int
+    host_bytes: int  # pinned host memory in use (tensors waiting on the host, the staged batch, results)
     live_tensors: int
     counted_bytes: int  # under the trace's count
     working_set_bytes: int  # l_i: what this op itself touches, under the same count
@@ -96,3 +97,94 @@ class Trace:
                         + "".join(f"{r.device_bytes.get(c, 0) // 1024:>9,d}" for c in CATEGORIES)
                         + f"{r.host_bytes // 1024:>9,d}{r.counted_bytes // 1024:>10,d}")
         return "\n".join(rows)
+
+
+def trace_program(program, count: str = "all") -> Trace:
+    """The trace of ``program`` under ``count`` ("all" or "paper"): one :class:`StepRecord` per
+    launched op, taken at its busiest moment (its inputs, outputs and workspace held), the peak and
+    what was live there, l_peak, the traffic and the conv choices. Pure: it only reads the program."""
+    from snlite.program import Alloc, Copy, Free, HandOver, Launch
+
+    stats = program.stats
+    tr = Trace(count=count, arena_bytes=program.arena_bytes, recompute_count=stats.get("recompute_count", 0),
+               extra_flops=stats.get("extra_flops", 0), cache_hits=stats.get("cache_hits", 0),
+               cache_misses=stats.get("cache_misses", 0))
+    cats = PAPER_CATEGORIES if count == "paper" else None
+    kind = {}  # tensor -> its kind, memoised
+    tensors = program.tensors
+
+    def kind_of(name):
+        k = kind.get(name)
+        if k is None:
+            k = kind[name] = tensors[name.split("#", 1)[0]][2]
+        return k
+
+    device = dict.fromkeys(CATEGORIES, 0)
+    held: dict[str, int] = {}  # device tensor -> its block's bytes
+    cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
+    host = resident = 0
+    log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body: the peak's live set
+    peak_log = 0
+    persistent = ("weight", "weight_grad", "buffer", "optimizer")
+    for body, instructions in ((False, program.setup), (True, program.body)):
+        for ins in instructions:
+            t = type(ins)
+            if t is Launch:
+                if ins.phase == "update":
+                    continue
+                inplace_new = {new for new, _ in ins.inplace}
+                working = sum(held[n] for n in {*ins.reads, *ins.writes} if n not in inplace_new
+                              and kind_of(n) not in persistent and (cats is None or KIND_CATEGORY[kind_of(n)] in cats))
+                if count == "all":
+                    working += device["weights"] + device["weight_grads"] + device["optimizer"]
+                    working += held[ins.workspace] if ins.workspace else 0
+                total = counted(device, count)
+                tr.steps.append(StepRecord(ins.op, ins.step, ins.layer, ins.phase, dict(device), host, resident,
+                                           total, working))
+                tr.l_peak_bytes = max(tr.l_peak_bytes, working)
+                if total > tr.peak_bytes:
+                    tr.peak_bytes, tr.peak_step, tr.peak_op = total, ins.step, len(tr.steps) - 1
+                    peak_log = len(log)
+                for op, algo, chunk, nbytes in ins.convs:
+                    tr.conv_choices.append(ConvChoice(ins.step, ins.layer, op, algo, chunk, nbytes))
+            elif t is Alloc:
+                if ins.space == "slab":
+                    host += ins.nbytes
+                    tr.host_peak_bytes = max(tr.host_peak_bytes, host)
+                    continue
+                c = cat_of[ins.tensor] = KIND_CATEGORY[kind_of(ins.tensor)]
+                held[ins.tensor] = ins.nbytes
+                device[c] += ins.nbytes
+                resident += 1
+                if body:
+                    log.append((ins.tensor, ins.nbytes))
+            elif t is Free:
+                if ins.space == "slab":
+                    host -= ins.nbytes
+                    continue
+                n = held.pop(ins.tensor)
+                device[cat_of.pop(ins.tensor)] -= n
+                resident -= 1
+                log.append((ins.tensor, -n))
+            elif t is HandOver:
+                n = held.pop(ins.old)
+                device[cat_of.pop(ins.old)] -= n
+                c = cat_of[ins.new] = KIND_CATEGORY[kind_of(ins.new)]
+                held[ins.new] = n
+                device[c] += n
+                log += [(ins.old, -n), (ins.new, n)]
+            elif t is Copy:
+                if ins.why in ("offload", "evict"):
+                    n = held[ins.tensor]
+                    device[cat_of[ins.tensor]] -= n
+                    device["in_flight"] += n
+                    cat_of[ins.tensor] = "in_flight"
+                    tr.d2h_bytes += ins.nbytes
+                elif ins.why in ("prefetch", "fetch"):
+                    tr.h2d_bytes += ins.nbytes
+    live: dict[str, int] = {}
+    for name, nbytes in log[:peak_log]:
+        live[name] = live.get(name, 0) + nbytes
+    tr.peak_tensors = tuple(sorted(((n, b) for n, b in live.items() if b > 0
+                                    and (cats is None or KIND_CATEGORY[kind_of(n)] in cats)), key=lambda p: -p[1]))
+    return tr

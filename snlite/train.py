@@ -15,17 +15,28 @@ import numpy as np
 
 from snlite.config import MemoryConfig
 from snlite.device import get_device
+from snlite.executor import Executor
 from snlite.graph import Graph
-from snlite.runtime import BudgetError, Runtime, optimizer_specs, smallest_budget
+from snlite.placement import BudgetError, place, smallest_budget
+from snlite.program import format_size
+from snlite.scheduler import Scheduler
+from snlite.trace import trace_program
 from snlite.workspace import measure_conv_costs
 
 
 class Model:
-    """A graph, its parameters and optimizer state on a device, trained by the memory runtime
-    under ``config`` (a :class:`MemoryConfig`; None is the baseline). ``model.trace`` is the
-    last iteration's trace; ``model.runtime.plan`` what the scheduler decided."""
+    """A graph, its parameters and optimizer state on a device, trained under ``config`` (a
+    :class:`MemoryConfig`; None is the baseline).
 
-    def __init__(self, graph: Graph, config: MemoryConfig | None = None, device="auto", seed: int = 0):
+    At construction the scheduler plans, the placement pass turns the plan into three programs
+    (``model.programs``: "train", "grads" and "infer"), and the executor takes one arena and one
+    pinned slab sized for them; every step then replays a program. ``model.trace`` is the trace of
+    the last training iteration; ``model.plan`` what the scheduler decided (or ``plan``, one built elsewhere,
+    such as :func:`snlite.measure.checkpoint_plan`). ``costs``: a conv timing table
+    (:func:`snlite.workspace.measure_conv_costs`); on a real GPU, without one, it is measured first."""
+
+    def __init__(self, graph: Graph, config: MemoryConfig | None = None, device="auto", seed: int = 0, plan=None,
+                 costs=None):
         self.graph = graph
         self.config = config or MemoryConfig()
         if not isinstance(self.config, MemoryConfig):
@@ -36,15 +47,17 @@ class Model:
         tensors = graph.tensors()
         self.learnable = [t.name for t in tensors.values() if t.kind == "weight"]
         self.state_names = [t.name for t in tensors.values() if t.kind in ("weight", "buffer")]
-        momentum = optimizer_specs(graph)
-        if self.config.budget_bytes is not None and self.device.has_data:
-            _check_budget(graph, self.config, momentum)  # fail before anything runs
-        self.runtime = Runtime(graph, self.config, self.device, momentum)
-        if getattr(self.device, "simulated", True) is False and self.config.workspace != "none":
-            # a real GPU: rank conv algorithms by measurement, then re-check the budget with that ranking
-            self.runtime.costs = measure_conv_costs(self.runtime)
-            if self.config.budget_bytes is not None:
-                _check_budget(graph, self.config, momentum, self.runtime.costs)
+        self.costs = costs  # how conv algorithms are ranked (None: snlite.workspace.CostModel)
+        if costs is None and getattr(self.device, "simulated", True) is False and self.config.workspace != "none":
+            # a real GPU: rank conv algorithms by measuring them (in a scratch arena, given back after)
+            self.costs = measure_conv_costs(graph, self.device, self.config.budget_bytes)
+        self.plan = plan or Scheduler(graph, self.config).plan()  # a plan built elsewhere (sqrt(N) checkpoints) runs too
+        self.programs = _programs(graph, self.config, self.plan, self.costs)  # fails here if a budget is too small
+        self.executor = Executor(graph, self.device, max(p.arena_bytes for p in self.programs.values()),
+                                 max(p.slab_bytes for p in self.programs.values()))
+        self.executor.install(self.programs["train"])
+        self._traces: dict[str, object] = {}
+        self._last = "train"
         rng = np.random.default_rng(self.seed)
         init = {}
         for name, layer in graph.layers.items():
@@ -56,8 +69,18 @@ class Model:
 
     @property
     def trace(self):
-        """The trace of the last iteration run (training or inference)."""
-        return self.runtime.trace
+        """The trace of the last training iteration (``step`` or ``forward_backward``): read off its program."""
+        return self._trace(self._last)
+
+    @property
+    def inference_trace(self):
+        """The trace of ``predict``'s program (forward only, logits read back)."""
+        return self._trace("infer")
+
+    def _trace(self, mode: str):
+        if mode not in self._traces:
+            self._traces[mode] = trace_program(self.programs[mode], self.config.count)
+        return self._traces[mode]
 
     # parameters -----------------------------------------------------------------
     @property
@@ -80,7 +103,7 @@ class Model:
     # training -------------------------------------------------------------------
     def forward_backward(self, x, labels) -> tuple[float, dict[str, np.ndarray]]:
         """One training forward and backward; returns the loss and every weight's gradient."""
-        loss, _ = self._train_iteration(x, labels)
+        loss, _ = self._train_iteration(x, labels, "grads")
         return loss, {n: self._read(f"{n}.grad") for n in self.learnable}
 
     def step(self, x, labels, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
@@ -89,11 +112,8 @@ class Model:
         ``(loss, logits)`` with ``return_logits`` (the logits copied out as the forward made them)."""
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ValueError(f"need lr > 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}")
-        loss, logits = self._train_iteration(x, labels, return_logits)
-        rt = self.runtime
-        for n in self.learnable:
-            self.device.run("sgd_update", rt.view(n), rt.view(f"{n}.grad"), rt.view(f"{n}.momentum"),
-                            lr=lr, momentum=momentum, weight_decay=weight_decay)
+        sgd = dict(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        loss, logits = self._train_iteration(x, labels, "train", sgd)
         return (loss, logits) if return_logits else loss
 
     def predict(self, x) -> np.ndarray:
@@ -107,8 +127,9 @@ class Model:
             chunk = x[start:start + n]
             batch = np.zeros((n,) + shape, np.float32)
             batch[:len(chunk)] = chunk
-            _, logits = self.runtime.run(batch, None, train=False, iteration=self.iteration, seed=self.seed)
-            out.append(logits[:len(chunk)])
+            results = self.executor.run(self.programs["infer"], {"data": batch}, iteration=self.iteration,
+                                        seed=self.seed)
+            out.append(results[self.logits][:len(chunk)])
         return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
 
     def evaluate(self, x, labels) -> float:
@@ -116,21 +137,42 @@ class Model:
         return float(np.mean(self.predict(x).argmax(axis=1) == np.asarray(labels)))
 
     # internals ------------------------------------------------------------------
-    def _train_iteration(self, x, labels, return_logits=False) -> tuple[float, np.ndarray | None]:
+    @property
+    def logits(self) -> str:
+        """The name of the logits tensor (the loss layer's input)."""
+        return self.graph.output_tensor(self.graph.inputs[self.graph.loss_layer][0])
+
+    @property
+    def profile(self) -> bool:
+        """On a CUDA device: time every kernel step and copy of the next iterations, per stream."""
+        return self.executor.profile
+
+    @profile.setter
+    def profile(self, on: bool) -> None:
+        self.executor.profile = bool(on)
+
+    @property
+    def stream_events(self) -> list[dict]:
+        """The last profiled iteration: one dict per kernel step or copy (stream, label, start_ms, end_ms)."""
+        return self.executor.stream_events
+
+    def _train_iteration(self, x, labels, mode, sgd=None) -> tuple[float, np.ndarray | None]:
         if labels is None:
             raise ValueError("training needs labels")
         _check_batch(self.graph, x, labels)
-        loss, logits = self.runtime.run(x, labels, train=True, iteration=self.iteration, seed=self.seed,
-                                        keep_logits=return_logits)
+        inputs = {"data": np.ascontiguousarray(x, dtype=np.float32), "labels": np.asarray(labels, dtype=np.int32)}
+        results = self.executor.run(self.programs[mode], inputs, iteration=self.iteration, seed=self.seed, sgd=sgd)
+        self._last = mode
         self.iteration += 1
-        return (float("nan") if loss is None else loss), logits
+        loss = results.get(f"{self.graph.loss_layer}.loss")
+        return (float("nan") if loss is None else float(loss[0])), results.get(self.logits)
 
     def _read(self, name):
-        return self.device.read(self.runtime.view(name))
+        return self.device.read(self.executor.view(name))
 
     def _write(self, values: dict) -> None:
         for name, value in values.items():
-            self.device.write(np.ascontiguousarray(value, dtype=np.float32), self.runtime.view(name))
+            self.device.write(np.ascontiguousarray(value, dtype=np.float32), self.executor.view(name))
 
 
 def _check_batch(graph, x, labels) -> None:
@@ -144,13 +186,16 @@ def _check_batch(graph, x, labels) -> None:
                          f"range [{labels.min()}, {labels.max()}]")
 
 
-def _check_budget(graph, config, extra, costs=None) -> None:
-    """Plan on the meta device first: a budget too small fails here, before anything runs."""
-    from snlite.device import MetaDevice
-
+def _programs(graph, config, plan, costs) -> dict:
+    """The model's three programs, placed under ``config``; a budget too small fails here, before
+    anything runs, with the smallest budget that would work."""
     try:
-        Runtime(graph, config, MetaDevice(), extra, costs).run()
+        train = place(graph, config, "train", plan=plan, costs=costs)
+        infer = place(graph, config, "infer", plan=plan, costs=costs)
     except BudgetError as e:
-        need = smallest_budget(graph, config, extra=extra, costs=costs)
-        raise BudgetError(f"{e} The smallest budget that works under this configuration is {need:,d} bytes "
-                          f"({need / 2**20:,.1f} MiB).") from None
+        host = "host budget" in str(e)
+        need = smallest_budget(graph, config if host else config.replace(host_budget_bytes=None), costs=costs,
+                               host=host)
+        raise BudgetError(f"{e} The smallest {'host ' if host else ''}budget that works under this configuration is "
+                          f"{need:,d} bytes ({format_size(need)}).") from None
+    return {"train": train, "grads": train.without_updates(), "infer": infer}

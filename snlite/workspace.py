@@ -18,10 +18,11 @@ The ranking, not the absolute times, is what the choice uses.
 """
 from __future__ import annotations
 
-import contextlib
+import math
 from dataclasses import dataclass
 
 MODES = ("none", "fastest", "dynamic")
+CONV_OPS = ("forward", "backward_data", "backward_filter")
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,14 @@ def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:
     return sorted(out, key=lambda c: (c.est_ms, c.workspace_bytes))
 
 
-def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: CostModel = CostModel()) -> Choice:
+def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: CostModel = CostModel(),
+           ranked: list[Choice] | None = None) -> Choice:
     """The algorithm for one conv step under ``mode``; ``largest_free_bytes`` is the pool's
-    largest free block now (None: unlimited)."""
+    largest free block now (None: unlimited). ``ranked``: ``candidates(layer, op, model)``, if the
+    caller already has them (the placement pass asks thousands of times)."""
     if mode not in MODES:
         raise ValueError(f"unknown workspace mode {mode!r}; choose one of {MODES}")
-    ranked = candidates(layer, op, model)
+    ranked = candidates(layer, op, model) if ranked is None else ranked
     if mode == "none":
         return next(c for c in ranked if c.algo == "direct")
     if mode == "fastest" or largest_free_bytes is None:
@@ -92,38 +95,56 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
     return next(c for c in ranked if c.workspace_bytes <= largest_free_bytes)
 
 
-def measure_conv_costs(runtime, reps: int = 3) -> MeasuredCosts:
-    """Time every conv algorithm candidate of ``runtime``'s graph on its device, with buffers
-    taken from its pool (and given back). Meaningful on a real GPU; on the simulator it runs the
-    same code and the times are the simulation's wall-clock cost."""
-    table, seen = {}, set()
-    for layer in runtime.graph.layers.values():
-        if layer.kind != "conv2d" or conv_key(layer) in seen:
-            continue
-        seen.add(conv_key(layer))
-        with runtime.scratch("measure.x", layer.in_shapes[0]) as x, runtime.scratch("measure.w", layer.w_shape) as w, \
-                runtime.scratch("measure.y", layer.out_shape) as y:
-            calls = {"forward": ("conv2d_forward", (x, w, y)), "backward_data": ("conv2d_backward_data", (y, w, x)),
-                     "backward_filter": ("conv2d_backward_filter", (x, y, w))}
-            for op, (kernel, arrays) in calls.items():
-                for c in candidates(layer, op, runtime.costs):
-                    if c.workspace_bytes and not runtime.pool.can_fit(c.workspace_bytes):
-                        continue  # it could never be chosen here
-                    table[(conv_key(layer), op, c.algo, c.chunk)] = _time(runtime, layer, kernel, arrays, c, reps)
+def measure_conv_costs(graph, device, budget_bytes: int | None = None, reps: int = 3,
+                       model: CostModel = CostModel()) -> MeasuredCosts:
+    """Time every conv algorithm candidate of ``graph`` on ``device``, in a scratch arena taken
+    through a :class:`~snlite.pool.TensorPool` for the purpose and given back before training
+    starts. Meaningful on a real GPU; on the simulator the same code runs and the times are the
+    simulation's wall-clock cost. A candidate whose workspace, beside the conv's input, weight and
+    output, exceeds ``budget_bytes`` is skipped: it could never be chosen."""
+    from snlite.pool import TensorPool
+
+    layers = list({conv_key(l): l for l in graph.layers.values() if l.kind == "conv2d"}.values())
+    if not layers:
+        return MeasuredCosts({})
+    block = TensorPool(1024).reserved_bytes
+    shapes = {l.name: (l.in_shapes[0], l.w_shape, l.out_shape) for l in layers}
+    fixed = {n: sum(block(4 * math.prod(s)) for s in ss) for n, ss in shapes.items()}
+    runs = [(l, op, c) for l in layers for op in CONV_OPS for c in candidates(l, op, model)
+            if budget_bytes is None or fixed[l.name] + block(c.workspace_bytes) <= budget_bytes]
+    pool = TensorPool(max(fixed[l.name] + block(c.workspace_bytes) for l, _, c in runs))
+    arena = device.alloc_arena(pool.capacity_bytes)
+    stream = device.stream("compute")
+    table = {}
+    for layer in layers:
+        views = []
+        for name, shape in zip("xwy", shapes[layer.name]):
+            views.append(device.view(arena, pool.alloc(4 * math.prod(shape), f"measure.{name}"), shape))
+        x, w, y = views
+        calls = {"forward": ("conv2d_forward", (x, w, y)), "backward_data": ("conv2d_backward_data", (y, w, x)),
+                 "backward_filter": ("conv2d_backward_filter", (x, y, w))}
+        for l, op, c in runs:
+            if l is layer:
+                kernel, arrays = calls[op]
+                table[(conv_key(layer), op, c.algo, c.chunk)] = _time(device, stream, arena, pool, layer, kernel,
+                                                                      arrays, c, reps)
+        for offset in list(pool.allocations()):
+            pool.free(offset)
     return MeasuredCosts(table)
 
 
-def _time(runtime, layer, kernel, arrays, choice, reps) -> float:
-    with contextlib.ExitStack() as stack:
-        wk = stack.enter_context(runtime.scratch("measure.workspace", (choice.workspace_bytes // 4,))) \
-            if choice.workspace_bytes else None
-        kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo,
-                  chunk=choice.chunk, workspace=wk)
-        runtime.launch(kernel, *arrays, **kw)  # warm up: compiles the kernels
-        start, end = runtime.device.event(timing=True), runtime.device.event(timing=True)
-        start.record(runtime.compute)
-        for _ in range(reps):
-            runtime.launch(kernel, *arrays, **kw)
-        end.record(runtime.compute)
-        end.synchronize()
-        return start.elapsed_ms(end) / reps
+def _time(device, stream, arena, pool, layer, kernel, arrays, choice, reps) -> float:
+    offset = pool.alloc(choice.workspace_bytes, "measure.workspace") if choice.workspace_bytes else None
+    wk = device.view(arena, offset, (choice.workspace_bytes // 4,)) if offset is not None else None
+    kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo, chunk=choice.chunk,
+              workspace=wk)
+    device.run(kernel, *arrays, stream=stream, **kw)  # warm up: compiles the kernels
+    start, end = device.event(timing=True), device.event(timing=True)
+    start.record(stream)
+    for _ in range(reps):
+        device.run(kernel, *arrays, stream=stream, **kw)
+    end.record(stream)
+    end.synchronize()
+    if offset is not None:
+        pool.free(offset)
+    return start.elapsed_ms(end) / reps

@@ -82,3 +82,22 @@ def _quick_safe_simulator():
     yield
     kernelapi.FakeCUDAShared.array = original
     sys.setswitchinterval(old)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _every_program_is_checked():
+    """Every program the suite places is run through the race checker (and the checker's own
+    consistency checks) before anything uses it: a placement that could race fails the test that
+    built it, wherever that is."""
+    from snlite import checker, placement
+
+    original = placement._Placer.run
+
+    def run(self):
+        program = original(self)
+        checker.check(program)
+        return program
+
+    placement._Placer.run = run
+    yield
+    placement._Placer.run = original

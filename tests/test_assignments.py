@@ -24,7 +24,7 @@ from snlite.config import MemoryConfig
 from snlite.graph import Graph
 from snlite.liveness import analyze, first_and_last_use, format_table, frees_after
 from snlite.pool import HostPool, PoolFullError, TensorPool
-from snlite.runtime import simulate
+from snlite.placement import simulate
 from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate
 from snlite.train import Model
 
@@ -351,7 +351,8 @@ def test_a2_training_in_the_pool_is_bit_identical_to_one_allocation_per_tensor(f
     want = train(g, MemoryConfig(liveness=True, allocator="raw"))
     got = train(g, MemoryConfig(liveness=True, fit=fit))
     assert_same_training(got, want, f"the pool ({fit} fit)")
-    assert got[2].runtime.pool.stats().high_water_bytes <= got[2].runtime.pool.capacity_bytes
+    model = got[2]
+    assert model.executor.arena.nbytes == max(p.arena_bytes for p in model.programs.values())
 
 
 # ================================================================ assignment 3: the tiled GEMM kernel
@@ -554,7 +555,7 @@ def test_a4_training_under_offload_is_bit_identical(net):
     want = train(g, MemoryConfig())
     got = train(g, MemoryConfig(liveness=True, offload=True))
     assert_same_training(got, want, "offload")
-    trace, moved = got[2].trace, {tr.tensor for tr in got[2].runtime.plan.transfers}
+    trace, moved = got[2].trace, {tr.tensor for tr in got[2].plan.transfers}
     assert moved and trace.d2h_bytes == trace.h2d_bytes == sum(g.tensors()[t].nbytes for t in moved)
     assert trace.peak_bytes <= simulate(g, MemoryConfig(liveness=True)).peak_bytes
 

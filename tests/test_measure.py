@@ -10,7 +10,6 @@ import pytest
 
 from snlite import Graph, MemoryConfig, Model, cli, cli_args, measure, simulate
 from snlite.models import get_model, resnet
-from snlite.runtime import Runtime, optimizer_specs
 from snlite.scheduler import Scheduler, validate
 
 
@@ -50,14 +49,14 @@ def test_format_size():
 # ---------------------------------------------------------------- flags -> MemoryConfig
 def test_every_memory_config_field_is_a_flag_and_flags_override_the_preset():
     fields = {f.name for f in dataclasses.fields(MemoryConfig)}
-    assert set(cli_args.MEMORY_FLAGS) | {"budget_bytes"} == fields
+    assert set(cli_args.MEMORY_FLAGS) | {"budget_bytes", "host_budget_bytes"} == fields
     parser = cli.build_parser()
     args = parser.parse_args(["plan", "lenet", "--no-cache", "--preset", "superneurons", "--recompute", "speed",
                               "--workspace", "none", "--allocator", "raw", "--fit", "best", "--count", "paper",
-                              "--budget", "64MiB"])
+                              "--budget", "64MiB", "--host-budget", "1GiB"])
     assert cli.memory_config(args) == MemoryConfig.superneurons(
         cache=False, recompute="speed", workspace="none", allocator="raw", fit="best", count="paper",
-        budget_bytes=64 * 2**20)
+        budget_bytes=64 * 2**20, host_budget_bytes=2**30)
     assert cli.memory_config(parser.parse_args(["plan", "lenet"])) == MemoryConfig.baseline()
     args = parser.parse_args(["train", "lenet", "--liveness", "--offload"])
     assert cli.memory_config(args) == MemoryConfig(liveness=True, offload=True)
@@ -212,12 +211,9 @@ def test_checkpoint_plan_computes_the_same_loss_and_gradients():
     rng = np.random.default_rng(0)
     x, labels = rng.standard_normal(g.input_shape).astype(np.float32), np.array([1, 3])
     model = Model(g, MemoryConfig(liveness=True), device="host")
-    params = model.params
     loss, grads = model.forward_backward(x, labels)
     plan = measure.checkpoint_plan(g, every=2)
-    model.runtime = Runtime(g, plan.config, model.device, optimizer_specs(g), plan=plan)
-    model.set_params(params)
-    model.iteration = 0
+    model = Model(g, plan.config, device="host", plan=plan)
     loss2, grads2 = model.forward_backward(x, labels)
     assert model.trace.recompute_count > 0 and loss2 == loss
     for name in grads:

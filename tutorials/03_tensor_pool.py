@@ -20,7 +20,8 @@ from snlite import MemoryConfig, Scheduler
 from snlite.device import MetaDevice
 from snlite.pool import PoolFullError, TensorPool, format_map
 from snlite.recompute import base_name
-from snlite.runtime import Runtime, optimizer_specs, smallest_budget
+from snlite.executor import Executor
+from snlite.placement import place, simulate, smallest_budget
 from snlite.scheduler import PERSISTENT_KINDS
 
 QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
@@ -82,7 +83,7 @@ for fit in ("first", "best"):
 # ## A real plan, replayed through a pool
 # The scheduler's plan says, op by op, what each op writes and what is freed after it. Replaying those
 # allocations through a `TensorPool` shows the arena breathe: it fills during forward and empties during
-# backward. (A simplified replay of what `snlite.runtime` does: activations and gradients only; an
+# backward. (A simplified replay of what `snlite.placement` does: activations and gradients only; an
 # in-place write takes over the buffer it overwrites.)
 
 # %%
@@ -138,28 +139,28 @@ class CountingMeta(MetaDevice):
 
     allocations = 0
 
-    def _alloc(self, nbytes, pinned):
-        self.allocations += 1
-        return super()._alloc(nbytes, pinned)
+    def _alloc(self, nbytes, pinned, stream):
+        if not pinned:
+            self.allocations += 1
+        return super()._alloc(nbytes, pinned, stream)
 
 
 alex = snlite.models.alexnet(batch=64 if QUICK else 200)
-extra = optimizer_specs(alex)  # SGD momentum, as snlite.Model keeps it
 live = MemoryConfig(liveness=True)
+SGD = dict(lr=0.01, momentum=0.9, weight_decay=0.0)
 print(f"AlexNet, batch {alex.input_shape[0]}, liveness on")
 print(f"{'allocator':9} {'at start':>9} {'iteration 1':>12} {'iteration 2':>12} {'bytes allocated':>16}")
 traces = {}
 for allocator in ("raw", "pool"):
-    cfg = live.replace(allocator=allocator)
-    if allocator == "pool":
-        cfg = cfg.replace(budget_bytes=smallest_budget(alex, cfg, extra=extra))  # an arena just big enough
+    program = place(alex, live.replace(allocator=allocator))  # the iteration, every allocation decided
     dev = CountingMeta()
-    rt = Runtime(alex, cfg, dev, extra)
+    executor = Executor(alex, dev, program.arena_bytes, program.slab_bytes)  # pool: the arena, once
+    executor.install(program)  # the weights, their gradients and momentum
     counts = [dev.allocations]
     for _ in range(2):
-        rt.run()
+        executor.run(program, sgd=SGD)  # replays the program on the meta device: shapes and bytes only
         counts.append(dev.allocations)
-    traces[allocator] = rt.trace
+    traces[allocator] = simulate(alex, live.replace(allocator=allocator))
     print(f"{allocator:9} {counts[0]:9d} {counts[1] - counts[0]:12d} {counts[2] - counts[1]:12d} "
           f"{dev.arena_bytes / MiB:13,.0f} MiB")
 # What you should see: raw allocates every weight at the start and then every activation and gradient
@@ -182,10 +183,8 @@ configs = {"liveness + recompute": MemoryConfig(liveness=True, recompute="cost_a
 print(f"{'configuration':20} {'fit':6} {'smallest arena':>15} {'peak in use there':>18} {'lost to holes':>14}")
 for label, base in list(configs.items())[:1] if QUICK else configs.items():
     for fit in ("first", "best"):
-        need = smallest_budget(alex, base.replace(fit=fit), extra=extra)
-        rt = Runtime(alex, base.replace(fit=fit, budget_bytes=need), MetaDevice(), extra)
-        rt.run()
-        peak = rt.pool.stats().peak_in_use_bytes
+        need = smallest_budget(alex, base.replace(fit=fit))
+        peak = simulate(alex, base.replace(fit=fit, budget_bytes=need)).peak_bytes  # bytes in use at the busiest op
         print(f"{label:20} {fit:6} {need / MiB:11,.0f} MiB {peak / MiB:14,.0f} MiB {need / peak - 1:14.1%}")
 # What you should see: with recomputation, tensors of many sizes come and go during backward, and first
 # fit loses a few percent of the arena to holes; best fit loses less here. Under superneurons() the LRU

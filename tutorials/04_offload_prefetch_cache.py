@@ -5,8 +5,10 @@
 # - the Unified Tensor Pool's eager schedule: each CONV output goes to pinned host memory after its forward,
 #   its device block is released when the next CONV starts, and it comes back (prefetch) in backward
 #   one CONV segment ahead of need; as data: `Scheduler(...).plan()` and its `transfers`;
-# - the mechanics: one pinned host slab taken once, a compute stream and two copy streams, events that
-#   make a copy wait for the kernel that produced its data, and compute wait only where it must;
+# - the mechanics, as the program the placement pass writes: one pinned host slab taken once, a compute
+#   stream and two copy streams, events that make a copy wait for the kernel that produced its data, and
+#   compute wait only where it must; the streams overlapping on the adversarial device;
+# - what one missing wait does: the race checker's report, and wrong numbers on the adversarial device;
 # - the bytes moved and the peak saved;
 # - the LRU tensor cache (the paper's Algorithm 2): move nothing until an allocation fails, then evict
 #   the least recently used unlocked tensors. Hits, misses and traffic as the memory budget shrinks.
@@ -20,8 +22,13 @@ from pathlib import Path
 
 import snlite
 from snlite import BudgetError, MemoryConfig, Scheduler, simulate
-from snlite.device import MetaDevice, NullEvent, NullStream
-from snlite.runtime import Runtime, optimizer_specs, smallest_budget
+from snlite.adversary import AdversarialDevice
+from snlite.checker import find_races
+from snlite.data import synthetic
+from snlite.demo import small_cnn
+from snlite.placement import smallest_budget
+from snlite.program import Wait
+from snlite.train import Model
 
 QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
@@ -68,67 +75,116 @@ print("\n".join([rows[0]] + [r for r in rows[1:] if any(w in r for w in ("offloa
 # reaches it). Each comes back when backward starts the CONV after it, one segment before it is read.
 
 # %% [markdown]
-# ## The mechanics: pinned memory, three streams, events
-# A meta device that logs what the runtime asks of it (kernels, copies, event records and waits) shows
-# the protocol. On a GPU: the copy stream waits for an event recorded after the producing kernel (so the
-# copy reads finished data), and the compute stream waits for the copy's event only where the block is
-# released (its memory is about to be reused) or a prefetched tensor is read.
+# ## The mechanics, as a program: pinned memory, three streams, events
+# Before anything runs, the placement pass turns the plan into a *program*: every allocation at its
+# offset in the arena, every copy on its stream with the events it records and waits for, every
+# kernel launch. Kernels run on `compute`, copies to the host on `copy_out`, copies back on
+# `copy_in`. Each copy out waits for an event recorded on compute after the kernel that produced its
+# tensor (`ready`); compute waits for the copy's event only where it must: before it frees the
+# block the copy reads (`release`), and before it reads a tensor a copy is bringing back (`landed`).
 
 # %%
-class NamedStream(NullStream):
-    def __init__(self, name):
-        self.name = name
+program = snlite.place(net, eager)
+rows = program.table().splitlines()
+out_copy = next(i for i, r in enumerate(rows) if "device -> host" in r)
+back_copy = next(i for i, r in enumerate(rows) if "host -> device (prefetch" in r)
+print("\n".join(rows[:2] + rows[out_copy - 5:out_copy + 10] + ["   ..."] + rows[back_copy - 3:back_copy + 7]))
+# What you should see: conv1's forward, then an event on compute that copy_out waits for, the copy
+# (221.6 MiB at batch 200) and an event on copy_out; relu1, norm1 and pool1 are launched while the
+# copy is in flight; only before conv1's block is freed (for conv2) does compute wait for it. In
+# backward, conv4 comes back on copy_in while conv5's backward runs, and compute waits for it just
+# before relu4's backward reads it.
+
+# %% [markdown]
+# ## Watching the streams overlap
+# The host device runs every stream at once, in order, so it cannot show overlap (nor a missing wait).
+# The adversarial device keeps each stream as a queue and runs work only when it must: with
+# `order="late"`, compute runs as far ahead as the events allow and copies wait until someone waits for
+# them. Logging what it runs, in the order it runs it, on a small CNN (AlexNet is too big to train on a
+# laptop in a lesson):
+
+# %%
+small = small_cnn(batch=8)
 
 
-class LoggedEvent(NullEvent):
-    def __init__(self, log, n):
-        self.log, self.n = log, n
+class Watched(AdversarialDevice):
+    """The adversarial device, writing down each kernel and copy when it actually runs."""
 
-    def record(self, stream=None):
-        self.log.append(f"    event e{self.n} recorded on {stream.name}")
+    def __init__(self, order):
+        super().__init__(order)
+        self.ran = []
 
-    def wait(self, stream=None):
-        self.log.append(f"    {stream.name} waits for e{self.n}")
+    def _enqueue(self, stream, work):
+        name = getattr(stream, "name", "default")
+        label = self.label
 
-
-class LoggingMeta(MetaDevice):
-    """The meta device, writing down every kernel, copy and event the runtime uses."""
-
-    def __init__(self):
-        super().__init__()
-        self.log, self.n_streams, self.n_events = [], 0, 0
-
-    def stream(self):  # the runtime creates compute, copy_out and copy_in, in that order
-        self.n_streams += 1
-        return NamedStream(("compute", "copy_out", "copy_in")[self.n_streams - 1])
-
-    def event(self, timing=False):
-        self.n_events += 1
-        return LoggedEvent(self.log, self.n_events)
-
-    def alloc_pinned(self, nbytes):
-        self.log.append(f"pinned host slab: {nbytes / MiB:.1f} MiB, allocated once")
-        return super().alloc_pinned(nbytes)
-
-    def _copy_to_host(self, src, dst, stream):
-        self.log.append(f"    copy {src.nbytes / MiB:.1f} MiB device -> host on {stream.name}")
-
-    def _copy_to_device(self, src, dst, stream):
-        self.log.append(f"    copy {src.nbytes / MiB:.1f} MiB host -> device on {stream.name}")
+        def logged():
+            self.ran.append(f"{name:8} {label}")
+            work()
+        super()._enqueue(stream, logged)
 
     def _run(self, op, args, stream, kwargs):
-        self.log.append(f"kernel {op.name} on {stream.name}")
+        self.label = f"kernel {op.name}"
+        super()._run(op, args, stream, kwargs)
+
+    def _copy_to_host(self, src, dst, stream):
+        self.label = f"copy {src.nbytes:,d} bytes device -> host"
+        super()._copy_to_host(src, dst, stream)
+
+    def _copy_to_device(self, src, dst, stream):
+        self.label = f"copy {src.nbytes:,d} bytes host -> device"
+        super()._copy_to_device(src, dst, stream)
+
+    def _alloc(self, nbytes, pinned, stream):
+        self.label = "NaN fill"
+        return super()._alloc(nbytes, pinned, stream)
 
 
-dev = LoggingMeta()
-Runtime(net, eager, dev).run()
-first_prefetch = next(i for i, line in enumerate(dev.log) if "host -> device" in line)
-print("\n".join(dev.log[:13]))
-print("    ...")
-print("\n".join(dev.log[first_prefetch - 3:first_prefetch + 4]))
-# What you should see: conv1's forward kernels, then an event on compute that the copy_out stream waits
-# for, the copy, and an event on copy_out; relu1, norm1 and pool1 run while the copy is in flight; only
-# before conv2 (where conv1's block is released) does compute wait for it. Prefetches run on copy_in.
+x, labels = next(synthetic(8, small.input_shape[1:], small.num_classes).batches(8, shuffle=False))
+dev = Watched("late")
+model = Model(small, eager, device=dev)
+dev.ran.clear()
+model.step(x, labels, lr=0.01)
+offload = next(i for i, r in enumerate(dev.ran) if "device -> host" in r)
+print("\n".join(dev.ran[offload - 6:offload + 2]))
+# What you should see: the batch arrives on copy_in; the copy of conv1's output to the host runs *after*
+# the kernels that followed conv1 (its bias, batch norm and relu): compute ran ahead while the copy
+# waited, as it may on a GPU, until compute had to free conv1's block for the next conv and waited for
+# the copy. Every wait in the program holds, so the numbers are right (next cell).
+
+# %% [markdown]
+# ## Remove one wait: the race checker and the wrong numbers
+# Delete the `release` wait before conv1's block is freed. On the simulator and the host device nothing
+# changes. On a GPU, the next kernel may overwrite the block while the copy is still reading it, and the
+# host copy (brought back for backward) is garbage. The race checker finds it without running anything;
+# the adversarial device turns it into wrong numbers.
+
+# %%
+small_program = model.programs["train"]
+release = next(i for i, ins in enumerate(small_program.body) if isinstance(ins, Wait) and ins.why == "release")
+broken = small_program.without(release)
+print(f"removed #{release}: {small_program.body[release]}\n")
+races = find_races(broken)
+print(races[0].explain(broken))
+print(f"\n{len(races)} race(s) in all; the intact program has {len(find_races(small_program))}")
+
+
+def three_steps(device, program=None):
+    m = Model(small, eager, device=device, seed=1)
+    if program is not None:
+        m.programs["train"] = program
+    return [m.step(x, labels, lr=0.05) for _ in range(3)]
+
+
+right = three_steps("host")
+print(f"host device, broken program:          {three_steps('host', broken)}")
+print(f"adversarial device, intact program:   {three_steps(AdversarialDevice('late'))}")
+print(f"adversarial device, broken program:   {three_steps(AdversarialDevice('late'), broken)}")
+print(f"the right losses:                     {right}")
+# What you should see: the checker names the copy of conv1 to the host and the free of its block, on two
+# streams with nothing ordering them, and says which wait is missing. The host device (one stream at a
+# time) trains the broken program to the right losses; the adversarial device does not: its compute
+# stream overwrote conv1's block before the copy read it.
 
 # %% [markdown]
 # ## What offload saves, and what it moves
@@ -159,11 +215,10 @@ save_plot("plot_compare_timelines", counted, "04_alexnet_offload.png",
 # peak down to the smallest that works (`smallest_budget`, a binary search on the meta device).
 
 # %%
-extra = optimizer_specs(net)  # SGD momentum, as a training run keeps it
 configs = {"superneurons()": MemoryConfig.superneurons(),
            "eager, no cache": MemoryConfig(liveness=True, offload=True, recompute="cost_aware")}
 top = simulate(net, configs["superneurons()"]).peak_bytes
-low = smallest_budget(net, configs["superneurons()"], extra=extra)
+low = smallest_budget(net, configs["superneurons()"])
 steps = 3 if QUICK else 6
 budgets = [None] + [(low + (top - low) * k // steps) // 1024 * 1024 for k in range(steps - 1, -1, -1)]
 print(f"{'config':16} {'budget':>10} {'peak':>10} {'to host':>10} {'back':>10} {'hits':>5} {'misses':>6}")

@@ -21,7 +21,7 @@ from pathlib import Path
 import snlite
 from snlite import BudgetError, MemoryConfig, simulate
 from snlite import workspace as ws
-from snlite.runtime import optimizer_specs, smallest_budget
+from snlite.placement import smallest_budget
 
 QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
@@ -95,14 +95,13 @@ def choices(trace):
         c.algo if c.algo == "direct" else f"im2col/{c.chunk}" for c in trace.conv_choices).items()))
 
 
-extra = optimizer_specs(net)
 print(f"{'workspace':9} {'peak MiB':>9} {'smallest budget':>16} {'conv ms (est.)':>15}  "
       "choices (algorithm/chunk x conv steps)")
 traces = {}
 for mode in ("none", "fastest", "dynamic"):
     cfg = base.replace(workspace=mode)
     tr = traces[mode] = simulate(net, cfg)
-    need = smallest_budget(net, cfg, extra=extra)
+    need = smallest_budget(net, cfg)
     print(f"{mode:9} {tr.peak_bytes / MiB:9,.0f} {need / MiB:12,.0f} MiB {conv_ms(tr):15,.1f}  {choices(tr)}")
 print(f"dynamic, unlimited, equals fastest: {traces['dynamic'].conv_choices == traces['fastest'].conv_choices}")
 # What you should see: fastest is about twice as fast as none and needs about 50% more memory; without
@@ -116,8 +115,8 @@ print(f"dynamic, unlimited, equals fastest: {traces['dynamic'].conv_choices == t
 # workspace_bytes).
 
 # %%
-hi = smallest_budget(net, base.replace(workspace="fastest"), extra=extra)
-lo = smallest_budget(net, base.replace(workspace="none"), extra=extra)
+hi = smallest_budget(net, base.replace(workspace="fastest"))
+lo = smallest_budget(net, base.replace(workspace="none"))
 n = 3 if QUICK else 6
 budgets = [(lo + (hi - lo) * k // n) // 1024 * 1024 for k in range(n, -1, -1)]
 print(f"{'budget':>10} {'fastest':>14} {'dynamic: peak':>14} {'conv ms (est.)':>15}  dynamic's choices")

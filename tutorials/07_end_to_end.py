@@ -25,7 +25,7 @@ import numpy as np
 import snlite
 from snlite import BudgetError, MemoryConfig, Model, simulate
 from snlite.data import digits, synthetic
-from snlite.runtime import optimizer_specs, smallest_budget
+from snlite.placement import smallest_budget
 
 QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
 HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
@@ -73,8 +73,7 @@ print(g.summary())
 # `smallest_budget` searches on the meta device; the momentum buffers SGD keeps are part of the budget.
 
 # %%
-extra = optimizer_specs(g)
-need = smallest_budget(g, MemoryConfig.superneurons(), extra=extra)
+need = smallest_budget(g, MemoryConfig.superneurons())
 sn = MemoryConfig.superneurons(budget_bytes=need)
 base = MemoryConfig.baseline()
 print(f"baseline peak {simulate(g, base).peak_bytes / KiB:,.0f} KiB; superneurons() runs in {need / KiB:,.0f} KiB")

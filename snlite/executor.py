@@ -1,0 +1,239 @@
+"""The executor: replays a :class:`~snlite.program.Program` on a device, and does nothing else.
+
+Every decision (where each tensor lives, which copy runs on which stream, which event it waits for,
+which conv algorithm runs) was made by the placement pass; here each instruction becomes one device
+call::
+
+    Alloc   -> a view of the arena at the offset (raw: one device allocation, NaN-filled on its stream)
+    Free    -> the view is dropped            HandOver -> the view gets its new name
+    Copy    -> an asynchronous copy on its stream, between a device view and a pinned slab view
+    Record / Wait / HostWait -> the CUDA event calls     HostWrite / HostRead -> the pinned slots
+    Launch  -> the layer step's kernels on its stream (or one layer's SGD update)
+
+The same loop runs on the meta device (views without data, kernels that only check their
+arguments), the host device (NumPy), the adversarial host device (:mod:`snlite.adversary`) and CUDA.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from snlite.layers import StepIO
+from snlite.program import STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
+    Record, Wait
+
+
+def dropout_seed(seed: int, iteration: int, layer_index: int) -> int:
+    """A 32-bit seed that depends only on (model seed, iteration, layer): splitmix64 mixing."""
+    z = (seed * 0x9E3779B97F4A7C15 + iteration * 0xBF58476D1CE4E5B9 + layer_index * 0x94D049BB133111EB) & (2**64 - 1)
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = ((z ^ (z >> shift)) * mult) & (2**64 - 1)
+    return (z ^ (z >> 31)) & 0xFFFFFFFF
+
+
+class Executor:
+    """A graph's memory on ``device``: one arena of ``arena_bytes``, one pinned slab of ``slab_bytes``
+    and the program streams, taken once; :meth:`run` replays a program's body on them.
+
+    ``launch_bytes`` is, after a run, the device bytes allocated at each launched op (what the
+    device really held there); ``stream_events``, with ``profile`` on a CUDA device, every kernel
+    step and copy timed with events, per stream."""
+
+    def __init__(self, graph, device, arena_bytes: int, slab_bytes: int):
+        self.graph, self.device = graph, device
+        self.arena = device.alloc_arena(arena_bytes) if arena_bytes else None
+        self.slab = device.alloc_pinned(slab_bytes) if slab_bytes else None
+        self.streams = {name: device.stream(name) for name in STREAMS}
+        self.views: dict[str, object] = {}  # device tensor -> its view
+        self.buffers: dict[int, object] = {}  # raw allocator: handle -> its own device buffer
+        self.events: dict[str, object] = {}
+        self.in_use_bytes = 0
+        self.launch_bytes: list[int] = []
+        self.layer_index = {name: i for i, name in enumerate(graph.layers)}
+        self.profile = False
+        self.stream_events: list[dict] = []
+        self._installed = None
+        self._spans: list = []
+
+    def install(self, program) -> None:
+        """Place the persistent tensors (weights, gradients, buffers, momentum), once."""
+        if self._installed is not None:
+            if program.setup != self._installed:
+                raise ValueError("this program places the weights elsewhere than the one installed: programs "
+                                 "that share an executor must come from the same graph and configuration")
+            return
+        for ins in program.setup:
+            self._alloc(ins, program)
+        self._installed = program.setup
+
+    def view(self, name: str):
+        """The view of a tensor placed now (the persistent ones between iterations)."""
+        return self.views[name]
+
+    # ------------------------------------------------------------ one iteration
+    def run(self, program, inputs: dict | None = None, *, iteration: int = 0, seed: int = 0, sgd: dict | None = None):
+        """Replay ``program``'s body once. ``inputs``: the arrays its HostWrites stage (``data``,
+        ``labels``; None where the device holds no data); ``sgd``: ``lr``, ``momentum``,
+        ``weight_decay`` for its update launches. Returns what its HostReads read, by tensor."""
+        self.install(program)
+        self.program, self.inputs, self.iteration, self.seed, self.sgd = program, inputs or {}, iteration, seed, sgd
+        self.train = program.mode != "infer"
+        self.results: dict[str, np.ndarray] = {}
+        self.launch_bytes = []
+        handlers = self._handlers
+        for ins in program.body:
+            handlers[type(ins)](self, ins)
+        self.events.clear()
+        if self._spans:
+            first = self._spans[0][2]
+            self.stream_events = [dict(stream=s, label=label, start_ms=first.elapsed_ms(a), end_ms=first.elapsed_ms(b))
+                                  for s, label, a, b in self._spans]
+            self._spans = []
+        return self.results
+
+    # ------------------------------------------------------------ the instructions
+    def _alloc(self, ins, program=None) -> None:
+        if ins.space == "slab":
+            return
+        shape, dtype = (program or self.program).spec(ins.tensor)[:2]
+        shape = shape if shape is not None else (ins.nbytes // 4,)  # a conv workspace: its whole block
+        if ins.space == "raw":
+            buf = self.buffers[ins.offset] = self.device.alloc_arena(ins.nbytes, stream=self.streams[ins.stream])
+            self.views[ins.tensor] = self.device.view(buf, 0, shape, dtype)
+        else:
+            self.views[ins.tensor] = self.device.view(self.arena, ins.offset, shape, dtype)
+        self.in_use_bytes += ins.nbytes
+
+    def _free(self, ins) -> None:
+        if ins.space == "slab":
+            return
+        del self.views[ins.tensor]
+        if ins.space == "raw":
+            del self.buffers[ins.offset]
+        self.in_use_bytes -= ins.nbytes
+
+    def _hand_over(self, ins) -> None:
+        self.views[ins.new] = self.views.pop(ins.old).reshape(tuple(self.program.spec(ins.new)[0]))
+
+    def _slab_view(self, tensor: str, offset: int):
+        shape, dtype, _ = self.program.spec(tensor)
+        return self.device.view(self.slab, offset, shape, dtype)
+
+    def _copy(self, ins) -> None:
+        stream = self.streams[ins.stream]
+        with self._span(ins.stream, stream, f"{ins.tensor} {'to host' if ins.to_host else 'to device'}"):
+            if ins.to_host:
+                self.device.copy_to_host(self.views[ins.tensor], self._slab_view(ins.tensor, ins.dst_offset), stream)
+            else:
+                self.device.copy_to_device(self._slab_view(ins.tensor, ins.src_offset), self.views[ins.tensor], stream)
+
+    def _record(self, ins) -> None:
+        event = self.events[ins.event] = self.device.event()
+        event.record(self.streams[ins.stream])
+
+    def _wait(self, ins) -> None:
+        self.events[ins.event].wait(self.streams[ins.stream])
+
+    def _host_wait(self, ins) -> None:
+        self.events[ins.event].synchronize()
+
+    def _host_write(self, ins) -> None:
+        value = self.inputs.get(ins.tensor)
+        if value is not None:
+            self.device.host_write(self._slab_view(ins.tensor, ins.offset), value)
+
+    def _host_read(self, ins) -> None:
+        if self.device.has_data:
+            self.results[ins.tensor] = self.device.host_read(self._slab_view(ins.tensor, ins.offset))
+
+    def _launch(self, ins) -> None:
+        if ins.phase == "update":
+            self._update(ins)
+            return
+        self.launch_bytes.append(self.in_use_bytes)
+        with self._span(ins.stream, self.streams[ins.stream], f"{ins.layer} {ins.phase}"):
+            self._step(ins)
+
+    def _step(self, ins) -> None:
+        """The layer step's kernels, on views looked up by the names the launch gives."""
+        g, views = self.graph, self.views
+        layer = g.layers[ins.layer]
+        phase = "forward" if ins.phase == "recompute" else ins.phase
+        names, inplace = dict(ins.names), dict(ins.inplace)
+        stream = self.streams[ins.stream]
+
+        def v(name, shape=None):
+            name = names.get(name, name)
+            view = views.get(inplace.get(name, name))
+            return view if view is None or shape is None or tuple(shape) == tuple(view.shape) else view.reshape(shape)
+
+        def run(op_name, *args, **kwargs):
+            self.device.run(op_name, *args, stream=stream, **kwargs)
+
+        if phase == "backward" and ins.accumulate:  # a fork: sum the readers' gradients into the first
+            first = g.output_grads(ins.layer)[0]
+            for t in ins.accumulate:
+                run("accumulate", v(first), v(t, self.program.spec(first)[0]))
+        shape_of = {i: g.layers[i].out_shape for i in g.inputs[ins.layer]}
+        io = StepIO(run=run, train=self.train, update_running=ins.phase == "forward")
+        io.x = [v(g.output_tensor(i), shape_of[i]) for i in g.inputs[ins.layer]]
+        io.y = v(g.output_tensor(ins.layer), layer.out_shape)
+        io.params = {p: v(f"{ins.layer}.{p}") for p in layer.params()}
+        io.buffers = {b: v(f"{ins.layer}.{b}") for b in layer.buffers()}
+        io.saved = {s: v(f"{ins.layer}.{s}") for s in layer.saved()}
+        io.labels = v("labels")
+        io.seed = dropout_seed(self.seed, self.iteration, self.layer_index[ins.layer])
+        io.algo = {op: algo for op, algo, _, _ in ins.convs}
+        io.chunk = {op: chunk for op, _, chunk, _ in ins.convs}
+        io.workspace = views[ins.workspace] if ins.workspace else None
+        if phase == "backward":
+            io.grads = {p: v(f"{ins.layer}.{p}.grad") for p in layer.params()}
+            dys = g.output_grads(ins.layer)
+            io.dy = v(dys[0], layer.out_shape) if dys else None
+            io.dx = [v(t, shape_of[i]) for t, i in zip(g.input_grads(ins.layer), g.inputs[ins.layer])]
+        (layer.forward if phase == "forward" else layer.backward)(io)
+
+    def _update(self, ins) -> None:
+        """SGD with momentum (torch.optim.SGD's rule) on one layer's weights."""
+        if self.sgd is None:
+            raise ValueError(f"{self.program.net}'s program updates the weights: run it with sgd=dict(lr=..., "
+                             f"momentum=..., weight_decay=...)")
+        stream = self.streams[ins.stream]
+        for p in self.graph.layers[ins.layer].params():
+            w = f"{ins.layer}.{p}"
+            self.device.run("sgd_update", self.views[w], self.views[f"{w}.grad"], self.views[f"{w}.momentum"],
+                            stream=stream, **self.sgd)
+
+    def _span(self, stream_name: str, stream, label: str):
+        """With ``profile`` on a CUDA device, bracket the work enqueued inside with timing events."""
+        if not (self.profile and self.device.name == "cuda"):
+            return _NULL_SPAN
+        return _Span(self, stream_name, stream, label)
+
+    _handlers = {Alloc: _alloc, Free: _free, HandOver: _hand_over, Copy: _copy, Record: _record, Wait: _wait,
+                 HostWait: _host_wait, HostWrite: _host_write, HostRead: _host_read, Launch: _launch}
+
+
+class _Span:
+    def __init__(self, executor, stream_name, stream, label):
+        self.ex, self.stream_name, self.stream, self.label = executor, stream_name, stream, label
+
+    def __enter__(self):
+        self.start = self.ex.device.event(timing=True)
+        self.start.record(self.stream)
+
+    def __exit__(self, *exc):
+        end = self.ex.device.event(timing=True)
+        end.record(self.stream)
+        self.ex._spans.append((self.stream_name, self.label, self.start, end))
+        return False
+
+
+class _NullSpan:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL_SPAN = _NullSpan()

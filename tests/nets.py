@@ -1,0 +1,34 @@
+"""Small networks and data shared by the memory tests."""
+import itertools
+
+import numpy as np
+
+from snlite.config import MemoryConfig
+from snlite.graph import Graph
+
+FLAGS = dict(liveness=(False, True), offload=(False, True), cache=(False, True),
+             recompute=("off", "speed", "memory", "cost_aware"), workspace=("none", "fastest", "dynamic"))
+ALL_CONFIGS = [MemoryConfig(**dict(zip(FLAGS, values))) for values in itertools.product(*FLAGS.values())]
+
+
+def mixed_net(n=2, hw=6):
+    """A fork, a residual add, a concat, BN, LRN, dropout, and a chain of convs so offload has work."""
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="mixed")
+    x = g.input()
+    c1 = g.conv2d(x, 3, 3, padding=1, name="conv1")
+    a = g.relu(g.batchnorm(c1, name="bn1"), name="relu1")
+    c2 = g.conv2d(a, 3, 3, padding=1, name="conv2")
+    b = g.conv2d(c1, 3, 1, bias=False, name="conv3")
+    s = g.lrn(g.add(g.relu(c2, name="relu2"), b, name="add1"), size=3, alpha=0.5, name="lrn1")
+    cat = g.concat([s, c1], name="cat1")
+    c4 = g.conv2d(g.maxpool(cat, 2, name="pool1"), 4, 3, padding=1, name="conv4")
+    y = g.dropout(g.flatten(g.relu(c4, name="relu4"), name="flat1"), p=0.3, name="drop1")
+    g.softmax_loss(g.linear(y, 3, name="fc1"))
+    return g
+
+
+def data_for(g, seed=1):
+    """A random batch and labels for ``g``."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(g.input_shape).astype(np.float32),
+            rng.integers(0, g.num_classes, g.input_shape[0]).astype(np.int32))

@@ -1,0 +1,250 @@
+"""The executor: every device replays the same program, so optimizations never change numerics (on the
+host, on the adversarial stream device in its hostile orders, on the simulator), what runs is what
+was planned, byte for byte, every device operation names a program stream, and nothing allocates
+device memory outside the pool."""
+import numpy as np
+import pytest
+
+from nets import ALL_CONFIGS, data_for, mixed_net
+from snlite.adversary import AdversarialDevice
+from snlite.config import MemoryConfig
+from snlite.device import CudaDevice, HostDevice
+from snlite.graph import Graph
+from snlite.placement import simulate
+from snlite.program import STREAMS
+from snlite.scheduler import validate
+from snlite.train import Model
+
+SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+
+def _train(g, config, device="host", steps=3):
+    x, labels = data_for(g)
+    model = Model(g, config, device=device, seed=4)
+    losses = [model.step(x, labels, **SGD) for _ in range(steps)]
+    return losses, model.params, model
+
+
+def _same(run, base, what):
+    assert run[0] == base[0], f"losses differ under {what}"
+    for name, value in base[1].items():
+        assert np.array_equal(run[1][name], value), f"{name} differs from the baseline under {what}"
+
+
+@pytest.fixture(scope="module")
+def baseline_run():
+    return _train(mixed_net(), MemoryConfig())
+
+
+@pytest.mark.parametrize("config", ALL_CONFIGS, ids=lambda c: c.describe())
+def test_every_flag_combination_is_bit_identical_and_runs_as_planned(config, baseline_run):
+    g = mixed_net()
+    run = _train(g, config)
+    _same(run, baseline_run, config.describe())
+    model = run[2]
+    trace = simulate(g, config)
+    assert model.trace.peak_bytes == trace.peak_bytes, "planned peak != executed peak"
+    assert model.executor.launch_bytes == [r.counted_bytes for r in trace.steps], "the device held other bytes"
+    if not config.cache:
+        validate(model.plan, {n for n, t in g.tensors().items() if t.kind in ("weight", "weight_grad", "buffer")})
+
+
+@pytest.mark.parametrize("order", ["late", "early"])
+def test_every_flag_combination_is_bit_identical_on_the_adversarial_device(order):
+    """Copies run as late (or as early) as the events allow: any missing wait would show here."""
+    g = mixed_net()
+    base = _train(g, MemoryConfig(), steps=2)
+    deferred = 0
+    for config in ALL_CONFIGS + [MemoryConfig.superneurons(allocator="raw")]:
+        run = _train(g, config, device=AdversarialDevice(order), steps=2)
+        _same(run, base, f"{config.describe()} ({order})")
+        deferred += run[2].device.deferred
+    assert deferred > 10_000, "the adversarial device must really have deferred the work"
+
+
+@pytest.mark.parametrize("config", [MemoryConfig(allocator="raw"), MemoryConfig.superneurons(fit="best"),
+                                    MemoryConfig.superneurons(allocator="raw", count="paper")],
+                         ids=lambda c: f"{c.allocator}-{c.fit}-{c.count}")
+def test_allocators_and_fits_are_bit_identical(config, baseline_run):
+    run = _train(mixed_net(), config)
+    _same(run, baseline_run, f"{config.allocator}, {config.fit} fit")
+    assert run[2].trace.peak_bytes == simulate(mixed_net(), config).peak_bytes
+
+
+def test_lru_cache_evicts_only_under_pressure_and_counts(baseline_run):
+    g = mixed_net(n=4)
+    relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
+    assert relaxed.d2h_bytes == 0 and relaxed.cache_misses == 0 and relaxed.cache_hits > 0
+    tight = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    base = _train(g, MemoryConfig())
+    run = _train(g, tight, device=AdversarialDevice("late"))
+    tr = run[2].trace
+    assert tr.d2h_bytes > 0 and tr.cache_misses > 0, "a tighter budget must make the cache move data"
+    assert tr.peak_bytes <= tight.budget_bytes
+    _same(run, base, "the cache under a tight budget")
+
+
+def test_no_hidden_stream_every_operation_of_an_iteration_names_a_program_stream():
+    """Kernels, copies, fills, events and the SGD update all go through the program's streams; the
+    iteration ends with one host wait on an event, never a device-wide synchronize."""
+
+    class Recording(HostDevice):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.synchronized = [], 0
+
+        def _run(self, op, args, stream, kwargs):
+            self.ops.append((op.name, getattr(stream, "name", None)))
+            super()._run(op, args, stream, kwargs)
+
+        def _copy_to_host(self, src, dst, stream):
+            self.ops.append(("copy_to_host", getattr(stream, "name", None)))
+            super()._copy_to_host(src, dst, stream)
+
+        def _copy_to_device(self, src, dst, stream):
+            self.ops.append(("copy_to_device", getattr(stream, "name", None)))
+            super()._copy_to_device(src, dst, stream)
+
+        def _alloc(self, nbytes, pinned, stream):
+            self.ops.append(("alloc", getattr(stream, "name", None)))
+            return super()._alloc(nbytes, pinned, stream)
+
+        def synchronize(self):
+            self.synchronized += 1
+
+    g = mixed_net()
+    x, labels = data_for(g)
+    for config in (MemoryConfig.superneurons(cache=False), MemoryConfig.superneurons(allocator="raw")):
+        dev = Recording()
+        model = Model(g, config, device=dev)
+        dev.ops.clear()
+        model.step(x, labels, **SGD)
+        model.predict(x)
+        streams = {s for _, s in dev.ops}
+        assert streams <= set(STREAMS), f"operations on streams {streams - set(STREAMS)} under {config.describe()}"
+        assert {"sgd_update", "copy_to_host", "copy_to_device"} <= {op for op, _ in dev.ops}
+        assert dev.synchronized == 0, "no device-wide synchronize inside an iteration"
+        assert config.allocator == "pool" or ("alloc", "compute") in dev.ops, "a raw buffer is filled on compute"
+
+
+def test_many_iterations_leak_nothing_and_keep_the_planned_peak():
+    """Regression: in-place handovers once leaked host slots and drifted the per-category bytes."""
+    g = mixed_net(n=4)
+    relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
+    cfg = MemoryConfig(liveness=True, cache=True, recompute="cost_aware", budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    planned = simulate(g, cfg)
+    model = Model(g, cfg, device="host")
+    persistent = set(model.executor.views)
+    x, labels = data_for(g)
+    for _ in range(12):
+        model.step(x, labels, lr=0.05)
+        assert set(model.executor.views) == persistent, "only the persistent tensors outlive an iteration"
+        assert model.executor.in_use_bytes == sum(i.nbytes for i in model.programs["train"].setup)
+        assert min(min(r.device_bytes.values()) for r in model.trace.steps) >= 0
+        assert model.trace.peak_bytes == planned.peak_bytes and model.trace.d2h_bytes == planned.d2h_bytes
+        assert model.executor.launch_bytes == [r.counted_bytes for r in planned.steps]
+
+
+def test_forward_backward_returns_gradients_without_updating():
+    g = mixed_net()
+    x, labels = data_for(g)
+    model = Model(g, MemoryConfig.superneurons(cache=False), device=AdversarialDevice("early"))
+    before = model.params
+    loss, grads = model.forward_backward(x, labels)
+    assert np.isfinite(loss) and set(grads) == set(model.learnable)
+    assert all(np.array_equal(model.params[n], v) for n, v in before.items() if not n.endswith(("running_mean",
+                                                                                                "running_var")))
+    host = Model(g, MemoryConfig(), device="host")
+    loss2, grads2 = host.forward_backward(x, labels)
+    assert loss2 == loss and all(np.array_equal(grads2[n], grads[n]) for n in grads)
+
+
+def test_predict_on_the_adversarial_device_matches_the_host():
+    g = mixed_net()
+    x, _ = data_for(g)
+    for config in (MemoryConfig.superneurons(), MemoryConfig(liveness=True, offload=True)):
+        a = Model(g, config, device=AdversarialDevice("late")).predict(x)
+        b = Model(g, MemoryConfig(), device="host").predict(x)
+        assert np.array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------ the CUDA simulator
+def test_simulator_matches_host_and_plan_under_superneurons():
+    g = mixed_net(n=2, hw=4)
+    host = _train(g, MemoryConfig(), device=HostDevice(), steps=1)
+    sim_base = _train(g, MemoryConfig(), device=CudaDevice(), steps=1)
+    sim_sn = _train(g, MemoryConfig.superneurons(cache=False), device=CudaDevice(), steps=1)
+    assert sim_sn[0] == sim_base[0], "on the simulator too, optimizations change no bit"
+    assert all(np.array_equal(sim_sn[1][n], v) for n, v in sim_base[1].items())
+    np.testing.assert_allclose(sim_base[0], host[0], rtol=1e-5)
+    assert sim_sn[2].executor.launch_bytes == [r.counted_bytes for r in
+                                               simulate(g, MemoryConfig.superneurons(cache=False)).steps]
+
+
+def test_lru_cache_on_the_simulator_moves_data_through_pinned_memory_bit_identically():
+    g = mixed_net(n=2, hw=4)
+    relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
+    cfg = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    base = _train(g, MemoryConfig(), device=CudaDevice(), steps=1)
+    cached = _train(g, cfg, device=CudaDevice(), steps=1)
+    _same(cached, base, "the cache on the simulator")
+    tr = cached[2].trace
+    assert tr.d2h_bytes > 0 and tr.h2d_bytes > 0 and tr.cache_misses > 0
+    assert tr.peak_bytes == simulate(g, cfg).peak_bytes <= cfg.budget_bytes
+
+
+def test_nothing_allocates_device_memory_outside_the_pool():
+    from kernels._check import no_device_allocation
+
+    g = mixed_net(n=2, hw=4)
+    for cfg in (MemoryConfig(), MemoryConfig.superneurons(cache=False)):
+        dev = CudaDevice()
+        model = Model(g, cfg, device=dev, seed=0)
+        arenas, slabs = dev.arena_bytes, dev.pinned_bytes
+        x, labels = data_for(g)
+        with no_device_allocation():
+            model.forward_backward(x, labels)
+        assert (dev.arena_bytes, dev.pinned_bytes) == (arenas, slabs)
+        assert dev.arena_bytes == max(p.arena_bytes for p in model.programs.values())
+        assert dev.pinned_bytes == max(p.slab_bytes for p in model.programs.values())
+
+
+def test_profiling_times_every_kernel_and_copy_per_stream_on_cuda():
+    g = mixed_net(n=2, hw=4)
+    model = Model(g, MemoryConfig(liveness=True, offload=True), device=CudaDevice())
+    model.profile = True
+    x, labels = data_for(g)
+    model.forward_backward(x, labels)
+    events = model.stream_events
+    streams = {e["stream"] for e in events}
+    assert streams == {"compute", "copy_out", "copy_in"}
+    assert sum(e["stream"] == "compute" for e in events) >= len(g.layers)
+    assert all(e["end_ms"] >= e["start_ms"] >= 0 for e in events)
+    host = Model(g, MemoryConfig(liveness=True, offload=True), device="host")
+    host.profile = True
+    host.forward_backward(x, labels)
+    assert host.stream_events == []  # the host has no streams to time
+
+
+def test_measured_conv_costs_drive_the_choice_and_plan_the_same_on_meta():
+    """On a real GPU the model times each candidate first; here the simulator runs the same code
+    (its times mean nothing), and the measured table, given to simulate, plans the same choices."""
+    from snlite import workspace
+
+    g = Graph(input_shape=(2, 1, 5, 5), num_classes=2, name="tiny")
+    g.softmax_loss(g.linear(g.flatten(g.conv2d(g.input(), 2, 3, padding=1, name="conv1")), 2))
+    cfg = MemoryConfig(liveness=True, workspace="fastest")
+    dev = CudaDevice()
+    costs = workspace.measure_conv_costs(g, dev, reps=1)
+    layer = g.layers["conv1"]
+    assert {k[1] for k in costs.table} == {"forward", "backward_data", "backward_filter"}
+    assert all(ms >= 0 for ms in costs.table.values())
+    model = Model(g, cfg, device=dev, costs=costs)
+    x, labels = data_for(g)
+    model.forward_backward(x, labels)
+    planned = simulate(g, cfg, costs=costs)
+    assert [(c.op, c.algo, c.chunk) for c in model.trace.conv_choices] == \
+           [(c.op, c.algo, c.chunk) for c in planned.conv_choices]
+    for c in model.trace.conv_choices:
+        assert (c.algo, c.chunk) == (lambda b: (b.algo, b.chunk))(workspace.candidates(layer, c.op, costs)[0])
+    assert model.trace.peak_bytes == planned.peak_bytes

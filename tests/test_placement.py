@@ -1,0 +1,192 @@
+"""The placement pass: plans become programs whose memory is exactly what the stages promise; stages
+only ever lower the peak; budgets (device and pinned host) fail before anything runs and say why;
+the arena and the pinned slab are the programs' high-water marks."""
+import pytest
+
+from nets import mixed_net
+from snlite.config import MemoryConfig
+from snlite.device import MetaDevice
+from snlite.models import get_model
+from snlite.placement import BudgetError, optimizer_specs, place, simulate, smallest_budget
+from snlite.program import Alloc, Copy, Launch, Wait
+from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate
+from snlite.train import Model
+
+
+def high_water(program, space: str) -> int:
+    """The highest end offset any allocation of ``space`` reaches, recomputed from the instructions."""
+    return max((i.offset + i.nbytes for i in (*program.setup, *program.body) if type(i) is Alloc and i.space == space),
+               default=0)
+
+
+def test_offload_moves_conv_outputs_and_frees_device_memory():
+    g = mixed_net()
+    plan = Scheduler(g, MemoryConfig(liveness=True, offload=True)).plan()
+    moved = {t.tensor for t in plan.transfers}
+    assert moved and moved <= {"conv1", "conv2", "conv3", "conv4"}
+    assert "conv4" not in moved, "the last CONV's output stays on the device"
+    for tr in plan.transfers:
+        assert tr.offload_after < tr.release_before < tr.prefetch_before
+        assert plan.ops[tr.release_before].op.layer.startswith("conv")
+    lv = simulate(g, MemoryConfig(liveness=True))
+    off = simulate(g, MemoryConfig(liveness=True, offload=True))
+    assert off.d2h_bytes == off.h2d_bytes == sum(g.tensors()[t].nbytes for t in moved)
+    assert off.peak_bytes <= lv.peak_bytes
+    program = place(g, MemoryConfig(liveness=True, offload=True))
+    copies = [i for i in program.body if type(i) is Copy and i.why in ("offload", "prefetch")]
+    assert sorted(c.tensor for c in copies) == sorted(moved) * 2
+    assert {c.stream for c in copies} == {"copy_out", "copy_in"}, "copies never run on the compute stream"
+
+
+def test_recompute_strategies_trade_compute_for_memory():
+    g = mixed_net(n=4)
+    lv = simulate(g, MemoryConfig(liveness=True))
+    traces = {s: simulate(g, MemoryConfig(liveness=True, recompute=s)) for s in ("speed", "memory", "cost_aware")}
+    assert traces["memory"].recompute_count >= traces["cost_aware"].recompute_count >= traces["speed"].recompute_count > 0
+    assert traces["memory"].peak_bytes <= traces["speed"].peak_bytes <= lv.peak_bytes
+    assert traces["cost_aware"].peak_bytes <= traces["speed"].peak_bytes
+    for t in traces.values():
+        assert t.extra_flops > 0
+
+
+def test_workspace_modes():
+    from snlite import workspace
+    from snlite.models import alexnet
+
+    g = alexnet(batch=8)  # large convs: im2col's speed outweighs its launches
+    none = simulate(g, MemoryConfig(liveness=True))
+    fastest = simulate(g, MemoryConfig(liveness=True, workspace="fastest"))
+    assert {c.algo for c in none.conv_choices} == {"direct"} and none.peak_bytes <= fastest.peak_bytes
+    for c in fastest.conv_choices:
+        best = workspace.candidates(g.layers[c.layer], c.op)[0]
+        assert (c.algo, c.chunk) == (best.algo, best.chunk)
+    assert "im2col" in {c.algo for c in fastest.conv_choices}
+    tight = MemoryConfig(liveness=True, workspace="dynamic", budget_bytes=none.peak_bytes + 16 * 1024)
+    dyn = simulate(g, tight)
+    assert dyn.peak_bytes <= tight.budget_bytes
+    chosen = {(c.step, c.op): (c.algo, c.chunk) for c in dyn.conv_choices}
+    best = {(c.step, c.op): (c.algo, c.chunk) for c in fastest.conv_choices}
+    assert chosen != best, "a tight pool must force a smaller workspace somewhere"
+    launches = [i for i in place(g, tight).body if type(i) is Launch and i.convs]
+    assert all(i.workspace is None or i.workspace.endswith(".workspace") for i in launches)
+
+
+@pytest.mark.parametrize("name", ["lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4",
+                                  "densenet121", "cifar_resnet20"])
+def test_peaks_never_rise_as_stages_are_added(name):
+    g = get_model(name, batch=8)
+    ladder = [MemoryConfig(), MemoryConfig(liveness=True), MemoryConfig(liveness=True, offload=True),
+              MemoryConfig(liveness=True, offload=True, recompute="cost_aware")]
+    peaks = []
+    for cfg in ladder:
+        validate(Scheduler(g, cfg).plan(), {n for n, t in g.tensors().items() if t.kind in PERSISTENT_KINDS})
+        trace = simulate(g, cfg)
+        peaks.append(trace.peak_bytes)
+        assert trace.l_peak_bytes <= trace.peak_bytes
+    assert peaks == sorted(peaks, reverse=True), f"{name}: peaks {peaks} rose as a stage was added"
+
+
+@pytest.mark.parametrize("name,config", [
+    ("lenet", MemoryConfig()), ("alexnet", MemoryConfig(liveness=True, offload=True)),
+    ("resnet50", MemoryConfig.superneurons()), ("inception_v4", MemoryConfig.superneurons(recompute="memory")),
+    ("densenet121", MemoryConfig(liveness=True, allocator="raw"))])
+def test_arena_and_slab_are_the_programs_high_water_marks(name, config):
+    g = get_model(name, batch=4)
+    model = Model(g, config, device=MetaDevice())
+    programs = model.programs.values()
+    for p in programs:
+        assert p.arena_bytes == (0 if config.allocator == "raw" else high_water(p, "arena"))
+        assert p.slab_bytes == high_water(p, "slab")
+    arena = max(p.arena_bytes for p in programs)
+    if config.allocator == "raw":  # no arena: one device buffer per tensor, the weights' so far
+        arena = sum(i.nbytes for i in model.programs["train"].setup)
+    assert model.device.arena_bytes == arena and model.device.pinned_bytes == max(p.slab_bytes for p in programs)
+    if config.allocator == "pool":  # the arena is what the placement reached, not "every tensor at once"
+        tensors = [*g.tensors().values(), *optimizer_specs(g).values()]
+        everything = sum(-(-max(t.nbytes, 1) // 1024) * 1024 for t in tensors)
+        assert arena < everything or config == MemoryConfig()
+
+
+def test_pinned_slab_is_what_the_plan_moves_not_everything_that_could_move():
+    """ResNet-50 at batch 384 in 12 GiB under superneurons(): the cache moves some activations, and
+    the slab holds those (and the staged batch), not every evictable tensor at once (~159 GiB)."""
+    g = get_model("resnet50", batch=384)
+    config = MemoryConfig.superneurons(budget_bytes=12 * 2**30)
+    program = place(g, config)
+    trace = simulate(g, config)
+    assert program.arena_bytes == high_water(program, "arena") <= config.budget_bytes
+    assert program.slab_bytes == high_water(program, "slab") >= trace.host_peak_bytes > 0
+    assert program.slab_bytes < 2 * trace.host_peak_bytes < 40 * 2**30
+
+
+def test_a_budget_too_small_fails_before_running_and_names_the_fix():
+    g = mixed_net()
+    cfg = MemoryConfig(liveness=True)
+    need = smallest_budget(g, cfg)
+    assert need >= simulate(g, cfg).peak_bytes
+    Model(g, cfg.replace(budget_bytes=need), device="host")  # fits exactly
+    with pytest.raises(BudgetError, match=r"at step \d+ \(\w+ \w+\), .* needs [\d,]+ bytes .* Live there: .*The "
+                                          rf"smallest budget that works under this configuration is {need:,d} bytes"):
+        Model(g, cfg.replace(budget_bytes=need - 1024), device="host")
+    with pytest.raises(BudgetError, match="while placing the weights"):
+        Model(g, cfg.replace(budget_bytes=4096), device="host")
+
+
+def test_a_host_budget_too_small_fails_early_and_names_the_pinned_memory():
+    g = mixed_net(n=4)
+    cfg = MemoryConfig(liveness=True, offload=True)
+    slab = place(g, cfg).slab_bytes
+    Model(g, cfg.replace(host_budget_bytes=slab), device="host")  # exactly the slab: fits
+    with pytest.raises(BudgetError, match=r"does not fit a host budget of [\d,]+ bytes of pinned memory .* at step "
+                                          r"\d+ \(\w+ \w+\), [\w.:]+ needs [\d,]+ bytes .* On the host there: "
+                                          r".*The smallest host budget that works .* is "):
+        Model(g, cfg.replace(host_budget_bytes=slab - 256), device="host")
+    with pytest.raises(BudgetError, match="while staging the batch"):
+        place(g, cfg.replace(host_budget_bytes=256))
+
+
+def test_trace_and_plan_are_readable():
+    g = mixed_net()
+    cfg = MemoryConfig.superneurons(cache=False)
+    sched = Scheduler(g, cfg)
+    text = str(sched)
+    for stage in ("recompute", "liveness", "offload", "cache", "workspace"):
+        assert stage in text
+    table = sched.plan().table()
+    assert "offload conv2" in table and "release conv2" in table and "prefetch conv2" in table and "recompute" in table
+    tr = simulate(g, cfg)
+    assert tr.steps and tr.peak_step >= 0 and tr.peak_tensors and tr.ratio >= 1.0
+    assert sum(b for _, b in tr.peak_tensors) <= tr.peak_bytes
+    assert "peak" in tr.summary() and "act" in tr.table(limit=5)
+
+
+def test_every_wait_says_why_and_copies_wait_for_their_producers():
+    program = place(mixed_net(), MemoryConfig.superneurons(cache=False))
+    whys = {i.why for i in program.body if type(i) is Wait}
+    assert whys == {"ready", "reuse", "release", "landed", "end"}
+    for k, ins in enumerate(program.body):
+        if type(ins) is Copy and ins.stream == "copy_out":
+            assert type(program.body[k - 1]) is Wait and program.body[k - 1].why == "ready", program.table(start=k - 3,
+                                                                                                          limit=5)
+
+
+def test_inference_program_reads_the_logits_and_moves_nothing_eagerly():
+    g = mixed_net()
+    program = place(g, MemoryConfig(liveness=True, offload=True), "infer")
+    assert {i.phase for i in program.launches()} == {"forward"}
+    assert not [i for i in program.body if type(i) is Copy and i.why not in ("input", "result")]
+    assert [i.tensor for i in program.body if type(i) is Copy and i.why == "result"] == ["fc1"]
+    assert "labels" not in {i.tensor for i in program.body if type(i) is Copy}
+
+
+def test_simulate_without_optimizer_has_no_updates():
+    g = mixed_net()
+    with_sgd, without = place(g, MemoryConfig()), place(g, MemoryConfig(), "grads", optimizer=False)
+    assert any(i.phase == "update" for i in with_sgd.launches())
+    assert not any(i.phase == "update" for i in without.launches())
+    assert sum(t.nbytes for t in optimizer_specs(g).values()) > 0
+    assert simulate(g, optimizer=False).peak_bytes < simulate(g).peak_bytes
+    with pytest.raises(ValueError, match="needs the optimizer state"):
+        place(g, MemoryConfig(), "train", optimizer=False)
+    with pytest.raises(ValueError, match="unknown mode"):
+        place(g, MemoryConfig(), "eval")
