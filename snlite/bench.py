@@ -1,6 +1,6 @@
 """Planning benchmarks that need no GPU (the GPU kernel benchmark is ``python -m kernels.bench``).
 
-    python -m snlite.bench deep [--units 2500]   # simulate the deepest ResNet of the paper, timed
+    python -m snlite.bench deep [--units 2500]   # the program of the paper's deepest ResNet, timed; scaling
     python -m snlite.bench zoo [--batch 16]      # peak / l_peak of the zoo under each preset (Markdown)
 
 Figures are printed, never asserted: timing belongs in benchmarks, not in unit tests.
@@ -12,7 +12,8 @@ import time
 
 from snlite.config import MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model, resnet
-from snlite.placement import simulate
+from snlite.placement import place, simulate
+from snlite.trace import trace_program
 
 PRESETS = {
     "baseline": MemoryConfig(),
@@ -24,8 +25,13 @@ PRESETS = {
 ZOO = ("lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4", "densenet121")
 
 
-def deep(units: int = 2500, batch: int = 1) -> dict:
-    """Build and simulate a ResNet of ``units`` bottleneck units (the paper's deepest run)."""
+SCALING = (250, 500, 1000, 2500)
+
+
+def deep(units: int = 2500, batch: int = 1, scaling=SCALING) -> dict:
+    """Build the graph of a ResNet of ``units`` bottleneck units (the paper's deepest run), then its
+    program (scheduler + placement) under the baseline and superneurons(), and read its trace; then
+    the superneurons() program's build time at each depth of ``scaling`` (it should grow linearly)."""
     depth = 3 * units + 2
     t0 = time.perf_counter()
     g = resnet(depth, batch=batch)
@@ -34,9 +40,19 @@ def deep(units: int = 2500, batch: int = 1) -> dict:
     out = {"depth": depth, "layers": len(g.layers), "build_s": built}
     for label in ("baseline", "superneurons"):
         t0 = time.perf_counter()
-        tr = simulate(g, PRESETS[label].replace(count="paper"))
-        out[label] = {"simulate_s": time.perf_counter() - t0, "peak_bytes": tr.peak_bytes,
-                      "l_peak_bytes": tr.l_peak_bytes, "steps": len(tr.steps)}
+        program = place(g, PRESETS[label])
+        t1 = time.perf_counter()
+        tr = trace_program(program, "paper")
+        out[label] = {"program_s": t1 - t0, "trace_s": time.perf_counter() - t1, "instructions": len(program),
+                      "peak_bytes": tr.peak_bytes, "l_peak_bytes": tr.l_peak_bytes, "steps": len(tr.steps)}
+    out["scaling"] = []
+    for u in sorted({u for u in scaling if u < units} | {units}):
+        graph = g if u == units else resnet(3 * u + 2, batch=batch)
+        graph.steps()
+        t0 = time.perf_counter()
+        program = place(graph, PRESETS["superneurons"])
+        out["scaling"].append({"units": u, "layers": len(graph.layers), "instructions": len(program),
+                               "program_s": time.perf_counter() - t0})
     return out
 
 
@@ -59,7 +75,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m snlite.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     d = sub.add_parser("deep", help="simulate a ResNet with thousands of residual units, timed")
-    d.add_argument("--units", type=int, default=2500)
+    d.add_argument("--units", type=int, default=2500, help="residual units of the deepest ResNet (default 2500)")
     d.add_argument("--batch", type=int, default=1)
     z = sub.add_parser("zoo", help="peak and peak/l_peak of the zoo under each preset, as Markdown")
     z.add_argument("--batch", type=int, default=None, help="one batch for all (default: each model's)")
@@ -68,11 +84,17 @@ def main(argv=None) -> int:
     if args.what == "deep":
         r = deep(args.units, args.batch)
         print(f"ResNet-{r['depth']} ({args.units} residual units, {r['layers']:,d} layers), batch {args.batch}: "
-              f"built in {r['build_s']:.2f} s")
+              f"graph built in {r['build_s']:.2f} s")
         for label in ("baseline", "superneurons"):
             s = r[label]
-            print(f"  {label:13} simulated {s['steps']:,d} ops in {s['simulate_s']:.2f} s; peak "
+            print(f"  {label:13} program of {s['instructions']:,d} instructions ({s['steps']:,d} ops) built in "
+                  f"{s['program_s']:.2f} s (scheduler + placement), traced in {s['trace_s']:.2f} s; peak "
                   f"{s['peak_bytes'] / 2**20:,.1f} MiB (paper count), l_peak {s['l_peak_bytes'] / 2**20:,.1f} MiB")
+        print("superneurons() program build time by depth (linear in depth: ms per unit stays flat):")
+        print(f"  {'units':>6} {'layers':>8} {'instructions':>13} {'seconds':>8} {'ms per unit':>12}")
+        for s in r["scaling"]:
+            print(f"  {s['units']:6,d} {s['layers']:8,d} {s['instructions']:13,d} {s['program_s']:8.2f} "
+                  f"{1e3 * s['program_s'] / s['units']:12.2f}")
     else:
         print(zoo_table(args.batch, args.count))
     return 0

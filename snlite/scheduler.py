@@ -107,16 +107,17 @@ class LivenessStage(Stage):
     name = "liveness"
 
     def apply(self, ops, persistent, dropped):
-        handed = {i: {old for _, old in op.inplace} for i, op in enumerate(ops)}
+        handed = {i: {old for _, old in op.inplace} for i, op in enumerate(ops) if op.inplace}
         if self.enabled:
-            frees = {i: [t for t in ts if t not in handed[i]] for i, ts in liveness.frees_after(ops, persistent).items()}
+            frees = {i: [t for t in ts if t not in handed[i]] if i in handed else ts
+                     for i, ts in liveness.frees_after(ops, persistent).items()}
             self.summary = f"{sum(map(len, frees.values()))} frees after last uses"
             return frees
         early = {t for op in ops for t in (*op.reads, *op.writes) if base_name(t) in dropped}
         _, last = liveness.first_and_last_use(ops, persistent)
         frees: dict[int, list[str]] = {}
         for t in early:
-            if t not in handed[last[t]]:
+            if t not in handed.get(last[t], ()):
                 frees.setdefault(last[t], []).append(t)
         return frees
 

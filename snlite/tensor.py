@@ -25,6 +25,8 @@ KINDS = ("input", "weight", "weight_grad", "buffer", "optimizer", "activation", 
 
 
 class State(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: hash by identity (Enum's own hash is Python code)
+
     UNALLOCATED = "unallocated"  # never had memory
     ON_DEVICE = "on_device"  # a device block holds the data
     OFFLOADING = "offloading"  # device copy still held, copy to host in flight
