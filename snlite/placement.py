@@ -140,6 +140,8 @@ class _Placer:
         self.evictable = {n for n, t in specs.items() if t.kind in EVICTABLE_KINDS}
         self.moving = config.offload or config.cache
         self.nbytes = {n: t.nbytes for n, t in specs.items()}
+        self._bases = None
+        self._reserved: dict[int, int] = {}
         self.ranked: dict[tuple, list] = {}  # (conv shape, conv op) -> its algorithms, fastest first
         self.raw = config.allocator == "raw"
         self.space = "raw" if self.raw else "arena"
@@ -176,7 +178,7 @@ class _Placer:
         wmax = max((c.workspace_bytes for layer in self.graph.layers.values() if layer.kind == "conv2d"
                     for op in ("forward", "backward_data", "backward_filter")
                     for c in self._candidates(layer, op)), default=0)
-        return sum(block(self.nbytes[base_name(n)]) for n in self._all_names()) + block(wmax)
+        return sum(block(self.nbytes[b]) for b in self._all_bases()) + block(wmax)
 
     def host_upper_bound_bytes(self) -> int:
         """Room in the pinned slab for every tensor (and incarnation) that may go to the host, all
@@ -184,7 +186,15 @@ class _Placer:
         if not self.moving:
             return 0
         slot = HostPool(256).reserved_bytes
-        return sum(slot(max(self.nbytes[b], 1)) for b in map(base_name, self._all_names()) if b in self.evictable)
+        return sum(slot(self.nbytes[b]) for b in self._all_bases() if b in self.evictable)
+
+    def _all_bases(self) -> list:
+        """The original tensor of every tensor and incarnation of the iteration (the graph's, the
+        optimizer's, every recomputed one), once per incarnation."""
+        if self._bases is None:
+            self._bases = list(self.specs) + [base_name(t) for p in self.plan.ops if p.op.phase == "recompute"
+                                              for t in p.op.writes]
+        return self._bases
 
     def _staging_area(self) -> dict:
         """Fixed pinned slots at the start of the slab: the batch (and labels) the host writes before
@@ -211,10 +221,11 @@ class _Placer:
         return self.ranked[key]
 
     def reserved(self, nbytes: int) -> int:
-        if self.raw:
-            return self.pool.reserved_bytes(max(nbytes, 1))
-        block = self.pool.block_bytes  # TensorPool.reserved_bytes, inlined: the pass asks ~10^6 times
-        return max(1, -(-nbytes // block)) * block
+        """The bytes the pool reserves for ``nbytes`` (memoised: the pass asks about a million times)."""
+        r = self._reserved.get(nbytes)
+        if r is None:
+            r = self._reserved[nbytes] = self.pool.reserved_bytes(max(nbytes, 1))
+        return r
 
     # ------------------------------------------------------------ instructions
     def _record(self, stream: str) -> str:
@@ -293,7 +304,7 @@ class _Placer:
         if t.state is State.OFFLOADING:
             self._finish_offload(t)
         was_resident = t.resident
-        drop = base_name(name) in self.dropped and "#" not in name and t.state is State.ON_DEVICE
+        drop = t.state is State.ON_DEVICE and "#" not in name and name in self.dropped
         offset = t.drop() if drop else t.free()
         if was_resident:
             self._release_block(t, offset)
@@ -366,6 +377,7 @@ class _Placer:
         g, train = self.graph, self.train
         loss_layer = g.loss_layer
         logits = g.output_tensor(g.inputs[loss_layer][0])
+        tensors, cache, ON_DEVICE = self.tensors, self.config.cache, State.ON_DEVICE
         staged = {name: self.staging[f"{name}:in"] for name in (("data", "labels") if train else ("data",))}
         for name, slot in staged.items():
             self.out.append(Alloc(f"{name}:in", "slab", slot, self.host.reserved_bytes(self.nbytes[name])))
@@ -378,11 +390,16 @@ class _Placer:
                 self._finish_offload(self.tensors[name])
             for name in planned.prefetch if train else ():
                 self._start_prefetch(self.tensors[name], op.step, "prefetch")
-            touched = [self._tensor(n) for n in {*op.reads, *op.writes}]
-            for t in touched:
+            touched = []
+            for name in {*op.reads, *op.writes}:
+                t = tensors.get(name) or self._tensor(name)
                 t.locked = True
+                touched.append(t)
             for name in op.reads:
-                self._make_readable(self.tensors[name], op.step)
+                t = tensors[name]
+                if t.state is ON_DEVICE and not cache:  # the common case, without a call
+                    continue
+                self._make_readable(t, op.step)
             handed = {new for new, _ in op.inplace}  # written into another tensor's buffer
             for name in op.writes:
                 t = self.tensors[name]
