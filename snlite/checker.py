@@ -132,7 +132,7 @@ class _Memory:
         if loc is None:
             raise ProgramError(f"instruction {at}: frees {tensor} in the {space}, where it is not allocated")
         spans = self.sorted[loc[0]]
-        spans.remove((loc[1], loc[2], tensor))
+        del spans[bisect.bisect_left(spans, (loc[1], loc[2], tensor))]
         return loc
 
     def rename(self, new: str, old: str, at) -> None:
@@ -140,7 +140,7 @@ class _Memory:
             loc = self.where.pop((space, old), None)
             if loc is not None:
                 spans = self.sorted[loc[0]]
-                spans[spans.index((loc[1], loc[2], old))] = (loc[1], loc[2], new)
+                spans[bisect.bisect_left(spans, (loc[1], loc[2], old))] = (loc[1], loc[2], new)
                 self.where[space, new] = loc
                 return
         raise ProgramError(f"instruction {at}: {new} takes over the block of {old}, which holds none")

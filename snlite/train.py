@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from snlite.checker import check
 from snlite.config import MemoryConfig
 from snlite.device import get_device
 from snlite.executor import Executor
@@ -187,11 +188,13 @@ def _check_batch(graph, x, labels) -> None:
 
 
 def _programs(graph, config, plan, costs) -> dict:
-    """The model's three programs, placed under ``config``; a budget too small fails here, before
-    anything runs, with the smallest budget that would work."""
+    """The model's three programs, placed under ``config`` and race-checked; a budget too small fails
+    here, before anything runs, with the smallest budget that would work."""
     try:
         train = place(graph, config, "train", plan=plan, costs=costs)
         infer = place(graph, config, "infer", plan=plan, costs=costs)
+        for program in (train, infer):
+            check(program)  # proven race-free before anything runs (linear in the program's length)
     except BudgetError as e:
         host = "host budget" in str(e)
         need = smallest_budget(graph, config if host else config.replace(host_budget_bytes=None), costs=costs,
