@@ -135,8 +135,8 @@ class Graph:
                          padding=_pair(padding, f"{what}: padding", 0), bias=bool(bias))
 
     def linear(self, x, out_features, bias=True, name=None) -> Node:
-        return self._add("linear", [x], name, out_features=_integer(out_features, f"{_who('linear', name)}: out_features"),
-                         bias=bool(bias))
+        out_features = _integer(out_features, f"{_who('linear', name)}: out_features")
+        return self._add("linear", [x], name, out_features=out_features, bias=bool(bias))
 
     def relu(self, x, name=None) -> Node:
         return self._add("relu", [x], name)
@@ -150,20 +150,21 @@ class Graph:
 
     def batchnorm(self, x, eps=1e-5, momentum=0.1, name=None) -> Node:
         what = _who("batchnorm", name)
-        return self._add("batchnorm", [x], name, eps=_number(eps, f"{what}: eps", 0.0),
-                         momentum=_number(momentum, f"{what}: momentum", 0.0, 1.0))
+        return self._add("batchnorm", [x], name, eps=check_number(eps, f"{what}: eps", 0.0),
+                         momentum=check_number(momentum, f"{what}: momentum", 0.0, 1.0))
 
     def lrn(self, x, size=5, alpha=1e-4, beta=0.75, k=1.0, name=None) -> Node:
         what = _who("lrn", name)
         size = _integer(size, f"{what}: size")
         if size > LRN_MAX_SIZE:
             raise ValueError(f"{what}: size must be at most {LRN_MAX_SIZE} (the kernel's window), got {size}")
-        return self._add("lrn", [x], name, size=size, alpha=_number(alpha, f"{what}: alpha", 0.0),
-                         beta=_number(beta, f"{what}: beta"), k=_number(k, f"{what}: k", 0.0, open_low=True))
+        return self._add("lrn", [x], name, size=size, alpha=check_number(alpha, f"{what}: alpha", 0.0),
+                         beta=check_number(beta, f"{what}: beta"),
+                         k=check_number(k, f"{what}: k", 0.0, open_low=True))
 
     def dropout(self, x, p=0.5, name=None) -> Node:
-        return self._add("dropout", [x], name, p=_number(p, f"{_who('dropout', name)}: p", 0.0, 1.0,
-                                                                   open_high=True))
+        p = check_number(p, f"{_who('dropout', name)}: p", 0.0, 1.0, open_high=True)
+        return self._add("dropout", [x], name, p=p)
 
     def add(self, *xs, name=None) -> Node:
         xs = list(xs[0]) if len(xs) == 1 and isinstance(xs[0], (list, tuple)) else list(xs)
@@ -358,8 +359,9 @@ def _pair(v, what, minimum=1) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _number(v, what, low=None, high=None, open_low=False, open_high=False) -> float:
-    """A finite real number in the given range, as a float."""
+def check_number(v, what, low=None, high=None, open_low=False, open_high=False) -> float:
+    """``v`` as a float if it is a finite real number (not a bool, not a string) in the given range,
+    else a ValueError naming ``what``; the builder and :meth:`snlite.train.Model.step` use it."""
     ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
         and math.isfinite(v) and (low is None or v > low or (v == low and not open_low)) \
         and (high is None or v < high or (v == high and not open_high))
