@@ -276,5 +276,11 @@ def _check_budget(graph, config, extra, costs=None) -> None:
         Runtime(graph, config, MetaDevice(), extra, costs).run()
     except BudgetError as e:
         need = smallest_budget(graph, config, extra=extra, costs=costs)
-        raise BudgetError(f"{e} The smallest budget that works under this configuration is {need:,d} bytes "
-                          f"({need / 2**20:,.1f} MiB).") from None
+        raise BudgetError(f"{budget_message(e)} The smallest budget that works under this configuration is "
+                          f"{need:,d} bytes ({need / 2**20:,.1f} MiB).") from None
+
+
+def budget_message(err: BudgetError) -> str:
+    """The runtime's BudgetError text, without an empty "Live there: ." where nothing else was live
+    (a budget too small for the first weight)."""
+    return str(err).replace(" Live there: .", " Nothing else was live there.")
