@@ -96,8 +96,9 @@ def first_nonfinite(graph, params: dict, x, labels=None, *, train: bool = True, 
     a layer's parameters (the weights themselves), or a layer's output whose inputs and parameters
     are all finite. None if the whole forward pass is finite (then the device and the references
     disagree, or the trouble is in the backward pass)."""
-    route = graph.route()[0]
+    route, outs = graph.route()[0], {}
     for name, out in forward_outputs(graph, params, x, labels, train=train, iteration=iteration, seed=seed):
+        outs[name] = out
         layer = graph.layers[name]
         if layer.kind == "data":
             bad = describe(out)
@@ -113,6 +114,8 @@ def first_nonfinite(graph, params: dict, x, labels=None, *, train: bool = True, 
         bad = describe(out)
         if bad:
             what = f"the loss is {float(out[0])}" if layer.kind == "softmax_loss" else f"its output has {bad}"
+            ins = [outs[i] for i in graph.inputs[name]] + [params[f"{name}.{p}"] for p in kinds]
+            largest = max(float(np.abs(a).max()) for a in ins if np.size(a))
             return (f"layer {name!r} ({layer.kind}, forward step {route.index(name)}): {what}, while its inputs "
-                    f"and parameters are finite")
+                    f"and parameters are finite (the largest in magnitude: {largest:.3g})")
     return None

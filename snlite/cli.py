@@ -40,8 +40,8 @@ from snlite.device import DEVICE_NAMES
 from snlite.runtime import BudgetError
 from snlite.train import budget_message
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
-                             CliError, _bytes, _float_in, _positive_int, _seed, add_memory_flags,
-                             join_negative_values, memory_config)
+                             EXIT_OK, EXIT_USAGE, CliError, _bytes, _float_in, _positive_int, _seed,
+                             add_memory_flags, join_negative_values, memory_config)
 from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
 
 DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), "
