@@ -288,9 +288,13 @@ class BatchNorm2d(Layer):
     bwd_reads = ("x", "dy", "save_mean", "save_invstd")
 
     def infer_shape(self):
-        if len(self.in_shapes[0]) != 4:
-            raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {self.in_shapes[0]}")
-        return self.in_shapes[0]
+        x = self.in_shapes[0]
+        if len(x) != 4:
+            raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {x}")
+        if x[0] * x[2] * x[3] < 2:
+            raise ValueError(f"batchnorm {self.name!r}: training needs more than 1 value per channel (N*H*W), got "
+                             f"input {x}, as PyTorch's BatchNorm2d")
+        return x
 
     def params(self):
         return {"weight": (self.out_shape[1],), "bias": (self.out_shape[1],)}

@@ -173,13 +173,16 @@ class Model:
             raise ValueError("training needs labels")
         x, labels = _check_batch(self.graph, x, labels)
         before = {n: self._read(n) for n in self.buffer_names} if self.device.has_data else {}
-        loss, logits = self._run(x, labels, train=True, keep_logits=return_logits)
-        if loss is not None:
-            problem = self._check_step(loss, x, labels)
-            if problem:
-                self._write(before)  # BatchNorm's running statistics as they were: the step changes nothing
-                raise NonFiniteError(f"training iteration {self.iteration}: {problem}. Nothing was updated "
-                                     f"(weights, BatchNorm statistics and model.iteration are as before)")
+        try:
+            loss, logits = self._run(x, labels, train=True, keep_logits=return_logits)
+            problem = None if loss is None else self._check_step(loss, x, labels)
+        except BaseException:
+            self._write(before)  # BatchNorm's running statistics as they were: a failed step changes nothing
+            raise
+        if problem:
+            self._write(before)
+            raise NonFiniteError(f"training iteration {self.iteration}: {problem}. Nothing was updated "
+                                 f"(weights, BatchNorm statistics and model.iteration are as before)")
         self.iteration += 1
         return (float("nan") if loss is None else loss), logits
 
