@@ -116,6 +116,7 @@ def first_nonfinite(graph, params: dict, x, labels=None, *, train: bool = True, 
             what = f"the loss is {float(out[0])}" if layer.kind == "softmax_loss" else f"its output has {bad}"
             ins = [outs[i] for i in graph.inputs[name]] + [params[f"{name}.{p}"] for p in kinds]
             largest = max(float(np.abs(a).max()) for a in ins if np.size(a))
+            hint = ": float32 overflowed (a learning rate too high?)" if largest > 1e15 else ""
             return (f"layer {name!r} ({layer.kind}, forward step {route.index(name)}): {what}, while its inputs "
-                    f"and parameters are finite (the largest in magnitude: {largest:.3g})")
+                    f"and parameters are finite (the largest in magnitude: {largest:.3g}){hint}")
     return None
