@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
 import time
 
@@ -36,8 +37,11 @@ class Status:
 
     def __call__(self, text: str) -> None:
         if self.live:
-            seconds = time.perf_counter() - self.start
-            self.stream.write(f"\r{self.command}: {text}  ({seconds:,.0f} s)\033[K")
+            head, tail = f"{self.command}: ", f"  ({time.perf_counter() - self.start:,.0f} s)"
+            room = shutil.get_terminal_size().columns - 1 - len(head) - len(tail)  # a wrapped line would not redraw
+            if len(text) > room:
+                text = text[:max(room - 3, 0)] + "..."
+            self.stream.write(f"\r{head}{text}{tail}\033[K")
             self.stream.flush()
             self.shown = True
 

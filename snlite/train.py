@@ -137,6 +137,8 @@ class Model:
         """Logits in inference mode, for any number of samples (run in batches of the graph's N).
         A NaN or an infinity in ``x`` or in the weights shows in the logits, as in PyTorch."""
         x = _samples(self.graph, x, "predict")
+        if not self.device.has_data:
+            raise ValueError(f"predict: the {self.device.name} device holds no data (shapes and bytes only)")
         n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
         out = []
         for start in range(0, len(x), n):

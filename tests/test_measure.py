@@ -422,11 +422,12 @@ def test_long_commands_show_what_they_probe_on_a_terminal(argv, shown, monkeypat
     """Only on a terminal (capsys's stderr is not one), never with --quiet; the line is wiped before the results."""
     code, _, err = run(capsys, *argv)
     assert code == 0 and err == ""
+    monkeypatch.setenv("COLUMNS", "300")  # a narrow terminal truncates the line
     for quiet in (False, True):
         tty = Terminal()
-        monkeypatch.setattr(sys, "stderr", tty)
-        code = cli.main(argv + ["--quiet"] * quiet)
-        monkeypatch.undo()
+        with monkeypatch.context() as m:
+            m.setattr(sys, "stderr", tty)
+            code = cli.main(argv + ["--quiet"] * quiet)
         assert code == 0
         if quiet:
             assert tty.text == ""
@@ -434,3 +435,14 @@ def test_long_commands_show_what_they_probe_on_a_terminal(argv, shown, monkeypat
             for pattern in shown:
                 assert re.search(pattern, tty.text), tty.text
             assert tty.text.endswith("\r\033[K")
+
+
+def test_the_progress_line_fits_the_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    tty = Terminal()
+    status = cli_args.Status("snlite maxdepth", stream=tty)
+    status("superneurons: probe 3, depth 2,819 (939 units) [strategy 5/5]")
+    line = tty.text.removeprefix("\r").removesuffix("\033[K")
+    assert len(line) == 39 and line.startswith("snlite maxdepth: superneurons") and line.endswith("...  (0 s)")
+    status.clear()
+    assert tty.text.endswith("\r\033[K")

@@ -3,6 +3,7 @@ import contextlib
 import io
 import os
 import re
+from unittest import mock
 
 import pytest
 
@@ -30,7 +31,8 @@ def quick(tmp_path_factory):
     """One `snlite paper --quick` run for the whole module: (exit status, stdout, report text, folder)."""
     out = tmp_path_factory.mktemp("paper")
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(STDERR):
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(STDERR), \
+            mock.patch.dict(os.environ, {"COLUMNS": "300"}):  # a narrow terminal truncates the progress line
         code = cli.main(["paper", "--out", str(out), "--quick"])
     path = out / "report.md"
     return code, stdout.getvalue(), path.read_text() if path.exists() else "", out

@@ -282,3 +282,9 @@ def test_integer_valued_float_labels_are_classes():
 def test_seed_must_be_a_non_negative_integer():
     with pytest.raises(ValueError, match=r"seed must be an integer >= 0, got -1"):
         Model(fork_join_net(), device="host", seed=-1)
+
+
+def test_predict_on_the_meta_device_says_it_holds_no_data():
+    g = fork_join_net()
+    with pytest.raises(ValueError, match="predict: the meta device holds no data"):
+        Model(g, device="meta").predict(np.zeros(g.input_shape, np.float32))
