@@ -2,9 +2,12 @@
 
 Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.activation
 
-- forward: y = x where x > 0, else 0 (y is a separate array: the backward reads x).
-- backward: dx = dy where x > 0, else 0, as PyTorch (the gradient at exactly 0 is 0). It takes
-  y too, as cuDNN's API does, but reads only x. dx MAY ALIAS dy: the runtime writes the gradient
+- forward: y = 0 where x <= 0, else x (y is a separate array: the backward reads x). NaN stays
+  NaN and +inf stays +inf, as PyTorch's relu; written ``x <= 0`` rather than ``x > 0`` because
+  every comparison with NaN is false.
+- backward: dx = 0 where x <= 0, else dy, as PyTorch (the gradient at exactly 0 is 0; at a NaN
+  x the gradient passes, as PyTorch's ``threshold_backward`` lets it). It takes y too, as
+  cuDNN's API does, but reads only x. dx MAY ALIAS dy: the runtime writes the gradient
   into dy's buffer in place, as cuDNN and the SuperNeurons paper do. Each thread reads dy[i]
   before it writes dx[i] and touches no other element, so the in-place form is safe.
 
@@ -24,12 +27,12 @@ VERSIONS = ("v1",)
 
 # ---------------------------------------------------------------- NumPy references
 def relu_forward_ref(x, y):
-    y[...] = np.where(x > 0, x, x.dtype.type(0))
+    y[...] = np.where(x <= 0, x.dtype.type(0), x)  # NaN is not <= 0: it propagates
 
 
 def relu_backward_ref(x, y, dy, dx):
-    """dx = dy * (x > 0); dx may alias dy (the temporary is taken before dx is written)."""
-    dx[...] = np.where(x > 0, dy, dy.dtype.type(0))
+    """dx = dy where x is not <= 0 (x > 0 or NaN); dx may alias dy (the temporary is taken first)."""
+    dx[...] = np.where(x <= 0, dy.dtype.type(0), dy)
 
 
 # ---------------------------------------------------------------- kernels
@@ -38,7 +41,7 @@ def _relu_forward_v1(x, y):
     i = cuda.grid(1)
     if i < y.size:
         v = x[i]
-        y[i] = v if v > float32(0.0) else float32(0.0)
+        y[i] = float32(0.0) if v <= float32(0.0) else v  # NaN propagates
 
 
 @cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
@@ -47,7 +50,7 @@ def _relu_backward_v1(x, dy, dx):
     i = cuda.grid(1)
     if i < dx.size:
         g = dy[i]
-        dx[i] = g if x[i] > float32(0.0) else float32(0.0)
+        dx[i] = float32(0.0) if x[i] <= float32(0.0) else g
 
 
 # ---------------------------------------------------------------- launchers
@@ -68,7 +71,7 @@ def relu_forward(x, y, *, stream=0, version="v1", block=BLOCK):
 
 
 def relu_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
-    """dx = dy where x > 0 else 0; ``dx`` may be the same array as ``dy`` (in place)."""
+    """dx = 0 where x <= 0 else dy; ``dx`` may be the same array as ``dy`` (in place)."""
     check_version(version, VERSIONS)
     check("relu_backward x", x)
     for name, a in (("y", y), ("dy", dy), ("dx", dx)):
@@ -98,7 +101,13 @@ def examples(rng):
     y2 = np.empty_like(x2)
     relu_forward_ref(x2, y2)
     dy2 = r(9, 37)
+    x3 = r(5, 13)
+    x3.flat[::4], x3.flat[1::6], x3.flat[2::9] = np.nan, np.inf, -np.inf
+    y3 = np.empty_like(x3)
+    relu_forward_ref(x3, y3)
     return [
+        Example("relu_forward", (x3, nan(*x3.shape)), (1,), label="NaN and inf propagate"),
+        Example("relu_backward", (x3, y3, r(*x3.shape), nan(*x3.shape)), (3,), label="NaN passes dy"),
         Example("relu_forward", (x, nan(*x.shape)), (1,), label="2x3x5x7 with zeros"),
         Example("relu_forward", (r(301), nan(301)), (1,), launch={"block": 64}, label="1-D 301"),
         Example("relu_backward", (x, y, dy, nan(*x.shape)), (3,), label="2x3x5x7"),

@@ -17,8 +17,11 @@ promotion rules. P(keep) = (2**32 - threshold) / 2**32 = 1 - p to within 2**-33.
 ``round`` is Python's (halves to even); p * 2**32 is exact in float64.
 
 Kept elements are multiplied by scale = 1 / (1 - p) computed in float64 then rounded to
-float32 (PyTorch multiplies by its scale too); dropped ones are 0. p = 0 is the identity.
-Masks are uint8 0/1. The backward dx = dy * mask * scale may run in place (dx aliasing dy).
+float32 (PyTorch multiplies by its scale too); dropped ones are ``x - x``: 0 for a finite x, NaN
+for a NaN or an infinite one, which is what PyTorch's ``x * mask * scale`` gives there (NaN * 0
+and inf * 0 are NaN), so dropout never hides a NaN. (PyTorch's zero is signed, -0.0 for a
+negative x; ours is always +0.0.) p = 0 is the identity. Masks are uint8 0/1. The backward
+dx = dy * mask * scale (dropped: dy - dy, likewise) may run in place (dx aliasing dy).
 Element-wise, so there is no reduction order to fix; one version (v1).
 """
 from __future__ import annotations
@@ -72,13 +75,15 @@ def dropout_forward_ref(x, y, mask, *, p, seed):
     key, threshold, scale = _hyper("dropout_forward", p, seed)
     keep = _keep_ref(x.size, key, threshold).reshape(x.shape)
     mask[...] = keep
-    y[...] = np.where(keep, x * x.dtype.type(scale), x.dtype.type(0))
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN on purpose
+        y[...] = np.where(keep, x * x.dtype.type(scale), x - x)  # dropped: 0, or NaN for NaN and inf
 
 
 def dropout_backward_ref(dy, mask, dx, *, p):
     """dx = dy * mask / (1 - p); dx may alias dy."""
     _, _, scale = _hyper("dropout_backward", p)
-    dx[...] = np.where(mask != 0, dy * dy.dtype.type(scale), dy.dtype.type(0))
+    with np.errstate(invalid="ignore"):
+        dx[...] = np.where(mask != 0, dy * dy.dtype.type(scale), dy - dy)
 
 
 # ---------------------------------------------------------------- device helpers
@@ -102,12 +107,13 @@ def _dropout_mask_v1(mask, key, threshold):
 def _dropout_forward_v1(x, y, mask, key, threshold, scale):
     i = cuda.grid(1)
     if i < y.size:
+        v = x[i]
         if _keep(i, key, threshold):
             mask[i] = uint8(1)
-            y[i] = x[i] * scale
+            y[i] = v * scale
         else:
             mask[i] = uint8(0)
-            y[i] = float32(0.0)
+            y[i] = v - v  # 0, or NaN for a NaN or infinite v (PyTorch's v * 0)
 
 
 @cuda_kernel("void(float32[::1], uint8[::1], float32[::1], float32)")
@@ -116,7 +122,7 @@ def _dropout_backward_v1(dy, mask, dx, scale):
     i = cuda.grid(1)
     if i < dx.size:
         g = dy[i]
-        dx[i] = g * scale if mask[i] != 0 else float32(0.0)
+        dx[i] = g * scale if mask[i] != 0 else g - g
 
 
 # ---------------------------------------------------------------- launchers

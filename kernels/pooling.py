@@ -11,7 +11,10 @@ Canonical orders:
 - maxpool backward, as cuDNN: the gradient of window (oh, ow) goes to the FIRST real position in
   (kh, kw) order whose x equals y[oh, ow] (ties go to the earliest); it reads x, y and dy. A dx
   thread checks x[ih, iw] == y[oh, ow], then scans only the window positions before its own.
-- maxpool forward propagates NaN (as PyTorch); a NaN window then sends no gradient anywhere.
+- maxpool forward propagates NaN (as PyTorch: a NaN in the window makes its output NaN), and
+  the gradient of a NaN window goes to the LAST NaN of the window in (kh, kw) order, the index
+  PyTorch's forward records (its scan replaces the running maximum at every NaN it meets). A
+  window of nothing but -inf sends its gradient to its first real position, as PyTorch's does.
 - backward (both): a GATHER, one thread per dx element summing the windows that contain it in
   (oh, ow) ascending order, from 0.0; no atomics, so every version gives the same bits.
 - avgpool divides the window sum by the divisor (PyTorch's ``sum / divide_factor``); the backward
@@ -92,14 +95,19 @@ def maxpool2d_forward_ref(x, y, *, kernel, stride=None, padding=0):
 
 
 def maxpool2d_backward_ref(x, y, dy, dx, *, kernel, stride=None, padding=0):
-    """dy[oh, ow] goes to the first position of window (oh, ow), in (kh, kw) order, where x == y."""
+    """dy[oh, ow] goes to the first position of window (oh, ow), in (kh, kw) order, where x == y;
+    where y is NaN, to the last NaN position of the window."""
     kh, kw, sh, sw, ph, pw = p = _params(kernel, stride, padding)
     n, c, h, w = x.shape
-    real = _windows(np.ones(x.shape, bool), *p, fill=False)
-    first = ((_windows(x, *p, fill=-np.inf) == y[..., None, None]) & real).reshape(y.shape + (-1,)).argmax(-1)
+    real = _windows(np.ones(x.shape, bool), *p, fill=False).reshape(y.shape + (-1,))
+    win = _windows(x, *p, fill=-np.inf).reshape(y.shape + (-1,))
+    hit, nan, y_nan = (win == y[..., None]) & real, np.isnan(win) & real, np.isnan(y)
+    pos = np.where(y_nan, kh * kw - 1 - nan[..., ::-1].argmax(-1), hit.argmax(-1))
+    found = np.where(y_nan, nan.any(-1), hit.any(-1))  # False only if y does not come from this x
     ni, ci, oi, wi = np.indices(y.shape)
     grad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=dy.dtype)
-    np.add.at(grad, (ni, ci, oi * sh + first // kw, wi * sw + first % kw), dy)  # (oh, ow) order
+    g = np.where(found, dy, dy.dtype.type(0))
+    np.add.at(grad, (ni, ci, oi * sh + pos // kw, wi * sw + pos % kw), g)  # in (oh, ow) order
     dx[...] = grad[:, :, ph:ph + h, pw:pw + w]
 
 
@@ -139,6 +147,16 @@ def _no_earlier_match(x, n, c, h0, w0, kw, ih, iw, v):
 
 
 @cuda.jit(device=True, inline=True)
+def _no_later_nan(x, n, c, h0, w0, kh, kw, ih, iw):
+    """True iff no real position of the window at (h0, w0) after (ih, iw), in (kh, kw) order, is NaN."""
+    for a in range(ih, min(h0 + kh, x.shape[2])):
+        for b in range(max(w0, 0), min(w0 + kw, x.shape[3])):
+            if (a > ih or b > iw) and x[n, c, a, b] != x[n, c, a, b]:
+                return False
+    return True
+
+
+@cuda.jit(device=True, inline=True)
 def _divisor(oh, ow, h_, w_, kh, kw, sh, sw, ph, pw, count_include_pad):
     h0 = oh * sh - ph
     w0 = ow * sw - pw
@@ -158,12 +176,16 @@ def _overlapping(i, s, p, k, n_out):
 
 @cuda.jit(device=True, inline=True)
 def _maxpool_window_grad(x, y, dy, n, c, ih, iw, oh, ow, kh, kw, sh, sw, ph, pw):
-    """dy[oh, ow] if (ih, iw) is inside window (oh, ow) and is its first maximum, else 0."""
+    """dy[oh, ow] if (ih, iw) is inside window (oh, ow) and is its first maximum (its last NaN,
+    for a NaN window), else 0."""
     h0 = oh * sh - ph
     w0 = ow * sw - pw
     v = x[n, c, ih, iw]
-    if h0 <= ih < h0 + kh and w0 <= iw < w0 + kw and y[n, c, oh, ow] == v:
-        if _no_earlier_match(x, n, c, h0, w0, kw, ih, iw, v):
+    if h0 <= ih < h0 + kh and w0 <= iw < w0 + kw:
+        m = y[n, c, oh, ow]
+        if m == v and _no_earlier_match(x, n, c, h0, w0, kw, ih, iw, v):
+            return dy[n, c, oh, ow]
+        if m != m and v != v and _no_later_nan(x, n, c, h0, w0, kh, kw, ih, iw):
             return dy[n, c, oh, ow]
     return float32(0.0)
 
@@ -353,6 +375,14 @@ def examples(rng):
     maxpool2d_forward_ref(x, y, **hp)
     out.append(Example("maxpool2d_backward", (x, y, r(*oshape), nan(*x.shape)), (3,), kwargs=hp,
                        launch={"block": 64}, label="ties go to first max"))
+    # NaN and -inf: a NaN window's output is NaN and its gradient goes to its last NaN (PyTorch's).
+    x = r(2, 2, 7, 8)
+    x.flat[::5], x.flat[2::7] = np.nan, -np.inf
+    y = np.empty(oshape, np.float32)
+    maxpool2d_forward_ref(x, y, **hp)
+    out += [Example("maxpool2d_forward", (x, nan(*oshape)), (1,), kwargs=hp, launch={"block": 64}, label="NaN, -inf"),
+            Example("maxpool2d_backward", (x, y, r(*oshape), nan(*x.shape)), (3,), kwargs=hp,
+                    launch={"block": 64}, label="NaN windows")]
     for include in (True, False):
         hp = {"kernel": 3, "stride": 2, "padding": 1, "count_include_pad": include}
         x = r(1, 3, 6, 7)

@@ -8,6 +8,7 @@ reimplemented in Python with Numba CUDA kernels, for teaching and measurement.
     model = snlite.Model(g, device="auto")
 """
 from snlite import models
+from snlite.anomaly import NonFiniteError
 from snlite.config import MemoryConfig
 from snlite.device import (ALIGNMENT_BYTES, CudaDevice, Device, HostDevice, MetaArray, MetaDevice, align_up,
                            get_device, nbytes_of)
@@ -20,5 +21,5 @@ from snlite.train import Model
 __version__ = "0.1.0"
 
 __all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig", "MetaArray",
-           "MetaDevice", "Model", "Node", "Program", "Scheduler", "Step", "TensorSpec", "align_up", "get_device", "models",
-           "nbytes_of", "place", "simulate", "__version__"]
+           "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step", "TensorSpec", "align_up",
+           "get_device", "models", "nbytes_of", "place", "simulate", "__version__"]

@@ -15,27 +15,34 @@
     snlite paper --out paper-out                                # every GPU-free experiment -> report.md
     snlite bench                                                # GPU kernels (if any), CPU planning
 
-Every subcommand has ``--help``. Wrong flags are argparse errors (exit 2); a problem with the
-data, a parameter file or the device is one line on stderr (exit 1); a network that does not fit
-its ``--budget`` exits with 3 (``plan`` explains why and ranks what would fit);
-``snlite --traceback ...`` shows the full traceback instead. Planning commands (plan, compare,
-maxbatch, maxdepth) run the scheduler on the meta device: no GPU, no data, seconds.
+Every subcommand has ``--help``. Exit statuses: 0 done; 2 a usage error (a wrong flag or value,
+from argparse); 3 a network that does not fit its ``--budget`` (``plan`` explains why and ranks
+what would fit); 1 anything else (a problem with the data, a parameter file, the device, or a
+loss that is not finite), as one line on stderr; 130 interrupted; 141 standard output closed
+early (``snlite plan --json | head``), silently. ``snlite --traceback ...`` shows the full
+traceback instead of the line. Planning commands (plan, compare, maxbatch, maxdepth) run the
+scheduler on the meta device: no GPU, no data, seconds; the long ones show what they are probing
+on stderr when it is a terminal (``--quiet``: never).
 """
 from __future__ import annotations
 
 import argparse
 import inspect
 import os
+import secrets
 import sys
-import tempfile
 import time
+import zipfile
+import zlib
 
 import numpy as np
 
+from snlite.anomaly import NonFiniteError, describe
 from snlite.device import DEVICE_NAMES
 from snlite.placement import BudgetError
-from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _bytes, _float_in,  # noqa: F401 (re-exported)
-                              _positive_int, add_memory_flags, memory_config)
+from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
+                             EXIT_OK, EXIT_USAGE, CliError, _bytes, _float_in, _positive_int, _seed,
+                             add_memory_flags, join_negative_values, memory_config)
 from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
 
 DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), "
@@ -58,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "NUMBA_ENABLE_CUDASIM=1: minutes even with --steps 2), meta (the layout only), "
                            "auto (cuda if a GPU is present)")
     demo.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
-    demo.add_argument("--seed", type=int, default=0, help="seed for the weights and the data (default 0)")
+    demo.add_argument("--seed", type=_seed, default=0, help="seed for the weights and the data (default 0)")
 
     train = sub.add_parser("train", help="train a network from the model zoo on a data set",
                            description="Train NET with SGD, show progress, evaluate the test accuracy each epoch.")
@@ -75,11 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="L2 weight decay (default 5e-4)")
     train.add_argument("--device", choices=DEVICE_NAMES, default="auto",
                        help="host (NumPy), cuda, or auto (cuda if a GPU is present, else host; the default)")
-    train.add_argument("--seed", type=int, default=0, help="seed for the weights, the split and the shuffling")
+    train.add_argument("--seed", type=_seed, default=0,
+                       help="seed for the weights, the split and the shuffling (0 to 2**32-1; default 0)")
     train.add_argument("--limit", type=_positive_int, default=None,
                        help="use at most this many training and test images (a quick run)")
     train.add_argument("--save", metavar="FILE.npz", help="write the trained parameters here")
     train.add_argument("--load", metavar="FILE.npz", help="start from the parameters in this file")
+    train.add_argument("--anomaly", action="store_true",
+                       help="after every step, re-run the forward pass on the host and check every layer's output "
+                            "and every gradient for NaN and infinity (slow; without it the loss is checked each step, "
+                            "and the layers only once a loss is not finite)")
     train.add_argument("--streams", metavar="FILE.png", help="on a CUDA device, time the last step's kernels and "
                        "copies per stream (compute, copy_out, copy_in) and draw them (needs matplotlib)")
     add_memory_flags(train)
@@ -90,12 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- entry point
 def main(argv=None) -> int:
     """The console script ``snlite`` (also ``python -m snlite.cli``); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print("\nsnlite: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
     except BudgetError as e:
         if args.traceback:
             raise
@@ -105,7 +120,19 @@ def main(argv=None) -> int:
         if args.traceback:
             raise
         print(f"snlite {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that flushing it at exit cannot fail again."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (a test's capture): nothing will flush it at exit
 
 
 def cmd_demo(args) -> int:
@@ -126,7 +153,8 @@ def cmd_train(args) -> int:
     if args.batch > len(train):
         raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images")
     config = memory_config(args)
-    model = Model(build_model(args.net, args.batch, train), config, device=args.device, seed=args.seed)
+    model = Model(build_model(args.net, args.batch, train), config, device=args.device, seed=args.seed,
+                  anomaly=args.anomaly)
     if not model.device.has_data:
         raise CliError(f"the {model.device.name} device holds no data, so it cannot train; "
                        "see a layout with: snlite demo --device meta")
@@ -199,8 +227,12 @@ def run_epoch(model, train, args, epoch: int) -> None:
     loss_sum = correct = seen = 0
     start = time.perf_counter()
     for i, (x, labels) in enumerate(train.batches(args.batch, shuffle=True, seed=args.seed * 1000 + epoch), 1):
-        loss, logits = model.step(x, labels, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                                  return_logits=True)
+        try:
+            loss, logits = model.step(x, labels, lr=args.lr, momentum=args.momentum,
+                                      weight_decay=args.weight_decay, return_logits=True)
+        except NonFiniteError as e:
+            bar.close()
+            raise CliError(f"epoch {epoch}, step {i}: {e}") from None
         loss_sum += loss
         correct += int((logits.argmax(axis=1) == labels).sum())
         seen += len(labels)
@@ -235,11 +267,18 @@ class Progress:
 
 
 def save_params(file: str, params: dict) -> None:
-    """Write ``params`` to ``file`` (.npz) through a temporary file in the same directory and a
-    rename, so an interrupted save never leaves a half-written file."""
+    """Write ``params`` to ``file`` (.npz), refusing any that is not finite (nothing is written then).
+    Through a temporary file in the same directory and a rename, so an interrupted save never leaves
+    a half-written file; the file gets the mode the umask gives (0644 usually), as any new file."""
+    for name, value in params.items():
+        bad = describe(value)
+        if bad:
+            raise CliError(f"--save {file}: {name} is not finite ({bad}); nothing was written (training diverged: "
+                           f"try a lower --lr)")
     file = os.path.expanduser(file)
     folder = os.path.dirname(os.path.abspath(file))
-    fd, tmp = tempfile.mkstemp(prefix=".snlite-", suffix=".npz.tmp", dir=folder)
+    tmp = os.path.join(folder, f".snlite-{secrets.token_hex(6)}.npz.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0666 less the umask, like open()
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **params)
@@ -249,22 +288,49 @@ def save_params(file: str, params: dict) -> None:
         raise
 
 
-def load_params(file: str, model) -> int:
-    """Set ``model``'s parameters from a .npz file written by ``--save``; returns how many tensors.
-    Every name and shape is checked (by ``Model.set_params``) before anything is written."""
+def read_params(file: str) -> dict[str, np.ndarray]:
+    """The arrays of the .npz file ``file``, by name; a CliError saying what the file is otherwise
+    (missing, empty, a .npy, not a zip archive, truncated or damaged)."""
+    path = os.path.expanduser(file)
+    bad = f"--load {file}: not a readable .npz parameter file"
     try:
-        with np.load(os.path.expanduser(file), allow_pickle=False) as f:
-            params = {name: f[name] for name in f.files}
+        with open(path, "rb") as f:
+            head = f.read(6)
     except FileNotFoundError:
         raise CliError(f"--load {file}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise CliError(f"--load {file}: not a readable .npz parameter file ({e})") from None
+    except OSError as e:
+        raise CliError(f"--load {file}: cannot read it ({e.strerror or e})") from None
+    if not head:
+        raise CliError(f"{bad}: the file is empty")
+    if head == b"\x93NUMPY":
+        raise CliError(f"{bad}: it is a .npy file (one array without a name); --save writes a .npz of named "
+                       f"tensors (np.savez)")
+    if not head.startswith(b"PK"):
+        raise CliError(f"{bad}: it is not a zip archive, which a .npz is")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {name: f[name] for name in f.files}
+    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError, KeyError) as e:
+        raise CliError(f"{bad}: the archive is truncated or damaged ({type(e).__name__}: {e})") from None
+
+
+def load_params(file: str, model) -> int:
+    """Set ``model``'s parameters from a .npz file written by ``--save``; returns how many tensors.
+    Every name, shape and value is checked (a NaN or infinite weight is refused, naming it) before
+    anything is written."""
+    params = read_params(file)
+    for name, value in params.items():
+        if value.dtype.kind not in "biuf":
+            raise CliError(f"--load {file}: {name} holds {value.dtype}, not numbers")
+        with np.errstate(over="ignore"):
+            bad = describe(value.astype(np.float32))
+        if bad:
+            raise CliError(f"--load {file}: {name} is not finite ({bad}); refusing to train from it")
     try:
         model.set_params(params)
     except ValueError as e:
         raise CliError(f"--load {file} does not fit this network: {e}") from None
     return len(params)
-
 
 
 COMMANDS = {"demo": cmd_demo, "train": cmd_train, **PLAN_COMMANDS}

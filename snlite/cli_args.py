@@ -1,19 +1,60 @@
-"""Pieces every ``snlite`` subcommand shares: the one-line error, argument types, and the
-memory flags (one flag per MemoryConfig field, read in one place)."""
+"""Pieces every ``snlite`` subcommand shares: exit statuses, the one-line error, argument types,
+the memory flags (one flag per MemoryConfig field, read in one place) and progress on stderr."""
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
+import sys
+import time
 
 import numpy as np
 
 from snlite import measure
-from snlite.config import CHOICES, MemoryConfig
+from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 
-EXIT_DOES_NOT_FIT = 3
+# Exit statuses (the README's table): 0 done; 1 any other error (one line on stderr); 2 a usage
+# error (argparse: a wrong flag or value); 3 the network does not fit its --budget; 130 interrupted
+# (Ctrl-C); 141 the reader of standard output went away (snlite plan --json | head), said nothing.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 130, 141
 
 
 class CliError(Exception):
     """A problem the user can fix, reported as one line."""
+
+
+# ---------------------------------------------------------------- progress on stderr
+class Status:
+    """What a long command is doing, as one line on stderr redrawn in place: ``snlite maxdepth:
+    superneurons: probe 3, depth 2,819 (939 units) [strategy 5/5]  (31 s)``. Silent with
+    ``--quiet`` and wherever stderr is not a terminal (a pipe, a log file, CI), as git and pip are;
+    :meth:`clear` wipes the line before results are printed."""
+
+    def __init__(self, command: str, quiet: bool = False, stream=None):
+        self.command, self.stream = command, stream or sys.stderr
+        self.live = not quiet and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.start, self.shown = time.perf_counter(), False
+
+    def __call__(self, text: str) -> None:
+        if self.live:
+            head, tail = f"{self.command}: ", f"  ({time.perf_counter() - self.start:,.0f} s)"
+            room = shutil.get_terminal_size().columns - 1 - len(head) - len(tail)  # a wrapped line would not redraw
+            if len(text) > room:
+                text = text[:max(room - 3, 0)] + "..."
+            self.stream.write(f"\r{head}{text}{tail}\033[K")
+            self.stream.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def add_quiet_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress line on stderr (it is shown only on a terminal anyway)")
 
 
 # ---------------------------------------------------------------- argument types
@@ -39,11 +80,48 @@ def _float_in(low, high, low_open=False, what="a number"):
     return parse
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {2**32 - 1}], got {text!r}")
+    return value
+
+
 def _size(text: str) -> int:
     try:
         return measure.parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _budget(text: str) -> int:
+    nbytes = _size(text)
+    if nbytes < MIN_BUDGET_BYTES:
+        raise argparse.ArgumentTypeError(f"a budget must be at least {MIN_BUDGET_BYTES:,d} bytes (1KiB, one block of "
+                                         f"the pool), got {text!r} ({nbytes:,d} bytes)")
+    return nbytes
+
+
+# flags whose value may look negative; argparse would take "-5GiB" for a flag and say only
+# "expected one argument", so such a value is joined to its flag ("--budget=-5GiB") and refused
+# by the flag's own check, which says what is wrong
+VALUE_FLAGS = ("--budget", "--seed", "--lr", "--momentum", "--weight-decay", "--batch", "--epochs", "--limit",
+               "--steps", "--top", "--max-batch", "--max-units", "--units")
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in VALUE_FLAGS and i + 1 < len(argv) and re.match(r"-[0-9.]", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 # ---------------------------------------------------------------- the memory flags (one place)
@@ -68,7 +146,7 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
              "(everything on the device) or paper (activations + gradients)"}
     for name, text in helps.items():
         g.add_argument(f"--{name}", choices=CHOICES[name], default=None, help=text)
-    g.add_argument("--budget", type=_size, metavar="SIZE", default=None,
+    g.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="device memory budget, e.g. 12GiB, 1.5GB, 500MB, 4096 (default: unlimited)")
     g.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
                    help="pinned host memory budget (offloaded tensors, the staged batch, results; default: "
@@ -76,14 +154,32 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def memory_config(args) -> MemoryConfig:
-    """The MemoryConfig the flags of :func:`add_memory_flags` ask for."""
+    """The MemoryConfig the flags of :func:`add_memory_flags` ask for; a combination that works
+    but wastes what it turns on gets a one-line warning on stderr."""
     base = MemoryConfig.superneurons() if args.preset == "superneurons" else MemoryConfig.baseline()
     changes = {n: getattr(args, n) for n in MEMORY_FLAGS if getattr(args, n) is not None}
     if args.budget is not None:
         changes["budget_bytes"] = args.budget
     if args.host_budget is not None:
         changes["host_budget_bytes"] = args.host_budget
-    return base.replace(**changes)
+    config = base.replace(**changes)
+    for text in config_warnings(config):
+        print(f"snlite {args.command}: warning: {text}", file=sys.stderr)
+    return config
+
+
+def config_warnings(config: MemoryConfig) -> list[str]:
+    """What is odd about ``config``: offload, the cache and recomputation free or move tensors on
+    top of liveness analysis (PAPER.md sections 3-5); without it every tensor that is no longer
+    needed stays on the device until the iteration ends."""
+    on = [f for f, used in (("--offload", config.offload), ("--cache", config.cache),
+                            (f"--recompute {config.recompute}", config.recompute != "off")) if used]
+    if config.liveness or not on:
+        return []
+    named = on[0] if len(on) == 1 else ", ".join(on[:-1]) + " and " + on[-1]
+    return [f"{named} without liveness analysis: tensors nobody will read again stay on the device until the "
+            f"iteration ends, so {'they save' if len(on) > 1 else 'it saves'} less"
+            + (" and the cache copies dead tensors to the host" if config.cache else "") + "; add --liveness"]
 
 
 def _bytes(n: int) -> str:

@@ -2,6 +2,7 @@
 run the scheduler on the meta device and print what :mod:`snlite.measure` computes."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -11,7 +12,8 @@ import numpy as np
 
 from snlite import measure
 
-from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, _positive_int, _size, add_memory_flags, memory_config
+from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, add_memory_flags,
+                             add_quiet_flag, memory_config)
 
 PAPER_GPU = "12 GB K40"
 
@@ -55,11 +57,12 @@ def add_planning_commands(sub) -> None:
                                          "a reference.")
     compare.add_argument("net", metavar="NET", help=net_help)
     compare.add_argument("--batch", type=_positive_int, default=None, help=batch_help)
-    compare.add_argument("--budget", type=_size, metavar="SIZE", default=None,
+    compare.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                          help="run every strategy under this budget and say which fit (the cache only moves "
                               "data when memory runs short)")
     compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
     compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+    add_quiet_flag(compare)
 
     for name, what in (("maxbatch", "the largest batch"), ("maxdepth", "the deepest ImageNet ResNet")):
         p = sub.add_parser(name, help=f"{what} that fits a budget, per strategy (the paper's Table "
@@ -75,11 +78,13 @@ def add_planning_commands(sub) -> None:
                            help=f"search no further (default {measure.MAX_BATCH})")
         else:
             p.add_argument("--batch", type=_positive_int, default=16, help="images per step (default 16, the paper's)")
-            p.add_argument("--max-units", type=_positive_int, default=10_000,
-                           help="search no deeper than this many residual units (default 10000: depth 30002)")
-        p.add_argument("--budget", type=_size, metavar="SIZE", default=measure.parse_size("12GiB"),
+            p.add_argument("--max-units", type=_max_units, default=10_000,
+                           help=f"search no deeper than this many residual units (at least {measure.MIN_UNITS}, "
+                                f"ResNet-50's; default 10000: depth 30002)")
+        p.add_argument("--budget", type=_budget, metavar="SIZE", default=measure.parse_size("12GiB"),
                        help="device memory (default 12GiB)")
         p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+        add_quiet_flag(p)
 
     paper = sub.add_parser("paper", help="reproduce the paper's byte-accounting experiments; write a report",
                            description="Every experiment of the paper that needs no GPU, on the meta device: "
@@ -91,6 +96,7 @@ def add_planning_commands(sub) -> None:
     paper.add_argument("--out", default="paper-out", metavar="DIR",
                        help="where report.md and its figures go (default paper-out; created if missing)")
     paper.add_argument("--quick", action="store_true", help="fewer networks, batches and strategies (for tests)")
+    add_quiet_flag(paper)
 
     bench = sub.add_parser("bench", help="the GPU kernel benchmark (if there is a GPU) and the CPU planning one",
                            description="On a real GPU, run the kernel benchmark (python -m kernels.bench); "
@@ -101,6 +107,14 @@ def add_planning_commands(sub) -> None:
     bench.add_argument("--batch", type=_positive_int, default=1, help="its batch (default 1)")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="where the GPU benchmark writes bench.json")
     bench.add_argument("--quick", action="store_true", help="the GPU benchmark's smaller sizes")
+
+
+def _max_units(text: str) -> int:
+    value = _positive_int(text)
+    if value < measure.MIN_UNITS:
+        raise argparse.ArgumentTypeError(f"expected at least {measure.MIN_UNITS} (ResNet-50's residual units, the "
+                                         f"shallowest ImageNet ResNet), got {value}")
+    return value
 
 
 # ---------------------------------------------------------------- planning commands (meta device)
@@ -289,6 +303,10 @@ def conv_table(choices, limit: int = 12) -> str:
                                           for o in ops if o in counts)
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def print_explanation(ex) -> None:
     """Why ``ex`` does not fit, and the ranked changes (stdout)."""
     need = ex.need.trace
@@ -327,8 +345,11 @@ def explanation_json(ex) -> dict:
 def cmd_compare(args) -> int:
     build, graph, batch = _graph(args)
     t0 = time.perf_counter()
-    rows = measure.compare(graph, args.budget)
+    status = Status("snlite compare", args.quiet)
+    rows = measure.compare(graph, args.budget, progress=status)
+    status.clear()
     seconds = time.perf_counter() - t0
+    fits = args.budget is None or any(r.fits for r in rows)
     if args.json:
         _write_json(args.json, {"net": args.net, "batch": batch, "budget_bytes": args.budget,
                                 "rows": [r.totals() for r in rows]})
@@ -337,7 +358,7 @@ def cmd_compare(args) -> int:
                                  "moved_bytes": r.moved_bytes} for r in rows], args.plot,
               title=f"{graph.name}, batch {batch}")
     if args.json == "-":
-        return 0
+        return 0 if fits else EXIT_DOES_NOT_FIT
     budget = f", budget {measure.format_size(args.budget)}" if args.budget else ""
     print(f"{graph.name}, batch {batch}{budget}: {len(graph.layers)} layers, {graph.flops() / 1e9:,.2f} GFLOPs "
           f"forward; each strategy simulated on the meta device")
@@ -350,11 +371,15 @@ def cmd_compare(args) -> int:
     n = len(graph.route()[0])
     print(f"\npeak (all): everything on the device; peak (paper) and peak/l_peak: activations + gradients only. "
           f"extra FLOPs: recomputed forward work, % of one forward pass; moved: bytes to the host and back.\n"
-          f"'+' rows: on top of liveness. {measure.SQRT_LABEL}: Chen et al. "
-          f"2016's reference, keep every {max(1, round(n ** 0.5))}th of the {n} layers' outputs, recompute each "
+          f"'+' rows: on top of liveness. {measure.SQRT_LABEL}: Chen et al. 2016's reference, keep every "
+          f"{_ordinal(max(1, round(n ** 0.5)))} of the {n} layers' outputs, recompute each "
           f"segment once in backward, liveness on (snlite.measure.checkpoint_plan)."
           + ("" if args.budget else " Without --budget the cache never has to move anything.")
           + f" ({seconds:.1f} s)")
+    if not fits:
+        print(f"\nno strategy fits {measure.format_size(args.budget)}: see why, and what would, with "
+              f"snlite plan {args.net} --batch {batch} --budget {args.budget}")
+        return EXIT_DOES_NOT_FIT
     return 0
 
 
@@ -370,14 +395,18 @@ def _found_cell(r) -> str:
 
 def cmd_maxbatch(args) -> int:
     build = _builder(args.net)
+    build(1)  # an unknown name fails here, before the search
     t0 = time.perf_counter()
-    rows = measure.max_batch_table(build, args.budget, args.max_batch)
+    status = Status("snlite maxbatch", args.quiet)
+    rows = measure.max_batch_table(build, args.budget, args.max_batch, progress=status)
+    status.clear()
     seconds = time.perf_counter() - t0
+    status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
         _write_json(args.json, {"net": args.net, "budget_bytes": args.budget, "count": "all",
                                 "rows": _found_json(rows, "batch"), "seconds": seconds})
         if args.json == "-":
-            return 0
+            return status_code
     paper = measure.PAPER_BATCH.get(args.net.lower())
     other = measure.PAPER_BEST_OTHER_BATCH.get(args.net.lower())
     print(f"largest batch of {args.net} in {measure.format_size(args.budget)}, simulated on the meta device "
@@ -390,19 +419,24 @@ def cmd_maxbatch(args) -> int:
     if paper:
         print(f"paper ({PAPER_GPU}, PAPER.md section 7): SuperNeurons {paper:,d}; the best other framework "
               f"{other:,d}")
+    if status_code:
+        print(f"not even a batch of 1 fits {measure.format_size(args.budget)} under any strategy")
     print(f"took {seconds:.1f} s")
-    return 0
+    return status_code
 
 
 def cmd_maxdepth(args) -> int:
     t0 = time.perf_counter()
-    rows = measure.max_depth_table(args.batch, args.budget, args.max_units)
+    status = Status("snlite maxdepth", args.quiet)
+    rows = measure.max_depth_table(args.batch, args.budget, args.max_units, progress=status)
+    status.clear()
     seconds = time.perf_counter() - t0
+    status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
         _write_json(args.json, {"batch": args.batch, "budget_bytes": args.budget, "count": "all",
                                 "rows": _found_json(rows, "depth"), "seconds": seconds})
         if args.json == "-":
-            return 0
+            return status_code
     print(f"deepest ImageNet ResNet (depth = 3 * residual units + 2) at batch {args.batch} in "
           f"{measure.format_size(args.budget)}, simulated on the meta device (count all: weights, gradients, "
           f"momentum, the batch, activations and workspace all on the device)")
@@ -418,8 +452,10 @@ def cmd_maxdepth(args) -> int:
     print(f"paper ({PAPER_GPU}, PAPER.md section 7): at batch 16 "
           + ", ".join(f"{k} {v:,d}" for k, v in measure.PAPER_DEPTH.items())
           + f"; at batch 1 SuperNeurons {measure.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")
+    if status_code:
+        print(f"not even ResNet-50 fits {measure.format_size(args.budget)} at batch {args.batch} under any strategy")
     print(f"took {seconds:.1f} s")
-    return 0
+    return status_code
 
 
 def cmd_paper(args) -> int:
@@ -428,8 +464,15 @@ def cmd_paper(args) -> int:
     out = os.path.expanduser(args.out)
     if os.path.exists(out) and not os.path.isdir(out):
         raise CliError(f"--out {args.out}: exists and is not a folder")
-    rep = report.paper_report(out, quick=args.quick,
+    status = Status("snlite paper", args.quiet)
+
+    def log(text: str) -> None:
+        status.clear()
+        print(text, flush=True)
+
+    rep = report.paper_report(out, quick=args.quick, log=log, progress=status,
                               command="snlite paper --out " + args.out + (" --quick" if args.quick else ""))
+    status.clear()
     figures = sum(len(s.figures) for s in rep.sections)
     print(f"wrote {rep.path} ({len(rep.sections)} sections, {figures} figures"
           + (f"; no figures: {rep.plots}" if rep.plots else "") + f"); took {rep.seconds:.1f} s in all")

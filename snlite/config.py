@@ -13,14 +13,16 @@
 | workspace    | none, fastest, dynamic                   | (none: no conv workspace at all)        | (none: the slowest conv)       |
 | allocator    | pool, raw                                | pool: no malloc/free per tensor         | raw: one allocation per tensor |
 | fit          | first, best                              | best: less fragmentation                | a longer search                |
-| budget_bytes | None or int                              | fails early if the plan cannot fit      |                                |
-| host_budget_bytes | None or int                         | fails early if pinned host memory runs out |                             |
+| budget_bytes | None or int >= 1024 (one pool block)     | fails early if the plan cannot fit      |                                |
+| host_budget_bytes | None or int >= 256 (one slot)    | fails early if pinned host memory runs out |                          |
 | count        | all, paper                               | what the trace's peak counts            |                                |
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+MIN_BUDGET_BYTES = 1024  # one block of the pool: a smaller arena holds nothing
 
 CHOICES = {
     "recompute": ("off", "speed", "memory", "cost_aware"),
@@ -53,10 +55,14 @@ class MemoryConfig:
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"MemoryConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("budget_bytes", "host_budget_bytes"):
-            b = getattr(self, name)
-            if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
-                raise ValueError(f"MemoryConfig.{name} must be a positive int or None, got {b!r}")
+        b = self.budget_bytes
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < MIN_BUDGET_BYTES):
+            raise ValueError(f"MemoryConfig.budget_bytes must be a positive int or None, at least "
+                             f"{MIN_BUDGET_BYTES:,d} (one block of the pool), got {b!r}")
+        h = self.host_budget_bytes
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 256):
+            raise ValueError(f"MemoryConfig.host_budget_bytes must be a positive int or None, at least 256 (one "
+                             f"slot of the pinned slab), got {h!r}")
 
     @classmethod
     def baseline(cls) -> "MemoryConfig":

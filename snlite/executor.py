@@ -34,8 +34,8 @@ class Executor:
     """A graph's memory on ``device``: one arena of ``arena_bytes``, one pinned slab of ``slab_bytes``
     and the program streams, taken once; :meth:`run` replays a program's body on them.
 
-    ``launch_bytes`` is, after a run, the device bytes allocated at each launched op (what the
-    device really held there); ``stream_events``, with ``profile`` on a CUDA device, every kernel
+    ``launch_bytes[mode]`` is, after a run of a program of that mode, the device bytes allocated at
+    each launched op (what the device really held there); ``stream_events``, with ``profile`` on a CUDA device, every kernel
     step and copy timed with events, per stream."""
 
     def __init__(self, graph, device, arena_bytes: int, slab_bytes: int):
@@ -47,7 +47,7 @@ class Executor:
         self.buffers: dict[int, object] = {}  # raw allocator: handle -> its own device buffer
         self.events: dict[str, object] = {}
         self.in_use_bytes = 0
-        self.launch_bytes: list[int] = []
+        self.launch_bytes: dict[str, list[int]] = {}
         self.layer_index = {name: i for i, name in enumerate(graph.layers)}
         self.profile = False
         self.stream_events: list[dict] = []
@@ -78,7 +78,7 @@ class Executor:
         self.program, self.inputs, self.iteration, self.seed, self.sgd = program, inputs or {}, iteration, seed, sgd
         self.train = program.mode != "infer"
         self.results: dict[str, np.ndarray] = {}
-        self.launch_bytes = []
+        self._launched = self.launch_bytes[program.mode] = []
         handlers = self._handlers
         for ins in program.body:
             handlers[type(ins)](self, ins)
@@ -149,7 +149,7 @@ class Executor:
         if ins.phase == "update":
             self._update(ins)
             return
-        self.launch_bytes.append(self.in_use_bytes)
+        self._launched.append(self.in_use_bytes)
         with self._span(ins.stream, self.streams[ins.stream], f"{ins.layer} {ins.phase}"):
             self._step(ins)
 

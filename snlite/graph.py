@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.lrn import MAX_SIZE as LRN_MAX_SIZE
 from snlite.layers import LAYER_TYPES, Layer
 from snlite.route import execution_route
 
@@ -74,12 +75,17 @@ class Graph:
     """A network under construction; see the module docstring."""
 
     def __init__(self, input_shape, num_classes: int, name: str = "net"):
-        shape = tuple(int(s) for s in input_shape)
-        if len(shape) not in (2, 4) or min(shape) < 1:
-            raise ValueError(f"input_shape must be (N, C, H, W) or (N, features) with positive sizes, got {input_shape}")
-        if int(num_classes) < 2:
-            raise ValueError(f"num_classes must be at least 2, got {num_classes}")
-        self.input_shape, self.num_classes, self.name = shape, int(num_classes), name
+        try:
+            shape = tuple(input_shape)
+        except TypeError:
+            shape = ()
+        if len(shape) not in (2, 4) or not all(_is_int(s) and s >= 1 for s in shape):
+            raise ValueError(f"input_shape must be (N, C, H, W) or (N, features) of positive integers, "
+                             f"got {input_shape!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        self.input_shape = tuple(int(s) for s in shape)
+        self.num_classes, self.name = _integer(num_classes, "num_classes", 2), name
         self.layers: dict[str, Layer] = {}
         self.inputs: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
@@ -91,13 +97,13 @@ class Graph:
         if kind not in LAYER_TYPES:
             raise ValueError(f"unknown layer type {kind!r}; known: {sorted(LAYER_TYPES)}")
         if self.loss_layer is not None:
-            raise ValueError(f"cannot add {kind} {name or ''!r} after softmax_loss: the loss must be the last layer")
+            raise ValueError(f"cannot add {_who(kind, name)} after softmax_loss: the loss must be the last layer")
         nodes = list(inputs)
         for n in nodes:
             if not isinstance(n, Node) or n.graph is not self:
-                raise ValueError(f"{kind} {name or ''!r}: inputs must be nodes returned by this graph, got {n!r}")
+                raise ValueError(f"{_who(kind, name)}: inputs must be nodes returned by this graph, got {n!r}")
         if len({n.name for n in nodes}) != len(nodes):
-            raise ValueError(f"{kind} {name or ''!r}: the same tensor appears twice among its inputs "
+            raise ValueError(f"{_who(kind, name)}: the same tensor appears twice among its inputs "
                              f"{[n.name for n in nodes]}")
         if name is None:  # conv1, conv2, bn1, relu1...
             prefix = PREFIX.get(kind, kind)
@@ -123,44 +129,54 @@ class Graph:
         return self._add("data", [], "data", shape=self.input_shape)
 
     def conv2d(self, x, out_channels, kernel, stride=1, padding=0, bias=True, name=None) -> Node:
-        return self._add("conv2d", [x], name, out_channels=_positive(out_channels, "out_channels"),
-                         kernel=_pair(kernel), stride=_pair(stride), padding=_pair(padding, 0), bias=bool(bias))
+        what = _who("conv2d", name)
+        return self._add("conv2d", [x], name, out_channels=_integer(out_channels, f"{what}: out_channels"),
+                         kernel=_pair(kernel, f"{what}: kernel"), stride=_pair(stride, f"{what}: stride"),
+                         padding=_pair(padding, f"{what}: padding", 0), bias=bool(bias))
 
     def linear(self, x, out_features, bias=True, name=None) -> Node:
-        return self._add("linear", [x], name, out_features=_positive(out_features, "out_features"), bias=bool(bias))
+        out_features = _integer(out_features, f"{_who('linear', name)}: out_features")
+        return self._add("linear", [x], name, out_features=out_features, bias=bool(bias))
 
     def relu(self, x, name=None) -> Node:
         return self._add("relu", [x], name)
 
     def maxpool(self, x, kernel, stride=None, padding=0, name=None) -> Node:
-        return self._add("maxpool", [x], name, kernel=_pair(kernel), stride=_pair(stride or kernel),
-                         padding=_pair(padding, 0))
+        return self._add("maxpool", [x], name, **_pool_args("maxpool", name, kernel, stride, padding))
 
     def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, name=None) -> Node:
-        return self._add("avgpool", [x], name, kernel=_pair(kernel), stride=_pair(stride or kernel),
-                         padding=_pair(padding, 0), count_include_pad=bool(count_include_pad))
+        return self._add("avgpool", [x], name, **_pool_args("avgpool", name, kernel, stride, padding),
+                         count_include_pad=bool(count_include_pad))
 
     def batchnorm(self, x, eps=1e-5, momentum=0.1, name=None) -> Node:
-        return self._add("batchnorm", [x], name, eps=float(eps), momentum=float(momentum))
+        what = _who("batchnorm", name)
+        return self._add("batchnorm", [x], name, eps=check_number(eps, f"{what}: eps", 0.0),
+                         momentum=check_number(momentum, f"{what}: momentum", 0.0, 1.0))
 
     def lrn(self, x, size=5, alpha=1e-4, beta=0.75, k=1.0, name=None) -> Node:
-        return self._add("lrn", [x], name, size=_positive(size, "size"), alpha=float(alpha), beta=float(beta),
-                         k=float(k))
+        what = _who("lrn", name)
+        size = _integer(size, f"{what}: size")
+        if size > LRN_MAX_SIZE:
+            raise ValueError(f"{what}: size must be at most {LRN_MAX_SIZE} (the kernel's window), got {size}")
+        return self._add("lrn", [x], name, size=size, alpha=check_number(alpha, f"{what}: alpha", 0.0),
+                         beta=check_number(beta, f"{what}: beta"),
+                         k=check_number(k, f"{what}: k", 0.0, open_low=True))
 
     def dropout(self, x, p=0.5, name=None) -> Node:
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout {name or ''!r}: p must be in [0, 1), got {p}")
-        return self._add("dropout", [x], name, p=float(p))
+        p = check_number(p, f"{_who('dropout', name)}: p", 0.0, 1.0, open_high=True)
+        return self._add("dropout", [x], name, p=p)
 
     def add(self, *xs, name=None) -> Node:
         xs = list(xs[0]) if len(xs) == 1 and isinstance(xs[0], (list, tuple)) else list(xs)
         if len(xs) < 2:
-            raise ValueError(f"add {name or ''!r}: needs at least two inputs, got {len(xs)}")
+            raise ValueError(f"{_who('add', name)}: needs at least two inputs, got {len(xs)}")
         return self._add("add", xs, name)
 
     def concat(self, xs, name=None) -> Node:
+        if not isinstance(xs, (list, tuple)):
+            raise ValueError(f"{_who('concat', name)}: expected a list of nodes, got {xs!r}")
         if len(xs) < 2:
-            raise ValueError(f"concat {name or ''!r}: needs at least two inputs, got {len(xs)}")
+            raise ValueError(f"{_who('concat', name)}: needs at least two inputs, got {len(xs)}")
         return self._add("concat", list(xs), name)
 
     def flatten(self, x, name=None) -> Node:
@@ -318,14 +334,50 @@ class _Compiler:
         return Step(index, name, layer.kind, phase, tuple(reads), tuple(writes), inplace, accumulate)
 
 
-def _pair(v, minimum=1):
-    h, w = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
-    if min(h, w) < minimum:
-        raise ValueError(f"expected sizes >= {minimum}, got {v!r}")
-    return int(h), int(w)
+# ---------------------------------------------------------------- argument checks (PyTorch's types)
+def _who(kind, name) -> str:
+    return kind if name is None else f"{kind} {name!r}"
 
 
-def _positive(v, what):
-    if int(v) < 1:
-        raise ValueError(f"{what} must be a positive integer, got {v!r}")
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _integer(v, what, minimum=1) -> int:
+    """``v`` as an int >= ``minimum``; a float (4.5, or even 4.0), a bool or a string is an error,
+    as in PyTorch, rather than something to truncate."""
+    if not _is_int(v) or v < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {v!r}")
     return int(v)
+
+
+def _pair(v, what, minimum=1) -> tuple[int, int]:
+    """An int, or a pair of ints, each >= ``minimum``, as ``(h, w)``."""
+    pair = (v, v) if _is_int(v) else tuple(v) if isinstance(v, (tuple, list)) else ()
+    if len(pair) != 2 or not all(_is_int(p) and p >= minimum for p in pair):
+        raise ValueError(f"{what} must be an integer >= {minimum} or a pair of them, got {v!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def check_number(v, what, low=None, high=None, open_low=False, open_high=False) -> float:
+    """``v`` as a float if it is a finite real number (not a bool, not a string) in the given range,
+    else a ValueError naming ``what``; the builder and :meth:`snlite.train.Model.step` use it."""
+    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
+        and math.isfinite(v) and (low is None or v > low or (v == low and not open_low)) \
+        and (high is None or v < high or (v == high and not open_high))
+    if not ok:
+        if low is not None and high is not None:
+            rng = f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+        elif low is not None:
+            rng = f"a finite number {'>' if open_low else '>='} {low:g}"
+        else:
+            rng = "a finite number"
+        raise ValueError(f"{what} must be {rng}, got {v!r}")
+    return float(v)
+
+
+def _pool_args(kind, name, kernel, stride, padding) -> dict:
+    what = _who(kind, name)
+    kernel = _pair(kernel, f"{what}: kernel")
+    return dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, f"{what}: stride"),
+                padding=_pair(padding, f"{what}: padding", 0))

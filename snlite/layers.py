@@ -189,7 +189,8 @@ class Conv2d(Layer):
 
 
 class Linear(Layer):
-    """PyTorch's Linear; a 4-D input is flattened implicitly (as Caffe's InnerProduct does)."""
+    """PyTorch's Linear on an (N, in_features) input. Like PyTorch's, it does not flatten: a 4-D
+    input is an error that says to add ``g.flatten`` (Caffe's InnerProduct flattened silently)."""
 
     kind = "linear"
     checkpoint = True
@@ -197,7 +198,10 @@ class Linear(Layer):
 
     def infer_shape(self):
         x = self.in_shapes[0]
-        self.in_features = math.prod(x[1:])
+        if len(x) != 2:
+            raise ValueError(f"linear {self.name!r}: expected an (N, in_features) input, got shape {x}; "
+                             f"flatten it first: g.linear(g.flatten(x), ...) (PyTorch's Linear does not flatten)")
+        self.in_features = x[1]
         return (x[0], self.attrs["out_features"])
 
     def params(self):
@@ -213,17 +217,15 @@ class Linear(Layer):
         return {k: _uniform_fan_in(rng, s, self.in_features) for k, s in self.params().items()}
 
     def forward(self, io):
-        x = io.x[0].reshape(self.out_shape[0], self.in_features)
-        io.run("linear_forward", x, io.params["weight"], io.y)
+        io.run("linear_forward", io.x[0], io.params["weight"], io.y)
         if "bias" in io.params:
             io.run("bias_add", io.y, io.params["bias"])
 
     def backward(self, io):
-        x = io.x[0].reshape(self.out_shape[0], self.in_features)
-        io.run("linear_backward_filter", x, io.dy, io.grads["weight"])
+        io.run("linear_backward_filter", io.x[0], io.dy, io.grads["weight"])
         if "bias" in io.grads:
             io.run("bias_backward", io.dy, io.grads["bias"])
-        io.run("linear_backward_data", io.dy, io.params["weight"], io.dx[0].reshape(x.shape))
+        io.run("linear_backward_data", io.dy, io.params["weight"], io.dx[0])
 
 
 class ReLU(Layer):
@@ -286,9 +288,13 @@ class BatchNorm2d(Layer):
     bwd_reads = ("x", "dy", "save_mean", "save_invstd")
 
     def infer_shape(self):
-        if len(self.in_shapes[0]) != 4:
-            raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {self.in_shapes[0]}")
-        return self.in_shapes[0]
+        x = self.in_shapes[0]
+        if len(x) != 4:
+            raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {x}")
+        if x[0] * x[2] * x[3] < 2:
+            raise ValueError(f"batchnorm {self.name!r}: training needs more than 1 value per channel (N*H*W), got "
+                             f"input {x}, as PyTorch's BatchNorm2d")
+        return x
 
     def params(self):
         return {"weight": (self.out_shape[1],), "bias": (self.out_shape[1],)}
@@ -329,6 +335,13 @@ class LRN(Layer):
     kind = "lrn"
     bwd_reads = ("x", "y", "dy")
     bwd_inplace = True
+
+    def infer_shape(self):
+        x = self.in_shapes[0]
+        if len(x) < 3:
+            raise ValueError(f"lrn {self.name!r}: expected an (N, C, H, W) input (PyTorch's LocalResponseNorm "
+                             f"needs 3 dimensions or more), got shape {x}")
+        return x
 
     def flops(self):
         return 2 * self.attrs["size"] * math.prod(self.out_shape)

@@ -40,19 +40,23 @@ UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 def parse_size(text: str) -> int:
     """Bytes in ``text``: ``4096``, ``64KiB``, ``500MB``, ``1.5GB``, ``12 GiB`` (case-insensitive;
-    KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024). Raises ValueError otherwise."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m[2].lower() if m else None
+    KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024). Raises ValueError otherwise, and for
+    a size that is not positive or not a whole number of bytes (``1.5`` is 1.5 bytes: a unit is missing)."""
+    m = re.fullmatch(r"\s*([-+]?)([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m[3].lower() if m else None
     if m is None or unit not in UNITS:
         raise ValueError(f"not a size: {text!r}; expected a number of bytes with an optional unit, e.g. 4096, "
                          f"64KiB, 500MB, 1.5GB, 12GiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
     try:
-        nbytes = int(Decimal(m[1]) * UNITS[unit])
+        nbytes = Decimal(m[1] + m[2]) * UNITS[unit]
     except InvalidOperation:
         raise ValueError(f"not a size: {text!r}") from None
-    if nbytes < 1:
-        raise ValueError(f"a size must be at least 1 byte, got {text!r}")
-    return nbytes
+    if nbytes <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    if nbytes != nbytes.to_integral_value():
+        raise ValueError(f"{text!r} is not a size in whole bytes ({nbytes} B); a unit is missing, e.g. {m[2]}GiB "
+                         f"or {m[2]}MB")
+    return int(nbytes)
 
 
 def format_size(nbytes: int | None) -> str:
@@ -221,11 +225,21 @@ COMPARE = {
 }
 
 
-def compare(graph, budget_bytes: int | None = None) -> list[Measurement]:
+def no_progress(text: str) -> None:
+    """The default ``progress``: say nothing."""
+
+
+def compare(graph, budget_bytes: int | None = None, progress=no_progress) -> list[Measurement]:
     """One Measurement per strategy of ``COMPARE`` (each "+ recompute" row on top of liveness +
     offload), then the sqrt(N) checkpointing reference (liveness on). With a budget, each row
-    runs under it (the cache only moves data when memory runs short, so only then does it show)."""
-    rows = [measure(graph, cfg.replace(budget_bytes=budget_bytes), label) for label, cfg in COMPARE.items()]
+    runs under it (the cache only moves data when memory runs short, so only then does it show).
+    ``progress(text)`` is told which strategy runs (``snlite compare`` shows it on stderr)."""
+    n = len(COMPARE) + 1
+    rows = []
+    for i, (label, cfg) in enumerate(COMPARE.items(), 1):
+        progress(f"{graph.name}: {label} ({i}/{n})")
+        rows.append(measure(graph, cfg.replace(budget_bytes=budget_bytes), label))
+    progress(f"{graph.name}: {SQRT_LABEL} ({n}/{n})")
     plan = checkpoint_plan(graph)
     rows.append(measure(graph, plan.config.replace(budget_bytes=budget_bytes), SQRT_LABEL, plan))
     return rows
@@ -296,21 +310,25 @@ class Found:
         return self.trace.host_peak_bytes if self.trace is not None else None
 
 
-def _search(label, config, candidates, build, guess_from) -> Found:
+def _search(label, config, candidates, build, guess_from, progress=no_progress, what=str) -> Found:
     """Largest candidate x with ``build(x)`` fitting ``config`` (count "all"), starting near the
-    estimate of :func:`_estimate` over the two sample points ``guess_from``."""
+    estimate of :func:`_estimate` over the two sample points ``guess_from``. ``progress(text)`` is
+    told each probe, the candidate written by ``what``."""
     t0 = time.perf_counter()
     config = config.replace(count="all")
     traces: dict[int, Trace | None] = {}
 
     def ok(i):
         if i not in traces:
+            progress(f"{label}: probe {len(traces) + 1}, {what(candidates[i])}")
             try:
                 traces[i] = run(build(candidates[i]), config)
             except BudgetError:
                 traces[i] = None
         return traces[i] is not None
 
+    if guess_from:
+        progress(f"{label}: estimating from {what(guess_from[0])} and {what(guess_from[1])}")
     guess = _estimate(build, config, guess_from)
     start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
     i = largest(len(candidates), ok, start)
@@ -350,22 +368,34 @@ PAPER_DEPTH_AT_BATCH = {16: 1920, 1: 3 * 2500 + 2}  # SuperNeurons' deepest ResN
 PAPER_BATCH = PAPER_WIDTH_BATCH
 
 
-def max_batch(build, config: MemoryConfig, label: str = "", lo: int = 1, hi: int = MAX_BATCH) -> Found:
+def max_batch(build, config: MemoryConfig, label: str = "", lo: int = 1, hi: int = MAX_BATCH,
+              progress=no_progress) -> Found:
     """The largest batch in [lo, hi] for which ``build(batch)`` fits ``config.budget_bytes``."""
     if config.budget_bytes is None:
         raise ValueError("max_batch needs a budget (config.budget_bytes)")
     sample = (8, 32) if hi >= 32 else None
-    return _search(label or config.describe(), config, range(lo, hi + 1), build, sample)
+    return _search(label or config.describe(), config, range(lo, hi + 1), build, sample, progress,
+                   lambda b: f"batch {b:,d}")
+
+
+MIN_UNITS = 16  # ResNet-50's residual units: the shallowest ImageNet ResNet
 
 
 def resnet_units(max_units: int = 10_000) -> list[int]:
-    """Residual units of every valid ImageNet ResNet depth (depth = 3 * units + 2): 50 and 101
-    (16 and 33 units), then 152, 155, ... (50, 51, ... units) up to ``max_units``."""
-    return [16, 33] + list(range(50, max_units + 1))
+    """Residual units of every valid ImageNet ResNet depth (depth = 3 * units + 2) up to
+    ``max_units``: 50 and 101 (16 and 33 units), then 152, 155, ... (50, 51, ... units)."""
+    if max_units < MIN_UNITS:
+        raise ValueError(f"max_units must be at least {MIN_UNITS} (ResNet-50, the shallowest ImageNet ResNet), "
+                         f"got {max_units}")
+    return [u for u in (16, 33) if u <= max_units] + list(range(50, max_units + 1))
+
+
+def _depth(units: int) -> str:
+    return f"depth {3 * units + 2:,d} ({units:,d} units)"
 
 
 def max_depth(batch: int, config: MemoryConfig, label: str = "", max_units: int = 10_000,
-              build=None) -> Found:
+              build=None, progress=no_progress) -> Found:
     """The deepest ImageNet ResNet (:func:`resnet_units`) that fits ``config.budget_bytes`` at
     ``batch``; ``value`` is the depth. Starts from a straight-line estimate through 50 and 100
     units, so a search costs about five simulations of the size it ends at."""
@@ -373,7 +403,8 @@ def max_depth(batch: int, config: MemoryConfig, label: str = "", max_units: int 
         raise ValueError("max_depth needs a budget (config.budget_bytes)")
     build = build or _resnet_builder(batch)
     units = resnet_units(max_units)
-    found = _search(label or config.describe(), config, units, build, (50, 100))
+    guess_from = (50, 100) if max_units >= 100 else None
+    found = _search(label or config.describe(), config, units, build, guess_from, progress, _depth)
     found.value = None if found.value is None else 3 * found.value + 2
     found.next_value = None if found.next_value is None else 3 * found.next_value + 2
     return found
@@ -386,16 +417,21 @@ def _resnet_builder(batch: int):
     return build
 
 
-def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH) -> list[Found]:
+def _numbered(progress, i: int, n: int):
+    return lambda text: progress(f"{text} [strategy {i}/{n}]")
+
+
+def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH, progress=no_progress) -> list[Found]:
     """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5)."""
-    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes), label, hi=hi) for label, cfg in SEARCH.items()]
+    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes), label, hi=hi,
+                      progress=_numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 
-def max_depth_table(batch: int, budget_bytes: int, max_units: int = 10_000) -> list[Found]:
+def max_depth_table(batch: int, budget_bytes: int, max_units: int = 10_000, progress=no_progress) -> list[Found]:
     """:func:`max_depth` under every strategy of ``SEARCH`` (the paper's Table 4), sharing the graphs."""
     build = _resnet_builder(batch)
-    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes), label, max_units, build)
-            for label, cfg in SEARCH.items()]
+    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes), label, max_units, build,
+                      _numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 
 # ---------------------------------------------------------------------------- why it does not fit

@@ -49,7 +49,7 @@ def lenet(batch=DEFAULT_BATCH["lenet"], input_shape=(1, 28, 28), num_classes=10,
     x = g.maxpool(x, 2, name="pool1")
     x = g.conv2d(x, 50, 5, padding=padding, name="conv2")
     x = g.maxpool(x, 2, name="pool2")
-    x = g.relu(g.linear(x, 500, name="ip1"), name="relu1")
+    x = g.relu(g.linear(g.flatten(x, name="flatten"), 500, name="ip1"), name="relu1")
     g.softmax_loss(g.linear(x, num_classes, name="ip2"))
     return g
 
@@ -68,6 +68,7 @@ def alexnet(batch=DEFAULT_BATCH["alexnet"], num_classes=1000) -> Graph:
             x = g.lrn(x, size=5, alpha=1e-4, beta=0.75, name=f"norm{i}")
         if pool:
             x = g.maxpool(x, 3, stride=2, name=f"pool{i}")
+    x = g.flatten(x, name="flatten")
     for i in (6, 7):
         x = g.dropout(g.relu(g.linear(x, 4096, name=f"fc{i}"), name=f"relu{i}"), 0.5, name=f"drop{i}")
     g.softmax_loss(g.linear(x, num_classes, name="fc8"))
@@ -89,6 +90,7 @@ def vgg16(batch=DEFAULT_BATCH["vgg16"], num_classes=1000) -> Graph:
         else:
             x = g.conv2d(x, v, 3, padding=1, name=f"features.{i}")
             x, i = g.relu(x, name=f"features.{i + 1}"), i + 2
+    x = g.flatten(x, name="flatten")  # torchvision: torch.flatten(x, 1)
     x = g.dropout(g.relu(g.linear(x, 4096, name="classifier.0"), name="classifier.1"), 0.5, name="classifier.2")
     x = g.dropout(g.relu(g.linear(x, 4096, name="classifier.3"), name="classifier.4"), 0.5, name="classifier.5")
     g.softmax_loss(g.linear(x, num_classes, name="classifier.6"))
@@ -132,7 +134,7 @@ def resnet(depth: int, batch=None, num_classes=1000) -> Graph:
         for b in range(n):
             x = _bottleneck(g, x, width, stride=2 if b == 0 and s > 1 else 1, name=f"layer{s}.{b}")
     x = g.avgpool(x, x.shape[2], name="avgpool")
-    g.softmax_loss(g.linear(x, num_classes, name="fc"))
+    g.softmax_loss(g.linear(g.flatten(x, name="flatten"), num_classes, name="fc"))
     return g
 
 
@@ -184,7 +186,7 @@ def cifar_resnet(depth: int, batch=DEFAULT_BATCH["cifar_resnet"], num_classes=10
             y = g.batchnorm(g.conv2d(y, width, 3, padding=1, bias=False, name=f"{name}.conv2"), name=f"{name}.bn2")
             x = g.relu(g.add(y, shortcut, name=f"{name}.add"), name=f"{name}.relu2")
     x = g.avgpool(x, x.shape[2], name="avgpool")
-    g.softmax_loss(g.linear(x, num_classes, name="fc"))
+    g.softmax_loss(g.linear(g.flatten(x, name="flatten"), num_classes, name="fc"))
     return g
 
 
@@ -265,7 +267,7 @@ def inception_v4(batch=DEFAULT_BATCH["inception_v4"], num_classes=1000, dropout=
                   g.maxpool(x, 3, stride=2, name="features.18.branch2")], name="features.18")
     for i in range(19, 22):
         x = _inception_c(g, x, f"features.{i}")
-    x = g.avgpool(x, 8, name="avg_pool")
+    x = g.flatten(g.avgpool(x, 8, name="avg_pool"), name="flatten")
     if dropout:
         x = g.dropout(x, dropout, name="dropout")
     g.softmax_loss(g.linear(x, num_classes, name="last_linear"))
@@ -302,7 +304,7 @@ def densenet121(batch=DEFAULT_BATCH["densenet121"], num_classes=1000, growth=32,
             x = g.avgpool(g.conv2d(x, x.shape[1] // 2, 1, bias=False, name=f"{t}.conv"), 2, name=f"{t}.pool")
     x = g.relu(g.batchnorm(x, name="features.norm5"), name="relu")
     x = g.avgpool(x, x.shape[2], name="avgpool")
-    g.softmax_loss(g.linear(x, num_classes, name="classifier"))
+    g.softmax_loss(g.linear(g.flatten(x, name="flatten"), num_classes, name="classifier"))
     return g
 
 

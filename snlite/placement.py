@@ -32,8 +32,8 @@ from snlite.cache import LRUCache
 from snlite.config import MemoryConfig
 from snlite.graph import TensorSpec
 from snlite.pool import HostPool, PoolFullError, RawAllocator, TensorPool
-from snlite.program import (COMPUTE, COPY_IN, COPY_OUT, HOST, Alloc, Copy, Free, HandOver, HostRead, HostWait,
-                            HostWrite, Launch, Program, Record, Wait)
+from snlite.program import (COMPUTE, COPY_IN, COPY_OUT, HOST, MODES, Alloc, Copy, Free, HandOver, HostRead,
+                            HostWait, HostWrite, Launch, Program, Record, Wait)
 from snlite.recompute import base_name
 from snlite.scheduler import PERSISTENT_KINDS, Scheduler
 from snlite.tensor import State, Tensor
@@ -59,16 +59,17 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
           optimizer: bool = True) -> Program:
     """The program of one iteration of ``graph`` under ``config``.
 
-    ``mode``: "train" (forward, backward and SGD with momentum), "grads" (no update) or "infer"
-    (the forward route in inference mode, the logits read back). ``plan``: a plan built elsewhere
+    ``mode``: "train" (forward, backward and SGD with momentum), "grads" (no update), "update" (only
+    the SGD step, for a caller that checks the gradients first) or "infer" (the forward route in
+    inference mode, the logits read back). ``plan``: a plan built elsewhere
     (default: the :class:`~snlite.scheduler.Scheduler`'s). ``costs``: how conv algorithms are
     ranked (default :class:`~snlite.workspace.CostModel`; a GPU's measured table plans its choices).
     ``optimizer``: keep momentum buffers (False: weights and gradients only, no update).
     Raises :class:`BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``) is too small."""
     config = config or MemoryConfig()
-    if mode not in ("train", "grads", "infer"):
-        raise ValueError(f"unknown mode {mode!r}; choose train, grads or infer")
-    if mode == "train" and not optimizer:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    if mode in ("train", "update") and not optimizer:
         raise ValueError("mode 'train' updates the weights, which needs the optimizer state; use mode 'grads'")
     plan = plan or Scheduler(graph, config).plan()
     specs = dict(graph.tensors())
@@ -374,6 +375,8 @@ class _Placer:
 
     # ------------------------------------------------------------ the iteration
     def run(self) -> Program:
+        if self.mode == "update":
+            return self._update_program()
         g, train = self.graph, self.train
         loss_layer = g.loss_layer
         logits = g.output_tensor(g.inputs[loss_layer][0])
@@ -453,6 +456,13 @@ class _Placer:
                        tuple(self.out), self.pool.high_water_bytes if not self.raw else 0,
                        self.staging_bytes + self.host.high_water_bytes, stats)
 
+    def _update_program(self) -> Program:
+        """SGD alone: every layer's update on compute, then the host waits for it."""
+        self._updates()
+        self.out.append(HostWait(self._record(COMPUTE)))
+        return Program(self.graph.name, self.config.describe(), "update", self.config.allocator, self.table,
+                       self.setup, tuple(self.out), self.pool.high_water_bytes if not self.raw else 0, 0, {})
+
     def _upload(self, staged: dict) -> None:
         """The batch (and labels) go from their pinned slots to the device on ``copy_in``."""
         for name, slot in staged.items():
@@ -503,7 +513,8 @@ class _Placer:
             where = f"at step {step} ({s.layer} {s.phase})" if s is not None else f"at {step}"
         return (f"{self.graph.name} does not fit a budget of {self.capacity:,d} bytes under "
                 f"{self.config.describe()}: {where}, {t.name} needs {t.nbytes:,d} bytes but the largest free "
-                f"block is {err.stats.largest_free_bytes:,d} bytes. Live there: {shown or 'nothing else'}.")
+                f"block is {err.stats.largest_free_bytes:,d} bytes. "
+                + (f"Live there: {shown}." if shown else "Nothing else was live there."))
 
     def _staging_slots(self) -> list:
         return [(n, self.host.reserved_bytes(self.nbytes[base_name(n.rsplit(":", 1)[0])])) for n in self.staging]
@@ -515,5 +526,6 @@ class _Placer:
         shown = ", ".join(f"{n} ({b:,d} B)" for n, b in held[:8]) + (f" and {len(held) - 8} more" if len(held) > 8 else "")
         return (f"{self.graph.name} does not fit a host budget of {self.config.host_budget_bytes:,d} bytes of pinned "
                 f"memory under {self.config.describe()}: {where}, {name} needs {nbytes:,d} bytes but the largest free "
-                f"slot is {err.stats.largest_free_bytes:,d} bytes. On the host there: {shown or 'nothing else'}.")
+                f"slot is {err.stats.largest_free_bytes:,d} bytes. "
+                + (f"On the host there: {shown}." if shown else "Nothing else was on the host there."))
 

@@ -10,10 +10,12 @@ is ever opened. Every ``plot_*`` function saves a PNG to ``path`` and returns ``
     plot.plot_timeline(trace, "alexnet.png")
     plot.alexnet_figure("docs/alexnet_b200_timeline.png")     # the README's figure
 
-``python -m snlite.plot [PATH]`` regenerates the README's figure.
+``python -m snlite.plot [PATH]`` regenerates the README's figure (``--help`` says more).
 """
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from dataclasses import dataclass
 
@@ -328,5 +330,39 @@ def alexnet_figure(path, batch: int = 200):
                                                       "(the paper's count), one training iteration")
 
 
+README_FIGURE = os.path.join("docs", "alexnet_b200_timeline.png")
+
+
+def default_figure_path() -> str | None:
+    """The README's figure in the repository this package sits in (wherever the command runs from);
+    None for an installed copy, which has no docs/ folder beside it."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(repo, README_FIGURE) if os.path.isdir(os.path.join(repo, "docs")) else None
+
+
+def main(argv=None) -> int:
+    """``python -m snlite.plot [PATH]``: draw the README's figure; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m snlite.plot",
+        description="Draw the README's figure: AlexNet at batch 200, activations + gradients per op under "
+                    "baseline and superneurons(), simulated on the meta device (needs matplotlib).")
+    parser.add_argument("path", nargs="?", metavar="PATH.png",
+                        help=f"where to write the PNG (default: {README_FIGURE} of the repository snlite runs from)")
+    args = parser.parse_args(argv)
+    path = args.path or default_figure_path()
+    if path is None:
+        parser.error("this snlite is installed, not a repository checkout (no docs/ beside it): give PATH.png")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        print(f"python -m snlite.plot: error: {path}: its folder does not exist", file=sys.stderr)
+        return 1
+    try:
+        print(alexnet_figure(path))
+    except (PlotUnavailable, OSError) as e:
+        print(f"python -m snlite.plot: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    print(alexnet_figure(sys.argv[1] if len(sys.argv) > 1 else "docs/alexnet_b200_timeline.png"))
+    sys.exit(main())

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 COMPUTE, COPY_OUT, COPY_IN, HOST = "compute", "copy_out", "copy_in", "host"
 STREAMS = (COMPUTE, COPY_OUT, COPY_IN)  # the device streams every program uses
 SPACES = ("arena", "slab", "raw")
-MODES = ("train", "grads", "infer")  # SGD step; gradients only; inference (forward, no dropout)
+MODES = ("train", "grads", "update", "infer")  # a whole step; forward + backward; SGD alone; inference
 COPY_REASONS = ("offload", "evict", "prefetch", "fetch", "input", "result")
 FORMAT = "snlite-program/1"
 

@@ -108,10 +108,11 @@ def _measure_or_none(graph, config, label):
 
 
 # ---------------------------------------------------------------------------- the experiments
-def trajectory(batch: int = 200) -> tuple[Section, dict]:
+def trajectory(batch: int = 200, progress=measure.no_progress) -> tuple[Section, dict]:
     """AlexNet's peak under each technique (both counts, where, what is live); returns the section
     and ``{label: Measurement}`` for the figures."""
     graph = get_model("alexnet", batch)
+    progress("AlexNet: the smallest budget of superneurons()")
     tight = smallest_budget(graph, MemoryConfig.superneurons())
     configs = {label: measure.COMPARE[label] for label in
                ("baseline", "liveness", "+ offload", "+ offload + recompute cost_aware")}
@@ -121,6 +122,7 @@ def trajectory(batch: int = 200) -> tuple[Section, dict]:
         MemoryConfig.superneurons(budget_bytes=tight)
     runs, rows = {}, []
     for label, cfg in configs.items():
+        progress(f"AlexNet: {label}")
         m = measure.measure(graph, cfg, label)
         if m.fits is False:
             rows.append([label, "does not fit"] + [""] * 8)
@@ -146,12 +148,13 @@ def trajectory(batch: int = 200) -> tuple[Section, dict]:
     return Section("1. AlexNet's memory trajectory under each technique", text, [table]), runs
 
 
-def recompute(models) -> Section:
+def recompute(models, progress=measure.no_progress) -> Section:
     """The three recomputation strategies on top of liveness: how many forwards re-run, extra FLOPs, peaks."""
     rows = []
     for name, batch in models:
         graph = get_model(name, batch)
         for strategy in ("off", "speed", "memory", "cost_aware"):
+            progress(f"{graph.name} ({batch}): recompute {strategy}")
             cfg = MemoryConfig(liveness=True, recompute=strategy)
             m = measure.measure(graph, cfg, strategy)
             p, t = m.paper, m.trace
@@ -170,10 +173,11 @@ def recompute(models) -> Section:
     return Section("2. Recomputation: speed, memory, cost_aware", text, [table])
 
 
-def traffic(batches) -> Section:
+def traffic(batches, progress=measure.no_progress) -> Section:
     """AlexNet's bytes to the host and back per iteration in 12 GiB, eager offload against the cache."""
     rows = []
     for b in batches:
+        progress(f"AlexNet, batch {b:,d}")
         graph = get_model("alexnet", b)
         eager = _measure_or_none(graph, MemoryConfig.superneurons(cache=False, budget_bytes=BUDGET), "eager")
         lazy = _measure_or_none(graph, MemoryConfig.superneurons(budget_bytes=BUDGET), "cache")
@@ -208,13 +212,13 @@ def traffic(batches) -> Section:
     return Section("3. Traffic per iteration with and without the tensor cache", text, [table], notes)
 
 
-def depth(batch: int, labels) -> Section:
+def depth(batch: int, labels, progress=measure.no_progress) -> Section:
     """The paper's Table 4: the deepest ImageNet ResNet at ``batch`` in 12 GiB, per strategy."""
     if list(labels) == list(measure.SEARCH):
-        found = measure.max_depth_table(batch, BUDGET)  # shares the graphs between strategies
+        found = measure.max_depth_table(batch, BUDGET, progress=progress)  # shares the graphs between strategies
     else:
-        found = [measure.max_depth(batch, measure.SEARCH[label].replace(budget_bytes=BUDGET), label)
-                 for label in labels]
+        found = [measure.max_depth(batch, measure.SEARCH[label].replace(budget_bytes=BUDGET), label,
+                                   progress=progress) for label in labels]
     rows = [[f.label, f.config.describe(), _found(f), "-" if f.value is None else f"{(f.value - 2) // 3:,d}",
              measure.format_size(f.trace.peak_bytes if f.trace else None), measure.format_size(f.host_peak_bytes),
              f.probes, f"{f.seconds:.1f} s"] for f in found]
@@ -231,11 +235,12 @@ def depth(batch: int, labels) -> Section:
     return Section("4. Table 4: depth", text, [ours, paper], notes)
 
 
-def width(nets) -> Section:
+def width(nets, progress=measure.no_progress) -> Section:
     """The paper's Table 5: the largest batch in 12 GiB per network and strategy."""
     rows = []
     for net in nets:
-        found = measure.max_batch_table(lambda b, n=net: get_model(n, b), BUDGET)
+        found = measure.max_batch_table(lambda b, n=net: get_model(n, b), BUDGET,
+                                        progress=lambda text, n=net: progress(f"{n}: {text}"))
         rows.append([net] + [_found(f) for f in found]
                     + [f"{measure.PAPER_BATCH[net]:,d}", f"{measure.PAPER_BEST_OTHER_BATCH[net]:,d}"])
     head = ["network"] + list(measure.SEARCH) + ["paper: SuperNeurons", "paper: best other"]
@@ -246,10 +251,12 @@ def width(nets) -> Section:
     return Section("5. Table 5: width", text, [table])
 
 
-def tradeoff(batch: int = 200) -> tuple[Section, list[dict]]:
+def tradeoff(batch: int = 200, progress=measure.no_progress) -> tuple[Section, list[dict]]:
     """Peak against extra compute for AlexNet (snlite.measure.compare, plus superneurons())."""
     graph = get_model("alexnet", batch)
-    runs = measure.compare(graph) + [measure.measure(graph, MemoryConfig.superneurons(), "superneurons()")]
+    runs = measure.compare(graph, progress=progress)
+    progress("alexnet: superneurons()")
+    runs.append(measure.measure(graph, MemoryConfig.superneurons(), "superneurons()"))
     rows = [[m.label, measure.format_size(m.paper_peak_bytes), measure.format_size(m.peak_bytes),
              f"{m.extra_pct:.1f}%", m.trace.recompute_count, _gb(m.moved_bytes)] for m in runs]
     points = [{"label": m.label, "peak_bytes": m.paper_peak_bytes, "extra_flops": m.trace.extra_flops,
@@ -294,9 +301,11 @@ QUICK = dict(recompute=[("alexnet", 200), ("resnet50", 32)], traffic=[256, 1024]
              depth=["baseline", "liveness"], width=["alexnet", "resnet50"])
 
 
-def paper_report(out: str, quick: bool = False, command: str | None = None, log=print) -> Report:
+def paper_report(out: str, quick: bool = False, command: str | None = None, log=print,
+                 progress=measure.no_progress) -> Report:
     """Run every experiment (``QUICK``: fewer models and strategies), ``log`` each section as it is
-    done, and write ``out/report.md`` with the figures beside it (when matplotlib is there)."""
+    done, and write ``out/report.md`` with the figures beside it (when matplotlib is there).
+    ``progress(text)`` is told what runs (``snlite paper`` shows it on stderr)."""
     t0 = time.perf_counter()
     plan = QUICK if quick else FULL
     os.makedirs(out, exist_ok=True)
@@ -308,21 +317,24 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
         sections.append(section)
         log(section.markdown() + "\n")
 
+    def step(i: int, title: str):
+        return lambda text: progress(f"section {i}/6 ({title}): {text}")
+
     s = time.perf_counter()
-    section, runs = trajectory(200)
+    section, runs = trajectory(200, step(1, "trajectory"))
     if plot is not None:
         _draw_trajectory(plot, out, section, runs, 200)
     add(section, s)
     s = time.perf_counter()
-    add(recompute(plan["recompute"]), s)
+    add(recompute(plan["recompute"], step(2, "recomputation")), s)
     s = time.perf_counter()
-    add(traffic(plan["traffic"]), s)
+    add(traffic(plan["traffic"], step(3, "traffic")), s)
     s = time.perf_counter()
-    add(depth(16, plan["depth"]), s)
+    add(depth(16, plan["depth"], step(4, "Table 4, depth")), s)
     s = time.perf_counter()
-    add(width(plan["width"]), s)
+    add(width(plan["width"], step(5, "Table 5, width")), s)
     s = time.perf_counter()
-    section, points = tradeoff(200)
+    section, points = tradeoff(200, step(6, "trade-off"))
     if plot is not None:
         plot.plot_tradeoff(points, os.path.join(out, "alexnet_b200_tradeoff.png"),
                            title="AlexNet, batch 200: peak (activations + gradients) against extra compute")

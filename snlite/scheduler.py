@@ -12,13 +12,15 @@ The stages run in the paper's order and take and return plain data:
 2. :class:`LivenessStage` frees every tensor after its last use (:mod:`snlite.liveness`); when
    off, only recomputation's dropped tensors are freed early;
 3. :class:`OffloadStage` schedules CONV outputs to the host and back (:mod:`snlite.offload`);
-   with the cache on, offloading is lazy instead: nothing is scheduled, and the runtime's
+   with the cache on, offloading is lazy instead: nothing is scheduled, and the placement pass's
    :class:`CacheStage` evicts least-recently-used tensors only when an allocation would fail;
 4. :class:`WorkspaceStage` picks each conv step's algorithm at run time (:mod:`snlite.workspace`),
    from the memory free at that moment.
 
-The runtime (:mod:`snlite.runtime`) executes a plan on any device; on the meta device that is
-the simulation, and it allocates exactly what the host and CUDA devices then allocate.
+The placement pass (:mod:`snlite.placement`) turns a plan into a program (every allocation at its
+offset, every copy on its stream with its events, every launch), which the executor
+(:mod:`snlite.executor`) replays on the meta, host or CUDA device: what the meta device plans is
+exactly what the others allocate.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class Plan:
     persistent: frozenset = frozenset()  # weights, their gradients, buffers: allocated once, never in a row
 
     def table(self, limit: int | None = None) -> str:
-        """One row per op, its actions in the order the runtime takes them: release and prefetch
+        """One row per op, its actions in the order the placement pass takes them: release and prefetch
         before it, then alloc (what it writes), the workspace choice for convs, the compute, then
         offload and free after it."""
         rows = [f"{'op':>5} {'step':>5}  {'layer':24} {'phase':10} actions"]
@@ -204,7 +206,7 @@ class Scheduler:
 def validate(plan: Plan, persistent) -> None:
     """Walk a plan on plain data and raise PlanError-style ValueError if any op reads a tensor
     that is not resident then (written earlier, not freed, released or still on the host).
-    The LRU cache's moves happen at run time; the runtime checks those op by op."""
+    The LRU cache's moves are decided by the placement pass, which checks those op by op."""
     resident: set[str] = set(persistent)
     on_host: set[str] = set()
     for p in plan.ops:

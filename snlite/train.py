@@ -8,16 +8,28 @@
 Layer math follows PyTorch, and ``model.params`` uses PyTorch's state_dict names, so weights
 can be exchanged. The dropout mask depends only on (seed, iteration, layer, element); BatchNorm's
 running statistics are updated exactly once per training step.
+
+Never silent: arguments are checked where they come in (a batch of the graph's shape and of
+numbers, one integer label in [0, classes) per sample, a finite positive learning rate), and the
+loss of every training step is checked (the one number read back anyway). A NaN or infinite loss
+raises :class:`~snlite.anomaly.NonFiniteError`, naming the iteration and the first place a
+non-finite value appeared (a host re-run of the forward pass, :mod:`snlite.anomaly`); the step then
+changes nothing: no weight update, the BatchNorm statistics restored, ``iteration`` not advanced.
+NaN and Inf flow through the layers as in PyTorch, so ``predict`` shows them in its logits.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from snlite import anomaly
+from snlite.anomaly import NonFiniteError
 from snlite.checker import check
 from snlite.config import MemoryConfig
 from snlite.device import get_device
 from snlite.executor import Executor
-from snlite.graph import Graph
+from snlite.graph import Graph, check_number
 from snlite.placement import BudgetError, place, smallest_budget
 from snlite.program import format_size
 from snlite.scheduler import Scheduler
@@ -29,25 +41,35 @@ class Model:
     """A graph, its parameters and optimizer state on a device, trained under ``config`` (a
     :class:`MemoryConfig`; None is the baseline).
 
-    At construction the scheduler plans, the placement pass turns the plan into three programs
-    (``model.programs``: "train", "grads" and "infer"), and the executor takes one arena and one
-    pinned slab sized for them; every step then replays a program. ``model.trace`` is the trace of
-    the last training iteration; ``model.plan`` what the scheduler decided (or ``plan``, one built elsewhere,
-    such as :func:`snlite.measure.checkpoint_plan`). ``costs``: a conv timing table
-    (:func:`snlite.workspace.measure_conv_costs`); on a real GPU, without one, it is measured first."""
+    At construction the scheduler plans, the placement pass turns the plan into programs
+    (``model.programs``: "grads", the forward and backward of a training step; "update", its SGD
+    step; "infer", the forward in inference mode), the race checker proves them race-free, and the
+    executor takes one arena and one pinned slab sized for them; every call then replays programs.
+    ``model.trace`` is the trace of the last training iteration; ``model.plan`` what the scheduler
+    decided (or ``plan``, one built elsewhere, such as :func:`snlite.measure.checkpoint_plan`).
+    ``costs``: a conv timing table (:func:`snlite.workspace.measure_conv_costs`); on a real GPU,
+    without one, it is measured first. ``anomaly``: after every training step, not only after a
+    non-finite loss, re-run the forward pass on the host and check every layer's output and every
+    weight's gradient (slow; :mod:`snlite.anomaly`)."""
 
-    def __init__(self, graph: Graph, config: MemoryConfig | None = None, device="auto", seed: int = 0, plan=None,
-                 costs=None):
+    def __init__(self, graph: Graph, config: MemoryConfig | None = None, device="auto", seed: int = 0,
+                 anomaly: bool = False, plan=None, costs=None):
+        if not isinstance(graph, Graph):
+            raise ValueError(f"graph must be a snlite.Graph, got {type(graph).__name__}")
         self.graph = graph
         self.config = config or MemoryConfig()
         if not isinstance(self.config, MemoryConfig):
             raise ValueError(f"config must be a MemoryConfig (or None), got {type(config).__name__}")
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.device = get_device(device)
         self.seed = int(seed)
+        self.anomaly = bool(anomaly)
         self.iteration = 0  # training iterations run so far (dropout masks depend on it)
         tensors = graph.tensors()
         self.learnable = [t.name for t in tensors.values() if t.kind == "weight"]
         self.state_names = [t.name for t in tensors.values() if t.kind in ("weight", "buffer")]
+        self.buffer_names = [t.name for t in tensors.values() if t.kind == "buffer"]
         self.costs = costs  # how conv algorithms are ranked (None: snlite.workspace.CostModel)
         if costs is None and getattr(self.device, "simulated", True) is False and self.config.workspace != "none":
             # a real GPU: rank conv algorithms by measuring them (in a scratch arena, given back after)
@@ -56,9 +78,8 @@ class Model:
         self.programs = _programs(graph, self.config, self.plan, self.costs)  # fails here if a budget is too small
         self.executor = Executor(graph, self.device, max(p.arena_bytes for p in self.programs.values()),
                                  max(p.slab_bytes for p in self.programs.values()))
-        self.executor.install(self.programs["train"])
+        self.executor.install(self.programs["grads"])
         self._traces: dict[str, object] = {}
-        self._last = "train"
         rng = np.random.default_rng(self.seed)
         init = {}
         for name, layer in graph.layers.items():
@@ -70,8 +91,8 @@ class Model:
 
     @property
     def trace(self):
-        """The trace of the last training iteration (``step`` or ``forward_backward``): read off its program."""
-        return self._trace(self._last)
+        """The trace of a training iteration (``step`` or ``forward_backward``), read off its program."""
+        return self._trace("grads")
 
     @property
     def inference_trace(self):
@@ -90,7 +111,10 @@ class Model:
         return {n: self._read(n) for n in self.state_names}
 
     def set_params(self, params: dict) -> None:
-        """Replace weights and buffers; names and shapes are checked before anything is written."""
+        """Replace weights and buffers; names, shapes, types and finiteness are checked before
+        anything is written (a NaN or infinite weight is refused, naming the tensor)."""
+        if not isinstance(params, dict):
+            raise ValueError(f"params must be a dict of arrays by name, got {type(params).__name__}")
         tensors = self.graph.tensors()
         missing = sorted(set(self.state_names) - set(params))
         unexpected = sorted(set(params) - set(self.state_names))
@@ -99,43 +123,67 @@ class Model:
         if missing or unexpected or wrong:
             parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {unexpected}"] if unexpected else [])
             raise ValueError("parameters do not match the graph: " + "; ".join(parts + wrong))
-        self._write({n: np.asarray(v, np.float32) for n, v in params.items()})
+        values = {}
+        for n, v in params.items():
+            a = np.asarray(v)
+            if a.dtype.kind not in "biuf":
+                raise ValueError(f"parameter {n} must hold numbers, got dtype {a.dtype}")
+            with np.errstate(over="ignore"):
+                values[n] = a.astype(np.float32)
+            bad = anomaly.describe(values[n])
+            if bad:
+                raise ValueError(f"parameter {n} is not finite: {bad} (in float32); nothing was set")
+        self._write(values)
 
     # training -------------------------------------------------------------------
     def forward_backward(self, x, labels) -> tuple[float, dict[str, np.ndarray]]:
-        """One training forward and backward; returns the loss and every weight's gradient."""
-        loss, _ = self._train_iteration(x, labels, "grads")
+        """One training forward and backward; returns the loss and every weight's gradient.
+        A non-finite loss raises NonFiniteError (see the module docstring)."""
+        loss, _ = self._train_iteration(x, labels)
         return loss, {n: self._read(f"{n}.grad") for n in self.learnable}
 
     def step(self, x, labels, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
              return_logits: bool = False):
         """forward_backward, then SGD (torch.optim.SGD's rule) on every weight. Returns the loss, or
-        ``(loss, logits)`` with ``return_logits`` (the logits copied out as the forward made them)."""
-        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
-            raise ValueError(f"need lr > 0, 0 <= momentum < 1, weight_decay >= 0; got {lr}, {momentum}, {weight_decay}")
-        sgd = dict(lr=lr, momentum=momentum, weight_decay=weight_decay)
-        loss, logits = self._train_iteration(x, labels, "train", sgd)
+        ``(loss, logits)`` with ``return_logits`` (the logits copied out as the forward made them).
+        ``lr`` is a finite number > 0, ``momentum`` in [0, 1), ``weight_decay`` finite and >= 0."""
+        lr = check_number(lr, "step: lr", 0.0, open_low=True)
+        momentum = check_number(momentum, "step: momentum", 0.0, 1.0, open_high=True)
+        weight_decay = check_number(weight_decay, "step: weight_decay", 0.0)
+        loss, logits = self._train_iteration(x, labels)  # checked: a bad step raises before the update
+        self._run("update", {}, sgd=dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         return (loss, logits) if return_logits else loss
 
     def predict(self, x) -> np.ndarray:
-        """Logits in inference mode, for any number of samples (run in batches of the graph's N)."""
-        x = np.asarray(x, dtype=np.float32)
+        """Logits in inference mode, for any number of samples (run in batches of the graph's N).
+        A NaN or an infinity in ``x`` or in the weights shows in the logits, as in PyTorch."""
+        x = _samples(self.graph, x, "predict")
+        if not self.device.has_data:
+            raise ValueError(f"predict: the {self.device.name} device holds no data (shapes and bytes only)")
         n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
-        if x.shape[1:] != shape:
-            raise ValueError(f"predict: samples have shape {x.shape[1:]}, the graph expects {shape}")
         out = []
         for start in range(0, len(x), n):
-            chunk = x[start:start + n]
-            batch = np.zeros((n,) + shape, np.float32)
-            batch[:len(chunk)] = chunk
-            results = self.executor.run(self.programs["infer"], {"data": batch}, iteration=self.iteration,
-                                        seed=self.seed)
-            out.append(results[self.logits][:len(chunk)])
+            results = self._run("infer", {"data": _padded(x[start:start + n], n, shape)})
+            out.append(results[self.logits][:len(x[start:start + n])])
         return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
 
     def evaluate(self, x, labels) -> float:
-        """Accuracy of ``predict`` on (x, labels)."""
-        return float(np.mean(self.predict(x).argmax(axis=1) == np.asarray(labels)))
+        """Accuracy of ``predict`` on (x, labels): one integer label in [0, classes) per sample.
+        Logits that are not finite raise NonFiniteError (an argmax over NaN means nothing)."""
+        x = _samples(self.graph, x, "evaluate")
+        labels = _labels(labels, len(x), self.graph.num_classes, "evaluate")
+        logits = self.predict(x)
+        bad = ~np.isfinite(logits).all(axis=1)
+        if bad.any():
+            i = int(np.argmax(bad))
+            n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
+            start = i - i % n
+            where = anomaly.first_nonfinite(self.graph, self.params, _padded(x[start:start + n], n, shape),
+                                            train=False, iteration=self.iteration, seed=self.seed)
+            raise NonFiniteError(f"evaluate: the logits of {int(bad.sum()):,d} of {len(x):,d} samples are not "
+                                 f"finite (the first: sample {i}); the first non-finite values appear in "
+                                 f"{where or 'no layer of a host re-run (the device and the references disagree)'}")
+        return float(np.mean(logits.argmax(axis=1) == labels)) if len(x) else float("nan")
 
     # internals ------------------------------------------------------------------
     @property
@@ -157,16 +205,48 @@ class Model:
         """The last profiled iteration: one dict per kernel step or copy (stream, label, start_ms, end_ms)."""
         return self.executor.stream_events
 
-    def _train_iteration(self, x, labels, mode, sgd=None) -> tuple[float, np.ndarray | None]:
+    def _run(self, mode: str, inputs: dict, sgd=None) -> dict:
+        with np.errstate(all="ignore"):  # a NaN is reported by the checks, not by NumPy's warnings
+            return self.executor.run(self.programs[mode], inputs, iteration=self.iteration, seed=self.seed, sgd=sgd)
+
+    def _train_iteration(self, x, labels) -> tuple[float, np.ndarray | None]:
         if labels is None:
             raise ValueError("training needs labels")
-        _check_batch(self.graph, x, labels)
-        inputs = {"data": np.ascontiguousarray(x, dtype=np.float32), "labels": np.asarray(labels, dtype=np.int32)}
-        results = self.executor.run(self.programs[mode], inputs, iteration=self.iteration, seed=self.seed, sgd=sgd)
-        self._last = mode
+        x, labels = _check_batch(self.graph, x, labels)
+        before = {n: self._read(n) for n in self.buffer_names} if self.device.has_data else {}
+        try:
+            results = self._run("grads", {"data": x, "labels": labels})
+            loss, logits = results.get(f"{self.graph.loss_layer}.loss"), results.get(self.logits)
+            loss = None if loss is None else float(loss[0])
+            problem = None if loss is None else self._check_step(loss, x, labels)
+        except BaseException:
+            self._write(before)  # BatchNorm's running statistics as they were: a failed step changes nothing
+            raise
+        if problem:
+            self._write(before)
+            raise NonFiniteError(f"training iteration {self.iteration}: {problem}. Nothing was updated "
+                                 f"(weights, BatchNorm statistics and model.iteration are as before)")
         self.iteration += 1
-        loss = results.get(f"{self.graph.loss_layer}.loss")
-        return (float("nan") if loss is None else float(loss[0])), results.get(self.logits)
+        return (float("nan") if loss is None else loss), logits
+
+    def _check_step(self, loss: float, x, labels) -> str | None:
+        """None if the step is sound; else what went wrong. The loss is checked every step; the host
+        re-run (and the gradients) only after a non-finite loss, or every step with ``anomaly``."""
+        if math.isfinite(loss) and not self.anomaly:
+            return None
+        where = anomaly.first_nonfinite(self.graph, self.params, x, labels, train=True, iteration=self.iteration,
+                                        seed=self.seed)
+        if not math.isfinite(loss):
+            return (f"the loss is {loss}; the first non-finite values appear in " + where if where else
+                    f"the loss is {loss}, but a host re-run of the forward pass with the NumPy references is "
+                    f"finite everywhere: the {self.device.name} device's kernels and their references disagree")
+        if where:
+            return f"the loss is finite, but anomaly detection found non-finite values in {where}"
+        for n in self.learnable:
+            bad = anomaly.describe(self._read(f"{n}.grad"))
+            if bad:
+                return f"the loss is finite, but the gradient of {n} is not: it has {bad}"
+        return None
 
     def _read(self, name):
         return self.device.read(self.executor.view(name))
@@ -176,29 +256,75 @@ class Model:
             self.device.write(np.ascontiguousarray(value, dtype=np.float32), self.executor.view(name))
 
 
-def _check_batch(graph, x, labels) -> None:
-    x_shape = np.shape(x)
-    if tuple(x_shape) != graph.input_shape:
-        raise ValueError(f"input batch has shape {tuple(x_shape)}, the graph expects {graph.input_shape}")
-    labels = np.asarray(labels)
-    k = graph.num_classes
-    if labels.shape != (x_shape[0],) or labels.min() < 0 or labels.max() >= k:
-        raise ValueError(f"labels must be {x_shape[0]} integers in [0, {k}); got shape {labels.shape}, "
-                         f"range [{labels.min()}, {labels.max()}]")
+# ---------------------------------------------------------------- checks at the public API
+def _numbers(x, who: str) -> np.ndarray:
+    """``x`` as a float32 array; a ValueError if it is not an array of numbers."""
+    try:
+        a = np.asarray(x)
+    except ValueError as e:  # ragged nested lists
+        raise ValueError(f"{who}: the input is not an array of numbers ({e})") from None
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"{who}: the input must hold numbers, got dtype {a.dtype}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: reported by the checks
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _samples(graph, x, who: str) -> np.ndarray:
+    """Any number of samples of the graph's sample shape, as float32."""
+    a = _numbers(x, who)
+    shape = graph.input_shape[1:]
+    if a.shape[1:] != shape or a.ndim != len(graph.input_shape):
+        raise ValueError(f"{who}: expected samples of shape (any, {', '.join(map(str, shape))}), got shape {a.shape}")
+    return a
+
+
+def _padded(chunk, n, shape) -> np.ndarray:
+    batch = np.zeros((n,) + shape, np.float32)
+    batch[:len(chunk)] = chunk
+    return batch
+
+
+def _labels(labels, n: int, k: int, who: str) -> np.ndarray:
+    """``n`` class indices in [0, k) as int32: integer-valued (2.0 is class 2; 2.7, NaN, True or a
+    string is an error, never truncated), one per sample."""
+    want = f"{who}: labels must be {n} integers in [0, {k}) (class indices, one per sample)"
+    try:
+        a = np.asarray(labels)
+    except ValueError as e:
+        raise ValueError(f"{want}; got something that is not an array ({e})") from None
+    if a.dtype.kind not in "iuf":
+        raise ValueError(f"{want}; got dtype {a.dtype}")
+    if a.shape != (n,):
+        raise ValueError(f"{want}; got shape {a.shape}")
+    bad = (a < 0) | (a >= k)
+    if a.dtype.kind == "f":
+        bad |= ~np.isfinite(a) | (a != np.round(a))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{want}; labels[{i}] is {a[i].item()!r}")
+    return a.astype(np.int32)
+
+
+def _check_batch(graph, x, labels) -> tuple[np.ndarray, np.ndarray]:
+    """(x as float32, labels as int32) if ``x`` is one batch of the graph's shape and ``labels`` one
+    valid class index per sample; else a ValueError saying what is wrong."""
+    x = _numbers(x, "input batch")
+    if x.shape != graph.input_shape:
+        raise ValueError(f"input batch has shape {x.shape}, the graph expects {graph.input_shape}")
+    return x, _labels(labels, graph.input_shape[0], graph.num_classes, "training batch")
 
 
 def _programs(graph, config, plan, costs) -> dict:
-    """The model's three programs, placed under ``config`` and race-checked; a budget too small fails
+    """The model's programs, placed under ``config`` and race-checked; a budget too small fails
     here, before anything runs, with the smallest budget that would work."""
     try:
-        train = place(graph, config, "train", plan=plan, costs=costs)
-        infer = place(graph, config, "infer", plan=plan, costs=costs)
-        for program in (train, infer):
-            check(program)  # proven race-free before anything runs (linear in the program's length)
+        programs = {mode: place(graph, config, mode, plan=plan, costs=costs) for mode in ("grads", "update", "infer")}
     except BudgetError as e:
         host = "host budget" in str(e)
         need = smallest_budget(graph, config if host else config.replace(host_budget_bytes=None), costs=costs,
                                host=host)
         raise BudgetError(f"{e} The smallest {'host ' if host else ''}budget that works under this configuration is "
                           f"{need:,d} bytes ({format_size(need)}).") from None
-    return {"train": train, "grads": train.without_updates(), "infer": infer}
+    for program in programs.values():
+        check(program)  # proven race-free before anything runs (linear in the program's length)
+    return programs

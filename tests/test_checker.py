@@ -131,7 +131,7 @@ def _train(g, config, device, program=None, steps=2):
     x, labels = data_for(g)
     model = Model(g, config, device=device, seed=4)
     if program is not None:
-        model.programs["train"] = program
+        model.programs["grads"] = program
     losses = [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(steps)]
     return losses, model.params
 
@@ -141,7 +141,7 @@ def test_the_adversarial_device_turns_missing_release_and_prefetch_waits_into_wr
     """Every release or prefetch wait whose removal lets two accesses of the bytes race (not only a
     free run early, which the checker also rejects) gives wrong numbers in the late or early order."""
     g, config = REPRESENTATIVE[name]()
-    program = place(g, config)
+    program = place(g, config, "grads")  # what Model.step runs before its SGD update
     base = _train(g, config, "host")
     targets = [i for i, ins in enumerate(program.body) if type(ins) is Wait and ins.why in ("release", "landed")
                and _after_transfer(program, ins) and any(r.on_data for r in find_races(program.without(i)))]

@@ -193,3 +193,101 @@ def test_streams_needs_a_cuda_device(capsys):
     code, _, err = run(capsys, "train", "lenet", "--data", "synthetic", "--limit", "16", "--batch", "8", "--epochs", "1",
                        "--device", "host", "--streams", "x.png")
     assert code != 0 and "--streams" in err and "needs --device cuda" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- never silent
+def _saved(tmp_path, capsys):
+    file = tmp_path / "ok.npz"
+    if not file.exists():
+        code, _, err = run(capsys, *TRAIN, "--save", str(file))
+        assert code == 0, err
+    return dict(np.load(file))
+
+
+def test_load_says_what_is_wrong_with_a_broken_file(tmp_path, capsys):
+    """Empty, truncated, a .npy, a folder: one line each (they were BadZipFile, EOFError, TypeError
+    tracebacks), exit status 1."""
+    good = tmp_path / "good.npz"
+    np.savez(good, **_saved(tmp_path, capsys))
+    data = good.read_bytes()
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "truncated.npz").write_bytes(data[:len(data) // 2])
+    (tmp_path / "one_byte.npz").write_bytes(b"x")
+    np.save(tmp_path / "weights.npy", np.zeros(3, np.float32))
+    for name, message in [("empty.npz", "the file is empty"), ("truncated.npz", "truncated or damaged"),
+                          ("one_byte.npz", "not a zip archive"), ("weights.npy", "it is a .npy file"),
+                          (".", "cannot read it")]:
+        code, _, err = run(capsys, *TRAIN, "--load", str(tmp_path / name))
+        assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, (name, err)
+        assert "Traceback" not in err
+
+
+def test_load_refuses_weights_that_are_not_finite(tmp_path, capsys):
+    """A NaN-filled .npz used to train with exit status 0."""
+    params = _saved(tmp_path, capsys)
+    params["conv2.bias"][3] = np.nan
+    np.savez(tmp_path / "nan.npz", **params)
+    code, out, err = run(capsys, *TRAIN, "--load", str(tmp_path / "nan.npz"))
+    assert code == 1 and "epoch" not in out
+    assert "conv2.bias is not finite (1 NaN of 50 values (the first at (3,): nan)); refusing to train from it" in err
+
+
+def test_save_never_writes_weights_that_are_not_finite(tmp_path):
+    with pytest.raises(cli.CliError, match=r"--save .*: w is not finite \(1 \+inf of 3 values.*nothing was written"):
+        cli.save_params(str(tmp_path / "w.npz"), {"v": np.zeros(2, np.float32), "w": np.array([0, np.inf, 1])})
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_saved_file_mode_is_the_umasks(tmp_path, umask):
+    """mkstemp made every saved file 0600; a saved file is an ordinary new file."""
+    old = os.umask(umask)
+    try:
+        cli.save_params(str(tmp_path / "w.npz"), {"w": np.zeros(3, np.float32)})
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "w.npz").st_mode & 0o777 == 0o666 & ~umask
+    assert os.listdir(tmp_path) == ["w.npz"]
+
+
+def test_a_diverging_run_stops_naming_the_epoch_the_step_and_the_layer(tmp_path, capsys):
+    code, out, err = run(capsys, *TRAIN, "--lr", "1e30", "--save", str(tmp_path / "w.npz"))
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert re.match(r"snlite train: error: epoch 1, step \d+: training iteration \d+: the loss is nan; the first "
+                    r"non-finite values appear in layer '\w+' \(\w+, forward step \d+\)", err), err
+    assert not os.listdir(tmp_path)
+
+
+def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
+    code, out, err = run(capsys, *TRAIN, "--anomaly")
+    assert code == 0, err
+    assert re.search(r"epoch 1/1: test accuracy", out)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "lenet", "--seed", "-1"], r"argument --seed: expected an integer in \[0, 4294967295\], got '-1'"),
+    (["demo", "--seed", "2.5"], r"argument --seed: expected an integer"),
+    (["train", "lenet", "--lr", "-0.1"], r"argument --lr: expected a learning rate > 0, got -0.1"),
+    (["train", "lenet", "--budget", "-5GiB"], r"argument --budget: a size must be positive, got '-5GiB'"),
+    (["train", "lenet", "--budget", "1.5"], r"argument --budget: '1.5' is not a size in whole bytes \(1.5 B\)"),
+    (["train", "lenet", "--budget", "1000"], r"argument --budget: a budget must be at least 1,024 bytes"),
+    (["train", "lenet", "--batch", "-3"], r"argument --batch: expected a positive integer, got -3"),
+])
+def test_bad_numbers_are_usage_errors_that_name_the_flag(argv, message, capsys):
+    """Exit status 2, one line naming the flag (--budget -5GiB was 'expected one argument', --seed -1
+    an anonymous 'expected non-negative integer', --budget 1.5 an arena 'of 0 bytes' with status 1)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and re.search(message, err), err
+
+
+def test_a_closed_pipe_ends_quietly():
+    """snlite plan ... --json | head: no 'Broken pipe' error, exit status 141 (128 + SIGPIPE)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "snlite.cli", "plan", "resnet50", "--batch", "2", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert p.stdout.readline().strip() == b"{"
+    p.stdout.close()  # the reader goes away with most of the JSON unread
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and err == "", err

@@ -44,7 +44,7 @@ def test_every_flag_combination_is_bit_identical_and_runs_as_planned(config, bas
     model = run[2]
     trace = simulate(g, config)
     assert model.trace.peak_bytes == trace.peak_bytes, "planned peak != executed peak"
-    assert model.executor.launch_bytes == [r.counted_bytes for r in trace.steps], "the device held other bytes"
+    assert model.executor.launch_bytes["grads"] == [r.counted_bytes for r in trace.steps], "the device held other bytes"
     if not config.cache:
         validate(model.plan, {n for n, t in g.tensors().items() if t.kind in ("weight", "weight_grad", "buffer")})
 
@@ -139,10 +139,10 @@ def test_many_iterations_leak_nothing_and_keep_the_planned_peak():
     for _ in range(12):
         model.step(x, labels, lr=0.05)
         assert set(model.executor.views) == persistent, "only the persistent tensors outlive an iteration"
-        assert model.executor.in_use_bytes == sum(i.nbytes for i in model.programs["train"].setup)
+        assert model.executor.in_use_bytes == sum(i.nbytes for i in model.programs["grads"].setup)
         assert min(min(r.device_bytes.values()) for r in model.trace.steps) >= 0
         assert model.trace.peak_bytes == planned.peak_bytes and model.trace.d2h_bytes == planned.d2h_bytes
-        assert model.executor.launch_bytes == [r.counted_bytes for r in planned.steps]
+        assert model.executor.launch_bytes["grads"] == [r.counted_bytes for r in planned.steps]
 
 
 def test_forward_backward_returns_gradients_without_updating():
@@ -177,7 +177,7 @@ def test_simulator_matches_host_and_plan_under_superneurons():
     assert sim_sn[0] == sim_base[0], "on the simulator too, optimizations change no bit"
     assert all(np.array_equal(sim_sn[1][n], v) for n, v in sim_base[1].items())
     np.testing.assert_allclose(sim_base[0], host[0], rtol=1e-5)
-    assert sim_sn[2].executor.launch_bytes == [r.counted_bytes for r in
+    assert sim_sn[2].executor.launch_bytes["grads"] == [r.counted_bytes for r in
                                                simulate(g, MemoryConfig.superneurons(cache=False)).steps]
 
 

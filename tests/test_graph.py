@@ -92,7 +92,7 @@ def test_route_has_two_steps_per_layer_and_checkpoints():
                                                                 r"but input 1 has shape \(2, 5, 6, 6\)"),
     (lambda g, x: g.concat([g.conv2d(x, 4, 3), x]), r"concat 'concat1': inputs must agree in N, H, W"),
     (lambda g, x: g._add("conv3d", [x], None), r"unknown layer type 'conv3d'"),
-    (lambda g, x: g.softmax_loss(g.linear(x, 7)), r"7 classes but the graph was built with num_classes=4"),
+    (lambda g, x: g.softmax_loss(g.linear(g.flatten(x), 7)), r"7 classes but the graph was built with num_classes=4"),
     (lambda g, x: g.conv2d(x, 4, 3, name="data"), r"'data' .* already used"),
     (lambda g, x: g.add(x, x), r"same tensor appears twice"),
     (lambda g, x: g.dropout(x, p=1.0), r"p must be in \[0, 1\)"),
@@ -119,3 +119,62 @@ def test_summary_lists_every_layer():
     for name in g.layers:
         assert name in text
     assert f"{g.param_count():,d} parameters" in text
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda g, x: g.conv2d(x, 4.5, 3), r"conv2d: out_channels must be an integer >= 1, got 4.5"),
+    (lambda g, x: g.conv2d(x, 4.0, 3), r"out_channels must be an integer"),
+    (lambda g, x: g.conv2d(x, True, 3), r"out_channels must be an integer"),
+    (lambda g, x: g.conv2d(x, "4", 3), r"out_channels must be an integer"),
+    (lambda g, x: g.conv2d(x, 4, 2.5), r"conv2d: kernel must be an integer >= 1 or a pair of them, got 2.5"),
+    (lambda g, x: g.conv2d(x, 4, (3, 3, 3)), r"kernel must be an integer"),
+    (lambda g, x: g.conv2d(x, 4, 3, padding=-1), r"padding must be an integer >= 0"),
+    (lambda g, x: g.linear(g.flatten(x), 2.0), r"linear: out_features must be an integer"),
+    (lambda g, x: g.maxpool(x, 2, stride=0), r"maxpool: stride must be an integer >= 1"),
+    (lambda g, x: g.avgpool(x, 2, name="p", padding=1.5), r"avgpool 'p': padding must be an integer >= 0"),
+    (lambda g, x: g.lrn(x, size=2.5), r"lrn: size must be an integer"),
+    (lambda g, x: g.lrn(x, size=17), r"lrn: size must be at most 16"),
+    (lambda g, x: g.lrn(x, k=0), r"lrn: k must be a finite number > 0"),
+    (lambda g, x: g.batchnorm(x, momentum=float("nan")), r"batchnorm: momentum must be in \[0, 1\], got nan"),
+    (lambda g, x: g.batchnorm(x, eps="1e-5"), r"batchnorm: eps must be a finite number >= 0, got '1e-5'"),
+    (lambda g, x: g.dropout(x, p="0.5"), r"dropout: p must be in \[0, 1\), got '0.5'"),
+    (lambda g, x: g.concat(x), r"concat: expected a list of nodes"),
+])
+def test_arguments_have_pytorchs_types(build, match):
+    """Integer sizes are integers (a float is refused, never truncated: conv2d(x, 4.5, 3) used to make
+    4 channels), numbers are finite numbers, and every error is a ValueError naming the layer."""
+    g = Graph((2, 3, 8, 8), 4)
+    with pytest.raises(ValueError, match=match):
+        build(g, g.input())
+
+
+@pytest.mark.parametrize("args,match", [
+    (((2, 3.5, 8, 8), 4), r"input_shape must be .* of positive integers, got \(2, 3.5, 8, 8\)"),
+    (((2, 3, 8), 4), r"input_shape must be"),
+    ((5, 4), r"input_shape must be"),
+    (((2, 3), 2.5), r"num_classes must be an integer >= 2, got 2.5"),
+    (((2, 3), 1), r"num_classes must be an integer >= 2, got 1"),
+])
+def test_graph_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        Graph(*args)
+
+
+def test_input_ranks_are_pytorchs():
+    """Linear takes (N, features), as PyTorch's does (no implicit flattening: the error says to add a
+    flatten); LRN needs (N, C, ...) with 3 dimensions or more; conv, pooling and BN need 4."""
+    g = Graph((2, 3, 4, 4), 4)
+    x = g.input()
+    with pytest.raises(ValueError, match=r"linear 'fc': expected an \(N, in_features\) input, got shape "
+                                         r"\(2, 3, 4, 4\); flatten it first: g.linear\(g.flatten\(x\), ...\)"):
+        g.linear(x, 4, name="fc")
+    assert g.linear(g.flatten(x), 4).shape == (2, 4)
+    g = Graph((2, 6), 4)
+    x = g.input()
+    for build, match in ((lambda: g.lrn(x), r"lrn 'lrn1': expected an \(N, C, H, W\) input .* got shape \(2, 6\)"),
+                         (lambda: g.conv2d(x, 4, 1), r"conv2d 'conv1': expected an \(N, C, H, W\) input"),
+                         (lambda: g.maxpool(x, 1), r"maxpool 'maxpool1'.*expected x of shape \(N, C, H, W\)"),
+                         (lambda: g.batchnorm(x), r"batchnorm 'bn1': expected an \(N, C, H, W\) input")):
+        with pytest.raises(ValueError, match=match):
+            build()
+    assert g.relu(g.linear(x, 5)).shape == (2, 5)

@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from snlite import Graph, MemoryConfig, Model, cli, cli_args, measure, simulate
+from snlite import BudgetError, Graph, MemoryConfig, Model, cli, cli_args, measure, simulate
 from snlite.models import get_model, resnet
 from snlite.scheduler import Scheduler, validate
 
@@ -339,3 +339,106 @@ def test_help(command, capsys):
 def test_errors_are_one_line(argv, message, capsys):
     code, _, err = run(capsys, *argv)
     assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+# ---------------------------------------------------------------- never silent
+def test_nothing_fits_is_exit_status_3_everywhere(capsys):
+    """compare lenet --budget 1KiB used to exit 0 with a table of 'no'."""
+    code, out, err = run(capsys, "compare", "lenet", "--batch", 2, "--budget", "1KiB")
+    assert code == 3 and "no strategy fits 1.0 KiB" in out and "snlite plan lenet --batch 2 --budget 1024" in out
+    assert run(capsys, "compare", "lenet", "--batch", 2, "--budget", "1KiB", "--json")[0] == 3
+    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "4KiB", "--max-batch", 4)
+    assert code == 3 and "not even a batch of 1 fits" in out
+    code, out, _ = run(capsys, "maxdepth", "--budget", "1MiB", "--max-units", 16)
+    assert code == 3 and "not even ResNet-50 fits" in out
+
+
+def test_a_budget_below_the_first_weight_says_nothing_else_was_live(capsys):
+    """The runtime's message used to end in 'Live there: .'."""
+    code, out, err = run(capsys, "plan", "lenet", "--budget", "1KiB")
+    assert code == 3 and "Live there: ." not in out
+    assert "conv1.weight needs 2,000 bytes but the largest free block is 1,024 bytes. Nothing else was live there." \
+        in out
+    with pytest.raises(BudgetError, match=r"largest free block is 1,024 bytes\. Nothing else was live there\. "
+                                                    r"The smallest budget"):
+        Model(get_model("lenet", 2), MemoryConfig(budget_bytes=1024), device="host")
+
+
+def test_maxdepth_never_reports_a_depth_above_max_units(capsys):
+    """--max-units 3 used to report depth 101 (33 units); below ResNet-50's 16 units is a usage error."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["maxdepth", "--max-units", "3"])
+    assert e.value.code == 2 and "--max-units: expected at least 16" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_units must be at least 16"):
+        measure.resnet_units(3)
+    assert measure.resnet_units(20) == [16]
+    code, out, _ = run(capsys, "maxdepth", "--budget", "12GiB", "--max-units", 20, "--json")
+    assert code == 0 and {r["depth"] for r in json.loads(out)["rows"]} == {50}
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--recompute", "cost_aware", "--no-liveness"], "--recompute cost_aware without liveness"),
+    (["--cache"], "--cache without liveness"),
+    (["--preset", "superneurons", "--no-liveness"], "--offload, --cache and --recompute cost_aware without liveness"),
+])
+def test_optimizations_without_liveness_are_warned_about(flags, named, capsys):
+    code, out, err = run(capsys, "plan", "lenet", "--batch", 2, *flags)
+    assert code == 0 and err.startswith(f"snlite plan: warning: {named} analysis") and "add --liveness" in err
+    assert len(err.strip().splitlines()) == 1
+    _, _, err = run(capsys, "plan", "lenet", "--batch", 2, *flags, "--liveness")
+    assert err == ""
+
+
+class Terminal:
+    """A stderr that says it is a terminal, and keeps what was written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("argv,shown", [
+    (["maxbatch", "lenet", "--budget", "12MiB", "--max-batch", "100"],
+     [r"snlite maxbatch: baseline: estimating from batch 8 and batch 32 \[strategy 1/5\]  \(\d+ s\)",
+      r"snlite maxbatch: superneurons: probe \d+, batch [0-9,]+ \[strategy 5/5\]"]),
+    (["maxdepth", "--budget", "3GiB", "--max-units", "20"],
+     [r"snlite maxdepth: liveness: probe 1, depth 50 \(16 units\) \[strategy 2/5\]"]),
+    (["compare", "lenet", "--batch", "2"],
+     [r"snlite compare: lenet: baseline \(1/8\)", r"snlite compare: lenet: sqrt\(N\) checkpoints \(8/8\)"]),
+])
+def test_long_commands_show_what_they_probe_on_a_terminal(argv, shown, monkeypatch, capsys):
+    """Only on a terminal (capsys's stderr is not one), never with --quiet; the line is wiped before the results."""
+    code, _, err = run(capsys, *argv)
+    assert code == 0 and err == ""
+    monkeypatch.setenv("COLUMNS", "300")  # a narrow terminal truncates the line
+    for quiet in (False, True):
+        tty = Terminal()
+        with monkeypatch.context() as m:
+            m.setattr(sys, "stderr", tty)
+            code = cli.main(argv + ["--quiet"] * quiet)
+        assert code == 0
+        if quiet:
+            assert tty.text == ""
+        else:
+            for pattern in shown:
+                assert re.search(pattern, tty.text), tty.text
+            assert tty.text.endswith("\r\033[K")
+
+
+def test_the_progress_line_fits_the_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    tty = Terminal()
+    status = cli_args.Status("snlite maxdepth", stream=tty)
+    status("superneurons: probe 3, depth 2,819 (939 units) [strategy 5/5]")
+    line = tty.text.removeprefix("\r").removesuffix("\033[K")
+    assert len(line) == 39 and line.startswith("snlite maxdepth: superneurons") and line.endswith("...  (0 s)")
+    status.clear()
+    assert tty.text.endswith("\r\033[K")

@@ -164,3 +164,24 @@ def test_plot_streams_writes_a_png(tmp_path):
 @needs_mpl
 def test_alexnet_figure_regenerates(tmp_path):
     assert png_size(plot.alexnet_figure(tmp_path / "alexnet.png"))[0] == 1320
+
+
+def test_module_help_outside_the_repository_writes_nothing(tmp_path):
+    """`python -m snlite.plot --help` used to draw a PNG named --help (and, run outside the repository
+    root, fail to find docs/)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "snlite.plot", "--help"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("usage: python -m snlite.plot [-h] [PATH.png]"), p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_module_default_is_the_repositorys_figure_wherever_it_runs(tmp_path, monkeypatch, capsys):
+    drawn = []
+    monkeypatch.setattr(plot, "alexnet_figure", lambda path: drawn.append(path) or path)
+    monkeypatch.chdir(tmp_path)
+    assert plot.main([]) == 0
+    assert drawn == [os.path.join(REPO, "docs", "alexnet_b200_timeline.png")]
+    assert plot.main([str(tmp_path / "here.png")]) == 0 and drawn[-1] == str(tmp_path / "here.png")
+    assert plot.main([str(tmp_path / "no" / "x.png")]) == 1
+    assert "its folder does not exist" in capsys.readouterr().err

@@ -3,6 +3,7 @@ import contextlib
 import io
 import os
 import re
+from unittest import mock
 
 import pytest
 
@@ -15,15 +16,39 @@ SECTIONS = ("## How to read this", "## 1. AlexNet's memory trajectory", "## 2. R
             "## 3. Traffic per iteration", "## 4. Table 4: depth", "## 5. Table 5: width", "## 6. Trade-off")
 
 
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal, so the progress line is drawn."""
+
+    def isatty(self):
+        return True
+
+
+STDERR = Terminal()  # what the module's one run drew on its (terminal) stderr
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     """One `snlite paper --quick` run for the whole module: (exit status, stdout, report text, folder)."""
     out = tmp_path_factory.mktemp("paper")
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(STDERR), \
+            mock.patch.dict(os.environ, {"COLUMNS": "300"}):  # a narrow terminal truncates the progress line
         code = cli.main(["paper", "--out", str(out), "--quick"])
     path = out / "report.md"
     return code, stdout.getvalue(), path.read_text() if path.exists() else "", out
+
+
+def test_paper_shows_its_progress_on_a_terminal(quick):
+    """Each section says what it runs, on stderr (it used to print nothing for minutes); the line
+    is wiped before each section's tables are printed, so stdout never mixes with it."""
+    text = STDERR.getvalue()
+    for pattern in (r"section 1/6 \(trajectory\): AlexNet: baseline", r"section 2/6 \(recomputation\): resnet50 "
+                    r"\(32\): recompute cost_aware", r"section 3/6 \(traffic\): AlexNet, batch 1,024",
+                    r"section 4/6 \(Table 4, depth\): liveness: probe \d+, depth [0-9,]+ \([0-9,]+ units\)",
+                    r"section 5/6 \(Table 5, width\): resnet50: superneurons: probe \d+, batch [0-9,]+ "
+                    r"\[strategy 5/5\]", r"section 6/6 \(trade-off\): alexnet: superneurons\(\)"):
+        assert re.search(r"\rsnlite paper: " + pattern + r".*\(\d+ s\)\033\[K", text), pattern
+    assert text.endswith("\r\033[K") and text.count("\r\033[K") >= 6
 
 
 def _row(text: str, section: str, first_cell: str) -> list[str]:

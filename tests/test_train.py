@@ -6,6 +6,7 @@ import pytest
 from snlite.device import CudaDevice, HostDevice
 from snlite.graph import Graph
 from snlite.executor import dropout_seed
+from snlite.anomaly import NonFiniteError
 from snlite.train import Model
 
 
@@ -135,7 +136,7 @@ def test_bad_batches_are_refused():
         model.step(x[:1], labels[:1])
     with pytest.raises(ValueError, match=r"labels must be 2 integers in \[0, 3\)"):
         model.step(x, np.array([0, 3]))
-    with pytest.raises(ValueError, match="lr > 0"):
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got 0"):
         model.step(x, labels, lr=0)
 
 
@@ -146,8 +147,145 @@ def test_every_zoo_model_runs_a_training_route_on_the_meta_device():
     for name in ("lenet", "alexnet", "vgg16", "resnet50", "resnet152", "inception_v4", "densenet121"):
         g = get_model(name, batch=DEFAULT_BATCH.get(name, 16))
         model = Model(g, device="meta")
-        results = model.executor.run(model.programs["train"], sgd=dict(lr=0.1, momentum=0.0, weight_decay=0.0))
+        results = model.executor.run(model.programs["grads"])
         assert results == {}  # the meta device holds no values, and runs no kernels: memory only
-        assert model.executor.launch_bytes == [r.counted_bytes for r in model.trace.steps]
+        assert model.executor.launch_bytes["grads"] == [r.counted_bytes for r in model.trace.steps]
         assert len(model.trace.steps) >= 2 * len(g.layers) - sum(l.kind == "flatten" for l in g.layers.values())
         assert model.trace.peak_bytes >= sum(t.nbytes for t in g.tensors().values() if t.kind == "weight")
+
+
+# ---------------------------------------------------------------- never silent: NaN, Inf and bad arguments
+def test_a_nan_pixel_stops_the_step_names_where_and_changes_nothing():
+    """One NaN pixel used to give a normal-looking loss while conv1's weights turned NaN."""
+    g = fork_join_net()
+    model = Model(g, device="host", seed=2)
+    x, labels = _data(g)
+    model.step(x, labels, lr=0.1)
+    before, iteration = model.params, model.iteration
+    x[1, 0, 2, 3] = np.nan
+    with pytest.raises(NonFiniteError, match=r"^training iteration 1: the loss is nan; the first non-finite values "
+                                             r"appear in the input batch: it has 1 NaN of 144 values \(the first at "
+                                             r"\(1, 0, 2, 3\): nan\)\. Nothing was updated"):
+        model.step(x, labels, lr=0.1)
+    assert model.iteration == iteration
+    for name, value in model.params.items():  # weights and BatchNorm's running statistics as before
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    with pytest.raises(NonFiniteError, match="the loss is nan"):
+        model.forward_backward(x, labels)
+
+
+def test_the_first_layer_whose_output_is_not_finite_is_named():
+    """Finite inputs and weights whose product overflows float32 in conv2: conv2 is named, not a later layer."""
+    g = fork_join_net()
+    model = Model(g, device="host")
+    p = model.params
+    p["conv2.weight"][:] = 3e38
+    model.set_params(p)
+    x, labels = _data(g)
+    with pytest.raises(NonFiniteError, match=r"layer 'conv2' \(conv2d, forward step \d+\): its output has .*inf.* "
+                                             r"while its inputs and parameters are finite"):
+        model.step(x, labels)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's threads compute NaN in NumPy scalars
+def test_nan_and_inf_reach_the_logits_on_host_and_simulator():
+    """Every layer kind (conv, BN, ReLU, LRN, add, concat, both poolings, flatten, dropout, linear,
+    softmax) with NaN and +-inf in the input: training stops on both devices with the same finding,
+    and predict's logits are non-finite in the same places on both, as the host re-run says."""
+    from snlite import anomaly
+
+    g = fork_join_net(n=2, hw=4)
+    x, labels = _data(g)
+    x[0, 0, 1, 1], x[0, 1, 2, 0], x[0, 1, 3, 3] = np.nan, np.inf, -np.inf
+    messages, logits = [], []
+    for dev in (HostDevice(), CudaDevice()):
+        model = Model(g, device=dev, seed=5)
+        with pytest.raises(NonFiniteError) as e:
+            model.forward_backward(x, labels)
+        messages.append(str(e.value))
+        logits.append(model.predict(x))
+    assert messages[0] == messages[1] and "the input batch: it has 1 NaN and 1 +inf and 1 -inf of 64" in messages[0]
+    *_, (name, want) = anomaly.forward_outputs(g, Model(g, device="host", seed=5).params, x, train=False)
+    assert name == "fc1" and not np.isfinite(want[0]).any() and np.isfinite(want[1]).all()
+    for got in logits:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-6)
+
+
+def test_predict_shows_nan_and_evaluate_refuses_it():
+    g = fork_join_net()
+    model = Model(g, device="host")
+    x, labels = _data(g)
+    x[0, 0, 0, 0] = np.nan
+    logits = model.predict(x)
+    assert np.isnan(logits[0]).all() and np.isfinite(logits[1]).all()  # sample 1 is untouched in inference
+    with pytest.raises(NonFiniteError, match=r"evaluate: the logits of 1 of 2 samples are not finite \(the first: "
+                                             r"sample 0\); the first non-finite values appear in the input batch"):
+        model.evaluate(x, labels)
+
+
+def test_anomaly_mode_finds_what_never_reaches_the_loss():
+    """A -inf pixel that the first ReLU turns into 0: the loss is finite; only --anomaly sees it."""
+    g = Graph((2, 1, 4, 4), 3)
+    g.softmax_loss(g.linear(g.flatten(g.conv2d(g.relu(g.input()), 2, 3)), 3))
+    x, labels = _data(g)
+    x[0, 0, 0, 0] = -np.inf
+    assert np.isfinite(Model(g, device="host").step(x, labels))
+    model = Model(g, device="host", anomaly=True)
+    with pytest.raises(NonFiniteError, match=r"the loss is finite, but anomaly detection found non-finite values in "
+                                             r"the input batch: it has 1 -inf of 32 values"):
+        model.step(x, labels)
+    assert model.iteration == 0
+    model.step(np.nan_to_num(x, neginf=0.0), labels)
+    assert model.iteration == 1
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda m, x, y: m.step(x, ["a", "b"]), r"labels must be 2 integers in \[0, 3\) .*; got dtype <U1"),
+    (lambda m, x, y: m.step(x, []), r"labels must be 2 integers .*; got shape \(0,\)"),
+    (lambda m, x, y: m.step(x, y + 0.7), r"labels must be 2 integers .*; labels\[0\] is \d\.7"),
+    (lambda m, x, y: m.step(x, np.array([np.nan, 1.0])), r"labels\[0\] is nan"),
+    (lambda m, x, y: m.step(x, np.array([True, False])), r"got dtype bool"),
+    (lambda m, x, y: m.step(x, y.reshape(2, 1)), r"got shape \(2, 1\)"),
+    (lambda m, x, y: m.step(x, y, lr="0.1"), r"step: lr must be a finite number > 0, got '0.1'"),
+    (lambda m, x, y: m.step(x, y, lr=float("inf")), r"step: lr must be a finite number > 0, got inf"),
+    (lambda m, x, y: m.step(x, y, momentum=float("nan")), r"step: momentum must be in \[0, 1\), got nan"),
+    (lambda m, x, y: m.step(x, y, weight_decay=-1), r"step: weight_decay must be a finite number >= 0, got -1"),
+    (lambda m, x, y: m.step(x.astype(str), y), r"input batch: the input must hold numbers, got dtype <U"),
+    (lambda m, x, y: m.evaluate(np.repeat(x[:1], 10, 0), y[:1]), r"evaluate: labels must be 10 integers .*; got "
+                                                                  r"shape \(1,\)"),
+    (lambda m, x, y: m.predict(x[0]), r"predict: expected samples of shape \(any, 2, 6, 6\), got shape \(2, 6, 6\)"),
+    (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([1, np.inf, 0])}),
+     r"parameter fc1.bias is not finite: 1 \+inf of 3 values"),
+])
+def test_bad_arguments_are_clear_value_errors(call, match):
+    """Each used to be a traceback from inside NumPy, a silent wrong answer (2.7 became class 2,
+    evaluate broadcast 1 label over 10 samples and returned 0.0, lr=inf was taken), or a confusing
+    message (NaN labels reported as -2147483648)."""
+    g = fork_join_net()
+    model = Model(g, device="host")
+    x, labels = _data(g)
+    before = model.params
+    with pytest.raises(ValueError, match=match):
+        call(model, x, labels)
+    assert model.iteration == 0
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_integer_valued_float_labels_are_classes():
+    g = fork_join_net()
+    x, labels = _data(g)
+    a, b = Model(g, device="host"), Model(g, device="host")
+    assert a.step(x, labels) == b.step(x, labels.astype(np.float64))
+
+
+def test_seed_must_be_a_non_negative_integer():
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0, got -1"):
+        Model(fork_join_net(), device="host", seed=-1)
+
+
+def test_predict_on_the_meta_device_says_it_holds_no_data():
+    g = fork_join_net()
+    with pytest.raises(ValueError, match="predict: the meta device holds no data"):
+        Model(g, device="meta").predict(np.zeros(g.input_shape, np.float32))

@@ -160,7 +160,7 @@ print("\n".join(dev.ran[offload - 6:offload + 2]))
 # the adversarial device turns it into wrong numbers.
 
 # %%
-small_program = model.programs["train"]
+small_program = model.programs["grads"]
 release = next(i for i, ins in enumerate(small_program.body) if isinstance(ins, Wait) and ins.why == "release")
 broken = small_program.without(release)
 print(f"removed #{release}: {small_program.body[release]}\n")
@@ -172,7 +172,7 @@ print(f"\n{len(races)} race(s) in all; the intact program has {len(find_races(sm
 def three_steps(device, program=None):
     m = Model(small, eager, device=device, seed=1)
     if program is not None:
-        m.programs["train"] = program
+        m.programs["grads"] = program
     return [m.step(x, labels, lr=0.05) for _ in range(3)]
 
 
