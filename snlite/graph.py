@@ -15,6 +15,7 @@ backward step first sums them, in consumer order, into the first one.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,8 +38,8 @@ class TensorSpec:
     dtype: str
     kind: str  # one of KINDS
 
-    @property
-    def nbytes(self) -> int:
+    @functools.cached_property
+    def nbytes(self) -> int:  # computed once: planners ask for it hundreds of thousands of times
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 

@@ -25,7 +25,7 @@ executed peak by construction, and the high-water marks size the arena and the p
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections import Counter
 
 from snlite import workspace as ws
 from snlite.cache import LRUCache
@@ -179,7 +179,8 @@ class _Placer:
         wmax = max((c.workspace_bytes for layer in self.graph.layers.values() if layer.kind == "conv2d"
                     for op in ("forward", "backward_data", "backward_filter")
                     for c in self._candidates(layer, op)), default=0)
-        return sum(block(self.nbytes[b]) for b in self._all_bases()) + block(wmax)
+        sizes = Counter(map(self.nbytes.__getitem__, self._all_bases()))  # deep nets repeat a few sizes
+        return sum(block(n) * k for n, k in sizes.items()) + block(wmax)
 
     def host_upper_bound_bytes(self) -> int:
         """Room in the pinned slab for every tensor (and incarnation) that may go to the host, all
@@ -187,7 +188,8 @@ class _Placer:
         if not self.moving:
             return 0
         slot = HostPool(256).reserved_bytes
-        return sum(slot(self.nbytes[b]) for b in self._all_bases() if b in self.evictable)
+        sizes = Counter(self.nbytes[b] for b in self._all_bases() if b in self.evictable)
+        return sum(slot(n) * k for n, k in sizes.items())
 
     def _all_bases(self) -> list:
         """The original tensor of every tensor and incarnation of the iteration (the graph's, the

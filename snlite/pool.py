@@ -190,7 +190,10 @@ class TensorPool(_Books):
         """
         # BEGIN ASSIGNMENT 2: first-fit pool allocator with coalescing
         if self.fit == "first":  # the lowest-address region that fits
-            return next((i for i, (_, size) in enumerate(self._free) if size >= need), None)
+            for i, (_, size) in enumerate(self._free):
+                if size >= need:
+                    return i
+            return None
         fits = [(size, off, i) for i, (off, size) in enumerate(self._free) if size >= need]
         return min(fits)[2] if fits else None  # smallest region; ties go to the lowest address
         # END ASSIGNMENT 2

@@ -92,7 +92,9 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
         return next(c for c in ranked if c.algo == "direct")
     if mode == "fastest" or largest_free_bytes is None:
         return ranked[0]
-    return next(c for c in ranked if c.workspace_bytes <= largest_free_bytes)
+    for c in ranked:  # fastest first; direct needs no workspace, so one always fits
+        if c.workspace_bytes <= largest_free_bytes:
+            return c
 
 
 def measure_conv_costs(graph, device, budget_bytes: int | None = None, reps: int = 3,
