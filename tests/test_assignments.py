@@ -83,7 +83,7 @@ class S:
     writes: tuple
 
 
-# PAPER.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, SOFTMAX5, backward 6..11.
+# docs/paper.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, SOFTMAX5, backward 6..11.
 FIG4 = [("DATA", S((), ("t0",))), ("CONV", S(("t0",), ("t1",))), ("POOL", S(("t1",), ("t3",))),
         ("CONV", S(("t0",), ("t2",))), ("FC", S(("t3", "t2"), ("t4",))), ("SOFTMAX", S(("t4",), ("prob",))),
         ("SOFTMAX bwd", S(("prob",), ("t5",))), ("FC bwd", S(("t3", "t2", "t5"), ("t6",))),
@@ -484,7 +484,7 @@ def route_ops(g):
 
 
 def expected_transfers(ops, g):
-    """PAPER.md section 4's rule, recomputed directly from the ops (see offload.schedule's docstring)."""
+    """docs/paper.md section 4's rule, recomputed directly from the ops (see offload.schedule's docstring)."""
     from snlite.offload import Transfer
 
     convs = [op for op in ops if op.phase == "forward" and g.layers[op.layer].kind == "conv2d"]

@@ -20,7 +20,7 @@ TUTORIALS = ROOT / "tutorials"
 KEY_LINES = {
     "00_numba_cuda_simulator.py": [r"matches NumPy exactly: True", r"same bits when run again: True",
                                    r"atomic_count\s+256 of 256 increments", r"v3\s+\S+\s+True"],
-    "01_where_memory_goes.py": [r"same as PAPER\.md section 2: True", r"= the paper-count peak: True"],
+    "01_where_memory_goes.py": [r"same as docs/paper\.md section 2: True", r"= the paper-count peak: True"],
     "02_liveness.py": [r"each step's out set is the next step's in set: True",
                        r"identical through the forward pass \(before the softmax\): True"],
     "03_tensor_pool.py": [r"alloc G4: FULL \(4 KB free, largest 2 KB, fragmentation 50%\)", r"alloc G4: at 0 KB",

@@ -59,8 +59,8 @@ forward, backward = execution_route(successors, "a")
 route = [f"{n}{k}" for k, n in enumerate(forward + backward, 1)]
 print("forward: ", " ".join(route[:len(forward)]))
 print("backward:", " ".join(route[len(forward):]))
-paper = "a1 b2 c3 e4 d5 f6 g7 h8 i9 j10 j11 i12 e13 c14 g15 h16 f17 d18 b19 a20".split()  # PAPER.md section 2
-print(f"same as PAPER.md section 2: {route == paper}")
+paper = "a1 b2 c3 e4 d5 f6 g7 h8 i9 j10 j11 i12 e13 c14 g15 h16 f17 d18 b19 a20".split()  # docs/paper.md section 2
+print(f"same as docs/paper.md section 2: {route == paper}")
 # What you should see: True. i (a join of e, g and h) runs only at step 9, after h; in backward the fork
 # f (read by g and h) waits for both g15 and h16.
 

@@ -73,7 +73,7 @@ peak_live = max(len(r.live_out) for r in result)
 print(f"\nat most {peak_live} of {len(first)} tensors are alive at once")
 chained = all(a.live_out == b.live_in for a, b in zip(result, result[1:]))
 print(f"each step's out set is the next step's in set: {chained}")
-# What you should see: the same sets as PAPER.md section 3's table. t4 (the FC output) dies at step 5,
+# What you should see: the same sets as docs/paper.md section 3's table. t4 (the FC output) dies at step 5,
 # the softmax, its only reader; t0 (the data) stays alive until step 10, because both CONV backward
 # steps read it; t1 leaves after POOL bwd (step 8), its last reader.
 
