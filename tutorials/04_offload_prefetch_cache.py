@@ -14,34 +14,12 @@
 # Run it: `python tutorials/04_offload_prefetch_cache.py` from the repository root (after
 # `pip install -e .`), or cell by cell (`# %%` cells in VS Code or Jupyter). About 3 s; no GPU.
 
-# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
-import os
-from pathlib import Path
-
+# %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite
 from snlite import BudgetError, MemoryConfig, Scheduler, simulate
 from snlite.device import MetaDevice, NullEvent, NullStream
+from snlite.lesson import MiB, QUICK, expect, save_plot  # noqa: F401  (expect: claims the lesson checks)
 from snlite.runtime import Runtime, optimizer_specs, smallest_budget
-
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
-OUT.mkdir(parents=True, exist_ok=True)
-MiB = 2**20
-
-
-def save_plot(kind, data, name, **kwargs):
-    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
-    try:
-        getattr(plot, kind)(data, OUT / name, **kwargs)
-        print(f"plot saved: {OUT / name}")
-    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
-        print(f"plot {name} skipped: {e}")
 
 
 # %% [markdown]
