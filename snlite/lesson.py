@@ -53,12 +53,13 @@ def _default_out() -> Path:
 OUT = _default_out()
 
 
-def expect(claim: str, holds, why: str = "") -> bool:
+def expect(claim: str, holds, why: str = "") -> None:
     """Print ``claim`` (what you should see), then whether this run shows it, then ``why`` if given.
 
-    ``holds`` is the check, computed from what the run printed. Returns True; a claim that does not
-    hold raises :class:`ClaimNotShown` (after printing it). If you changed the code for an exercise,
-    that may be the point: read the claim again and explain why it no longer holds.
+    ``holds`` is the check, computed from what the run printed. It returns nothing (a notebook shows
+    no stray ``True``); a claim that does not hold raises :class:`ClaimNotShown` after printing it.
+    If you changed the code for an exercise, that may be the point: read the claim again and
+    explain why it no longer holds.
     """
     ok = bool(holds)
     print(textwrap.fill(claim, WIDTH, initial_indent="You should see: ", subsequent_indent="  ",
@@ -70,26 +71,25 @@ def expect(claim: str, holds, why: str = "") -> bool:
     if not ok:
         raise ClaimNotShown(f"the lesson claims: {claim!r}, but this run does not show it. If you changed "
                             "the code (an exercise), that may be the point: explain why it no longer holds.")
-    return True
 
 
-def save_plot(kind: str, data, name: str, **kwargs):
-    """``snlite.plot.<kind>(data, OUT / name, **kwargs)``; shown inline in a notebook. Returns the path,
-    or None when plotting is unavailable (one line says why and how to install matplotlib)."""
+def save_plot(kind: str, data, name: str, **kwargs) -> None:
+    """``snlite.plot.<kind>(data, OUT / name, **kwargs)``, and shown inline in a notebook. Without
+    matplotlib (or ``snlite.plot``), one line says why and how to install it. Returns nothing, so a
+    notebook cell that ends with it shows only the plot."""
     try:
         from snlite import plot
     except ImportError as e:
         print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return None
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     try:
         path = getattr(plot, kind)(data, OUT / name, **kwargs)
     except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
         print(f"plot {name} skipped: {e}")
-        return None
+        return
     print(f"plot saved: {path}")
     if in_notebook():
         from IPython.display import Image, display
 
         display(Image(filename=str(path)))
-    return path
