@@ -272,6 +272,20 @@ def test_a2_choices_on_a_fragmented_pool(fit, blocks):
         assert pool.alloc(blocks * KB - 100, "x") == want * KB, f"{fit} fit for {blocks} blocks"
 
 
+@pytest.mark.a2
+@pytest.mark.parametrize("fit", ["first", "best"])
+def test_a2_ties_go_to_the_lowest_address(fit):
+    pool = TensorPool(12 * KB, fit)
+    offsets = [pool.alloc(n * KB, f"t{i}") for i, n in enumerate([2, 1, 3, 1, 2, 1, 2])]  # holes of 2, 3, 2, 2
+    for i in (0, 2, 4, 6):
+        pool.free(offsets[i])
+    used = [False] * 2 + [True] + [False] * 3 + [True] + [False] * 2 + [True] + [False] * 2
+    assert_pool_matches(pool, used, {2 * KB: 1, 6 * KB: 1, 9 * KB: 1})
+    assert pool.alloc(2 * KB, "x") == 0, f"{fit} fit: three 2-block holes tie; the lowest address wins"
+    want = 3 if fit == "first" else 7  # first fit: the 3-block hole; best fit: the lowest of the 2-block ties left
+    assert pool.alloc(KB, "y") == want * KB, f"{fit} fit: 1 block from holes of 3, 2 and 2 blocks"
+
+
 OPS = st.lists(st.one_of(st.tuples(st.just("alloc"), st.integers(0, 4 * KB)),
                          st.tuples(st.just("free"), st.integers(0, 50))), max_size=40)
 
