@@ -13,6 +13,7 @@ import bisect
 import dataclasses
 import importlib
 import os
+import sys
 from pathlib import Path
 
 import hypothesis.strategies  # noqa: F401  (imported here so each inner run does not import it again: 1 s each)
@@ -204,16 +205,14 @@ class Plant:
     planted bug reaches)."""
 
     def __init__(self, target=None):
-        self.target, self.undo = target, None
+        self.target, self.undo = target, pytest.MonkeyPatch()
 
     def pytest_sessionstart(self, session):
         if self.target is not None:
-            self.undo = pytest.MonkeyPatch()
             self.undo.setattr(*self.target)
 
     def pytest_sessionfinish(self, session):
-        if self.undo is not None:
-            self.undo.undo()
+        self.undo.undo()
 
     def pytest_collection_modifyitems(self, config, items):
         randomized = [i for i in items if getattr(getattr(i, "obj", None), "is_hypothesis_test", False)
@@ -232,9 +231,19 @@ def target_of(obj, attr, replacement):
 
 
 def grade(pytester, markers, target=None, stop_at_first=True):
-    """The graders selected by ``markers`` (``a2``, ``a1 or a2``), run in this process with ``target`` planted."""
+    """The graders selected by ``markers`` (``a2``, ``a1 or a2``), run in this process with ``target`` planted.
+
+    The graders module is imported afresh inside the run, after the bug is planted, as a grading
+    run imports it: its ``from snlite.liveness import analyze`` then binds the planted function.
+    (When the whole suite runs, the outer session has imported it already, with the solutions.)"""
     args = [GRADERS, "-m", markers, "-p", "no:cacheprovider", "-q"] + (["-x"] if stop_at_first else [])
-    return pytester.inline_run(*args, plugins=[Plant(target)])
+    graders = {n: m for n, m in sys.modules.items() if getattr(m, "__file__", None) == GRADERS}
+    for name in graders:
+        del sys.modules[name]
+    try:
+        return pytester.inline_run(*args, plugins=[Plant(target)])
+    finally:
+        sys.modules.update(graders)
 
 
 def real_gpu():
