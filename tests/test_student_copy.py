@@ -1,7 +1,8 @@
 """The assignment round trip (docs/INSTRUCTORS.md): a student copy fails each assignment's graders
 with that assignment's NotImplementedError, and passes them once the solution is put back; plus
-the ``python -m snlite.assignments`` commands (list, check, make-student, grade) and the marker
-checks. This file is left out of the student copy (it needs the solutions)."""
+the ``python -m snlite.assignments`` commands (list, check, make-student, and grade, which the
+round trip runs in the copy) and the marker checks. This file is left out of the student copy
+(it needs the solutions)."""
 import os
 import re
 import shutil
@@ -53,8 +54,8 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
         graded = [n for n in (k, k + 1) if n in numbers]
         out = grade_copy(copy, *graded)
         if k:
-            assert f"assignment {k}: passed" in out, f"assignment {k}: with its solution back it should pass:\n" \
-                                                     f"{out[-3000:]}"
+            assert re.search(rf"^assignment {k}: passed \(\d+ tests\)$", out, re.M), \
+                f"assignment {k}: with its solution back it should pass:\n{out[-3000:]}"
         if k + 1 in numbers:
             assert f"assignment {k + 1}: FAILED" in out, f"assignment {k + 1}: its stub should fail:\n{out[-3000:]}"
             assert "NotImplementedError" in out and f"Assignment {k + 1}: " in out, out[-3000:]
@@ -83,14 +84,6 @@ def test_list_and_check_on_this_repository(capsys):
         assert any(path in line and function in line and "solution" in line for line in out.splitlines()), function
     assert main(["check"]) == 0
     assert capsys.readouterr().out.startswith(f"ok: {len({r.number for r in scan()[0]})} assignments")
-
-
-def test_grade_one_assignment_is_one_command():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "1", "-q", "-p", "no:cacheprovider"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.search(r"assignment 1: passed \(\d+ tests\)", proc.stdout), proc.stdout[-3000:]
 
 
 BROKEN = {

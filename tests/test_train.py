@@ -145,7 +145,7 @@ def test_every_zoo_model_runs_a_training_route_on_the_meta_device():
     """At the paper's batch sizes: the layers' kernel calls and views work with shapes alone."""
     from snlite.models import DEFAULT_BATCH, get_model
 
-    for name in ("lenet", "alexnet", "vgg16", "resnet50", "resnet152", "inception_v4", "densenet121"):
+    for name in ("lenet", "alexnet", "vgg16", "resnet50", "inception_v4", "densenet121"):  # every kind of layer
         g = get_model(name, batch=DEFAULT_BATCH.get(name, 16))
         model = Model(g, device="meta")
         loss, _ = model.runtime.run()
