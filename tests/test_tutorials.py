@@ -10,7 +10,8 @@ must display inline. Both run in quick mode (``SNLITE_TUTORIAL_QUICK=1``), plots
 folder (``SNLITE_TUTORIAL_OUT``). Tutorial 07's script runs without matplotlib and scikit-learn
 (hidden), so the lessons are seen to finish without the optional extras.
 
-Cost on the project's 2-core machine: see the durations in docs/INSTRUCTORS.md's "Test times".
+Cost: 16 runs, about 48 s on the project's 2-core machine while three other jobs kept it busy
+(load average 4 to 11); 07 and 00 are most of it, and each notebook starts a kernel (about 1.5 s).
 """
 import importlib.util
 import os
