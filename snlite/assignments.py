@@ -32,18 +32,21 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 SOURCE_DIRS = ("snlite", "kernels")  # where markers are looked for (every .py file below these)
 THIS = "snlite/assignments.py"  # not scanned: its docstring shows the markers
 GRADERS = "tests/test_assignments.py"
-INSTRUCTOR_ONLY = ("tests/test_student_copy.py",)  # left out of the student copy (it needs the solutions)
+INSTRUCTOR_ONLY = ("tests/test_student_copy.py", "tests/test_planted_bugs.py")  # left out of the student copy
+# (the round trip needs the solutions; the planted bugs are near-solutions)
 SKIP_DIRS = {".git", ".hg", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "venv", ".tox",
              ".eggs", ".mypy_cache", ".ruff_cache", "bench-out"}  # the fallback walk's exclusions (no git)
 
@@ -277,26 +280,46 @@ def make_student(dst, root=None, out=print) -> list[Region]:
 
 
 # ---------------------------------------------------------------- grading
-def grade_command(number: int, extra=()) -> list[str]:
-    """The pytest command that grades one assignment (run from the repository root)."""
-    return [sys.executable, "-m", "pytest", "-p", "snlite.assignments", "-m", f"a{number}", GRADERS, *extra]
+def grade_command(numbers, extra=()) -> list[str]:
+    """The pytest command that grades the given assignments in one session (from the repository root)."""
+    numbers = [numbers] if isinstance(numbers, int) else list(numbers)
+    return [sys.executable, "-m", "pytest", "-p", "snlite.assignments", "-m", " or ".join(f"a{k}" for k in numbers),
+            GRADERS, *extra]
 
 
 def grade(numbers, root=None, extra=(), out=print) -> int:
-    """Run the graders of each assignment in ``numbers``, in order; 0 if all passed."""
+    """Run the graders of the assignments in ``numbers`` in one pytest session (one start-up, not
+    one per assignment), then say for each whether it passed; 0 if all passed."""
     root = repo_root(root)
+    numbers = list(numbers)
     env = dict(os.environ)
     env.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # as tests/conftest.py does; 0 grades on a real GPU
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    results = {}
+    cmd = grade_command(numbers, extra)
+    out(f"== {'assignment' if len(numbers) == 1 else 'assignments'} {', '.join(map(str, numbers))}: "
+        f"python {' '.join(cmd[1:])}")
+    sys.stdout.flush()
+    with tempfile.TemporaryDirectory() as tmp:
+        env[REPORT_ENV] = report = os.path.join(tmp, "grades.json")
+        rc = subprocess.run(cmd, cwd=root, env=env).returncode
+        counts = json.loads(Path(report).read_text()) if os.path.exists(report) else {}
+    ok = True
     for k in numbers:
-        cmd = grade_command(k, extra)
-        out(f"== assignment {k}: python {' '.join(cmd[1:])}")
-        sys.stdout.flush()
-        results[k] = subprocess.run(cmd, cwd=root, env=env).returncode
-    for k, rc in results.items():
-        out(f"assignment {k}: {'passed' if rc == 0 else 'FAILED' if rc == 1 else f'error (pytest exit {rc})'}")
-    return 0 if all(rc == 0 for rc in results.values()) else 1
+        c = counts.get(str(k), {})
+        ran = c.get("passed", 0) + c.get("failed", 0) + c.get("skipped", 0)
+        if c.get("failed"):
+            verdict = f"FAILED ({c['failed']} of {ran} tests)"
+        elif c.get("passed"):
+            verdict = f"passed ({c['passed']} tests" + (f", {c['skipped']} skipped)" if c.get("skipped") else ")")
+        else:
+            verdict = f"not graded (pytest exit {rc}: see its output above)"
+        ok = ok and verdict.startswith("passed")
+        out(f"assignment {k}: {verdict}")
+    return 0 if ok and rc == 0 else 1
+
+
+REPORT_ENV = "SNLITE_GRADE_REPORT"  # where ``grade`` asks this plugin to write each assignment's counts
+_counts: dict[int, dict[str, int]] = {}
 
 
 def pytest_configure(config):
@@ -308,6 +331,22 @@ def pytest_configure(config):
     for number in sorted({r.number for r in regions}):
         config.addinivalue_line("markers", f"a{number}: grades assignment {number} (python -m snlite.assignments grade "
                                            f"{number})")
+
+
+def pytest_runtest_logreport(report):
+    """Plugin hook: count each grader's outcome under its assignment (a failure in set-up or tear-down counts)."""
+    numbers = [int(k[1:]) for k in report.keywords if re.fullmatch(r"a\d+", k)]
+    outcome = ("failed" if report.failed else "skipped" if report.skipped else
+               "passed" if report.when == "call" else None)
+    for k in numbers if outcome else ():
+        _counts.setdefault(k, {}).setdefault(outcome, 0)
+        _counts[k][outcome] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Plugin hook: write the counts where ``grade`` asked for them."""
+    if os.environ.get(REPORT_ENV):
+        Path(os.environ[REPORT_ENV]).write_text(json.dumps({str(k): c for k, c in _counts.items()}))
 
 
 # ---------------------------------------------------------------- command line

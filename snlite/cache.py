@@ -1,4 +1,4 @@
-"""The LRU tensor cache of the Unified Tensor Pool (PAPER.md section 4, Algorithm 2).
+"""The LRU tensor cache of the Unified Tensor Pool (docs/paper.md section 4, Algorithm 2).
 
 Tensors stay on the device until an allocation fails; then unlocked tensors leave from the least
 recently used end until the request fits. A lookup that finds its tensor on the device is a hit;

@@ -170,7 +170,7 @@ def memory_config(args) -> MemoryConfig:
 
 def config_warnings(config: MemoryConfig) -> list[str]:
     """What is odd about ``config``: offload, the cache and recomputation free or move tensors on
-    top of liveness analysis (PAPER.md sections 3-5); without it every tensor that is no longer
+    top of liveness analysis (docs/paper.md sections 3-5); without it every tensor that is no longer
     needed stays on the device until the iteration ends."""
     on = [f for f, used in (("--offload", config.offload), ("--cache", config.cache),
                             (f"--recompute {config.recompute}", config.recompute != "off")) if used]

@@ -417,7 +417,7 @@ def cmd_maxbatch(args) -> int:
              + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else []) for r in rows]
     print(_table(head, table))
     if paper:
-        print(f"paper ({PAPER_GPU}, PAPER.md section 7): SuperNeurons {paper:,d}; the best other framework "
+        print(f"paper ({PAPER_GPU}, docs/paper.md section 7): SuperNeurons {paper:,d}; the best other framework "
               f"{other:,d}")
     if status_code:
         print(f"not even a batch of 1 fits {measure.format_size(args.budget)} under any strategy")
@@ -449,7 +449,7 @@ def cmd_maxdepth(args) -> int:
     print(_table(head, table))
     if any(r.capped for r in rows):
         print(f">=: still fits at --max-units {args.max_units}; the search stopped there")
-    print(f"paper ({PAPER_GPU}, PAPER.md section 7): at batch 16 "
+    print(f"paper ({PAPER_GPU}, docs/paper.md section 7): at batch 16 "
           + ", ".join(f"{k} {v:,d}" for k, v in measure.PAPER_DEPTH.items())
           + f"; at batch 1 SuperNeurons {measure.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")
     if status_code:

@@ -1,7 +1,7 @@
 """Layers: what each one computes, and what each route step reads and writes, declared as data.
 
 Each layer class states, as class attributes, the *roles* its forward and backward steps read
-and write, following cuDNN's conventions as the paper did (PAPER.md section 1):
+and write, following cuDNN's conventions as the paper did (docs/paper.md section 1):
 
 - ReLU, pooling and LRN backward read x, y and dy; conv and linear backward read x and dy.
 - ReLU, LRN, dropout and softmax backward write dx into dy's buffer (``bwd_inplace``); ReLU

@@ -1,4 +1,4 @@
-"""Liveness analysis (PAPER.md section 3), on plain data.
+"""Liveness analysis (docs/paper.md section 3), on plain data.
 
 Each route step has an ``in`` set (tensors live before it) and an ``out`` set (live after it).
 A tensor enters the live set at its first use and leaves it right after the last step, forward
@@ -67,7 +67,7 @@ def analyze(steps, persistent=frozenset()) -> list[StepLiveness]:
     - a tensor enters the live set at its first use and leaves it right after its last use:
       ``live_in`` of step i holds the tensors with first use < i <= last use, ``live_out`` those
       with first use <= i < last use, so ``live_out`` of a step is ``live_in`` of the next and
-      the route ends with nothing live (PAPER.md's Fig. 4 table, exactly);
+      the route ends with nothing live (the Fig. 4 table of docs/paper.md section 3, exactly);
     - ``frees`` of step i: the tensors whose last use is step i, so each tensor is freed once,
       right after its last use, and a freed tensor is never in ``live_out``;
     - persistent tensors never appear;
@@ -97,7 +97,7 @@ def analyze(steps, persistent=frozenset()) -> list[StepLiveness]:
 
 
 def format_table(result: list[StepLiveness], labels=None) -> str:
-    """The in/out table of PAPER.md's Fig. 4, one row per step."""
+    """The in/out table of the paper's Fig. 4 (docs/paper.md section 3), one row per step."""
     rows = [f"{'step':>4}  {'':16} {'in':40} out"]
     for r in result:
         label = labels[r.step] if labels else ""

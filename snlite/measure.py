@@ -362,9 +362,9 @@ SEARCH = {
     "superneurons": MemoryConfig.superneurons(),
 }
 PAPER_BEST_OTHER_BATCH = {"alexnet": 1408, "vgg16": 80, "inception_v4": 64, "resnet50": 128, "resnet101": 80,
-                          "resnet152": 48}  # PAPER.md section 7, the best other framework
+                          "resnet152": 48}  # docs/paper.md section 7, the best other framework
 PAPER_DEPTH = {"Caffe": 148, "Torch": 152, "MXNet": 480, "TensorFlow": 592, "SuperNeurons": 1920}  # batch 16
-PAPER_DEPTH_AT_BATCH = {16: 1920, 1: 3 * 2500 + 2}  # SuperNeurons' deepest ResNet (PAPER.md section 7)
+PAPER_DEPTH_AT_BATCH = {16: 1920, 1: 3 * 2500 + 2}  # SuperNeurons' deepest ResNet (docs/paper.md section 7)
 PAPER_BATCH = PAPER_WIDTH_BATCH
 
 

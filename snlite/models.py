@@ -9,9 +9,9 @@ against it:
     >>> get_model("resnet50", batch=4).param_count()
     25557032
 
-Default batch sizes (``DEFAULT_BATCH``) are the paper's: section 7's width experiment (the largest
+Default batch sizes (``DEFAULT_BATCH``) are the paper's: the width experiment of docs/paper.md section 7 (the largest
 batch SuperNeurons trained on a 12 GB K40) for VGG16, Inception-v4 and the ResNets; 200 for AlexNet
-(a moderate default chosen for this project; section 7's largest is 1792, see ``PAPER_WIDTH_BATCH``);
+(a moderate default chosen for this project; the paper's largest is 1792, see ``PAPER_WIDTH_BATCH``);
 16 for the deep grown ResNets of the depth experiment. Nets the paper did not run take their usual training batch:
 LeNet 64 (Caffe's MNIST example), CIFAR ResNets 128 (He et al. 2016), DenseNet-121 64.
 
@@ -27,8 +27,8 @@ import re
 from snlite.graph import Graph
 
 PAPER_WIDTH_BATCH = {"alexnet": 1792, "vgg16": 224, "inception_v4": 240, "resnet50": 384, "resnet101": 256,
-                     "resnet152": 176}  # PAPER.md section 7: largest batch SuperNeurons fits in 12 GB
-DEPTH_BATCH = 16  # PAPER.md section 7: the depth experiment's batch
+                     "resnet152": 176}  # docs/paper.md section 7: largest batch SuperNeurons fits in 12 GB
+DEPTH_BATCH = 16  # docs/paper.md section 7: the depth experiment's batch
 DEFAULT_BATCH = dict(PAPER_WIDTH_BATCH, alexnet=200, lenet=64, cifar_resnet=128, densenet121=64)
 
 
@@ -122,7 +122,7 @@ def resnet(depth: int, batch=None, num_classes=1000) -> Graph:
     stride on the 3x3 conv2, convolutions without bias, and a projection shortcut layerS.0.downsample.0
     (1x1 conv) + .1 (BN) on each stage's first unit; then avgpool and fc. Parameters: 25,557,032 (50),
     44,549,160 (101), 60,192,808 (152). See :func:`resnet_blocks` for the valid depths.
-    ``batch`` defaults to the paper's (section 7): 384 / 256 / 176, or 16 for deeper nets."""
+    ``batch`` defaults to the paper's (docs/paper.md section 7): 384 / 256 / 176, or 16 for deeper nets."""
     blocks = resnet_blocks(depth)
     if batch is None:
         batch = PAPER_WIDTH_BATCH.get(f"resnet{depth}", DEPTH_BATCH)

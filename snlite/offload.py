@@ -1,4 +1,4 @@
-"""Offload and prefetch of CONV outputs (PAPER.md section 4), on plain data.
+"""Offload and prefetch of CONV outputs (docs/paper.md section 4), on plain data.
 
 Only CONV forward outputs go to the host: the cheap layers' outputs are too large for their
 compute to hide the copy. The schedule, for CONV outputs c_1..c_m in forward order:

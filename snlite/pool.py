@@ -1,4 +1,4 @@
-"""The Unified Tensor Pool's allocators (PAPER.md section 4): pure bookkeeping, no device calls.
+"""The Unified Tensor Pool's allocators (docs/paper.md section 4): pure bookkeeping, no device calls.
 
 SuperNeurons never calls ``cudaMalloc`` on the training path. It makes one big device
 allocation up front (the *arena*) and hands out pieces of it; the runtime turns each offset

@@ -1,4 +1,4 @@
-"""Cost-aware recomputation (PAPER.md section 5), on plain data.
+"""Cost-aware recomputation (docs/paper.md section 5), on plain data.
 
 Cheap layers (ReLU, pooling, BN, LRN, dropout) hold about half the activation memory but cost
 little time, so their outputs are dropped after the forward pass and rebuilt in backward from
@@ -92,7 +92,7 @@ def choose_strategies(graph, strategy: str, persistent) -> dict[str, str]:
 
     - one entry per segment: the keys are exactly ``set(segments(graph).values())``;
     - ``strategy`` "speed" or "memory": every segment gets that strategy;
-    - ``strategy`` "cost_aware", the paper's rule (PAPER.md section 5): with l_i the bytes of
+    - ``strategy`` "cost_aware", the paper's rule (docs/paper.md section 5): with l_i the bytes of
       the non-persistent tensors route step i reads and writes (:func:`step_bytes`) and l_peak
       their maximum over the whole route, a segment is "speed" if the sum of its cheap layers'
       forward l^f plus the largest of their backward l^b is at most l_peak, else "memory";

@@ -7,7 +7,7 @@
 Each experiment is one function that returns a :class:`Section` (its tables, notes and figures);
 every number comes from :mod:`snlite.measure` (``measure``, ``compare``, ``max_batch``,
 ``max_depth``), which runs :func:`snlite.simulate` on the meta device. The paper's figures
-(PAPER.md) are shown alongside as references, not as targets: the paper counted activations and
+(docs/paper.md section 7) are shown alongside as references, not as targets: the paper counted activations and
 gradients on its own runtime (cuDNN, a 12 GB K40); snlite counts its own pool, byte for byte.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ BUDGET = 12 * GIB  # the paper's GPU (12 GB K40), as a pool size
 PAPER_COUNT = "paper count: activations + gradients"
 ALL_COUNT = "count all: everything on the device (weights, their gradients, momentum, the batch, activations, " \
             "gradients, workspace)"
-# PAPER.md section 4: AlexNet's traffic per iteration (GB) without / with the tensor cache
+# docs/paper.md section 4: AlexNet's traffic per iteration (GB) without / with the tensor cache
 PAPER_TRAFFIC_WITHOUT = {256: 2.56, 1024: 9.50}
 PAPER_TRAFFIC_WITH = {1024: 0.88}
 PAPER_TRAFFIC_NOTHING_BELOW = 896  # "moved nothing per iteration until batch 896"
@@ -161,7 +161,7 @@ def recompute(models, progress=measure.no_progress) -> Section:
             rows.append([f"{graph.name} ({batch})", "none (liveness only)" if strategy == "off" else strategy,
                          t.recompute_count, f"{m.extra_pct:.1f}%", measure.format_size(p.peak_bytes),
                          measure.format_size(p.l_peak_bytes), f"{p.ratio:.2f}", measure.format_size(t.peak_bytes)])
-    text = ("Cost-aware recomputation (PAPER.md section 5) against its two pure forms, each on top of liveness "
+    text = ("Cost-aware recomputation (docs/paper.md section 5) against its two pure forms, each on top of liveness "
             "(no offload, no cache, no workspace). Speed-centric re-runs each segment once per iteration, "
             "memory-centric re-runs what each backward step needs every time; cost-aware picks speed-centric for "
             "a segment whenever that stays under l_peak. The paper's claim: cost-aware reaches peak = l_peak "
@@ -197,7 +197,7 @@ def traffic(batches, progress=measure.no_progress) -> Section:
             "is eager, every CONV output goes to the host after its forward and comes back in backward, needed "
             "or not. With the cache = superneurons(): offload is lazy, data moves only when an allocation would "
             "fail. Everything else (liveness, cost-aware recomputation, dynamic workspace) is the same in both.")
-    notes = [f"The paper's figures (PAPER.md section 4: with the cache nothing moved until batch "
+    notes = [f"The paper's figures (docs/paper.md section 4: with the cache nothing moved until batch "
              f"{PAPER_TRAFFIC_NOTHING_BELOW} and 0.88 GB at 1024; without it 2.56 GB at batch 256 up to 9.50 GB at "
              f"1024) are references from another runtime, not targets. Our counting differs: the 12 GiB pool holds "
              f"everything (count all): weights, their gradients and SGD momentum stay on the device, the batch and "
@@ -226,7 +226,7 @@ def depth(batch: int, labels, progress=measure.no_progress) -> Section:
                  f"pool; peak and host memory there, {ALL_COUNT}; probes: iterations simulated by the search "
                  f"(snlite.measure.max_depth)", ["strategy", "config", "depth", "residual units", "peak (all)",
                                                  "host memory", "probes", "time"], rows, "<<>>>>>>")
-    paper = Table("the paper's Table 4 (PAPER.md section 7): deepest ResNet at batch 16 on a 12 GB K40",
+    paper = Table("the paper's Table 4 (docs/paper.md section 7): deepest ResNet at batch 16 on a 12 GB K40",
                   ["framework", "depth"], [[k, f"{v:,d}"] for k, v in measure.PAPER_DEPTH.items()])
     text = ("The paper's Table 4. Each strategy's search gallops from a straight-line estimate and bisects, every "
             "probe a full simulated iteration; the depth found fits, the next valid depth does not.")
@@ -245,7 +245,7 @@ def width(nets, progress=measure.no_progress) -> Section:
                     + [f"{measure.PAPER_BATCH[net]:,d}", f"{measure.PAPER_BEST_OTHER_BATCH[net]:,d}"])
     head = ["network"] + list(measure.SEARCH) + ["paper: SuperNeurons", "paper: best other"]
     table = Table(f"largest batch that runs in a 12 GiB pool ({ALL_COUNT}; snlite.measure.max_batch); last two "
-                  f"columns: the paper's Table 5 (PAPER.md section 7, 12 GB K40)", head, rows)
+                  f"columns: the paper's Table 5 (docs/paper.md section 7, 12 GB K40)", head, rows)
     text = ("The paper's Table 5, per strategy: " + "; ".join(f"{k} = {v.describe()}" for k, v in
                                                                measure.SEARCH.items()) + ".")
     return Section("5. Table 5: width", text, [table])
@@ -363,8 +363,8 @@ def _header(command: str, quick: bool, missing: str | None, seconds: float) -> s
         "gradients, momentum, the input batch, activations, gradients, conv workspace; what has to fit a GPU). "
         "\"Fits 12 GiB\" always means the simulation ran in a 12 GiB pool, never a comparison of peaks. Sizes "
         "are binary (MiB, GiB) except the traffic, in decimal GB as the paper writes it. Columns marked "
-        "\"paper\" are PAPER.md's figures, measured by the authors on their runtime and a 12 GB K40: "
-        "references to compare the shape against, not numbers we expect to match.",
+        "\"paper\" are the paper's figures (docs/paper.md section 7), measured by the authors on their runtime "
+        "and a 12 GB K40: references to compare the shape against, not numbers we expect to match.",
     ]
     if quick:
         lines.append("**Quick run** (`--quick`): fewer networks, batches and strategies; run without `--quick` "

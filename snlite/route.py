@@ -1,4 +1,4 @@
-"""The execution route: SuperNeurons' Algorithm 1 (PAPER.md section 2), on plain data.
+"""The execution route: SuperNeurons' Algorithm 1 (docs/paper.md section 2), on plain data.
 
 Forward: depth-first from the data layer. Each layer counts how many of its predecessors have
 called it; a join runs only when the count reaches its number of inputs, then recurses into its

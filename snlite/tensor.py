@@ -1,4 +1,4 @@
-"""The tensor state machine of the Unified Tensor Pool (PAPER.md section 4).
+"""The tensor state machine of the Unified Tensor Pool (docs/paper.md section 4).
 
 A tensor's data lives on the device, on the host, in flight between them, or nowhere. Every
 move between those states is a method that first checks the move is legal, so a scheduler bug

@@ -1,4 +1,4 @@
-"""Dynamic convolution workspace (PAPER.md section 6).
+"""Dynamic convolution workspace (docs/paper.md section 6).
 
 Convolution algorithms trade workspace for speed. After liveness, offload and recomputation have
 decided what is resident, each conv step (forward, backward-data, backward-filter separately)

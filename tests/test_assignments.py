@@ -83,7 +83,7 @@ class S:
     writes: tuple
 
 
-# PAPER.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, SOFTMAX5, backward 6..11.
+# docs/paper.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, SOFTMAX5, backward 6..11.
 FIG4 = [("DATA", S((), ("t0",))), ("CONV", S(("t0",), ("t1",))), ("POOL", S(("t1",), ("t3",))),
         ("CONV", S(("t0",), ("t2",))), ("FC", S(("t3", "t2"), ("t4",))), ("SOFTMAX", S(("t4",), ("prob",))),
         ("SOFTMAX bwd", S(("prob",), ("t5",))), ("FC bwd", S(("t3", "t2", "t5"), ("t6",))),
@@ -270,6 +270,20 @@ def test_a2_choices_on_a_fragmented_pool(fit, blocks):
         assert state(pool) == before, "a failed alloc must change nothing"
     else:
         assert pool.alloc(blocks * KB - 100, "x") == want * KB, f"{fit} fit for {blocks} blocks"
+
+
+@pytest.mark.a2
+@pytest.mark.parametrize("fit", ["first", "best"])
+def test_a2_ties_go_to_the_lowest_address(fit):
+    pool = TensorPool(12 * KB, fit)
+    offsets = [pool.alloc(n * KB, f"t{i}") for i, n in enumerate([2, 1, 3, 1, 2, 1, 2])]  # holes of 2, 3, 2, 2
+    for i in (0, 2, 4, 6):
+        pool.free(offsets[i])
+    used = [False] * 2 + [True] + [False] * 3 + [True] + [False] * 2 + [True] + [False] * 2
+    assert_pool_matches(pool, used, {2 * KB: 1, 6 * KB: 1, 9 * KB: 1})
+    assert pool.alloc(2 * KB, "x") == 0, f"{fit} fit: three 2-block holes tie; the lowest address wins"
+    want = 3 if fit == "first" else 7  # first fit: the 3-block hole; best fit: the lowest of the 2-block ties left
+    assert pool.alloc(KB, "y") == want * KB, f"{fit} fit: 1 block from holes of 3, 2 and 2 blocks"
 
 
 OPS = st.lists(st.one_of(st.tuples(st.just("alloc"), st.integers(0, 4 * KB)),
@@ -485,7 +499,7 @@ def route_ops(g):
 
 
 def expected_transfers(ops, g):
-    """PAPER.md section 4's rule, recomputed directly from the ops (see offload.schedule's docstring)."""
+    """docs/paper.md section 4's rule, recomputed directly from the ops (see offload.schedule's docstring)."""
     from snlite.offload import Transfer
 
     convs = [op for op in ops if op.phase == "forward" and g.layers[op.layer].kind == "conv2d"]

@@ -10,7 +10,7 @@ class S:
     writes: tuple
 
 
-# PAPER.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, then
+# docs/paper.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, then
 # SOFTMAX5; backward steps 6..11 (cuDNN dependencies: pooling backward reads x, y, dy; conv and FC
 # backward read x and dy; softmax backward reads prob; FC4 hands one gradient, t6, to both branches).
 FIG4 = [
@@ -28,7 +28,7 @@ FIG4 = [
     ("DATA", S(("t8", "t9"), ())),
 ]
 
-PAPER_TABLE = [  # (in, out) exactly as PAPER.md prints them
+PAPER_TABLE = [  # (in, out) exactly as docs/paper.md section 3 prints them
     ("{}", "{t0}"),
     ("{t0}", "{t0,t1}"),
     ("{t0,t1}", "{t0,t1,t3}"),

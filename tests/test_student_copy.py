@@ -1,8 +1,10 @@
 """The assignment round trip (docs/INSTRUCTORS.md): a student copy fails each assignment's graders
 with that assignment's NotImplementedError, and passes them once the solution is put back; plus
-the ``python -m snlite.assignments`` commands (list, check, make-student, grade) and the marker
-checks. This file is left out of the student copy (it needs the solutions)."""
+the ``python -m snlite.assignments`` commands (list, check, make-student, and grade, which the
+round trip runs in the copy) and the marker checks. This file is left out of the student copy
+(it needs the solutions)."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,12 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TITLES = {1: "liveness", 2: "pool", 3: "GEMM", 4: "offload", 5: "recomputation"}
 
 
-def run_graders(copy: Path, k: int) -> subprocess.CompletedProcess:
-    """``pytest -m a<k>`` on the copy's own graders, with only the copy on the path, on the simulator."""
+def grade_copy(copy: Path, *numbers: int) -> str:
+    """``python -m snlite.assignments grade K ... -x`` in the copy, with only the copy on the path, on the simulator."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(copy))
-    cmd = [sys.executable, "-m", "pytest", "-p", "snlite.assignments", "-p", "no:cacheprovider", "-m", f"a{k}", "-x",
-           "-q", assignments.GRADERS]
-    return subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "snlite.assignments", "grade", *map(str, numbers), "-x", "-q", "-p",
+           "no:cacheprovider"]  # -x: the graders of K run first (file order); stop at the first failure after them
+    proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    return proc.stdout + proc.stderr
 
 
 def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_path):
@@ -32,25 +35,32 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
     numbers = sorted({r.number for r in regions})
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 5
     assert all(TITLES[r.number].lower() in r.title.lower() for r in regions if r.number in TITLES)
-    assert any("left out" in line and "test_student_copy.py" in line for line in printed)
-    assert not (copy / "tests" / "test_student_copy.py").exists() and (copy / assignments.GRADERS).is_file()
+    assert any("left out" in line and "test_student_copy.py" in line and "test_planted_bugs.py" in line
+               for line in printed)
+    assert (copy / assignments.GRADERS).is_file()
+    assert not any((copy / f).exists() for f in assignments.INSTRUCTOR_ONLY)
     in_copy, problems = scan(copy)
     assert not problems and all(r.is_stub for r in in_copy), "every region of the copy is the stub"
     assert [(r.path, r.function) for r in in_copy] == [(r.path, r.function) for r in regions]
     which = subprocess.run([sys.executable, "-c", "import snlite; print(snlite.__file__)"], cwd=tmp_path,
                            env=dict(os.environ, PYTHONPATH=str(copy)), capture_output=True, text=True)
     assert Path(which.stdout.strip()).resolve().is_relative_to(copy.resolve()), "the copy's snlite must be imported"
-    for k in numbers:  # in order: the solutions of 1..k-1 are back when assignment k is graded
-        failed = run_graders(copy, k)
-        out = failed.stdout + failed.stderr
-        assert failed.returncode == 1, f"assignment {k}: the stubs should fail its graders:\n{out[-3000:]}"
-        assert "NotImplementedError" in out and f"Assignment {k}:" in out, out[-3000:]
+    # In order: with the solutions of 1..k back, assignment k passes and k+1 fails on its own stub
+    # (a grader for k+1 may use the solutions of 1..k only). One grading session per step.
+    for k in [0] + numbers:
         for path in sorted({r.path for r in regions if r.number == k}):
             assert {r.number for r in regions if r.path == path} == {k}, "one assignment per file, to copy it back"
             shutil.copy2(ROOT / path, copy / path)
-        passed = run_graders(copy, k)
-        out = passed.stdout + passed.stderr
-        assert passed.returncode == 0, f"assignment {k}: with its solution back its graders should pass:\n{out[-3000:]}"
+        graded = [n for n in (k, k + 1) if n in numbers]
+        out = grade_copy(copy, *graded)
+        if k:
+            assert re.search(rf"^assignment {k}: passed \(\d+ tests\)$", out, re.M), \
+                f"assignment {k}: with its solution back it should pass:\n{out[-3000:]}"
+        if k + 1 in numbers:
+            assert f"assignment {k + 1}: FAILED" in out, f"assignment {k + 1}: its stub should fail:\n{out[-3000:]}"
+            assert "NotImplementedError" in out and f"Assignment {k + 1}: " in out, out[-3000:]
+            later = [n for n in numbers if n > k + 1 and f"Assignment {n}: " in out]
+            assert not later, f"assignment {k + 1}'s graders need assignment(s) {later}, which come later"
     assert not any(r.is_stub for r in scan(copy)[0])
 
 
@@ -74,14 +84,6 @@ def test_list_and_check_on_this_repository(capsys):
         assert any(path in line and function in line and "solution" in line for line in out.splitlines()), function
     assert main(["check"]) == 0
     assert capsys.readouterr().out.startswith(f"ok: {len({r.number for r in scan()[0]})} assignments")
-
-
-def test_grade_one_assignment_is_one_command():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "1", "-q", "-p", "no:cacheprovider"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "assignment 1: passed" in proc.stdout and " passed" in proc.stdout
 
 
 BROKEN = {

@@ -13,7 +13,7 @@
 # or cell by cell (`# %%` cells: VS Code's "Run Cell", or Jupyter through jupytext). About 10 s on a laptop CPU.
 # `SNLITE_TUTORIAL_QUICK=1` makes everything smaller.
 
-# %% The simulator switch must be set before numba is imported
+# %% Setup: the simulator switch must be set before numba is imported
 import os
 
 # NUMBA_ENABLE_CUDASIM is read once, when numba is first imported: set it before any `import numba`
@@ -31,7 +31,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import config, cuda, float32  # noqa: E402
 
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
+from snlite.lesson import QUICK, expect  # noqa: E402  (quick mode and checked claims; it imports numba too)
+
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 print(f"numba.cuda runs on: {'the CUDA simulator (Python threads)' if SIMULATOR else 'a real GPU'}")
 if SIMULATOR:
@@ -74,8 +75,8 @@ out = d_out.copy_to_host()  # device -> host
 want = np.float32(2.0) * x + y
 print(f"saxpy on {n:,d} elements: {grid} blocks x {block} threads = {grid * block:,d} threads "
       f"({grid * block - n} of them past the end, guarded)")
-print(f"matches NumPy exactly: {np.array_equal(out, want)}")
-# What you should see: True. One multiply and one add per element, in the same order as NumPy.
+expect("the kernel matches NumPy exactly", np.array_equal(out, want),
+       why="one multiply and one add per element, in the same order as NumPy.")
 
 # %% [markdown]
 # ## A reduction with shared memory
@@ -116,11 +117,11 @@ def device_sum(d_x):
 
 
 total = device_sum(d_x)
-print(f"sum of {n:,d} floats: kernel {total:.6f}, NumPy float64 {x.astype(np.float64).sum():.6f}, "
-      f"difference {abs(total - x.astype(np.float64).sum()):.2e}")
-print(f"same bits when run again: {device_sum(d_x) == total}")
-# What you should see: a difference of about 1e-5 or less (float32 rounding in a different order than
-# NumPy's), and True: a fixed tree gives the same bits every run.
+exact = x.astype(np.float64).sum()
+print(f"sum of {n:,d} floats: kernel {total:.6f}, NumPy float64 {exact:.6f}, difference {abs(total - exact):.2e}")
+expect("a difference from the float64 sum of about 1e-5 or less", abs(total - exact) <= 1e-4,
+       why="float32 rounding, in a different order than NumPy's.")
+expect("the same bits when run again", device_sum(d_x) == total, why="a fixed tree gives the same bits every run.")
 
 # %% [markdown]
 # ## What the simulator can and cannot show
@@ -132,8 +133,10 @@ t0 = time.perf_counter()
 np.float32(2.0) * x + y
 numpy_s = time.perf_counter() - t0
 print(f"saxpy: kernel {kernel_s * 1e3:.1f} ms ({grid * block / kernel_s:,.0f} threads/s), NumPy {numpy_s * 1e6:.1f} us")
-# What you should see on the simulator: thousands of times slower than NumPy. On a GPU this launch
-# would take a few microseconds.
+if SIMULATOR:
+    expect(f"on the simulator, the kernel is hundreds to thousands of times slower than NumPy (here "
+           f"{kernel_s / numpy_s:,.0f}x)", kernel_s > 100 * numpy_s,
+           why="on a GPU this launch would take a few microseconds.")
 
 # %% [markdown]
 # Threads are Python threads. On the simulator a kernel can call any Python: here each thread appends
@@ -157,22 +160,27 @@ if SIMULATOR:
         events.append((cuda.blockIdx.x, cuda.threadIdx.x, "b"))
 
     dummy = cuda.device_array(1, np.float32)
+    orders = {}
     for kernel in (no_barrier, with_barrier):
         events.clear()
         kernel[1, 4](dummy)
-        print(f"{kernel.__name__:12} order of (block, thread, phase):",
-              " ".join(f"{t}{p}" for _, t, p in events))
+        orders[kernel.__name__] = [f"{t}{p}" for _, t, p in events]
+        print(f"{kernel.__name__:12} order of (block, thread, phase):", " ".join(orders[kernel.__name__]))
 
-    names = []
+    threads = []
 
     @cuda.jit
     def who(dummy):
-        names.append(type(threading.current_thread()).__name__)
+        threads.append(threading.current_thread())
 
     who[1, 2](dummy)
-    print(f"each CUDA thread runs as a Python {names[0]} (a threading.Thread)")
-    # What you should see: 0a 0b 1a 1b ... without the barrier (one thread at a time), and
-    # 0a 1a 2a 3a then the b's with it.
+    print(f"each CUDA thread runs as a Python {type(threads[0]).__name__} (a threading.Thread)")
+    expect("with the barrier, all four threads write their a before any thread writes its b",
+           sorted(orders["with_barrier"][:4]) == ["0a", "1a", "2a", "3a"] and len(orders["with_barrier"]) == 8)
+    expect("each CUDA thread of the launch is a Python thread of its own, not the one running this script",
+           len({id(t) for t in threads}) == 2 and threading.current_thread() not in threads,
+           why="without the barrier nothing orders the threads: on the simulator they usually run one at a time "
+               "(0a 0b 1a 1b ...), each to its end before the next starts; on a GPU they interleave.")
 else:
     print("(a real GPU: kernels cannot call Python there, so this cell only runs on the simulator)")
 
@@ -192,13 +200,17 @@ def atomic_count(counter):
     cuda.atomic.add(counter, 0, 1)  # one indivisible step (integer atomics are deterministic)
 
 
-threads = 4 * 64
+n_threads = 4 * 64
+counts = {}
 for kernel in (racy_count, atomic_count):
     d_c = cuda.to_device(np.zeros(1, np.int32))
     kernel[4, 64](d_c)
-    print(f"{kernel.__name__:12} {d_c.copy_to_host()[0]:4d} of {threads} increments")
-# What you should see on the simulator: 256 for both; the racy one is right by luck. On a GPU the
-# racy count comes out far below 256.
+    counts[kernel.__name__] = d_c.copy_to_host()[0]
+    print(f"{kernel.__name__:12} {counts[kernel.__name__]:4d} of {n_threads} increments")
+expect(f"the atomic count is exactly {n_threads}", counts["atomic_count"] == n_threads)
+expect(f"the racy count is at most {n_threads} (here {counts['racy_count']})", counts["racy_count"] <= n_threads,
+       why="a lost update can only lower it. On the simulator it is usually 256, right by luck; on a GPU it comes "
+           "out far below 256.")
 
 # %% [markdown]
 # ## The PTX check: compile for a real GPU, on the CPU
@@ -245,11 +257,15 @@ if proc.returncode == 0:
 
     print(f"PTX compiled in a subprocess in {time.perf_counter() - t0:.1f} s:")
     print(f"{'kernel':10} {'target':7} {'lines':>6} {'bar.sync':>9} {'ld/st.shared':>13} {'float atomics':>14}")
-    for name, r in json.loads(proc.stdout).items():
+    ptx = json.loads(proc.stdout)
+    for name, r in ptx.items():
         print(f"{name:10} {r['target']:7} {r['lines']:6d} {r['bar.sync']:9d} {r['shared']:13d} "
               f"{r['float atomics']:14d}")
-    # What you should see: target sm_90; saxpy uses no barrier and no shared memory; block_sum has
-    # bar.sync (the cuda.syncthreads() calls) and ld/st.shared; no floating-point atomics anywhere.
+    expect("target sm_90; saxpy uses no barrier and no shared memory; block_sum has bar.sync (the "
+           "cuda.syncthreads() calls) and ld/st.shared; no floating-point atomics anywhere",
+           all(r["target"] == "sm_90" and r["float atomics"] == 0 for r in ptx.values())
+           and ptx["saxpy"]["bar.sync"] == ptx["saxpy"]["shared"] == 0
+           and ptx["block_sum"]["bar.sync"] > 0 and ptx["block_sum"]["shared"] > 0)
 else:
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     print(f"PTX check unavailable here ({last[:160]}); it needs NVIDIA's NVVM: pip install 'numba-cuda[cu13]'")
@@ -267,17 +283,21 @@ from kernels._check import compare, run_example  # noqa: E402
 
 examples = gemm.examples(np.random.default_rng(0))[:2 if QUICK else 4]
 print(f"{'example':20} {'version':8} {'max |kernel - reference|':>25} {'same bits as v1':>16}")
+diffs, same = [], []
 for ex in examples:
     first = None
     for version in gemm.VERSIONS:
         want, got = run_example(gemm.OPS, ex, version)
         assert compare(ex, want, got) is None, compare(ex, want, got)
         first = got[0] if first is None else first
-        print(f"{ex.label[:20]:20} {version:8} {np.abs(got[0] - want[0]).max():25.2e} "
-              f"{str(np.array_equal(got[0], first)):>16}")
-# What you should see: tiny differences from NumPy (which sums in another order), and True in the last
-# column: all versions add acc += a*b for k = 0, 1, ... in the same order, so they agree bit for bit.
-# snlite relies on it: the convolution algorithm the memory budget allows never changes the numbers.
+        diffs.append(np.abs(got[0] - want[0]).max())
+        same.append(np.array_equal(got[0], first))
+        print(f"{ex.label[:20]:20} {version:8} {diffs[-1]:25.2e} {str(same[-1]):>16}")
+expect("tiny differences from NumPy (under 1e-4), and True in the last column: all versions agree bit for bit",
+       max(diffs) < 1e-4 and all(same),
+       why="NumPy sums in another order; all of snlite's versions add acc += a*b for k = 0, 1, ... in the same "
+           "order. snlite relies on it: the convolution algorithm the memory budget allows never changes the "
+           "numbers.")
 
 # %% [markdown]
 # ## Exercise

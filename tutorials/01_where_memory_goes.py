@@ -12,34 +12,12 @@
 # Run it: `python tutorials/01_where_memory_goes.py` from the repository root (after `pip install -e .`),
 # or cell by cell (`# %%` cells in VS Code or Jupyter). A few seconds; no GPU, no data.
 
-# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
-import os
-from pathlib import Path
-
+# %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite
 from snlite import MemoryConfig, simulate
+from snlite.lesson import MiB, expect, save_plot
 from snlite.route import execution_route
 from snlite.trace import CATEGORIES
-
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
-OUT.mkdir(parents=True, exist_ok=True)
-MiB = 2**20
-
-
-def save_plot(kind, data, name, **kwargs):
-    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
-    try:
-        getattr(plot, kind)(data, OUT / name, **kwargs)
-        print(f"plot saved: {OUT / name}")
-    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
-        print(f"plot {name} skipped: {e}")
 
 
 # %% [markdown]
@@ -59,10 +37,11 @@ forward, backward = execution_route(successors, "a")
 route = [f"{n}{k}" for k, n in enumerate(forward + backward, 1)]
 print("forward: ", " ".join(route[:len(forward)]))
 print("backward:", " ".join(route[len(forward):]))
-paper = "a1 b2 c3 e4 d5 f6 g7 h8 i9 j10 j11 i12 e13 c14 g15 h16 f17 d18 b19 a20".split()  # PAPER.md section 2
-print(f"same as PAPER.md section 2: {route == paper}")
-# What you should see: True. i (a join of e, g and h) runs only at step 9, after h; in backward the fork
-# f (read by g and h) waits for both g15 and h16.
+paper = "a1 b2 c3 e4 d5 f6 g7 h8 i9 j10 j11 i12 e13 c14 g15 h16 f17 d18 b19 a20".split()
+expect("the route of docs/paper.md section 2, step for step", route == paper)
+expect("i (a join of e, g and h) runs only at step 9, after h; in backward the fork f (read by g and h) waits "
+       "for both g15 and h16",
+       forward.index("i") > max(map(forward.index, "egh")) and backward.index("f") > max(map(backward.index, "gh")))
 
 # %% [markdown]
 # ## The route of a small net, and what each step touches
@@ -91,8 +70,11 @@ for s in g.steps():
     print(f"{s.index:>4} {s.layer:8} {s.phase:9} {moving(s.reads):46} {moving(s.writes):28} "
           f"{','.join(f'{a}<-{b}' for a, b in s.inplace)}")
 print(f"{len(g.steps())} steps = 2 x {len(g.layers)} layers")
-# What you should see: relu1's output is read by conv2 and by join (a fork), so it has two gradients,
-# relu1.grad@conv2 and relu1.grad@join, summed when relu1's backward runs.
+relu1_back = next(s for s in g.steps() if s.layer == "relu1" and s.phase == "backward")
+expect("relu1's output is read by conv2 and by join (a fork), so it has two gradients, relu1.grad@conv2 and "
+       "relu1.grad@join, both read by relu1's backward step, which sums them",
+       {"relu1.grad@conv2", "relu1.grad@join"} <= set(relu1_back.reads)
+       and len(g.steps()) == 2 * len(g.layers))
 
 # %% [markdown]
 # ## AlexNet: the route, and the layer-wise memory l_i
@@ -125,8 +107,14 @@ for name in net.route()[0]:
 l_peak = max(max(l_f.values()), max(l_b.values()))
 where = max(l_b, key=l_b.get) if max(l_b.values()) >= max(l_f.values()) else max(l_f, key=l_f.get)
 print(f"l_peak = {l_peak / MiB:,.1f} MiB, at {where}")
-# What you should see: the early layers (conv1, relu1, norm1: 55x55 maps of 96 channels) dominate; the
-# FC layers hold most of the weights but little activation memory.
+fc = [n for n, layer in net.layers.items() if layer.kind == "linear"]
+fc_weights = sum(t.nbytes for n, t in tensors.items() if t.kind == "weight" and n.split(".")[0] in fc)
+all_weights = sum(t.nbytes for t in tensors.values() if t.kind == "weight")
+expect(f"the early layers (conv1, relu1, norm1: 55x55 maps of 96 channels) dominate, and l_peak is at one of "
+       f"them ({where}); the FC layers hold most of the weights ({fc_weights / all_weights:.0%}) but little "
+       f"activation memory (at most {max(max(l_f[n], l_b[n]) for n in fc) / l_peak:.0%} of l_peak)",
+       where in ("conv1", "relu1", "norm1") and fc_weights > all_weights / 2
+       and max(max(l_f[n], l_b[n]) for n in fc) < l_peak / 10)
 
 # %% [markdown]
 # ## The baseline's peak, by category
@@ -154,10 +142,12 @@ own_buffers = sum(-(-t.nbytes // block) * block for t in tensors.values()
                   if t.kind in ("activation", "gradient") and t.name not in handed)
 print(f"weights: {weight_bytes / MiB:,.1f} MiB = 4 bytes x {net.param_count():,d} parameters; "
       f"their gradients and the momentum take as much again, each")
-print(f"every activation and gradient buffer, summed: {own_buffers / MiB:,.1f} MiB "
-      f"(= the paper-count peak: {own_buffers == paper_count.peak_bytes})")
-# What you should see: activations and gradients are most of the peak, and in the baseline their peak
-# is simply the sum of all their buffers (True): nothing is ever freed. Tutorial 02 frees them.
+print(f"every activation and gradient buffer, summed: {own_buffers / MiB:,.1f} MiB")
+act_grad = sum(at_peak.device_bytes.get(c, 0) for c in ("activations", "gradients"))
+expect(f"activations and their gradients are most of the peak ({act_grad / trace.peak_bytes:.0%})",
+       act_grad > trace.peak_bytes / 2)
+expect("in the baseline their peak is simply the sum of all their buffers (the paper-count peak)",
+       own_buffers == paper_count.peak_bytes, why="nothing is ever freed. Tutorial 02 frees them.")
 save_plot("plot_timeline", trace, "01_alexnet_baseline.png", title=f"AlexNet batch {batch}, baseline")
 
 # %% [markdown]

@@ -10,34 +10,13 @@
 # Run it: `python tutorials/02_liveness.py` from the repository root (after `pip install -e .`), or cell
 # by cell (`# %%` cells in VS Code or Jupyter). A few seconds; no GPU.
 
-# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
-import os
+# %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 from collections import namedtuple
-from pathlib import Path
 
 import snlite
 from snlite import MemoryConfig, Scheduler, simulate
+from snlite.lesson import MiB, QUICK, expect, save_plot
 from snlite.liveness import analyze, first_and_last_use, format_table
-
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
-OUT.mkdir(parents=True, exist_ok=True)
-MiB = 2**20
-
-
-def save_plot(kind, data, name, **kwargs):
-    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
-    try:
-        getattr(plot, kind)(data, OUT / name, **kwargs)
-        print(f"plot saved: {OUT / name}")
-    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
-        print(f"plot {name} skipped: {e}")
 
 
 # %% [markdown]
@@ -71,11 +50,17 @@ for t in first:
     print(f"{t:6} {first[t]:10d} {last[t]:9d}")
 peak_live = max(len(r.live_out) for r in result)
 print(f"\nat most {peak_live} of {len(first)} tensors are alive at once")
-chained = all(a.live_out == b.live_in for a, b in zip(result, result[1:]))
-print(f"each step's out set is the next step's in set: {chained}")
-# What you should see: the same sets as PAPER.md section 3's table. t4 (the FC output) dies at step 5,
-# the softmax, its only reader; t0 (the data) stays alive until step 10, because both CONV backward
-# steps read it; t1 leaves after POOL bwd (step 8), its last reader.
+paper_out = ["t0", "t0 t1", "t0 t1 t3", "t0 t1 t3 t2", "t0 t1 t3 t2 t4", "t0 t1 t3 t2 prob", "t0 t1 t3 t2 t5",
+             "t0 t1 t3 t6", "t0 t7 t6", "t0 t6 t8", "t8 t9", ""]  # the out column of docs/paper.md section 3
+expect("the in and out sets of the table in docs/paper.md section 3, step by step (each step's out set is the "
+       "next step's in set)",
+       [set(r.live_out) for r in result] == [set(o.split()) for o in paper_out]
+       and all(a.live_out == b.live_in for a, b in zip(result, result[1:])) and not result[0].live_in)
+expect("t4 (the FC output) dies at step 5, the softmax; t0 (the data) lives until step 10; t1 until step 8",
+       (last["t4"], last["t0"], last["t1"]) == (5, 10, 8),
+       why="a tensor dies right after its last reader: the softmax is t4's only reader, both CONV backward "
+           "steps read the data, and POOL bwd is the last step to read conv1's output.")
+
 
 # %% [markdown]
 # ## AlexNet with and without liveness
@@ -103,16 +88,18 @@ print(f"\npeak: baseline {b.peak_bytes / MiB:,.1f} MiB at step {b.peak_step} "
 print(f"liveness saves {1 - lv.peak_bytes / b.peak_bytes:.0%}; l_peak {lv.l_peak_bytes / MiB:,.1f} MiB, "
       f"so the peak is still {lv.ratio:.2f} x l_peak")
 forward_ops = [i for i, r in enumerate(b.steps) if r.phase == "forward"]
-same = all(b.steps[i].counted_bytes == lv.steps[i].counted_bytes for i in forward_ops[:-1])
-print(f"identical through the forward pass (before the softmax): {same}; the liveness peak is in "
-      f"{lv.steps[lv.peak_op].phase}")
 print("largest tensors alive at the liveness peak:",
       ", ".join(f"{n} {nb / MiB:.0f}" for n, nb in lv.peak_tensors[:5]), "(MiB)")
-# What you should see: True: the two columns agree through the forward pass (every activation is still
-# needed by backward), then the liveness column falls as backward consumes activations, while the
-# baseline keeps growing with gradients. The liveness peak is early in backward, where nearly every
-# forward activation is still alive and the first gradients arrive: liveness alone cannot go below
-# that. Tutorials 04 (offload) and 05 (recomputation) attack exactly those activations.
+expect("the two columns are identical through the forward pass (before the softmax)",
+       all(b.steps[i].counted_bytes == lv.steps[i].counted_bytes for i in forward_ops[:-1]),
+       why="every activation is still needed by backward, so liveness frees nothing before it.")
+expect("then the baseline keeps growing with gradients while the liveness column falls, and the liveness peak is "
+       f"in backward (here at {lv.steps[lv.peak_op].layer}'s backward step)",
+       all(x.counted_bytes <= y.counted_bytes for x, y in zip(b.steps, b.steps[1:]))
+       and lv.steps[lv.peak_op].phase == "backward" and lv.steps[-1].counted_bytes < lv.peak_bytes,
+       why="early in backward nearly every forward activation is still alive and the first gradients arrive: "
+           "liveness alone cannot go below that. Tutorials 04 (offload) and 05 (recomputation) attack exactly "
+           "those activations.")
 save_plot("plot_compare_timelines", traces, "02_alexnet_liveness.png",
           title=f"AlexNet batch {batch}: without and with liveness (paper count)")
 

@@ -11,38 +11,16 @@
 # Run it: `python tutorials/03_tensor_pool.py` from the repository root (after `pip install -e .`), or
 # cell by cell (`# %%` cells in VS Code or Jupyter). About 2 s; no GPU.
 
-# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
-import os
-from pathlib import Path
-
+# %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite
 from snlite import MemoryConfig, Scheduler
 from snlite.device import MetaDevice
+from snlite.lesson import KiB, MiB, QUICK, expect, save_plot
 from snlite.pool import PoolFullError, TensorPool, format_map
 from snlite.recompute import base_name
 from snlite.executor import Executor
 from snlite.placement import place, simulate, smallest_budget
 from snlite.scheduler import PERSISTENT_KINDS
-
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
-OUT.mkdir(parents=True, exist_ok=True)
-KiB, MiB = 2**10, 2**20
-
-
-def save_plot(kind, data, name, **kwargs):
-    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
-    try:
-        getattr(plot, kind)(data, OUT / name, **kwargs)
-        print(f"plot saved: {OUT / name}")
-    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
-        print(f"plot {name} skipped: {e}")
 
 # %% [markdown]
 # ## First fit and best fit, by hand
@@ -52,8 +30,9 @@ def save_plot(kind, data, name, **kwargs):
 
 # %%
 def hand_made(fit):
+    """The rows to print, and where F and G went (offset in KB, or None when it did not fit)."""
     pool = TensorPool(16 * KiB, fit=fit)
-    rows = []
+    rows, placed = [], {}
     off = {name: pool.alloc(size * KiB, name) for name, size in (("A", 4), ("B", 1), ("C", 2), ("D", 1), ("E", 8))}
     rows.append(("fill A4 B1 C2 D1 E8", format_map(pool, width=16)))
     pool.free(off["A"])
@@ -61,23 +40,28 @@ def hand_made(fit):
     rows.append(("free A and C", format_map(pool, width=16)))
     for name, size in (("F", 2), ("G", 4)):
         try:
-            at = pool.alloc(size * KiB, name)
-            rows.append((f"alloc {name}{size}: at {at // KiB} KB", format_map(pool, width=16)))
+            at = placed[name] = pool.alloc(size * KiB, name) // KiB
+            rows.append((f"alloc {name}{size}: at {at} KB", format_map(pool, width=16)))
         except PoolFullError:
+            placed[name] = None
             s = pool.stats()
             rows.append((f"alloc {name}{size}: FULL ({s.free_bytes // KiB} KB free, largest "
                          f"{s.largest_free_bytes // KiB} KB, fragmentation {s.fragmentation:.0%})",
                          format_map(pool, width=16)))
-    return rows
+    return rows, placed
 
 
+placed = {}
 for fit in ("first", "best"):
     print(f"fit={fit}")
-    for what, line in hand_made(fit):
+    rows, placed[fit] = hand_made(fit)
+    for what, line in rows:
         print(f"  {line}  {what}")
-# What you should see: first fit puts F at 0 KB, cutting the 4 KB hole in two, and then G (4 KB) does not
-# fit although 4 KB are free: the free space is two 2 KB holes (fragmentation 50%). Best fit puts F into
-# the 2 KB hole and G fits. (Other sequences favour first fit: neither policy always wins.)
+expect("first fit puts F at 0 KB, cutting the 4 KB hole in two, and then G (4 KB) does not fit although 4 KB "
+       "are free: the free space is two 2 KB holes (fragmentation 50%)", placed["first"] == {"F": 0, "G": None})
+expect("best fit puts F into the 2 KB hole (at 5 KB), and G fits (at 0 KB)", placed["best"] == {"F": 5, "G": 0},
+       why="best fit takes the smallest hole that fits, so the large hole stays whole. Other sequences favour "
+           "first fit: neither policy always wins.")
 
 # %% [markdown]
 # ## A real plan, replayed through a pool
@@ -118,14 +102,17 @@ unlimited = sum(-(-t.nbytes // KiB) * KiB for t in specs.values())  # room for e
 high = {fit: replay(plan, fit, unlimited).stats() for fit in ("first", "best")}
 arena = max(s.high_water_bytes for s in high.values())
 print(f"LeNet, batch 8, liveness on: arena of {arena // KiB} KB (activations and gradients), first fit")
-replay(plan, "first", arena, show=True)
+final = replay(plan, "first", arena, show=True)
 for fit, s in high.items():
     print(f"fit={fit}: peak in use {s.peak_in_use_bytes // KiB} KB, arena needed (high water) "
           f"{s.high_water_bytes // KiB} KB")
-# What you should see: the map fills from the left during forward, then holes open during backward as
-# liveness frees tensors and new gradients land in them; at the end everything is free again (the pool
-# coalesced every free region). The arena a fit needs is at least the peak in use; the difference is
-# what fragmentation costs.
+expect("at the end of the iteration everything is free again, in one piece",
+       final.free_regions() == ((0, final.capacity_bytes),),
+       why="the map fills from the left during forward; during backward holes open as liveness frees tensors, "
+           "and new gradients land in them; the pool coalesces every freed block with its free neighbours.")
+expect("the arena each fit needs (its high water) is at least the peak in use",
+       all(s.high_water_bytes >= s.peak_in_use_bytes for s in high.values()),
+       why="the difference is what fragmentation costs.")
 
 # %% [markdown]
 # ## One allocation, or one per tensor
@@ -150,7 +137,7 @@ live = MemoryConfig(liveness=True)
 SGD = dict(lr=0.01, momentum=0.9, weight_decay=0.0)
 print(f"AlexNet, batch {alex.input_shape[0]}, liveness on")
 print(f"{'allocator':9} {'at start':>9} {'iteration 1':>12} {'iteration 2':>12} {'bytes allocated':>16}")
-traces = {}
+traces, per_iteration = {}, {}
 for allocator in ("raw", "pool"):
     program = place(alex, live.replace(allocator=allocator))  # the iteration, every allocation decided
     dev = CountingMeta()
@@ -161,14 +148,20 @@ for allocator in ("raw", "pool"):
         executor.run(program, sgd=SGD)  # replays the program on the meta device: shapes and bytes only
         counts.append(dev.allocations)
     traces[allocator] = simulate(alex, live.replace(allocator=allocator))
+    per_iteration[allocator] = (counts[0], counts[1] - counts[0], counts[2] - counts[1], dev.arena_bytes)
     print(f"{allocator:9} {counts[0]:9d} {counts[1] - counts[0]:12d} {counts[2] - counts[1]:12d} "
           f"{dev.arena_bytes / MiB:13,.0f} MiB")
-# What you should see: raw allocates every weight at the start and then every activation and gradient
-# again in each iteration (and frees each one); the pool makes one allocation at the start and none
-# after. Raw's bytes keep growing with every iteration; the pool's arena is allocated once. Both hold
-# the same tensors at every op (the plot: the same timeline twice; raw rounds to 256 bytes, the pool to
-# 1 KB blocks): the pool saves allocation calls, not bytes.
 print(f"peak held: raw {traces['raw'].peak_bytes / MiB:,.1f} MiB, pool {traces['pool'].peak_bytes / MiB:,.1f} MiB")
+raw, pool = per_iteration["raw"], per_iteration["pool"]
+expect("raw allocates every weight at the start and then every activation and gradient again in each iteration; "
+       "the pool makes one allocation at the start and none after",
+       raw[1] == raw[2] > 0 and pool[:3] == (1, 0, 0))
+expect("raw's bytes allocated keep growing with every iteration, past the pool's arena, allocated once",
+       raw[3] > pool[3])
+expect("both hold the same tensors at every op (the same peak, within the rounding: raw rounds to 256 bytes, "
+       "the pool to 1 KB blocks)",
+       abs(traces["raw"].peak_bytes - traces["pool"].peak_bytes) <= traces["raw"].peak_bytes / 100,
+       why="the pool saves allocation calls, not bytes (the plot shows the same timeline twice).")
 save_plot("plot_compare_timelines", traces, "03_alexnet_raw_vs_pool.png",
           title=f"AlexNet batch {alex.input_shape[0]}, liveness: one allocation per tensor (raw) vs one arena (pool)")
 
@@ -181,15 +174,21 @@ save_plot("plot_compare_timelines", traces, "03_alexnet_raw_vs_pool.png",
 configs = {"liveness + recompute": MemoryConfig(liveness=True, recompute="cost_aware"),
            "superneurons()": MemoryConfig.superneurons()}
 print(f"{'configuration':20} {'fit':6} {'smallest arena':>15} {'peak in use there':>18} {'lost to holes':>14}")
-for label, base in list(configs.items())[:1] if QUICK else configs.items():
+lost = {}
+for label, base in configs.items():
     for fit in ("first", "best"):
         need = smallest_budget(alex, base.replace(fit=fit))
         peak = simulate(alex, base.replace(fit=fit, budget_bytes=need)).peak_bytes  # bytes in use at the busiest op
-        print(f"{label:20} {fit:6} {need / MiB:11,.0f} MiB {peak / MiB:14,.0f} MiB {need / peak - 1:14.1%}")
-# What you should see: with recomputation, tensors of many sizes come and go during backward, and first
-# fit loses a few percent of the arena to holes; best fit loses less here. Under superneurons() the LRU
-# cache moves tensors to the host whenever an allocation fails, which also opens holes where they are
-# needed: the arena shrinks until little or nothing is lost, with either fit.
+        lost[label, fit] = need / peak - 1
+        print(f"{label:20} {fit:6} {need / MiB:11,.0f} MiB {peak / MiB:14,.0f} MiB {lost[label, fit]:14.1%}")
+rc = "liveness + recompute"
+expect("with recomputation, first fit loses a few percent of the arena to holes, and best fit loses less here",
+       0.01 < lost[rc, "first"] < 0.10 and lost[rc, "best"] < lost[rc, "first"],
+       why="tensors of many sizes come and go during backward, and leave holes between them.")
+expect("under superneurons(), little or nothing is lost (under 2%), with either fit",
+       max(lost["superneurons()", fit] for fit in ("first", "best")) < 0.02,
+       why="the LRU cache moves tensors to the host whenever an allocation fails, which also opens holes where "
+           "they are needed: the arena shrinks until the holes are used.")
 
 # %% [markdown]
 # ## Exercise

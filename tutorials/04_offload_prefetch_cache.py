@@ -16,10 +16,7 @@
 # Run it: `python tutorials/04_offload_prefetch_cache.py` from the repository root (after
 # `pip install -e .`), or cell by cell (`# %%` cells in VS Code or Jupyter). About 3 s; no GPU.
 
-# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
-import os
-from pathlib import Path
-
+# %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite
 from snlite import BudgetError, MemoryConfig, Scheduler, simulate
 from snlite.adversary import AdversarialDevice
@@ -27,28 +24,9 @@ from snlite.checker import find_races
 from snlite.data import synthetic
 from snlite.demo import small_cnn
 from snlite.placement import smallest_budget
-from snlite.program import Wait
+from snlite.program import Copy, Free, Launch, Wait
 from snlite.train import Model
-
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
-OUT.mkdir(parents=True, exist_ok=True)
-MiB = 2**20
-
-
-def save_plot(kind, data, name, **kwargs):
-    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
-    try:
-        getattr(plot, kind)(data, OUT / name, **kwargs)
-        print(f"plot saved: {OUT / name}")
-    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
-        print(f"plot {name} skipped: {e}")
+from snlite.lesson import MiB, QUICK, expect, save_plot  # noqa: F401  (expect: claims the lesson checks)
 
 
 # %% [markdown]
@@ -71,8 +49,11 @@ for tr in plan.transfers:
 print("\nthe plan's rows that move data (Scheduler.plan().table()):")
 rows = plan.table().splitlines()
 print("\n".join([rows[0]] + [r for r in rows[1:] if any(w in r for w in ("offload", "release", "prefetch"))]))
-# What you should see: conv1..conv4 travel; conv5 stays (its output is needed again as soon as backward
-# reaches it). Each comes back when backward starts the CONV after it, one segment before it is read.
+moved = [tr.tensor for tr in plan.transfers]
+expect("conv1..conv4 travel to the host and back; conv5 stays", moved == ["conv1", "conv2", "conv3", "conv4"],
+       why="conv5's output is needed again as soon as backward reaches it.")
+expect("each comes back when backward starts the CONV after it, one segment before it is read",
+       all(layer_of[tr.prefetch_before] == f"conv{k + 2} backward" for k, tr in enumerate(plan.transfers)))
 
 # %% [markdown]
 # ## The mechanics, as a program: pinned memory, three streams, events
@@ -89,11 +70,19 @@ rows = program.table().splitlines()
 out_copy = next(i for i, r in enumerate(rows) if "device -> host" in r)
 back_copy = next(i for i, r in enumerate(rows) if "host -> device (prefetch" in r)
 print("\n".join(rows[:2] + rows[out_copy - 5:out_copy + 10] + ["   ..."] + rows[back_copy - 3:back_copy + 7]))
-# What you should see: conv1's forward, then an event on compute that copy_out waits for, the copy
-# (221.6 MiB at batch 200) and an event on copy_out; relu1, norm1 and pool1 are launched while the
-# copy is in flight; only before conv1's block is freed (for conv2) does compute wait for it. In
-# backward, conv4 comes back on copy_in while conv5's backward runs, and compute waits for it just
-# before relu4's backward reads it.
+body = program.body
+k = next(i for i, ins in enumerate(body) if isinstance(ins, Copy) and ins.tensor == "conv1" and ins.why == "offload")
+release = next(i for i in range(k, len(body)) if isinstance(body[i], Wait) and body[i].why == "release")
+expect("conv1's copy to the host waits for an event recorded on compute after conv1's forward (ready)",
+       isinstance(body[k - 1], Wait) and body[k - 1].why == "ready" and body[k - 1].stream == "copy_out")
+expect("relu1, norm1 and pool1 are launched while the copy is in flight; compute waits for it only before "
+       "freeing conv1's block", [i.layer for i in body[k:release] if isinstance(i, Launch)] == ["relu1", "norm1", "pool1"]
+       and isinstance(body[release + 1], Free) and body[release + 1].tensor == "conv1")
+back = next(i for i, ins in enumerate(body) if isinstance(ins, Copy) and ins.tensor == "conv4" and ins.why == "prefetch")
+landed = next(i for i in range(back, len(body)) if isinstance(body[i], Wait) and body[i].why == "landed")
+expect("in backward, conv4 comes back on copy_in while conv5's backward runs; compute waits for it just before "
+       "relu4's backward reads it", [i.layer for i in body[back:landed] if isinstance(i, Launch)] == ["conv5"]
+       and isinstance(body[landed + 1], Launch) and body[landed + 1].layer == "relu4")
 
 # %% [markdown]
 # ## Watching the streams overlap
@@ -147,10 +136,13 @@ dev.ran.clear()
 model.step(x, labels, lr=0.01)
 offload = next(i for i, r in enumerate(dev.ran) if "device -> host" in r)
 print("\n".join(dev.ran[offload - 6:offload + 2]))
-# What you should see: the batch arrives on copy_in; the copy of conv1's output to the host runs *after*
-# the kernels that followed conv1 (its bias, batch norm and relu): compute ran ahead while the copy
-# waited, as it may on a GPU, until compute had to free conv1's block for the next conv and waited for
-# the copy. Every wait in the program holds, so the numbers are right (next cell).
+ran = dev.ran
+convs = [i for i, r in enumerate(ran) if "conv2d_forward" in r]
+expect("the batch arrives on copy_in first", ran[0].startswith("copy_in") and "host -> device" in ran[0])
+expect("the copy of conv1's output to the host runs after the kernels that followed conv1 (its bias, batch norm "
+       "and relu) and before the next conv", convs[0] + 3 < offload < convs[1],
+       why="compute ran ahead while the copy waited, as it may on a GPU, until compute had to free conv1's block "
+           "for the next conv and waited for the copy. Every wait in the program holds, so the numbers are right.")
 
 # %% [markdown]
 # ## Remove one wait: the race checker and the wrong numbers
@@ -181,10 +173,15 @@ print(f"host device, broken program:          {three_steps('host', broken)}")
 print(f"adversarial device, intact program:   {three_steps(AdversarialDevice('late'))}")
 print(f"adversarial device, broken program:   {three_steps(AdversarialDevice('late'), broken)}")
 print(f"the right losses:                     {right}")
-# What you should see: the checker names the copy of conv1 to the host and the free of its block, on two
-# streams with nothing ordering them, and says which wait is missing. The host device (one stream at a
-# time) trains the broken program to the right losses; the adversarial device does not: its compute
-# stream overwrote conv1's block before the copy read it.
+first, second = races[0].first, races[0].second
+expect("the checker names the copy of conv1 to the host and the free of its block, on two streams with nothing "
+       "ordering them", first.tensor == "conv1" and isinstance(broken.body[first.at[1]], Copy)
+       and isinstance(broken.body[second.at[1]], Free) and first.stream != second.stream)
+expect("the host device (one stream at a time) trains the broken program to the right losses; the adversarial "
+       "device trains the intact one to them too, and the broken one to other losses",
+       three_steps("host", broken) == right == three_steps(AdversarialDevice("late"))
+       and three_steps(AdversarialDevice("late"), broken) != right,
+       why="the adversarial device's compute stream overwrote conv1's block before the copy read it.")
 
 # %% [markdown]
 # ## What offload saves, and what it moves
@@ -199,9 +196,11 @@ for label, tr in counted.items():
 print(f"moved: {t.d2h_bytes / MiB:,.1f} MiB to the host, {t.h2d_bytes / MiB:,.1f} MiB back, host peak "
       f"{t.host_peak_bytes / MiB:,.1f} MiB; the plan's transfers add up to {planned / MiB:,.1f} MiB: "
       f"{planned == t.d2h_bytes == t.h2d_bytes}")
-# What you should see: True, and a peak a quarter lower: the CONV outputs no longer wait on the device
-# for backward. The price is the PCIe traffic, hidden behind compute on a GPU when the copy is shorter
-# than the layers it overlaps.
+saved = 1 - t.peak_bytes / counted["liveness"].peak_bytes
+expect(f"the bytes moved are the plan's transfers, and the peak is about a quarter lower ({saved:.0%})",
+       planned == t.d2h_bytes == t.h2d_bytes and 0.2 < saved < 0.3,
+       why="the CONV outputs no longer wait on the device for backward. The price is the PCIe traffic, hidden "
+           "behind compute on a GPU when the copy is shorter than the layers it overlaps.")
 save_plot("plot_compare_timelines", counted, "04_alexnet_offload.png",
           title=f"AlexNet batch {batch}: liveness, then eager offload (paper count)")
 
@@ -222,7 +221,7 @@ low = smallest_budget(net, configs["superneurons()"])
 steps = 3 if QUICK else 6
 budgets = [None] + [(low + (top - low) * k // steps) // 1024 * 1024 for k in range(steps - 1, -1, -1)]
 print(f"{'config':16} {'budget':>10} {'peak':>10} {'to host':>10} {'back':>10} {'hits':>5} {'misses':>6}")
-sweep = []
+sweep, eager_fits = [], []
 for budget in budgets:
     for label, cfg in configs.items():
         text = f"{budget / MiB:6,.0f} MiB" if budget else " unlimited"
@@ -235,16 +234,19 @@ for budget in budgets:
               f"{tr.h2d_bytes / MiB:6,.0f} MiB {tr.cache_hits:5d} {tr.cache_misses:6d}")
         if label == "superneurons()":
             sweep.append((budget, tr))
-moved = [tr.d2h_bytes + tr.h2d_bytes for _, tr in sweep]
-print(f"\ncache traffic never falls as the budget shrinks: {all(a <= b for a, b in zip(moved, moved[1:]))}; "
-      f"nothing moves at the unlimited budget: {moved[0] == 0}")
-# What you should see: with the cache, no traffic at all until the budget bites, then traffic and misses
-# grow as the budget shrinks, down to the smallest budget. Eager offload moves the same bytes at every
-# budget and stops fitting well before the cache does. That is the paper's AlexNet result: with the cache
-# nothing moved until batch 896. "back" can exceed "to host": a tensor evicted a second time while its
-# host copy is still valid needs no new copy, but it comes back each time it is read. The unlimited run's
-# peak is the highest because nothing is moved and `workspace="dynamic"` takes the fastest convolution
-# workspaces while memory is free; as the budget shrinks it picks smaller ones (tutorial 06).
+        else:
+            eager_fits.append(budget)
+traffic = [tr.d2h_bytes + tr.h2d_bytes for _, tr in sweep]
+expect("with the cache, no traffic at all until the budget bites, then traffic grows as the budget shrinks, down "
+       "to the smallest budget", traffic[0] == 0 and all(a <= b for a, b in zip(traffic, traffic[1:]))
+       and traffic[-1] > 0 and len(sweep) == len(budgets),
+       why="that is the paper's AlexNet result: with the cache nothing moved until batch 896. \"back\" can exceed "
+           "\"to host\": a tensor evicted a second time while its host copy is still valid needs no new copy, but "
+           "it comes back each time it is read.")
+expect("eager offload stops fitting well before the cache does", len(eager_fits) < len(sweep),
+       why="it moves the same bytes at every budget, whatever the budget. The unlimited run's peak is the highest "
+           "because nothing is moved and workspace=\"dynamic\" takes the fastest convolution workspaces while "
+           "memory is free; as the budget shrinks it picks smaller ones (tutorial 06).")
 save_plot("plot_compare_timelines", {f"budget {b / MiB:,.0f} MiB" if b else "unlimited": tr
                                      for b, tr in (sweep[0], sweep[-1])},
           "04_alexnet_cache_budget.png", title=f"AlexNet batch {batch}, superneurons(): unlimited vs smallest budget")

@@ -13,34 +13,12 @@
 # Run it: `python tutorials/05_recompute.py` from the repository root (after `pip install -e .`), or cell
 # by cell (`# %%` cells in VS Code or Jupyter). About 2 s; no GPU.
 
-# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
-import os
-from pathlib import Path
-
+# %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite
 from snlite import MemoryConfig, Scheduler, simulate
+from snlite.lesson import MiB, QUICK, expect, save_plot
 from snlite.recompute import choose_strategies, segments, step_bytes
 from snlite.scheduler import PERSISTENT_KINDS
-
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
-OUT.mkdir(parents=True, exist_ok=True)
-MiB = 2**20
-
-
-def save_plot(kind, data, name, **kwargs):
-    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
-    try:
-        getattr(plot, kind)(data, OUT / name, **kwargs)
-        print(f"plot saved: {OUT / name}")
-    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
-        print(f"plot {name} skipped: {e}")
 
 
 # %% [markdown]
@@ -69,8 +47,10 @@ print(f"{'checkpoint':10} {'segment (dropped after forward)':32} {'sum l^f + l^b
 for root, ms in members.items():
     need = sum(l_f[m] for m in ms) + max(l_b[m] for m in ms)
     print(f"{root:10} {' '.join(ms):32} {need / MiB:18,.1f}  {chosen[root]}-centric")
-# What you should see: the big early segments (conv1's and conv2's, with their LRN) exceed l_peak and
-# go memory-centric; the small later ones are rebuilt once (speed-centric).
+expect("the big early segments (conv1's and conv2's, with their LRN) exceed l_peak and go memory-centric; the "
+       "small later ones are rebuilt once (speed-centric)",
+       chosen["conv1"] == chosen["conv2"] == "memory"
+       and all(chosen[r] == "speed" for r in members if r not in ("conv1", "conv2")))
 
 # %% [markdown]
 # ## What the plan does: recompute ops
@@ -79,17 +59,23 @@ for root, ms in members.items():
 # each one serves.
 
 # %%
+reruns = {}
 for strategy in ("speed", "memory", "cost_aware"):
     ops = Scheduler(net, MemoryConfig(liveness=True, recompute=strategy)).plan().ops
     backward = {p.op.step: p.op.layer for p in ops if p.op.phase == "backward"}
-    reruns = [f"{p.op.layer}(for {backward[p.op.step]})" for p in ops
-              if p.op.phase == "recompute" and root_of.get(p.op.layer) == "conv1"]
-    print(f"{strategy:10} {len(reruns):2d} re-runs: {' '.join(reruns)}")
-# What you should see: speed-centric re-runs relu1, norm1 and pool1 once, before the first backward step
-# that needs them (conv2's backward reads pool1), and keeps them; memory-centric rebuilds the chain from
-# conv1 again for every backward step that reads one of them (pooling and LRN backward read both x and y),
-# and frees it after that step; cost-aware does the same as memory-centric here, because this segment does
-# not fit under l_peak (first table).
+    reruns[strategy] = [f"{p.op.layer}(for {backward[p.op.step]})" for p in ops
+                        if p.op.phase == "recompute" and root_of.get(p.op.layer) == "conv1"]
+    print(f"{strategy:10} {len(reruns[strategy]):2d} re-runs: {' '.join(reruns[strategy])}")
+expect("speed-centric re-runs relu1, norm1 and pool1 once, before the first backward step that needs them "
+       "(conv2's backward reads pool1), and keeps them",
+       reruns["speed"] == ["relu1(for conv2)", "norm1(for conv2)", "pool1(for conv2)"])
+expect("memory-centric rebuilds the chain from conv1 again for every backward step that reads one of them, and "
+       "cost-aware does the same here",
+       len(reruns["memory"]) > len(reruns["speed"]) and reruns["cost_aware"] == reruns["memory"]
+       and {r.split("(")[1] for r in reruns["memory"]} == {"for conv2)", "for pool1)", "for norm1)", "for relu1)"},
+       why="pooling and LRN backward read both x and y, so each of those steps needs the chain rebuilt up to it, "
+           "and memory-centric frees it after that step; cost-aware picks memory-centric for this segment "
+           "because it does not fit under l_peak (first table).")
 
 # %% [markdown]
 # ## Re-runs and FLOPs against peak, AlexNet and a ResNet
@@ -99,7 +85,7 @@ for strategy in ("speed", "memory", "cost_aware"):
 # %%
 resnet_batch = 16 if QUICK else 32
 nets = {f"alexnet ({batch})": net, f"resnet50 ({resnet_batch})": snlite.models.resnet(50, batch=resnet_batch)}
-rows, print_rows = [], []
+rows, all_results = [], {}
 print(f"{'network':16} {'recompute':11} {'re-runs':>8} {'extra FLOPs':>12} {'peak MiB':>9} {'l_peak MiB':>11} "
       f"{'peak/l_peak':>12}")
 for label, g in nets.items():
@@ -112,15 +98,34 @@ for label, g in nets.items():
         if label.startswith("alexnet"):
             rows.append({"label": strategy, "peak_bytes": tr.peak_bytes, "extra_flops": tr.extra_flops,
                          "base_flops": g.flops()})
-    r = results
-    print(f"{'':16} cost-aware: peak {'<=' if r['cost_aware'].peak_bytes <= r['speed'].peak_bytes else '>'} "
-          f"speed-centric's, re-runs {r['cost_aware'].recompute_count} between speed's "
-          f"{r['speed'].recompute_count} and memory's {r['memory'].recompute_count}: "
-          f"{r['speed'].recompute_count <= r['cost_aware'].recompute_count <= r['memory'].recompute_count}")
-# What you should see: recomputation costs a few percent of a forward pass at most. On AlexNet
-# memory-centric and cost-aware reach peak/l_peak = 1.00, the paper's goal, and cost-aware needs fewer
-# re-runs. On the ResNet the ratio stays above 1: the outputs of the residual adds are checkpoints
-# that stay on the device, and they add up over the blocks.
+    all_results[label] = (g, results)
+for label, (g, r) in all_results.items():
+    expect(f"{label}: cost-aware's peak is at most speed-centric's, and its re-runs lie between speed's and "
+           f"memory's ({r['speed'].recompute_count} <= {r['cost_aware'].recompute_count} <= "
+           f"{r['memory'].recompute_count})",
+           r["cost_aware"].peak_bytes <= r["speed"].peak_bytes
+           and r["speed"].recompute_count <= r["cost_aware"].recompute_count <= r["memory"].recompute_count)
+expect("recomputation costs a few percent of a forward pass at most",
+       all(tr.extra_flops < 0.05 * g.flops() for g, r in all_results.values() for tr in r.values()))
+alex = all_results[f"alexnet ({batch})"][1]
+map_bytes = net.tensors()["conv1"].nbytes  # one 96 x 55 x 55 map of the batch
+at_peak = alex["cost_aware"].peak_tensors
+expect(f"on AlexNet memory-centric and cost-aware reach the same peak, {alex['cost_aware'].peak_bytes / MiB:,.1f} "
+       f"MiB, with fewer re-runs for cost-aware: exactly the l_peak of the first table, but "
+       f"{alex['cost_aware'].ratio:.2f} x the l_peak column of this one; not the paper's 1.00",
+       alex["memory"].peak_bytes == alex["cost_aware"].peak_bytes == l_peak == 4 * map_bytes
+       and alex["cost_aware"].l_peak_bytes == 3 * map_bytes and len(at_peak) == 4 and "conv1" in dict(at_peak)
+       and alex["cost_aware"].recompute_count < alex["memory"].recompute_count,
+       why="the two l_peaks count norm1's backward step differently: the cost-aware rule (first table) counts "
+           "the tensors it reads and writes, x, y, dy and dx, four 96x55x55 maps; the trace counts buffers, and "
+           "dx is written into dy's, so three. The peak itself holds four such maps, while norm1 is rebuilt for "
+           "its own backward step: the checkpoint conv1 (relu1's backward still reads it), relu1 and norm1 "
+           "rebuilt from it, and norm1's gradient.")
+resnet = all_results[f"resnet50 ({resnet_batch})"][1]
+expect(f"on the ResNet the ratio stays well above 1 ({resnet['cost_aware'].ratio:.2f} for cost-aware)",
+       resnet["cost_aware"].ratio > 1.5,
+       why="the outputs of the residual adds are checkpoints that stay on the device, and they add up over the "
+           "blocks.")
 save_plot("plot_tradeoff", rows, "05_alexnet_recompute_tradeoff.png",
           title=f"AlexNet batch {batch}: peak (paper count) against recomputation")
 

@@ -15,46 +15,27 @@
 # Jupyter). About 25 s on a laptop CPU; 10 s with SNLITE_TUTORIAL_QUICK=1. No GPU: the host
 # device runs each kernel's NumPy reference (`device="auto"` would pick a real GPU when there is one).
 
-# %% Setup: the quick flag, the output folder, and plots that never stop the lesson
-import os
+# %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import time
-from pathlib import Path
 
 import numpy as np
 
 import snlite
 from snlite import BudgetError, MemoryConfig, Model, simulate
 from snlite.data import digits, synthetic
+from snlite.lesson import GiB, KiB, QUICK, expect, save_plot
 from snlite.placement import smallest_budget
-
-QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
-HERE = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
-OUT = Path(os.environ.get("SNLITE_TUTORIAL_OUT") or HERE / "out")
-OUT.mkdir(parents=True, exist_ok=True)
-KiB, MiB, GiB = 2**10, 2**20, 2**30
-
-
-def save_plot(kind, data, name, **kwargs):
-    """snlite.plot.<kind>(data, OUT / name); without matplotlib, one line and the lesson goes on."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
-    try:
-        getattr(plot, kind)(data, OUT / name, **kwargs)
-        print(f"plot saved: {OUT / name}")
-    except plot.PlotUnavailable as e:  # matplotlib is not installed; the message says how to install it
-        print(f"plot {name} skipped: {e}")
 
 
 # %% [markdown]
 # ## The data and the network
 
 # %%
+real_digits = True
 try:
     train, test = digits(standardize=True)  # scikit-learn's bundled digits, no download
 except ImportError:
+    real_digits = False
     print('scikit-learn is missing (pip install -e ".[digits]"): using synthetic 8x8 images instead')
     train = synthetic(1400, (1, 8, 8), 10, seed=0)
     test = synthetic(360, (1, 8, 8), 10, seed=1)
@@ -78,12 +59,17 @@ sn = MemoryConfig.superneurons(budget_bytes=need)
 base = MemoryConfig.baseline()
 print(f"baseline peak {simulate(g, base).peak_bytes / KiB:,.0f} KiB; superneurons() runs in {need / KiB:,.0f} KiB")
 print(snlite.Scheduler(g, sn))
+refused = None
 try:
     Model(g, sn.replace(budget_bytes=need - 16 * KiB), device="host")
 except BudgetError as e:
-    print(f"\n16 KiB less is refused before anything runs:\n  {str(e)[:300]}...")
-# What you should see: every stage on; a budget below the smallest is an error that names the step, the
-# live tensors and the smallest budget that works, raised before a single kernel runs.
+    refused = str(e)
+    print(f"\n16 KiB less is refused before anything runs:\n  {refused[:300]}...")
+expect("every stage on", sn.liveness and sn.offload and sn.cache and sn.recompute == "cost_aware"
+       and sn.workspace == "dynamic")
+expect("a budget below the smallest is refused with an error that names the step, the live tensors and the "
+       "smallest budget that works, raised while the model is built, before a single kernel runs",
+       refused is not None and "at step" in refused and "Live there" in refused and f"{need:,d}" in refused)
 
 # %% [markdown]
 # ## Train both, side by side, and compare every bit
@@ -112,12 +98,16 @@ pa, pb = models["baseline"].params, models["superneurons"].params
 same_losses = losses["baseline"] == losses["superneurons"]
 same_weights = all(np.array_equal(pa[n], pb[n]) for n in pa)
 print(f"{len(losses['baseline'])} steps x 2 models in {seconds:.1f} s")
-print(f"losses identical: {same_losses}; all {len(pa)} weight and buffer tensors bit-identical: {same_weights}")
 after = {k: m.evaluate(test.x, test.labels) for k, m in models.items()}
 print(f"test accuracy: {before:.1%} before training; after: {after['baseline']:.1%} (baseline), "
       f"{after['superneurons']:.1%} (superneurons), chance {1 / train.num_classes:.0%}")
-# What you should see: True and True, and the same accuracy for both (about 95% on the digits after three
-# epochs). The optimizations change where tensors live and when, never what is computed.
+expect(f"the same losses at every step, and all {len(pa)} weight and buffer tensors bit-identical",
+       same_losses and same_weights,
+       why="the optimizations change where tensors live and when, never what is computed.")
+expect("the same test accuracy for both, above chance" + ("" if QUICK or not real_digits else
+                                                          " (above 90% on the digits after three epochs)"),
+       after["baseline"] == after["superneurons"] > 1 / train.num_classes
+       and (QUICK or not real_digits or after["baseline"] > 0.9))
 
 # %% [markdown]
 # ## Read the trace of the last training step
@@ -128,15 +118,16 @@ tr = m.trace
 print(tr.summary())
 planned = simulate(g, sn)  # one iteration as planned on the meta device
 print(f"\nthe plan on the meta device: peak {planned.peak_bytes:,d} bytes; this run on the host device: "
-      f"{tr.peak_bytes:,d}; equal: {planned.peak_bytes == tr.peak_bytes}")
+      f"{tr.peak_bytes:,d}")
 print(f"largest tensors at the peak: {', '.join(f'{n} ({b // KiB} KiB)' for n, b in tr.peak_tensors[:4])}")
 rows = planned.table().splitlines()
 print(f"\nthe ops around the peak (op {planned.peak_op}), KiB by category:")
 print("\n".join([rows[0]] + rows[1 + max(0, planned.peak_op - 4):planned.peak_op + 4]))
-# What you should see: some KiB to the host and back with a few cache misses (the budget is tight),
-# several recomputed layer forwards (phase "recompute" around the peak), and a planned peak equal to the
-# executed one (True): the meta device makes the same allocations from the same pool as the host and
-# CUDA devices.
+expect("some KiB to the host and back with a few cache misses (the budget is tight), and several recomputed "
+       "layer forwards (phase \"recompute\" around the peak)",
+       tr.d2h_bytes > 0 and tr.h2d_bytes > 0 and tr.cache_misses > 0 and tr.recompute_count > 1)
+expect("the planned peak equals the executed one, byte for byte", planned.peak_bytes == tr.peak_bytes,
+       why="the meta device makes the same allocations from the same pool as the host and CUDA devices.")
 save_plot("plot_compare_timelines", {k: mm.trace for k, mm in models.items()}, "07_digits_train_step.png",
           title="digits CNN, one training step: baseline vs superneurons() at its smallest budget")
 
@@ -196,22 +187,28 @@ def deepest(config):
     return lo, hi, guess, probes[0]
 
 
-results = {}
+results, guesses = {}, {}
 print(f"{'configuration':14} {'fits':>12} {'does not fit':>13} {'first guess':>12} {'probes':>7} {'seconds':>8}")
 for label, config in (("baseline", MemoryConfig()), ("superneurons", MemoryConfig.superneurons())):
     t0 = time.perf_counter()
     lo, hi, guess, probes = deepest(config)
-    results[label] = lo
+    results[label], guesses[label] = lo, guess
     print(f"{label:14} {'ResNet-' + str(3 * lo + 2) if lo else '-':>12} "
           f"{'ResNet-' + str(3 * hi + 2) if hi else '(not tried)':>13} "
           f"{'ResNet-' + str(3 * guess + 2):>12} {probes:7d} {time.perf_counter() - t0:8.1f}")
 if results["baseline"] and results["superneurons"]:
     print(f"superneurons goes at least {results['superneurons'] / results['baseline']:.1f}x deeper than the baseline "
           f"(the paper: 1920 / 148 = {1920 / 148:.1f}x Caffe, 3.24x TensorFlow)")
-# What you should see: several times deeper with superneurons() than the baseline. The straight line
-# guesses the baseline almost exactly, but not superneurons(): with the cache, tensors leave the device
-# when the budget is reached, so the peak of a run without the cache is the wrong yardstick. The search
-# pays for that with extra probes. (`snlite maxdepth` runs the same experiment from the command line.)
+base_units, sn_units = results["baseline"], results["superneurons"]
+expect("several times deeper with superneurons() than the baseline",
+       base_units and sn_units and sn_units >= 3 * base_units)
+expect("the straight line guesses the baseline almost exactly (within 5%), but not superneurons() (off by more "
+       "than 10%)",
+       abs(guesses["baseline"] - base_units) <= 0.05 * base_units
+       and abs(guesses["superneurons"] - sn_units) > 0.1 * sn_units,
+       why="with the cache, tensors leave the device when the budget is reached, so the peak of a run without "
+           "the cache is the wrong yardstick. The search pays for that with extra probes. (`snlite maxdepth` "
+           "runs the same experiment from the command line.)")
 
 # %% [markdown]
 # ## Exercise

@@ -1,0 +1,283 @@
+"""Every grader rejects planted wrong solutions, deterministically (docs/INSTRUCTORS.md).
+
+Each planted bug is a plausible wrong answer to one assignment: no coalescing, an off-by-one in
+the block rounding, freeing one step early, the wrong tie-break, an untiled kernel, a prefetch one
+segment late, ``<`` for ``<=``... For each, the graders of that assignment run in this process
+(pytester) with the bug patched in, and with every hypothesis test deselected: the rejection must
+come from a fixed case, so that every grading run rejects the bug, whatever seed hypothesis draws.
+A control run without any bug must pass the same deselected graders.
+
+This file holds near-solutions, so it is left out of the student copy (``INSTRUCTOR_ONLY``).
+"""
+import bisect
+import dataclasses
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import hypothesis.strategies  # noqa: F401  (imported here so each inner run does not import it again: 1 s each)
+import pytest
+
+from snlite import liveness, offload, recompute
+from snlite.pool import TensorPool
+
+pytest_plugins = ("pytester",)
+
+GRADERS = str(Path(__file__).resolve().parent / "test_assignments.py")
+
+
+# ---------------------------------------------------------------- assignment 1: liveness analysis
+def frees_one_step_early(steps, persistent=frozenset()):
+    first, last = ORIGINAL[liveness, "first_and_last_use"](steps, persistent)
+    return first, {t: max(first[t], i - 1) for t, i in last.items()}
+
+
+def counts_weights_as_live(steps, persistent=frozenset()):
+    return ORIGINAL[liveness, "first_and_last_use"](steps, frozenset())
+
+
+def rescans_the_route_per_step(steps, persistent=frozenset()):
+    """The paper's O(N^2) construction: right answers, but every step rescans the whole route."""
+    out = []
+    for i in range(len(steps)):
+        uses = {}
+        for j, s in enumerate(steps):
+            for t in (*s.reads, *s.writes):
+                if t not in persistent:
+                    uses.setdefault(t, []).append(j)
+        order = list(uses)
+        out.append(liveness.StepLiveness(
+            i, tuple(t for t in order if uses[t][0] < i <= uses[t][-1]),
+            tuple(t for t in order if uses[t][0] <= i < uses[t][-1]), tuple(t for t in order if uses[t][-1] == i)))
+    return out
+
+
+# ---------------------------------------------------------------- assignment 2: the pool allocator
+def free_without_coalescing(self, offset):
+    size = self._release(offset)
+    bisect.insort(self._free, (offset, size))
+
+
+def free_merging_the_right_neighbour_only(self, offset):
+    start, end = offset, offset + self._release(offset)
+    i = bisect.bisect_left(self._free, (offset,))
+    if i < len(self._free) and self._free[i][0] == end:
+        end += self._free.pop(i)[1]
+    self._free.insert(i, (start, end - start))
+
+
+def alloc_rounding_down(self, nbytes, name, step=None):
+    return ORIGINAL[TensorPool, "alloc"](self, max(1, nbytes // self.block_bytes * self.block_bytes), name, step)
+
+
+def alloc_one_block_too_many_at_exact_multiples(self, nbytes, name, step=None):
+    exact = nbytes % self.block_bytes == 0
+    return ORIGINAL[TensorPool, "alloc"](self, nbytes + 1 if exact else nbytes, name, step)
+
+
+def best_fit_ties_to_the_highest_address(self, need):
+    if self.fit == "first":
+        return ORIGINAL[TensorPool, "_find"](self, need)
+    fits = [(size, -off, i) for i, (off, size) in enumerate(self._free) if size >= need]
+    return min(fits)[2] if fits else None
+
+
+def first_fit_takes_the_last_region(self, need):
+    if self.fit != "first":
+        return ORIGINAL[TensorPool, "_find"](self, need)
+    return next((i for i in reversed(range(len(self._free))) if self._free[i][1] >= need), None)
+
+
+# ---------------------------------------------------------------- assignment 3: the tiled GEMM kernel
+def gemm_kernels():
+    """Wrong v2 kernels, built on first use (numba is imported by then, on the simulator)."""
+    from numba import cuda, float32
+
+    from kernels.gemm import _epilogue
+
+    @cuda.jit
+    def sums_k_backwards(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
+        col, row = cuda.grid(2)
+        m_, n_ = c.shape
+        k_ = a.shape[0] if trans_a else a.shape[1]
+        if row < m_ and col < n_:
+            acc = float32(0.0)
+            for k in range(k_ - 1, -1, -1):
+                av = a[k, row] if trans_a else a[row, k]
+                bv = b[col, k] if trans_b else b[k, col]
+                acc += av * bv
+            c[row, col] = _epilogue(acc, c[row, col] if use_beta else float32(0.0), alpha, beta, use_beta)
+
+    @cuda.jit
+    def reads_c_even_when_beta_is_zero(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
+        col, row = cuda.grid(2)
+        m_, n_ = c.shape
+        k_ = a.shape[0] if trans_a else a.shape[1]
+        if row < m_ and col < n_:
+            acc = float32(0.0)
+            for k in range(k_):
+                av = a[k, row] if trans_a else a[row, k]
+                bv = b[col, k] if trans_b else b[k, col]
+                acc += av * bv
+            c[row, col] = alpha * acc + beta * c[row, col]
+
+    return {"sums k backwards": sums_k_backwards, "reads C even when beta is 0": reads_c_even_when_beta_is_zero}
+
+
+# ---------------------------------------------------------------- assignment 4: offload and prefetch
+def releases_one_op_early(ops, graph):
+    return [dataclasses.replace(t, release_before=t.release_before - 1)
+            for t in ORIGINAL[offload, "schedule"](ops, graph)]
+
+
+def prefetches_one_segment_late(ops, graph):
+    """The copy back starts when backward reaches the tensor's own CONV, after the step before reads it."""
+    own = {graph.output_tensor(op.layer): op.index for op in ops if op.phase == "backward"}
+    return [dataclasses.replace(t, prefetch_before=own[t.tensor]) for t in ORIGINAL[offload, "schedule"](ops, graph)]
+
+
+def never_prefetches(ops, graph):
+    return [dataclasses.replace(t, prefetch_before=None) for t in ORIGINAL[offload, "schedule"](ops, graph)]
+
+
+def keeps_the_first_conv_output(ops, graph):
+    return ORIGINAL[offload, "schedule"](ops, graph)[1:]
+
+
+# ---------------------------------------------------------------- assignment 5: cost-aware recomputation
+def cost_aware_rule(compare, with_backward=True):
+    def choose(graph, strategy, persistent):
+        if strategy != "cost_aware":
+            return ORIGINAL[recompute, "choose_strategies"](graph, strategy, persistent)
+        steps, tensors = graph.steps(), graph.tensors()
+        sizes = recompute.step_bytes(steps, tensors, persistent)
+        fwd = {s.layer: sizes[s.index] for s in steps if s.phase == "forward"}
+        bwd = {s.layer: sizes[s.index] for s in steps if s.phase == "backward"}
+        members = {}
+        for layer, root in recompute.segments(graph).items():
+            members.setdefault(root, []).append(layer)
+        return {r: "speed" if compare(sum(fwd[m] for m in ms) + (max(bwd[m] for m in ms) if with_backward else 0),
+                                      max(sizes)) else "memory" for r, ms in members.items()}
+
+    return choose
+
+
+def speed_centric_everywhere(graph, strategy, persistent):
+    return ORIGINAL[recompute, "choose_strategies"](graph, "speed" if strategy == "cost_aware" else strategy,
+                                                    persistent)
+
+
+ORIGINAL = {(liveness, "first_and_last_use"): liveness.first_and_last_use, (liveness, "analyze"): liveness.analyze,
+            (TensorPool, "free"): TensorPool.free, (TensorPool, "alloc"): TensorPool.alloc,
+            (TensorPool, "_find"): TensorPool._find, (offload, "schedule"): offload.schedule,
+            (recompute, "choose_strategies"): recompute.choose_strategies}
+
+# (assignment, the wrong solution): (object, attribute, replacement)
+PLANTED = {
+    (1, "frees each tensor one step early"): (liveness, "first_and_last_use", frees_one_step_early),
+    (1, "counts weights as live"): (liveness, "first_and_last_use", counts_weights_as_live),
+    (1, "rescans the route for every step (O(N^2))"): (liveness, "analyze", rescans_the_route_per_step),
+    (2, "no coalescing"): (TensorPool, "free", free_without_coalescing),
+    (2, "coalesces with the right neighbour only"): (TensorPool, "free", free_merging_the_right_neighbour_only),
+    (2, "off-by-one alignment: rounds down to whole blocks"): (TensorPool, "alloc", alloc_rounding_down),
+    (2, "off-by-one alignment: an extra block at exact multiples"):
+        (TensorPool, "alloc", alloc_one_block_too_many_at_exact_multiples),
+    (2, "best fit breaks ties toward the highest address"): (TensorPool, "_find", best_fit_ties_to_the_highest_address),
+    (2, "first fit takes the last region that fits"): (TensorPool, "_find", first_fit_takes_the_last_region),
+    (3, "untiled (the naive kernel)"): ("kernels.gemm", "_gemm_v2", "_gemm_v1"),
+    (3, "sums k backwards"): ("kernels.gemm", "_gemm_v2", "sums k backwards"),
+    (3, "reads C even when beta is 0"): ("kernels.gemm", "_gemm_v2", "reads C even when beta is 0"),
+    (4, "releases the device copy one op early"): (offload, "schedule", releases_one_op_early),
+    (4, "prefetches one segment late"): (offload, "schedule", prefetches_one_segment_late),
+    (4, "never prefetches"): (offload, "schedule", never_prefetches),
+    (4, "keeps the first CONV output on the device"): (offload, "schedule", keeps_the_first_conv_output),
+    (5, "< instead of <= against l_peak"): (recompute, "choose_strategies", cost_aware_rule(lambda a, b: a < b)),
+    (5, "forgets the segment's backward step"):
+        (recompute, "choose_strategies", cost_aware_rule(lambda a, b: a <= b, with_backward=False)),
+    (5, "speed-centric everywhere"): (recompute, "choose_strategies", speed_centric_everywhere),
+}
+
+
+class Plant:
+    """A pytest plugin: patches one wrong solution in for the session; deselects the hypothesis tests
+    (the rejection must not depend on a random draw) and the PTX compile (a subprocess, which no
+    planted bug reaches)."""
+
+    def __init__(self, target=None):
+        self.target, self.undo = target, pytest.MonkeyPatch()
+
+    def pytest_sessionstart(self, session):
+        if self.target is not None:
+            self.undo.setattr(*self.target)
+
+    def pytest_sessionfinish(self, session):
+        self.undo.undo()
+
+    def pytest_collection_modifyitems(self, config, items):
+        randomized = [i for i in items if getattr(getattr(i, "obj", None), "is_hypothesis_test", False)
+                      or i.name == "test_a3_v2_compiles_for_a_real_gpu"]  # a subprocess: no planted bug reaches it
+        if randomized:
+            items[:] = [i for i in items if i not in randomized]
+            config.hook.pytest_deselected(items=randomized)
+
+
+def target_of(obj, attr, replacement):
+    if isinstance(obj, str):  # a kernel: patch kernels.gemm's module global, which the launcher looks up
+        module = importlib.import_module(obj)
+        kernel = getattr(module, replacement) if replacement.startswith("_") else gemm_kernels()[replacement]
+        return module, attr, kernel
+    return obj, attr, replacement
+
+
+def grade(pytester, markers, target=None, stop_at_first=True):
+    """The graders selected by ``markers`` (``a2``, ``a1 or a2``), run in this process with ``target`` planted.
+
+    The graders module is imported afresh inside the run, after the bug is planted, as a grading
+    run imports it: its ``from snlite.liveness import analyze`` then binds the planted function.
+    (When the whole suite runs, the outer session has imported it already, with the solutions.)"""
+    args = [GRADERS, "-m", markers, "-p", "no:cacheprovider", "-q"] + (["-x"] if stop_at_first else [])
+    graders = {n: m for n, m in sys.modules.items() if getattr(m, "__file__", None) == GRADERS}
+    for name in graders:
+        del sys.modules[name]
+    try:
+        return pytester.inline_run(*args, plugins=[Plant(target)])
+    finally:
+        sys.modules.update(graders)
+
+
+def real_gpu():
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "0"
+
+
+def test_at_least_two_planted_bugs_per_assignment():
+    from snlite.assignments import scan
+
+    numbers = sorted({r.number for r in scan()[0]})
+    per = {k: sum(1 for n, _ in PLANTED if n == k) for k in numbers}
+    assert all(v >= 2 for v in per.values()), f"planted bugs per assignment: {per}"
+
+
+def test_without_a_planted_bug_the_fixed_graders_pass(pytester):
+    numbers = sorted({n for n, _ in PLANTED})
+    rec = grade(pytester, " or ".join(f"a{k}" for k in numbers), stop_at_first=False)
+    passed, skipped, failed = rec.listoutcomes()
+    assert not failed and not rec.getfailedcollections(), \
+        f"the graders fail on the real solution: {[r.nodeid for r in failed]}"
+    ran = {k for k in numbers for r in passed if f"test_a{k}_" in r.nodeid}
+    assert ran == set(numbers), f"no fixed grader passed for assignments {set(numbers) - ran}"
+
+
+@pytest.mark.parametrize("number,bug", sorted(PLANTED), ids=[f"a{n}-{b}" for n, b in sorted(PLANTED)])
+def test_the_graders_reject_each_planted_bug(pytester, number, bug):
+    if number == 3 and real_gpu():
+        pytest.skip("the planted kernels are checked on the simulator (the read-counting grader needs it)")
+    rec = grade(pytester, f"a{number}", target_of(*PLANTED[number, bug]))
+    assert not rec.getfailedcollections(), f"the graders did not even load with {bug!r} planted"
+    passed, skipped, failed = rec.listoutcomes()
+    assert failed, f"assignment {number}: the graders (without hypothesis) accept the wrong solution {bug!r}"
+    assert all(r.when == "call" for r in failed), "a grader errored in setup, not on the planted bug"
+
+
+def test_planting_restores_the_solution():
+    assert all(getattr(obj, attr) is fn for (obj, attr), fn in ORIGINAL.items()), "a planted bug outlived its run"
