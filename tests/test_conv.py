@@ -157,7 +157,14 @@ def test_bit_identical_on_a_real_gpu(rng, op, xs, ws, stride, padding):
 @pytest.mark.parametrize("op", OPS)
 def test_workspace_bytes(op):
     xs, ws, stride, padding = (3, 2, 6, 5), (4, 2, 3, 2), (2, 1), (1, 0)
-    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=2) == 0
+    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=1) == 0
+    # direct needs none, but for backward_filter's split version (v3, its default when chunk > 1): the
+    # partial sums of a chunk's images but the first, (chunk - 1) x Cout x C*KH*KW floats
+    split = 4 * (2 - 1) * 4 * (2 * 3 * 2) if op == "backward_filter" else 0
+    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=2) == split
+    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=9) == 2 * split  # capped at N
+    for version in conv.DIRECT_VERSIONS[op][:2]:
+        assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=2, version=version) == 0
     one = conv.workspace_bytes(op, "im2col", xs, ws, stride, padding)
     _, _, oh, ow = conv.output_shape(xs, ws, stride, padding)
     assert one == 4 * (2 * 3 * 2) * (oh * ow)  # one float32 column buffer: C*KH*KW x OH*OW
