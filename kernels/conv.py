@@ -39,6 +39,7 @@ GPU: it runs the launcher itself on shape-only arrays and records them (``kernel
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
@@ -497,6 +498,31 @@ def launches(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=N
         LAUNCHERS[op](*arrays, stride=stride, padding=padding, algo=algo, chunk=chunk, version=version, block=block,
                       workspace=ShapeArray((need,)) if need else None)
     return out
+
+
+def launch_counts(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None, block=None) -> list:
+    """``launches(...)`` as [(launch, times)], in order of first appearance, at a cost that does
+    not grow with the number of chunks: every chunk between the first and the last launches the
+    same, so the launcher is recorded on a batch of the first chunk and one more, and that one is
+    counted for all the middle chunks (then the last, if it is smaller)."""
+    n = x_shape[0]
+    step = min(int(chunk), n)
+    chunked = algo == "im2col" or (op == "backward_filter" and (version == "v3" or (version is None and step > 1)))
+    if not chunked or n // step <= 3:
+        return list(Counter(launches(op, algo, x_shape, w_shape, stride, padding, chunk, version, block)).items())
+    full, tail = divmod(n, step)
+
+    def record(images):
+        return launches(op, algo, (images,) + tuple(x_shape[1:]), w_shape, stride, padding, chunk, version, block)
+
+    two = record(2 * step)
+    first, middle = two[:len(two) // 2], two[len(two) // 2:]
+    counts = Counter(first)
+    for launch in middle:
+        counts[launch] += full - 1
+    if tail:
+        counts.update(record(step + tail)[len(first):])
+    return list(counts.items())
 
 
 def _versions(op):
