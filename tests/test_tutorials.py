@@ -30,7 +30,9 @@ KEY_LINES = {
                                      r"nothing moves at the unlimited budget: True"],
     "05_recompute.py": [r"cost-aware: peak <= speed-centric's, re-runs \d+ between speed's \d+ and memory's \d+: True"],
     "06_conv_workspace.py": [r"dynamic, unlimited, equals fastest: True",
-                             r"estimated conv time never falls as the budget shrinks: True"],
+                             r"estimated conv time never falls as the budget shrinks: True",
+                             r"at most 2 launches per chunk \(target <= 2\): True",
+                             r"fewest waves [\d.]+ \(.*\) \(target >= 2 on the H200\): True"],
     "07_end_to_end.py": [r"losses identical: True; all \d+ weight and buffer tensors bit-identical: True",
                          r"this run on the host device: [\d,]+; equal: True", r"superneurons\s+ResNet-\d+"],
 }

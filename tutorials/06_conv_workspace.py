@@ -2,8 +2,11 @@
 # # 06 Dynamic convolution workspace
 #
 # What you will learn:
-# - convolution algorithms trade workspace for speed: `direct` needs none; `im2col` + GEMM is about twice as
-#   fast but needs a buffer for the unrolled input, proportional to the images it does at once (its chunk);
+# - convolution algorithms trade workspace for speed: `direct` needs none; `im2col` + GEMM needs a buffer for
+#   the unrolled input, proportional to the images it does at once (its chunk), and runs one GEMM launch per
+#   chunk, so a bigger chunk is fewer launches with more thread blocks each: more of the GPU busy;
+# - where the estimates come from: the launches the kernels themselves make (grid, FLOPs, bytes), costed on a
+#   model H200, and the launch report that shows them for a whole network (`python -m kernels.launches`);
 # - the three policies: `none` (always direct), `fastest` (whatever it needs), `dynamic` (the fastest whose
 #   workspace fits in the largest free block at that moment: after liveness, offload and recomputation have
 #   decided what is resident);
@@ -11,7 +14,8 @@
 #
 # Run it: `python tutorials/06_conv_workspace.py` from the repository root (after `pip install -e .`), or
 # cell by cell (`# %%` cells in VS Code or Jupyter). About 3 s; no GPU. Times are estimates from
-# `snlite.workspace.CostModel` (a simple model that ranks the algorithms the way measurements do).
+# `snlite.workspace.CostModel`: each launch's work at an H200's peak rates, over the share of the GPU its
+# blocks fill (a model: on a real GPU, `snlite.Model` times the candidates instead).
 
 # %% Setup: the quick flag, the output folder, and plots that never stop the lesson
 import os
@@ -21,6 +25,7 @@ from pathlib import Path
 import snlite
 from snlite import BudgetError, MemoryConfig, simulate
 from snlite import workspace as ws
+from kernels import launches
 from snlite.runtime import optimizer_specs, smallest_budget
 
 QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
@@ -46,8 +51,8 @@ def save_plot(kind, data, name, **kwargs):
 
 # %% [markdown]
 # ## The candidates for one convolution
-# AlexNet's conv2 at batch 200 (96 -> 256 channels, 5x5, on 27x27 maps). Each conv step (forward,
-# backward-data, backward-filter) picks separately; the candidates are the same for all three here.
+# AlexNet's conv2 at batch 200 (96 -> 256 channels, 5x5, on 27x27 maps), forward. Each conv step (forward,
+# backward-data, backward-filter) picks separately.
 
 # %%
 batch = 200
@@ -59,19 +64,79 @@ print(f"{'algorithm':10} {'chunk':>6} {'workspace MiB':>14} {'estimated ms':>13}
 for c in cands:
     print(f"{c.algo:10} {c.chunk:6d} {c.workspace_bytes / MiB:14,.1f} {c.est_ms:13.2f}")
 direct = next(c for c in cands if c.algo == "direct")
+one = next(c for c in cands if c.algo == "im2col" and c.chunk == 1)
 print(f"fastest: {cands[0].algo} in chunks of {cands[0].chunk}, {direct.est_ms / cands[0].est_ms:.2f}x faster than "
-      f"direct, for {cands[0].workspace_bytes / MiB:,.0f} MiB of workspace; one image at a time still "
-      f"{direct.est_ms / cands[-2].est_ms:.2f}x faster for {cands[-2].workspace_bytes / MiB:,.1f} MiB")
-# What you should see: im2col with a big chunk is fastest but its workspace is larger than conv2's own
-# output; smaller chunks cost only a little more time (more launches) for far less memory. Whatever the
-# algorithm and chunk, the numbers are bit-identical: all sum in the same order (tutorial 00).
+      f"direct, for {cands[0].workspace_bytes / MiB:,.0f} MiB of workspace; one image at a time takes "
+      f"{one.est_ms / cands[0].est_ms:.0f}x longer than the whole batch at once")
+# What you should see: im2col over the whole batch is fastest, and its workspace is larger than conv2's own
+# output; halving the chunk halves the workspace and costs a little time at first, then much more; with
+# one image at a time im2col is slower than direct. Whatever the algorithm and chunk, the numbers are
+# bit-identical: all sum in the same order (tutorial 00).
 
 print(f"\n{'largest free block':>19}  dynamic picks")
-for free_mib in (2048, 500, 50, 5, 0):
+for free_mib in (2048, 500, 100, 50, 0):
     c = ws.choose(conv2, "forward", "dynamic", free_mib * MiB)
     print(f"{free_mib:15,d} MiB  {c.algo} (chunk {c.chunk}, {c.workspace_bytes / MiB:,.1f} MiB, {c.est_ms:.2f} ms)")
 # What you should see: the fastest candidate that fits the free block: smaller chunks as the block
-# shrinks, and direct only when not even one image's workspace fits.
+# shrinks, and direct once the chunks that fit are slower than it.
+
+# %% [markdown]
+# ## Why a bigger chunk is faster: the launches
+# The estimate is not a fixed rate per algorithm: `CostModel` asks the launcher which kernels it would launch
+# (`kernels.conv.launches`, recorded from the launcher itself on shape-only arrays, so nothing runs) and
+# costs each: its FLOPs and bytes at the GPU's peak, divided by the share of the GPU its blocks keep busy
+# (an H200 runs 132 SMs x the blocks one SM holds; ptxas says how many registers each kernel needs).
+
+# %%
+h200 = launches.GPUS["H200"]
+print(f"{'conv2 forward':16} {'launches':>8} {'GEMM blocks':>11} {'waves':>6} {'GEMM ms':>8} {'total ms':>9}")
+for chunk in (1, 12, 50, 200):
+    ls = ws.CostModel().launches(conv2, "forward", "im2col", chunk)
+    g = ls[1]  # each chunk: the im2col transform, then one batched GEMM (grid z = the chunk's images)
+    res = launches.resources(g.kernel, h200.arch)
+    print(f"im2col chunk {chunk:3d} {len(ls):8d} {g.blocks:11,d} {launches.waves(h200, g, res):6.2f} "
+          f"{launches.launch_ms(h200, g, res):8.3f} {ws.CostModel().estimate(conv2, 'forward', 'im2col', chunk):9.2f}")
+# What you should see: with one image per chunk each GEMM runs 12 blocks, a twentieth of a wave (the H200
+# holds 264 blocks of this kernel at once: 2 per SM, bound by its 115 registers a thread), and there are 400
+# launches; a chunk of 12 images still fills half the GPU; 200 images are 2 launches and 2,400 blocks: 9 waves.
+
+# %% [markdown]
+# ## What workspace buys, per convolution of AlexNet
+# For every conv step: the estimate with no workspace (direct), and the fastest candidate with the workspace
+# it needs. Backward-filter's direct algorithm also takes a chunk: it splits the chunk's images over the GPU
+# and keeps their partial sums (a deterministic two-level sum: same bits).
+
+# %%
+print(f"{'layer':6} {'op':16} {'no workspace ms':>15} {'fastest':>14} {'workspace MiB':>14} {'ms':>7} {'speed-up':>8}")
+total_none = total_fast = 0.0
+for name, layer in net.layers.items():
+    if layer.kind != "conv2d":
+        continue
+    for op in ("forward", "backward_data", "backward_filter"):
+        none_c, fast = ws.choose(layer, op, "none", None), ws.candidates(layer, op)[0]
+        total_none, total_fast = total_none + none_c.est_ms, total_fast + fast.est_ms
+        print(f"{name:6} {op:16} {none_c.est_ms:15.2f} {fast.algo + '/' + str(fast.chunk):>14} "
+              f"{fast.workspace_bytes / MiB:14,.1f} {fast.est_ms:7.2f} {none_c.est_ms / fast.est_ms:7.1f}x")
+print(f"all conv steps: {total_none:,.1f} ms without workspace, {total_fast:,.1f} ms with it "
+      f"({total_none / total_fast:.1f}x)")
+# What you should see: forward gains about 2x (im2col's register-blocked GEMM against direct's shared-memory
+# tiles); backward-data about 20x (its direct kernel is the naive one, one thread per input pixel);
+# backward-filter gains where the layer has few filter weights (conv1: 96 x 363, which no-workspace direct
+# spreads over only 138 blocks: 4.6x) and little elsewhere.
+
+# %% [markdown]
+# ## The launch report
+# The same launches for one whole training iteration: per layer and op, launches, blocks per launch and the
+# fewest waves on the H200 (`python -m kernels.launches alexnet --batch 200` prints it all, with a table of
+# registers and occupancy per kernel). Here, the convolutions, with the algorithms `simulate` chose.
+
+# %%
+rows = launches.network_launches(net, simulate(net, MemoryConfig(liveness=True, workspace="fastest")).conv_choices)
+print(launches.format_report(rows, h200, conv_only=True))
+# What you should see: two launches per conv op (a transform and a GEMM, or for backward-filter the split
+# kernel and its fold), thousands of blocks in each GEMM, and every op that writes more than 10 million
+# elements running at least 2 waves: the targets hold. In the kernel table, the GEMM holds 2 blocks per SM
+# (registers), the others more.
 
 # %% [markdown]
 # ## none, fastest, dynamic
@@ -92,7 +157,7 @@ def conv_ms(trace):
 
 def choices(trace):
     return " ".join(f"{k}x{n}" for k, n in sorted(Counter(
-        c.algo if c.algo == "direct" else f"im2col/{c.chunk}" for c in trace.conv_choices).items()))
+        c.algo if c.workspace_bytes == 0 else f"{c.algo}/{c.chunk}" for c in trace.conv_choices).items()))
 
 
 extra = optimizer_specs(net)
@@ -105,9 +170,9 @@ for mode in ("none", "fastest", "dynamic"):
     need = smallest_budget(net, cfg, extra=extra)
     print(f"{mode:9} {tr.peak_bytes / MiB:9,.0f} {need / MiB:12,.0f} MiB {conv_ms(tr):15,.1f}  {choices(tr)}")
 print(f"dynamic, unlimited, equals fastest: {traces['dynamic'].conv_choices == traces['fastest'].conv_choices}")
-# What you should see: fastest is about twice as fast as none and needs about 50% more memory; without
-# a budget dynamic is fastest (True); yet its smallest budget is none's: when memory is short it simply
-# picks smaller chunks, or direct.
+# What you should see: fastest is about five times as fast as none (the naive direct backward-data dominates
+# none) and needs about 50% more memory; without a budget dynamic is fastest (True); yet its smallest budget
+# is none's: when memory is short it simply picks smaller chunks, or direct.
 
 # %% [markdown]
 # ## dynamic under a shrinking budget
@@ -138,10 +203,10 @@ print(f"{'step':>4} {'layer':6} {'op':16} {'algo':7} {'chunk':>5} {'workspace Mi
 for c in small.conv_choices:
     print(f"{c.step:4d} {c.layer:6} {c.op:16} {c.algo:7} {c.chunk:5d} {c.workspace_bytes / MiB:14,.1f}")
 # What you should see: fastest fits only at the top; dynamic fits every budget, moving from full-batch
-# im2col to smaller chunks where memory is tight, so its estimated time rises only a little, down to the
-# budget `none` needs: dynamic costs no memory over `none` and runs nearly at `fastest`'s speed. (Under
-# this cost model a chunk of a few images is almost as fast as the whole batch; on a real GPU small
-# chunks lose more, and the paper saw AlexNet go from 240 img/s with a 5 GB pool to 203 img/s with 3 GB.)
+# im2col to chunks of 100 or 50 images where memory is tight, so its estimated time rises only a little,
+# down to the budget `none` needs: dynamic costs no memory over `none` and runs nearly at `fastest`'s speed.
+# (Chunks of 50 images still fill the GPU; under a tighter budget than AlexNet needs here, chunks of a few
+# images would not, which is the paper's AlexNet going from 240 img/s with a 5 GB pool to 203 img/s with 3 GB.)
 save_plot("plot_compare_timelines", {"dynamic, unlimited": traces["dynamic"],
                                      f"dynamic, {budgets[-1] / MiB:,.0f} MiB": small},
           "06_alexnet_workspace.png", title=f"AlexNet batch {batch}: workspace (green) with and without a budget")
