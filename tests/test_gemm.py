@@ -255,11 +255,23 @@ def test_bench_runs_end_to_end_on_the_simulator(tmp_path, monkeypatch):
     """Every section's code path, at tiny sizes (the simulator's times are meaningless: -1 ms)."""
     for version, block in (("v1", (4, 4)), ("v2", (4, 4)), ("v3", (4, 4, 2, 2))):
         monkeypatch.setitem(gemm_family.DEFAULT_BLOCK, version, block)
-    plan = dict(bench.PLAN_QUICK, gemm_sizes=[(9, 7, 5)], v3_sweep=[(4, 8, 2, 4)], gemm_trans=True, conv_layers=[],
-                copy_bytes=4096, launches=2, reps=1)
+    plan = dict(bench.PLAN_QUICK, gemm_sizes=[(9, 7, 5)], v3_sweep=[(4, 8, 2, 4)], gemm_trans=True,
+                batched=[("nn", (5, 7, 3), 3, False, False, False), ("tn", (6, 5, 4), 2, True, False, False),
+                         ("reduce", (4, 6, 5), 3, False, True, True)],
+                conv_layers=[("tiny", (3, 2, 5, 4), (3, 2, 3, 3), 1, 1)], conv_chunks=[1, 2],
+                copy_bytes=4096, launches=2, reps=1, section_budget_s=600.0)  # the simulator is slow: no cut
     bench.run(str(tmp_path), plan)
     record = json.loads((tmp_path / "bench.json").read_text())
-    assert {"environment", "plan", "gemm", "conv", "copy", "launch"} <= set(record)
+    assert {"environment", "plan", "gemm", "batched", "conv", "copy", "launch"} <= set(record)
+    assert [(r["case"], r["impl"], r["launches"]) for r in record["batched"]] == [
+        (case, impl, n) for case, batch in (("nn", 3), ("tn", 2), ("reduce", 3))
+        for impl, n in (("batched", 1), ("one per matrix", batch))]
+    assert all(r["bit_identical"] for r in record["batched"]), record["batched"]
+    conv = record["conv"]
+    assert not any("error" in r for r in conv) and all(r["same_as_first_algo"] for r in conv), conv
+    split = [r for r in conv if r["op"] == "backward_filter" and r["algo"] == "direct"]
+    assert [(r["chunk"], r["launches"]) for r in split] == [(1, 1), (2, 3)]  # v2; v3: chunks of 2 and 1 (+ a fold)
+    assert [r["launches"] for r in conv if r["algo"] == "im2col"] == [6, 4] * 3  # 2 a chunk: 3 chunks, then 2
     ours = [r for r in record["gemm"] if r["impl"] != "cupy"]
     assert [(r["layout"], r["impl"]) for r in ours] == [("nn", "v3"), ("nn", "v1"), ("nn", "v2"), ("nn", "v3"),
                                                         ("nt", "v3"), ("tn", "v3")]
