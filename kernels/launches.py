@@ -234,8 +234,10 @@ def resources(kernel: str, arch: str, measured: dict | None = None) -> Resources
     return None
 
 
-def write_registers(path=REGISTERS_FILE) -> dict:
-    """Measure every registered kernel on every arch and write the table (``--registers``)."""
+def write_registers(path=None) -> dict:
+    """Measure every registered kernel on every arch and write the table (``--registers``) to
+    ``path`` (default kernels/registers.json)."""
+    path = REGISTERS_FILE if path is None else path
     ptxas = ptxas_path()
     if ptxas is None:
         raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to measure registers")

@@ -1,6 +1,7 @@
 """Launches without a GPU: what each launcher launches (counts, grids), occupancy and waves, the
 targets on the zoo, the cost model built on them, and the launch report command. Nothing here
 runs a kernel: launches are recorded from the launchers themselves on shape-only arrays."""
+import json
 import math
 import os
 import subprocess
@@ -219,9 +220,42 @@ def test_the_readme_command():
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    shown = readme.split("```\n$ python -m kernels.launches alexnet --batch 200 --conv\n", 1)[1].split("\n```", 1)[0]
+    assert shown == out.rstrip("\n"), "the README's launch report is not what the command prints now"
     assert "launch report: alexnet, batch 200" in out and "gemm._gemm_v3_16x16_8x8_nn" in out
     assert "at most 2 launches per chunk (target <= 2): True" in out
     assert "(target >= 2 on the H200): True" in out
     bad = subprocess.run([sys.executable, "-m", "kernels.launches", "nosuchnet"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=300)
     assert bad.returncode == 2 and "unknown model 'nosuchnet'" in bad.stderr
+
+
+def _ptxas_or_skip():
+    if L.ptxas_path() is None:
+        pytest.skip("ptxas not found (install the CUDA toolkit or set CUDA_HOME): registers not measured")
+
+
+def test_measuring_one_kernel_gives_the_tables_numbers():
+    _ptxas_or_skip()
+    table = json.loads(L.REGISTERS_FILE.read_text())
+    if L.ptxas_version(L.ptxas_path()) != table["ptxas"]:
+        pytest.skip("this ptxas is not the one the table was measured with")
+    measured = L.measure_resources({"kernels.conv._fold_v1"}, ("sm_90",))  # a subprocess, simulator off
+    assert measured == {"kernels.conv._fold_v1": {"sm_90": table["kernels"]["kernels.conv._fold_v1"]["sm_90"]}}
+    assert L.resources("kernels.conv._fold_v1", "sm_90", measured) == L.resources("kernels.conv._fold_v1", "sm_90")
+
+
+def test_the_registers_command_writes_the_table(tmp_path, monkeypatch, capsys):
+    _ptxas_or_skip()
+    fake = {"kernels.x._k_v1": {arch: {"registers": 8, "spill_bytes": 0, "shared_bytes": 0, "stack_bytes": 0}
+                                for arch in L.ARCHS}}
+    monkeypatch.setattr(L, "measure_resources", lambda names=None, archs=L.ARCHS: fake)
+    monkeypatch.setattr(L, "REGISTERS_FILE", tmp_path / "registers.json")
+    try:
+        assert L.main(["--registers"]) == 0
+    finally:
+        L._table.cache_clear()
+    written = json.loads((tmp_path / "registers.json").read_text())
+    assert written["kernels"] == fake and written["archs"] == list(L.ARCHS) and "release" in written["ptxas"]
+    assert "1 kernels" in capsys.readouterr().out
