@@ -306,35 +306,33 @@ def network_launches(graph, conv_choices, optimizer: bool = True) -> list[OpLaun
         chosen.setdefault(c.step, {})[c.op] = c
     rows = []
 
-    def record(step, phase, name, args, kwargs):
+    def record(step, layer, phase, name, args, kwargs):
         with record_launches() as launched:
             ops[name].launch(*args, **kwargs)
         algo, chunk, out = "", 0, 0
         if name in CONV_OP:
-            algo = kwargs.get("algo", "direct")
-            chunk = kwargs.get("chunk", 1)
+            algo, chunk = kwargs.get("algo", "direct"), kwargs.get("chunk", 1)
             algo = f"{algo} x{chunk}" if algo == "im2col" or chunk > 1 else algo
             out = args[2].size  # y, dx or dw: every conv op's third argument
-        rows.append(OpLaunches(step.index if step else -1, step.layer if step else "sgd", phase, name, algo, chunk,
-                               out, tuple(launched)))
+        rows.append(OpLaunches(step, layer, phase, name, algo, chunk, out, tuple(launched)))
 
     for step in graph.steps():
         layer = graph.layers[step.layer]
         if step.phase == "backward" and step.accumulate:  # a fork: its readers' gradients summed into the first
             for _ in step.accumulate:
-                record(step, step.phase, "accumulate", (_view(layer.out_shape), _view(layer.out_shape)), {})
+                record(step.index, step.layer, step.phase, "accumulate",
+                       (_view(layer.out_shape), _view(layer.out_shape)), {})
         io = _step_io(graph, step, layer, chosen.get(step.index, {}))
         calls = []
         io.run = lambda name, *args, **kwargs: calls.append((name, args, kwargs))
         (layer.forward if step.phase == "forward" else layer.backward)(io)
         for name, args, kwargs in calls:
-            record(step, step.phase, name, args, kwargs)
+            record(step.index, step.layer, step.phase, name, args, kwargs)
     if optimizer:
         for layer in graph.layers.values():
             for p, shape in layer.params().items():
-                w = _view(shape)
-                record(types.SimpleNamespace(index=-1, layer=f"{layer.name}.{p}"), "optimizer", "sgd_update",
-                       (w, _view(shape), _view(shape)), {"lr": 0.01, "momentum": 0.9})
+                record(-1, f"{layer.name}.{p}", "optimizer", "sgd_update", (_view(shape), _view(shape), _view(shape)),
+                       {"lr": 0.01, "momentum": 0.9})
     return rows
 
 

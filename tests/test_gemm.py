@@ -131,7 +131,8 @@ def test_batched_geometry_is_one_launch_with_grid_z_the_batch():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: gemm_batched(_dev(2, 3, 4), _dev(3, 4, 2), _dev(3, 3, 2)), "gemm_batched a: 2 matrices, but the batch is 3"),
+    (lambda: gemm_batched(_dev(2, 3, 4), _dev(3, 4, 2), _dev(3, 3, 2)),
+     "gemm_batched a: 2 matrices, but the batch is 3"),
     (lambda: gemm_batched(_dev(3, 4), _dev(1, 4, 2), _dev(1, 3, 2)), "gemm_batched a: expected a 3-D stack"),
     (lambda: gemm_batched(_dev(2, 3, 4), _dev(1, 4, 2), _dev(2, 3, 2), reduce=True),
      r"gemm_batched c: expected shape \(1, 3, 2\)"),

@@ -75,9 +75,9 @@ def table():
 def test_registers_table_covers_every_kernel_without_spills(ptx_results, table):
     """The launch report's table lists every kernel a fresh import registers, on every architecture it
     knows, and no kernel spills registers to local memory."""
-    assert set(table["kernels"]) == set(ptx_results), (
-        "kernels/registers.json is stale: run `python -m kernels.launches --registers` (missing: "
-        f"{sorted(set(ptx_results) - set(table['kernels']))}, gone: {sorted(set(table['kernels']) - set(ptx_results))})")
+    missing, gone = sorted(set(ptx_results) - set(table["kernels"])), sorted(set(table["kernels"]) - set(ptx_results))
+    assert not missing and not gone, ("kernels/registers.json is stale: run `python -m kernels.launches --registers` "
+                                      f"(missing: {missing}, gone: {gone})")
     for name, per_arch in table["kernels"].items():
         assert set(per_arch) == set(table["archs"]) >= set(ARCHS), name
         for arch, res in per_arch.items():
