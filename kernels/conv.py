@@ -468,7 +468,8 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
         _backward_filter_v2.launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3, dw2, *_v2_args(g))
     elif algo == "direct":  # v3, per chunk: each image's s_n in parallel, then the fold in order
         for n0, m in _chunks(g, chunk):
-            part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k) if m > 1 else dy3[:0]  # (empty: unused)
+            # the chunk's partial sums but the first; one image has none (dw stands in, untouched)
+            part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k) if m > 1 else dw.reshape(1, g.co, g.k)
             _backward_filter_v3.launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x, dy3, dw2, part, n0,
                                        *_v2_args(g))
             if m > 1:

@@ -140,7 +140,7 @@ def test_algorithms_chunks_and_gemm_versions_are_bit_identical(rng, op, case):
     _assert_bit_identical(op, _inputs(rng, op, xs, ws, stride, padding), stride, padding, runs, block=(8, 8))
 
 
-@pytest.mark.parametrize("xs,ws,stride,padding", [((5, 2, 5, 4), (3, 2, 3, 2), 2, (1, 0)),
+@pytest.mark.parametrize("xs,ws,stride,padding", [((4, 2, 5, 4), (3, 2, 3, 2), 2, (1, 0)),
                                                   ((3, 3, 4, 7), (2, 3, 1, 3), (1, 2), (0, 1))])
 def test_split_backward_filter_is_bit_identical_at_every_chunk(rng, xs, ws, stride, padding):
     """direct v3 (each image of a chunk in its own blocks, then the fold in order) at every chunk size,
@@ -156,7 +156,7 @@ def test_split_backward_filter_is_bit_identical_on_a_real_gpu(rng):
 def _assert_split_bit_identical(rng, xs, ws, stride, padding, gemm_block):
     n = xs[0]
     runs = [("direct v2", "direct", "v2", 1)]
-    runs += [(f"direct v3 chunk {c}", "direct", "v3", c) for c in range(1, n + 2)]
+    runs += [(f"direct v3 chunk {c}", "direct", "v3", c) for c in sorted({1, 2, n - 1, n + 1})]  # n-1: a tail
     runs += [(f"im2col chunk {c}", "im2col", "v3", c) for c in (2, n)]
     args = _inputs(rng, "backward_filter", xs, ws, stride, padding)
     want = conv.conv2d_backward_filter_ref
