@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -148,7 +149,11 @@ def cuda_kernel(signature: str):
     """
 
     def deco(fn):
-        spec = KernelSpec(f"{fn.__module__}.{fn.__name__}", fn, signature)
+        module = fn.__module__
+        if module == "__main__":  # python -m kernels.conv: the name it has when imported
+            main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+            module = main_spec.name if main_spec else module
+        spec = KernelSpec(f"{module}.{fn.__name__}", fn, signature)
         _KERNELS.append(spec)
         return Kernel(spec, cuda.jit(fn))
 

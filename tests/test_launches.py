@@ -259,3 +259,13 @@ def test_the_registers_command_writes_the_table(tmp_path, monkeypatch, capsys):
     written = json.loads((tmp_path / "registers.json").read_text())
     assert written["kernels"] == fake and written["archs"] == list(L.ARCHS) and "release" in written["ptxas"]
     assert "1 kernels" in capsys.readouterr().out
+
+
+def test_a_family_self_check_runs_as_a_script():
+    """`python -m kernels.<family>` runs the module as __main__: its kernels must still be registered under
+    the names their launch geometry uses (kernels.im2col._im2col_v1, not __main__._im2col_v1)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-m", "kernels.im2col"], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0 and "0 failure(s)" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
