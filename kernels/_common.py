@@ -4,6 +4,13 @@ Every ``@cuda_kernel(signature)`` records the kernel's Python function and the N
 signature it is meant to run with. The PTX test (``tests/test_ptx.py``) compiles each one with
 ``numba.cuda.compile_ptx`` for a real GPU, on the CPU, because the simulator checks no types.
 
+The same registration records launches: inside ``with record_launches() as launches:`` a
+registered kernel runs nothing, and each ``kernel[grid, block, stream](...)`` (or
+``kernel.launch(geometry, stream, ...)``) appends a :class:`Launch` (kernel, grid, block, shared
+memory and, where the launcher computes it, the launch's work) to ``launches``. Called with
+:class:`ShapeArray` arguments (a shape and a dtype, no data), a launcher then reports exactly the
+launches it would make, on any machine: ``kernels.launches`` builds its report that way.
+
 Conventions every family follows (see ``kernels/README.md``):
 - float32, C-contiguous, NCHW; integer labels are int32, dropout masks uint8.
 - A launcher ``op(inputs..., outputs..., *, hyper=..., stream=0, version=...)`` returns None and
@@ -13,6 +20,10 @@ Conventions every family follows (see ``kernels/README.md``):
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,8 +48,100 @@ class KernelSpec:
 _KERNELS: list[KernelSpec] = []
 
 
+def _dim3(v) -> tuple[int, int, int]:
+    v = (int(v),) if isinstance(v, (int, np.integer)) else tuple(int(d) for d in v)
+    return v + (1,) * (3 - len(v))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: the kernel, its grid and block as (x, y, z), its dynamic shared memory
+    (static shared memory belongs to the compiled kernel: see ``kernels.launches``) and, where the
+    launcher computes it, its work: ``flops`` (2 per multiply-add), ``bytes`` of global memory it
+    moves under its own reuse (tiles), and ``fma_share``, the share of its inner loop's issue slots
+    that are FMAs (1/3 for one FMA per two loads; ``tm*tn / (tm*tn + tm + tn)`` for a register
+    micro-tile). ``kernels.launches.launch_ms`` turns these into an estimated time."""
+
+    kernel: str
+    grid: tuple
+    block: tuple
+    shared_bytes: int = 0
+    flops: int | None = None
+    bytes: int | None = None
+    fma_share: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "grid", _dim3(self.grid))
+        object.__setattr__(self, "block", _dim3(self.block))
+
+    @property
+    def blocks(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def threads_per_block(self) -> int:
+        return math.prod(self.block)
+
+
+_RECORDER: contextvars.ContextVar = contextvars.ContextVar("kernels_launch_recorder", default=None)
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Within the block, registered kernels run nothing and every launch is appended to the list
+    this yields (nested blocks record into the innermost)."""
+    launches: list[Launch] = []
+    token = _RECORDER.set(launches)
+    try:
+        yield launches
+    finally:
+        _RECORDER.reset(token)
+
+
+def _no_run(*args):
+    return None
+
+
+class Kernel:
+    """A registered kernel: ``kernel[grid, block, stream](...)`` as with Numba, or
+    ``kernel.launch(geometry, stream, ...)`` with a :class:`Launch` computed by the launcher's
+    own pure geometry function. Both record instead of running inside :func:`record_launches`."""
+
+    def __init__(self, spec: KernelSpec, dispatcher):
+        self.spec, self.dispatcher = spec, dispatcher
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __getitem__(self, config):
+        recorder = _RECORDER.get()
+        if recorder is None:
+            return self.dispatcher[config]
+        recorder.append(Launch(self.name, config[0], config[1], int(config[3]) if len(config) > 3 else 0))
+        return _no_run
+
+    def launch(self, geometry: Launch, stream, *args) -> None:
+        if geometry.kernel != self.name:
+            raise ValueError(f"launch geometry is for {geometry.kernel}, not {self.name}")
+        if not geometry.blocks:  # nothing to do: no launch
+            return
+        recorder = _RECORDER.get()
+        if recorder is not None:
+            recorder.append(geometry)
+        else:
+            self.dispatcher[geometry.grid, geometry.block, stream, geometry.shared_bytes](*args)
+
+    def __getattr__(self, name):  # everything else is the Numba dispatcher's
+        return getattr(self.dispatcher, name)
+
+    def __repr__(self) -> str:
+        return f"<registered kernel {self.name}>"
+
+
 def cuda_kernel(signature: str):
-    """Decorator: ``cuda.jit`` the function lazily and record ``signature`` for the PTX check.
+    """Decorator: ``cuda.jit`` the function lazily and record ``signature`` for the PTX check;
+    returns a :class:`Kernel` (launched like a Numba kernel, and able to record its launches).
 
     The jit stays lazy (no signature passed to Numba) so the simulator accepts the same code;
     the recorded signature uses C-contiguous layouts (``float32[:, ::1]``), int64 for Python
@@ -46,8 +149,13 @@ def cuda_kernel(signature: str):
     """
 
     def deco(fn):
-        _KERNELS.append(KernelSpec(f"{fn.__module__}.{fn.__name__}", fn, signature))
-        return cuda.jit(fn)
+        module = fn.__module__
+        if module == "__main__":  # python -m kernels.conv: the name it has when imported
+            main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+            module = main_spec.name if main_spec else module
+        spec = KernelSpec(f"{module}.{fn.__name__}", fn, signature)
+        _KERNELS.append(spec)
+        return Kernel(spec, cuda.jit(fn))
 
     return deco
 
@@ -71,6 +179,57 @@ class Op:
     reference: Callable
     launch: Callable
     versions: tuple[str, ...] = ("v1",)
+
+
+@dataclass(frozen=True)
+class ShapeArray:
+    """An array with a shape and a dtype but no data: launchers accept it in place of a device
+    array inside :func:`record_launches`, to report their launches without running anything.
+    Supports what launchers do to arrays: ``shape``, ``dtype``, ``size``, ``ndim``, ``reshape``
+    (one ``-1`` allowed) and basic indexing (ints and step-1 slices)."""
+
+    shape: tuple
+    dtype: np.dtype = np.dtype(np.float32)
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def reshape(self, *shape):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if -1 in shape:
+            rest = math.prod(d for d in shape if d != -1)
+            shape = tuple(self.size // rest if d == -1 and rest else (0 if d == -1 else d) for d in shape)
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape an array of shape {self.shape} to {tuple(shape)}")
+        return ShapeArray(shape, self.dtype)
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) > self.ndim:
+            raise IndexError(f"too many indices for an array of shape {self.shape}")
+        out = []
+        for d, i in zip(self.shape, index):
+            if isinstance(i, slice):
+                start, stop, step = i.indices(d)
+                if step != 1:
+                    raise IndexError("ShapeArray supports step-1 slices only")
+                out.append(max(stop - start, 0))
+            elif not -d <= int(i) < d:
+                raise IndexError(f"index {i} is out of bounds for an axis of size {d}")
+        return ShapeArray(tuple(out) + self.shape[len(index):], self.dtype)
 
 
 LAUNCH_ONLY = ("stream", "version", "block")  # launcher arguments a reference does not take

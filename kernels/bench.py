@@ -5,10 +5,14 @@ Measures on a real NVIDIA GPU, and prints as tables:
       (cuBLAS FP32; the row is skipped if CuPy is missing), plus a sweep of v3 block shapes and
       the transposed layouts linear layers use. Each result is checked against CuPy's (or
       NumPy's) within a tolerance, and against v3 bit for bit (the versions must agree exactly);
-  (b) convolution algorithms of ``kernels.conv``: time and workspace bytes of each op on
-      AlexNet/ResNet-like layers, and whether each algorithm's result equals direct's bit for bit;
-  (c) host <-> device copy bandwidth of 256 MiB, pageable vs pinned memory, both directions;
-  (d) kernel launch overhead: microseconds per launch of an empty kernel and of one with arguments.
+  (b) the strided-batched GEMM of im2col convolution (one launch per chunk, grid z = its images;
+      ``reduce`` sums the chunk for backward-filter) against one GEMM launch per image, as the
+      convolution ran before, on AlexNet/ResNet-like shapes: both checked bit for bit;
+  (c) convolution algorithms of ``kernels.conv``: time, workspace bytes and launches of each op
+      on AlexNet/ResNet-like layers, chunk by chunk (backward-filter's direct split version too),
+      and whether each result equals the first algorithm's bit for bit;
+  (d) host <-> device copy bandwidth of 256 MiB, pageable vs pinned memory, both directions;
+  (e) kernel launch overhead: microseconds per launch of an empty kernel and of one with arguments.
 Times come from CUDA events: warm-up first, then several repetitions, the median reported (a
 slow row runs fewer repetitions, and sections stop at a time budget). Everything, with the GPU,
 driver, library versions and date, goes to DIR/bench.json. About 2-3 minutes on an H200;
@@ -39,7 +43,7 @@ import numpy as np
 from numba import config, cuda
 
 from kernels import gemm as gemm_family
-from kernels.gemm import gemm, gemm_flops
+from kernels.gemm import gemm, gemm_batched, gemm_flops
 
 GEMM_RTOL = 1e-4  # max |got - want| / max |want| allowed against cuBLAS / NumPy
 PLAN_FULL = {
@@ -51,7 +55,13 @@ PLAN_FULL = {
         ("resnet_3x3", (32, 128, 28, 28), (128, 128, 3, 3), 1, 1),
         ("resnet_stem", (8, 3, 224, 224), (64, 3, 7, 7), 2, 3),
     ],
-    "conv_chunks": [1, 8],
+    "conv_chunks": [1, 8, 32],
+    "batched": [  # name, (M, N, K), batch, trans_a, trans_b, reduce: conv GEMMs per im2col chunk
+        ("alexnet_conv2_forward", (256, 729, 2400), 32, False, False, False),
+        ("alexnet_conv2_backward_data", (2400, 729, 256), 32, True, False, False),
+        ("alexnet_conv3_backward_filter", (384, 2304, 169), 32, False, True, True),
+        ("resnet_3x3_forward", (128, 784, 1152), 32, False, False, False),
+    ],
     "copy_bytes": 256 << 20,
     "launches": 5000,
     "reps": 7,
@@ -60,7 +70,9 @@ PLAN_FULL = {
 }
 PLAN_QUICK = dict(
     PLAN_FULL, gemm_sizes=[(1024, 1024, 1024), (512, 512, 512)], v3_sweep=[], gemm_trans=False,
-    conv_layers=[("resnet_3x3_small", (8, 64, 28, 28), (64, 64, 3, 3), 1, 1)], conv_chunks=[1],
+    conv_layers=[("resnet_3x3_small", (8, 64, 28, 28), (64, 64, 3, 3), 1, 1)], conv_chunks=[1, 8],
+    batched=[("resnet_3x3_forward", (128, 784, 1152), 8, False, False, False),
+             ("resnet_3x3_backward_filter", (128, 1152, 784), 8, False, True, True)],
     copy_bytes=64 << 20, launches=1000, reps=5, row_budget_ms=500.0, section_budget_s=20.0,
 )
 
@@ -250,7 +262,44 @@ def _gemm_reference(cp, a, b, d_a, d_b, ta, tb, plan, rows, size, layout):
     return a_.astype(np.float64) @ b_.astype(np.float64), None
 
 
-# ---------------------------------------------------------------- (b) convolution
+# ---------------------------------------------------------------- (b) batched GEMM
+def bench_batched(plan: dict) -> list[dict]:
+    """One batched launch per chunk against one launch per matrix (beta = 1 after the first with
+    ``reduce``), for each conv-shaped case: time, GFLOP/s, launches, and the same bits."""
+    rng = np.random.default_rng(0)
+    rows: list[dict] = []
+    for name, (m, n, k), batch, ta, tb, reduce in plan["batched"]:
+        a_batch = batch if reduce else 1  # the weights, shared (forward, backward-data), or dy (backward-filter)
+        a = rng.standard_normal((a_batch,) + ((k, m) if ta else (m, k)), dtype=np.float32)
+        b = rng.standard_normal((batch,) + ((n, k) if tb else (k, n)), dtype=np.float32)
+        d_a, d_b = cuda.to_device(a), cuda.to_device(b)
+        d_c = cuda.device_array((1 if reduce else batch, m, n), np.float32)
+        kw = dict(trans_a=ta, trans_b=tb)
+
+        def batched():
+            gemm_batched(d_a, d_b, d_c, reduce=reduce, **kw)
+
+        def per_matrix():
+            for z in range(batch):
+                za = z if d_a.shape[0] > 1 else 0
+                gemm(d_a[za], d_b[z], d_c[0 if reduce else z], beta=1.0 if reduce and z else 0.0, **kw)
+
+        first = None
+        for impl, fn, launches in (("batched", batched, 1), ("one per matrix", per_matrix, batch)):
+            def row(fn=fn, launches=launches):
+                nonlocal first
+                t = time_ms(fn, reps=plan["reps"], budget_ms=plan["row_budget_ms"])
+                got = d_c.copy_to_host()
+                first = got if first is None else first
+                return {**t, "launches": launches, "gflops": gflops(batch * gemm_flops(m, n, k), t["ms"]),
+                        "bit_identical": bool(np.array_equal(got, first))}
+
+            _guard(rows, {"case": name, "batch": batch, "impl": impl}, row)
+        d_a = d_b = d_c = None  # free the device buffers before the next case
+    return rows
+
+
+# ---------------------------------------------------------------- (c) convolution
 def bench_conv(plan: dict) -> list[dict]:
     try:
         conv = importlib.import_module("kernels.conv")
@@ -273,7 +322,8 @@ def bench_conv(plan: dict) -> list[dict]:
         for op, fn in ops.items():
             first = None
             for algo in algorithms:
-                for chunk in (plan["conv_chunks"] if algo != "direct" else [1]):
+                chunked = algo != "direct" or op == "backward_filter"  # the split backward-filter takes chunks
+                for chunk in (plan["conv_chunks"] if chunked else [1]):
                     label = {"layer": name, "op": op, "algo": algo, "chunk": chunk}
                     if time.perf_counter() - t0 > plan["section_budget_s"]:
                         rows.append({**label, "error": "skipped: section time budget spent"})
@@ -288,7 +338,9 @@ def bench_conv(plan: dict) -> list[dict]:
                                                chunk=chunk), reps=plan["reps"], budget_ms=plan["row_budget_ms"])
                         got = arrays[2].copy_to_host()
                         first = got if first is None else first
-                        return {**t, "workspace_bytes": nbytes, "same_as_first_algo": bool(np.array_equal(got, first)),
+                        n_launches = len(conv.launches(op, algo, x_shape, w_shape, stride, padding, chunk))
+                        return {**t, "workspace_bytes": nbytes, "launches": n_launches,
+                                "same_as_first_algo": bool(np.array_equal(got, first)),
                                 "gflops": gflops(conv_flops(x_shape, w_shape, stride, padding), t["ms"])}
 
                     _guard(rows, label, row)
@@ -296,7 +348,7 @@ def bench_conv(plan: dict) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------- (c) copies, (d) launches
+# ---------------------------------------------------------------- (d) copies, (e) launches
 def bench_copy(plan: dict) -> list[dict]:
     nbytes = int(plan["copy_bytes"])
     dev = cuda.device_array(nbytes // 4, np.float32)
@@ -341,8 +393,9 @@ def bench_launch(plan: dict) -> list[dict]:
 SECTIONS = (
     ("gemm", bench_gemm, ["size", "layout", "impl", "block", "ms", "gflops", "pct_of_cublas", "rel_err", "ok",
                           "bit_identical_to_v3", "error"]),
-    ("conv", bench_conv, ["layer", "op", "algo", "chunk", "ms", "gflops", "workspace_bytes", "same_as_first_algo",
-                          "error"]),
+    ("batched", bench_batched, ["case", "batch", "impl", "launches", "ms", "gflops", "bit_identical", "error"]),
+    ("conv", bench_conv, ["layer", "op", "algo", "chunk", "launches", "ms", "gflops", "workspace_bytes",
+                          "same_as_first_algo", "error"]),
     ("copy", bench_copy, ["memory", "direction", "MiB", "ms", "GB/s", "error"]),
     ("launch", bench_launch, ["kernel", "launches", "us_per_launch", "wall_us_per_launch", "error"]),
 )

@@ -6,14 +6,22 @@ Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.c
 x (N, C, H, W), w (Cout, C, KH, KW), y (N, Cout, OH, OW), OH = (H + 2*ph - KH)//sh + 1; stride
 and padding are an int or an (h, w) pair. Bias is ``kernels.elementwise.bias_add``/``bias_backward``.
 
-Algorithms (``ALGORITHMS``), chosen per call by the runtime ("the fastest whose workspace fits"):
-- ``direct``: no workspace. ``version`` picks the direct kernel: v1 naive (one thread per
-  output), v2 (forward, backward_filter) an implicit GEMM with w/dy and column tiles in shared memory.
-- ``im2col``: column buffers (``kernels.im2col``) in the caller's ``workspace`` (1-D float32, at
-  least ``workspace_bytes(...)``), ``chunk`` images at a time, then one ``kernels.gemm.gemm`` per
-  image; ``version`` (and ``block``) are passed to the gemm, so this algorithm's versions are
-  ``kernels.gemm.VERSIONS``. ``version=None`` means the algorithm's default.
-  An op's ``Op.versions`` is the union of both lists; each example names the versions of its algorithm.
+Algorithms (``ALGORITHMS``), chosen per call by the runtime ("the fastest whose workspace fits"),
+both working on ``chunk`` images at a time where they need a workspace (1-D float32, at least
+``workspace_bytes(...)``, from the caller):
+- ``direct``: ``version`` picks the direct kernel: v1 naive (one thread per output), v2
+  (forward, backward_filter) an implicit GEMM with w/dy and column tiles in shared memory, one
+  launch. backward_filter v3 splits the reduction over images to fill a large GPU: per chunk,
+  one launch sums each image's s_n in its own blocks (grid z = the chunk's images; the chunk's
+  first image adds straight onto dw) and a second launch folds the others, kept in the workspace
+  ((chunk - 1) x Cout x K floats), into dw in order. No workspace (chunk 1): v2. Forward and
+  backward_data need no workspace.
+- ``im2col``: column buffers (``kernels.im2col``) in the workspace, then ONE batched GEMM per chunk
+  (``kernels.gemm.gemm_batched``, grid z = the chunk's images): two launches per chunk. Backward
+  filter sums the chunk's images inside the GEMM (``reduce=True``). ``version`` (and ``block``)
+  are the GEMM's, so this algorithm's versions are ``kernels.gemm.VERSIONS``.
+  ``version=None`` means the algorithm's default. An op's ``Op.versions`` is the union of both
+  lists; each example names the versions of its algorithm.
 
 Canonical orders. Every reduction is ``acc = 0.0; acc += a * b`` in the order below (the gemm's
 statement, so FMA contraction on a GPU is the same too) and ends with the gemm's epilogue:
@@ -23,10 +31,15 @@ statement, so FMA contraction on a GPU is the same too) and ends with the gemm's
   dx = ((0.0 + dcol at tap (kh0, kw0)) + the next tap) ... for kh, then kw ascending (col2im's gather).
 - backward_filter: per image, s_n[co, k] = sum over p = oh*OW + ow ascending of dy[n, co, p] * col[n, k, p];
   then dw = 1*s_0, dw = 1*s_n + 1*dw for n = 1, 2, ... (the gemm with beta=0, then beta=1).
-The chunk only changes the workspace: there is one gemm per image whatever the chunk.
+Images are independent until that last fold, so a chunk's images run in parallel (grid z) in every
+algorithm, and only the fold over n, kept in order, is sequential.
+
+``launches(op, algo, ...)`` lists the launches a call makes (kernel, grid, block, work) without a
+GPU: it runs the launcher itself on shape-only arrays and records them (``kernels._common``).
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
@@ -34,11 +47,11 @@ from numba import cuda, float32
 
 from kernels import gemm as _gemm
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, cuda_kernel, pair, unravel4
+from kernels._common import Launch, Op, ShapeArray, ceil_div, check, cuda_kernel, pair, record_launches, unravel4
 from kernels.im2col import _col_value, _out_index, _tap, col2im, col2im_ref, im2col, im2col_ref, output_hw
 
 ALGORITHMS = ("direct", "im2col")
-DIRECT_VERSIONS = {"forward": ("v1", "v2"), "backward_data": ("v1",), "backward_filter": ("v1", "v2")}
+DIRECT_VERSIONS = {"forward": ("v1", "v2"), "backward_data": ("v1",), "backward_filter": ("v1", "v2", "v3")}
 BLOCK = 128  # threads per block of the 1-D (v1) launches
 TILE = 16  # v2 tiles are TILE x TILE, one thread per output element of the tile
 
@@ -47,6 +60,8 @@ TILE = 16  # v2 tiles are TILE x TILE, one thread per output element of the tile
 class Geometry(NamedTuple):
     n: int
     c: int
+    h: int
+    w: int
     co: int
     kh: int
     kw: int
@@ -73,7 +88,7 @@ def _geometry(x_shape, w_shape, stride, padding) -> Geometry:
     if c != cw:
         raise ValueError(f"conv2d: x has {c} channels (shape {x_shape}) but w expects {cw} (shape {w_shape})")
     oh, ow = output_hw((h, wd), (kh, kw), stride, padding, who=f"conv2d (x {x_shape}, w {w_shape})")
-    return Geometry(n, c, co, kh, kw, oh, ow, pair(stride, "stride"), pair(padding, "padding"))
+    return Geometry(n, c, h, wd, co, kh, kw, oh, ow, pair(stride, "stride"), pair(padding, "padding"))
 
 
 def output_shape(x_shape, w_shape, stride=1, padding=0) -> tuple[int, int, int, int]:
@@ -88,9 +103,11 @@ def conv_flops(x_shape, w_shape, stride=1, padding=0) -> int:
     return 2 * g.n * g.co * g.p * g.k
 
 
-def workspace_bytes(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1) -> int:
-    """Exact workspace bytes ``conv2d_<op>`` needs with ``algo``: 0 for direct; for im2col, one
-    float32 column buffer (C*KH*KW x OH*OW) per image of a chunk (chunk capped at N)."""
+def workspace_bytes(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None) -> int:
+    """Exact workspace bytes ``conv2d_<op>`` needs with ``algo`` (and ``version``; None: the
+    default), chunk capped at N: for im2col, one float32 column buffer (C*KH*KW x OH*OW) per image
+    of a chunk; for direct backward_filter v3 (the default when chunk > 1), the partial sums of a
+    chunk's images but its first ((chunk - 1) x Cout x C*KH*KW floats); else 0."""
     if op not in DIRECT_VERSIONS:
         raise ValueError(f"conv2d workspace_bytes: unknown op {op!r}; choose one of {tuple(DIRECT_VERSIONS)}")
     if algo not in ALGORITHMS:
@@ -98,7 +115,16 @@ def workspace_bytes(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1) ->
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise ValueError(f"conv2d workspace_bytes: chunk must be an int >= 1, got {chunk!r}")
     g = _geometry(x_shape, w_shape, stride, padding)
-    return 0 if algo == "direct" else 4 * min(int(chunk), g.n) * g.k * g.p
+    return 4 * _workspace_floats(op, algo, g, chunk, version)
+
+
+def _workspace_floats(op, algo, g, chunk, version):
+    m = min(int(chunk), g.n)
+    if algo == "im2col":
+        return m * g.k * g.p
+    if op == "backward_filter" and version in (None, "v3"):
+        return max(m - 1, 0) * g.co * g.k
+    return 0
 
 
 # ---------------------------------------------------------------- NumPy references
@@ -208,37 +234,130 @@ def _backward_filter_v1(x, dy, dw, sh, sw, ph, pw):
         dw[co, c, kh, kw] = dwv
 
 
+@cuda.jit(device=True, inline=True)
+def _filter_tile_sum(x, dy3, dyt, ct, n, k_, kh_, kw_, ow_, sh, sw, ph, pw):
+    """s_n[co, k] for this thread's (k, co) of the block's TILE x TILE tile of dw: the sum over
+    p ascending of dy[n, co, p] * col[n, k, p], p in tiles of dy and col (built from x) staged in
+    the shared arrays dyt and ct. Every thread of the block must call it (it has barriers)."""
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    co = cuda.blockIdx.y * TILE + ty
+    kt = cuda.blockIdx.x * TILE + ty  # the k this thread stages into the col tile
+    co_, p_ = dy3.shape[1], dy3.shape[2]
+    s = float32(0.0)
+    for p0 in range(0, p_, TILE):
+        dyt[ty, tx] = dy3[n, co, p0 + tx] if co < co_ and p0 + tx < p_ else float32(0.0)
+        inside = kt < k_ and p0 + tx < p_
+        ct[tx, ty] = _col_value(x, n, kt, p0 + tx, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
+        cuda.syncthreads()
+        for pp in range(min(TILE, p_ - p0)):
+            s += dyt[ty, pp] * ct[pp, tx]
+        cuda.syncthreads()
+    return s
+
+
 @cuda_kernel(f"void({_SIG4}, {_SIG3}, {_SIG2}, int64, int64, int64, int64, int64, int64, int64)")
 def _backward_filter_v2(x, dy3, dw2, kh_, kw_, ow_, sh, sw, ph, pw):
     # Implicit GEMM per image: s_n (Cout x K) = dy[n] (Cout x P) @ col[n]^T, p ascending in tiles
     # of dy and col staged in shared memory; then dw = 1*s_n (+ 1*dw) as the gemm epilogue does.
     dyt = cuda.shared.array((TILE, TILE), float32)
     ct = cuda.shared.array((TILE, TILE), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    k = cuda.blockIdx.x * TILE + tx
-    co = cuda.blockIdx.y * TILE + ty
-    n_, co_, p_ = dy3.shape
-    k_ = dw2.shape[1]
-    kt = cuda.blockIdx.x * TILE + ty  # the k this thread stages into the col tile
+    k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    co = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    co_, k_ = dw2.shape
     dwv = float32(0.0)
-    for n in range(n_):
-        s = float32(0.0)
-        for p0 in range(0, p_, TILE):
-            dyt[ty, tx] = dy3[n, co, p0 + tx] if co < co_ and p0 + tx < p_ else float32(0.0)
-            inside = kt < k_ and p0 + tx < p_
-            ct[tx, ty] = _col_value(x, n, kt, p0 + tx, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
-            cuda.syncthreads()
-            for pp in range(min(TILE, p_ - p0)):
-                s += dyt[ty, pp] * ct[pp, tx]
-            cuda.syncthreads()
+    for n in range(dy3.shape[0]):
+        s = _filter_tile_sum(x, dy3, dyt, ct, n, k_, kh_, kw_, ow_, sh, sw, ph, pw)
         dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
     if co < co_ and k < k_:
         dw2[co, k] = dwv
 
 
+@cuda_kernel(f"void({_SIG4}, {_SIG3}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64, int64)")
+def _backward_filter_v3(x, dy3, dw2, part, n0, kh_, kw_, ow_, sh, sw, ph, pw):
+    # Split over images: block (x, y, z) computes s_n of image n = n0 + z for one tile (v2's sum
+    # for one image), so a chunk fills the GPU. Image n0 adds straight onto dw (the epilogue);
+    # the others go to part[z - 1], which _fold_v1 then adds onto dw in order.
+    dyt = cuda.shared.array((TILE, TILE), float32)
+    ct = cuda.shared.array((TILE, TILE), float32)
+    z = cuda.blockIdx.z
+    k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    co = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    co_, k_ = dw2.shape
+    s = _filter_tile_sum(x, dy3, dyt, ct, n0 + z, k_, kh_, kw_, ow_, sh, sw, ph, pw)
+    if co < co_ and k < k_:
+        if z == 0:
+            dw2[co, k] = _gemm._epilogue(s, dw2[co, k] if n0 > 0 else float32(0.0), float32(1.0), float32(1.0),
+                                         n0 > 0)
+        else:
+            part[z - 1, co, k] = s
+
+
+@cuda_kernel(f"void({_SIG3}, {_SIG2})")
+def _fold_v1(part, dw2):
+    # The second level of v3's reduction: dw = 1*part[0] + 1*dw, then part[1], ... in order.
+    j = cuda.grid(1)
+    co_, k_ = dw2.shape
+    if j < co_ * k_:
+        co, k = j // k_, j % k_
+        dwv = dw2[co, k]
+        for i in range(part.shape[0]):
+            dwv = _gemm._epilogue(part[i, co, k], dwv, float32(1.0), float32(1.0), True)
+        dw2[co, k] = dwv
+
+
+# ---------------------------------------------------------------- launch geometry (pure)
+# Work per launch (see kernels._common.Launch): the direct kernels do one FMA per two loads
+# (fma_share 1/3); the naive ones (v1) load one operand per FMA from global memory (the other is
+# the same for the whole warp), the tiled ones each operand once per tile that needs it.
+def _macs(g, images):
+    return images * g.co * g.k * g.p
+
+
+def _forward_v1_geometry(g) -> Launch:
+    out = g.n * g.co * g.p
+    return Launch("kernels.conv._forward_v1", ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
+                  bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
+
+
+def _forward_v2_geometry(g) -> Launch:
+    tiles = 4 * g.n * (g.co * g.k * ceil_div(g.p, TILE) + g.k * g.p * ceil_div(g.co, TILE) + g.co * g.p)
+    return Launch("kernels.conv._forward_v2", (ceil_div(g.p, TILE), ceil_div(g.co, TILE), g.n), (TILE, TILE),
+                  flops=2 * _macs(g, g.n), bytes=tiles, fma_share=1 / 3)
+
+
+def _backward_data_v1_geometry(g) -> Launch:
+    out = g.n * g.c * g.h * g.w
+    return Launch("kernels.conv._backward_data_v1", ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
+                  bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
+
+
+def _backward_filter_v1_geometry(g) -> Launch:
+    out = g.co * g.k
+    return Launch("kernels.conv._backward_filter_v1", ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
+                  bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
+
+
+def _backward_filter_tiled_geometry(g, version, images) -> Launch:
+    """v2 (all images in each block) or v3's first launch (one image per block, grid z = images)."""
+    tiles = 4 * images * (g.co * g.p * ceil_div(g.k, TILE) + g.k * g.p * ceil_div(g.co, TILE))
+    slabs = 4 * g.co * g.k * (2 if version == "v2" else images + 1)  # v3 writes a slab per image, reads dw
+    return Launch(f"kernels.conv._backward_filter_{version}",
+                  (ceil_div(g.k, TILE), ceil_div(g.co, TILE), 1 if version == "v2" else images), (TILE, TILE),
+                  flops=2 * _macs(g, images), bytes=tiles + slabs, fma_share=1 / 3)
+
+
+def _fold_geometry(g, slabs) -> Launch:
+    out = g.co * g.k
+    return Launch("kernels.conv._fold_v1", ceil_div(out, BLOCK), BLOCK, flops=0, bytes=4 * out * (slabs + 2))
+
+
 # ---------------------------------------------------------------- launchers
+DIRECT_DEFAULT = {"forward": "v2", "backward_data": "v1", "backward_filter": "v2"}  # v3 when chunk > 1
+
+
 def _prepare(name, op, g, algo, workspace, chunk, version):
-    """Check algo, chunk and version; return (version, the column buffers' 1-D view or None)."""
+    """Check algo, chunk and version; return (version, the 1-D view of the workspace floats the
+    call needs, or None)."""
     if algo not in ALGORITHMS:
         raise ValueError(f"{name}: unknown algo {algo!r}; choose one of {ALGORITHMS}")
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
@@ -246,28 +365,27 @@ def _prepare(name, op, g, algo, workspace, chunk, version):
     versions = DIRECT_VERSIONS[op] if algo == "direct" else _gemm.VERSIONS
     if version is not None and version not in versions:
         raise ValueError(f"{name}: algo {algo!r} has versions {versions}, got {version!r}")
-    if algo == "direct":
-        return version or versions[-1], None
-    need = min(int(chunk), g.n) * g.k * g.p
+    if algo == "direct" and version is None:
+        version = "v3" if op == "backward_filter" and min(int(chunk), g.n) > 1 else DIRECT_DEFAULT[op]
+    need = _workspace_floats(op, algo, g, chunk, version)
     if need == 0:
         return version, None
     if workspace is None:
-        raise ValueError(f"{name}: algo 'im2col' with chunk={chunk} needs a workspace of {4 * need} bytes, got none")
+        raise ValueError(f"{name}: algo {algo!r} with chunk={chunk} needs a workspace of {4 * need} bytes, got none")
     check(f"{name} workspace", workspace)
     if workspace.ndim != 1:
         raise ValueError(f"{name} workspace: expected a 1-D float32 array, got shape {tuple(workspace.shape)}")
     if workspace.size < need:
-        raise ValueError(f"{name}: workspace too small for algo 'im2col' with chunk={chunk}: needs {4 * need} "
+        raise ValueError(f"{name}: workspace too small for algo {algo!r} with chunk={chunk}: needs {4 * need} "
                          f"bytes, got {4 * workspace.size} bytes")
     return version, workspace[:need]
 
 
-def _chunks(g, cols, chunk):
-    """Yield (first image, images, column buffers as (images, K, P)) for each chunk of the batch."""
+def _chunks(g, chunk):
+    """Yield (first image, images) for each chunk of the batch."""
     step = min(int(chunk), g.n)
     for n0 in range(0, g.n, step):
-        m = min(step, g.n - n0)
-        yield n0, m, cols[:m * g.k * g.p].reshape(m, g.k, g.p)
+        yield n0, min(step, g.n - n0)
 
 
 def _gemm_kwargs(stream, version, block):
@@ -283,6 +401,10 @@ def _v2_args(g):
     return (g.kh, g.kw, g.ow) + g.stride + g.padding
 
 
+def _window(g):
+    return {"kernel_size": (g.kh, g.kw), "stride": g.stride, "padding": g.padding}
+
+
 def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
                    version=None, block=None):
     """y = conv2d(x, w). ``version``: the direct kernel's or the gemm's; ``block``: the gemm's (im2col)."""
@@ -291,20 +413,19 @@ def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=Non
     check(f"{name} w", w)
     g = _geometry(x.shape, w.shape, stride, padding)
     check(f"{name} y", y, shape=(g.n, g.co, g.oh, g.ow))
-    version, cols = _prepare(name, "forward", g, algo, workspace, chunk, version)
+    version, ws = _prepare(name, "forward", g, algo, workspace, chunk, version)
     if y.size == 0:
         return
-    w2, y3, hyper = w.reshape(g.co, g.k), y.reshape(g.n, g.co, g.p), g.stride + g.padding
+    y3 = y.reshape(g.n, g.co, g.p)
     if algo == "direct" and version == "v1":
-        _forward_v1[ceil_div(y.size, BLOCK), BLOCK, stream](x, w, y, *hyper)
+        _forward_v1.launch(_forward_v1_geometry(g), stream, x, w, y, *g.stride, *g.padding)
     elif algo == "direct":
-        grid = (ceil_div(g.p, TILE), ceil_div(g.co, TILE), g.n)
-        _forward_v2[grid, (TILE, TILE), stream](x, w2, y3, *_v2_args(g))
-    else:
-        for n0, m, col in _chunks(g, cols, chunk):
-            im2col(x[n0:n0 + m], col, kernel_size=(g.kh, g.kw), stride=g.stride, padding=g.padding, stream=stream)
-            for i in range(m):
-                _gemm.gemm(w2, col[i], y3[n0 + i], **_gemm_kwargs(stream, version, block))
+        _forward_v2.launch(_forward_v2_geometry(g), stream, x, w.reshape(g.co, g.k), y3, *_v2_args(g))
+    else:  # per chunk: im2col, then y[n] = w @ col[n] for the chunk's images in one launch
+        for n0, m in _chunks(g, chunk):
+            col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
+            im2col(x[n0:n0 + m], col, **_window(g), stream=stream)
+            _gemm.gemm_batched(w.reshape(1, g.co, g.k), col, y3[n0:n0 + m], **_gemm_kwargs(stream, version, block))
 
 
 def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
@@ -315,17 +436,18 @@ def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", works
     check(f"{name} dx", dx)
     g = _geometry(dx.shape, w.shape, stride, padding)
     check(f"{name} dy", dy, shape=(g.n, g.co, g.oh, g.ow))
-    version, cols = _prepare(name, "backward_data", g, algo, workspace, chunk, version)
+    version, ws = _prepare(name, "backward_data", g, algo, workspace, chunk, version)
     if dx.size == 0:
         return
     if algo == "direct":
-        _backward_data_v1[ceil_div(dx.size, BLOCK), BLOCK, stream](dy, w, dx, *g.stride, *g.padding)
+        _backward_data_v1.launch(_backward_data_v1_geometry(g), stream, dy, w, dx, *g.stride, *g.padding)
         return
-    w2, dy3 = w.reshape(g.co, g.k), dy.reshape(g.n, g.co, g.p)
-    for n0, m, dcol in _chunks(g, cols, chunk):
-        for i in range(m):
-            _gemm.gemm(w2, dy3[n0 + i], dcol[i], trans_a=True, **_gemm_kwargs(stream, version, block))
-        col2im(dcol, dx[n0:n0 + m], kernel_size=(g.kh, g.kw), stride=g.stride, padding=g.padding, stream=stream)
+    dy3 = dy.reshape(g.n, g.co, g.p)
+    for n0, m in _chunks(g, chunk):  # per chunk: dcol[n] = w^T @ dy[n] in one launch, then col2im
+        dcol = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
+        _gemm.gemm_batched(w.reshape(1, g.co, g.k), dy3[n0:n0 + m], dcol, trans_a=True,
+                           **_gemm_kwargs(stream, version, block))
+        col2im(dcol, dx[n0:n0 + m], **_window(g), stream=stream)
 
 
 def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
@@ -336,21 +458,72 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
     check(f"{name} dw", dw)
     g = _geometry(x.shape, dw.shape, stride, padding)
     check(f"{name} dy", dy, shape=(g.n, g.co, g.oh, g.ow))
-    version, cols = _prepare(name, "backward_filter", g, algo, workspace, chunk, version)
+    version, ws = _prepare(name, "backward_filter", g, algo, workspace, chunk, version)
     if dw.size == 0:
         return
     dy3, dw2 = dy.reshape(g.n, g.co, g.p), dw.reshape(g.co, g.k)
     if g.n == 0 or (algo == "direct" and version == "v1"):  # an empty batch: dw = 0, by the direct kernel
-        _backward_filter_v1[ceil_div(dw.size, BLOCK), BLOCK, stream](x, dy, dw, *g.stride, *g.padding)
-    elif algo == "direct":
-        grid = (ceil_div(g.k, TILE), ceil_div(g.co, TILE))
-        _backward_filter_v2[grid, (TILE, TILE), stream](x, dy3, dw2, *_v2_args(g))
-    else:
-        for n0, m, col in _chunks(g, cols, chunk):
-            im2col(x[n0:n0 + m], col, kernel_size=(g.kh, g.kw), stride=g.stride, padding=g.padding, stream=stream)
-            for i in range(m):
-                beta = 0.0 if n0 + i == 0 else 1.0  # dw = s_0, then dw = s_n + dw
-                _gemm.gemm(dy3[n0 + i], col[i], dw2, trans_b=True, beta=beta, **_gemm_kwargs(stream, version, block))
+        _backward_filter_v1.launch(_backward_filter_v1_geometry(g), stream, x, dy, dw, *g.stride, *g.padding)
+    elif algo == "direct" and version == "v2":
+        _backward_filter_v2.launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3, dw2, *_v2_args(g))
+    elif algo == "direct":  # v3, per chunk: each image's s_n in parallel, then the fold in order
+        for n0, m in _chunks(g, chunk):
+            # the chunk's partial sums but the first; one image has none (dw stands in, untouched)
+            part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k) if m > 1 else dw.reshape(1, g.co, g.k)
+            _backward_filter_v3.launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x, dy3, dw2, part, n0,
+                                       *_v2_args(g))
+            if m > 1:
+                _fold_v1.launch(_fold_geometry(g, m - 1), stream, part, dw2)
+    else:  # per chunk: im2col, then dw (+)= the chunk's s_n, summed in order inside one launch
+        for n0, m in _chunks(g, chunk):
+            col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
+            im2col(x[n0:n0 + m], col, **_window(g), stream=stream)
+            _gemm.gemm_batched(dy3[n0:n0 + m], col, dw.reshape(1, g.co, g.k), trans_b=True,
+                               beta=0.0 if n0 == 0 else 1.0, reduce=True, **_gemm_kwargs(stream, version, block))
+
+
+LAUNCHERS = {"forward": conv2d_forward, "backward_data": conv2d_backward_data,
+             "backward_filter": conv2d_backward_filter}
+
+
+def launches(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None, block=None) -> list[Launch]:
+    """The launches ``conv2d_<op>`` makes with these arguments, in order (kernel, grid, block and
+    work), recorded from the launcher itself on shape-only arrays: nothing runs, no GPU needed."""
+    if op not in LAUNCHERS:
+        raise ValueError(f"conv2d launches: unknown op {op!r}; choose one of {tuple(LAUNCHERS)}")
+    x, w = ShapeArray(x_shape), ShapeArray(w_shape)
+    y = ShapeArray(output_shape(x_shape, w_shape, stride, padding))
+    need = workspace_bytes(op, algo, x_shape, w_shape, stride, padding, chunk, version) // 4
+    arrays = {"forward": (x, w, y), "backward_data": (y, w, x), "backward_filter": (x, y, w)}[op]
+    with record_launches() as out:
+        LAUNCHERS[op](*arrays, stride=stride, padding=padding, algo=algo, chunk=chunk, version=version, block=block,
+                      workspace=ShapeArray((need,)) if need else None)
+    return out
+
+
+def launch_counts(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None, block=None) -> list:
+    """``launches(...)`` as [(launch, times)], in order of first appearance, at a cost that does
+    not grow with the number of chunks: every chunk between the first and the last launches the
+    same, so the launcher is recorded on a batch of the first chunk and one more, and that one is
+    counted for all the middle chunks (then the last, if it is smaller)."""
+    n = x_shape[0]
+    step = min(int(chunk), n)
+    chunked = algo == "im2col" or (op == "backward_filter" and (version == "v3" or (version is None and step > 1)))
+    if not chunked or n // step <= 3:
+        return list(Counter(launches(op, algo, x_shape, w_shape, stride, padding, chunk, version, block)).items())
+    full, tail = divmod(n, step)
+
+    def record(images):
+        return launches(op, algo, (images,) + tuple(x_shape[1:]), w_shape, stride, padding, chunk, version, block)
+
+    two = record(2 * step)
+    first, middle = two[:len(two) // 2], two[len(two) // 2:]
+    counts = Counter(first)
+    for launch in middle:
+        counts[launch] += full - 1
+    if tail:
+        counts.update(record(step + tail)[len(first):])
+    return list(counts.items())
 
 
 def _versions(op):
@@ -395,6 +568,11 @@ def examples(rng):
             hyper = {"stride": stride, "padding": padding}
             out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "direct"}, rtol=1e-4, atol=1e-5,
                                versions=DIRECT_VERSIONS[op], label=f"direct {label}"))
+            if op == "backward_filter":  # v3 splits a chunk's images over the grid; the fold needs a workspace
+                need_d = workspace_bytes(op, "direct", xs, ws, stride, padding, chunk) // 4
+                out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "direct", "chunk": chunk,
+                                                                    "workspace": nan(max(need_d, 1))},
+                                   rtol=1e-4, atol=1e-5, versions=("v3",), label=f"direct c{chunk} {label}"))
             ws_ = nan(need + (3 if chunk == 2 else 0))  # exactly the bytes needed, or a few floats more
             out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "im2col", "workspace": ws_,
                                                                 "chunk": chunk},

@@ -3,6 +3,15 @@
 Used by linear layers and by im2col convolution. Run the self-check on the simulator:
     NUMBA_ENABLE_CUDASIM=1 python -m kernels.gemm
 
+Every kernel is strided-batched: A, B and C are stacks of matrices (3-D, C-contiguous) and
+block z of the grid computes C[z] = alpha * op(A[z]) @ op(B[z]) + beta * C[z]; an operand with
+one matrix is shared by the whole batch (a convolution's weights). ``gemm`` is the batch of one,
+``gemm_batched`` the general launch: one launch per im2col chunk, grid z = the chunk's images.
+With ``reduce=True`` the grid has one z and each block sums the batch into C (one matrix), in
+order: C = alpha*P_0 + beta*C, then C = alpha*P_z + 1*C for z = 1, 2, ... (P_z = op(A[z]) @
+op(B[z])), bit for bit what one ``gemm`` per matrix with beta = 1 after the first would give.
+Convolution's backward-filter uses it to sum a chunk's images inside one launch.
+
 Three versions, same numbers:
 - v1, naive: one thread per element of C, reading A and B from global memory.
 - v2, tiled: a (bx, by) block stages tiles of op(A) and op(B) in shared memory.
@@ -28,7 +37,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Launch, Op, ceil_div, check, check_version, cuda_kernel
 
 VERSIONS = ("v1", "v2", "v3")
 TILE_MAX = 32  # v2: the largest block side; its shared tiles are TILE_MAX x TILE_MAX
@@ -36,6 +45,7 @@ V3_BK = 8  # v3: depth (in k) of the shared-memory slices of op(A) and op(B)
 V3_PAD = 4  # v3: extra columns per shared row, so the staging stores do not hit one bank
 V3_MICRO = (8, 8)  # v3: default micro-tile (tm, tn) when ``block`` gives only the thread block
 DEFAULT_BLOCK = {"v1": (16, 16), "v2": (32, 32), "v3": (16, 16, 8, 8)}
+MAX_GRID_Z = 65535  # CUDA's limit on grid z: the most matrices one batched launch can take
 
 
 def gemm_flops(m: int, n: int, k: int) -> int:
@@ -64,20 +74,47 @@ def _epilogue(acc, c_old, alpha, beta, use_beta):
 
 
 @cuda.jit(device=True, inline=True)
-def _op_at(x, i, j, trans, rows, cols):
-    """Element (i, j) of op(X), a rows x cols matrix (X itself is cols x rows if ``trans``); 0.0 outside."""
-    v = float32(0.0)
-    if i < rows and j < cols:
-        v = x[j, i] if trans else x[i, j]
-    return v
-
-
-@cuda.jit(device=True, inline=True)
 def _index(v):
     """A thread or block index, written so the compiler can see it is not negative: Numba wraps
     negative array indices around (like NumPy), and this removes that check from every access
     the index feeds (in v3 it saves about 90 registers a thread)."""
     return max(v, 0)
+
+
+@cuda.jit(device=True, inline=True)
+def _batch_range(a, b, reduce):
+    """(first, last + 1) of the matrices this block computes: all of them, in order, with
+    ``reduce``; else matrix blockIdx.z."""
+    if reduce:
+        return 0, max(a.shape[0], b.shape[0])
+    z = _index(cuda.blockIdx.z)
+    return z, z + 1
+
+
+@cuda.jit(device=True, inline=True)
+def _mat(x, z):
+    """The matrix of operand x that matrix z of the batch uses: z, or 0 if x is shared (one matrix)."""
+    return z if x.shape[0] > 1 else 0
+
+
+@cuda.jit(device=True, inline=True)
+def _store(c, z, first, reduce, row, col, acc, alpha, beta, use_beta):
+    """C[z] (C[0] with ``reduce``) at (row, col) = the epilogue of acc; a later matrix of a
+    reduction (``first`` False) adds onto C with beta = 1. C is read only if it is added to."""
+    zc = 0 if reduce else z
+    chained = not first
+    use = use_beta or chained
+    old = c[zc, row, col] if use else float32(0.0)
+    c[zc, row, col] = _epilogue(acc, old, alpha, float32(1.0) if chained else beta, use)
+
+
+@cuda.jit(device=True, inline=True)
+def _op_at(x, z, i, j, trans, rows, cols):
+    """Element (i, j) of op(X[z]), a rows x cols matrix (X[z] is cols x rows if ``trans``); 0.0 outside."""
+    v = float32(0.0)
+    if i < rows and j < cols:
+        v = x[z, j, i] if trans else x[z, i, j]
+    return v
 
 
 @cuda.jit(device=True, inline=True)
@@ -92,15 +129,15 @@ def _slot(tid, l, threads, k_major, width):
 
 
 @cuda.jit(device=True, inline=True)
-def _fetch(x, regs, loads, k_major, k0, w0, width, k_lim, w_lim, tid, threads):
-    """regs[l] = element (k0 + kk, w0 + w) of a K x W operand (0.0 outside) for slot l of this
-    thread; memory holds it as x[k, w] if ``k_major`` else x[w, k], and consecutive threads
-    read consecutive addresses."""
+def _fetch(x, z, regs, loads, k_major, k0, w0, width, k_lim, w_lim, tid, threads):
+    """regs[l] = element (k0 + kk, w0 + w) of the K x W operand x[z] (0.0 outside) for slot l
+    of this thread; memory holds it as x[z, k, w] if ``k_major`` else x[z, w, k], and
+    consecutive threads read consecutive addresses."""
     for l in range(loads):
         kk, w = _slot(tid, l, threads, k_major, width)
         v = float32(0.0)
         if kk < V3_BK and k0 + kk < k_lim and w0 + w < w_lim:
-            v = x[k0 + kk, w0 + w] if k_major else x[w0 + w, k0 + kk]
+            v = x[z, k0 + kk, w0 + w] if k_major else x[z, w0 + w, k0 + kk]
         regs[l] = v
 
 
@@ -114,41 +151,49 @@ def _put(regs, s, loads, k_major, width, tid, threads):
 
 
 # ---------------------------------------------------------------- kernels
-_SIG = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], boolean, boolean, float32, float32, boolean)"
-_SIG_V3 = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32, float32, boolean)"
+_M = "float32[:, :, ::1]"
+_SIG = f"void({_M}, {_M}, {_M}, boolean, boolean, float32, float32, boolean, boolean)"
+_SIG_V3 = f"void({_M}, {_M}, {_M}, float32, float32, boolean, boolean)"
 
 
 @cuda_kernel(_SIG)
-def _gemm_v1(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
+def _gemm_v1(a, b, c, trans_a, trans_b, alpha, beta, use_beta, reduce):
     # Naive: one thread per element of C, reading A and B straight from global memory.
     col, row = cuda.grid(2)
-    m_, n_ = c.shape
-    k_ = a.shape[0] if trans_a else a.shape[1]
+    _, m_, n_ = c.shape
+    k_ = a.shape[1] if trans_a else a.shape[2]
+    z0, z1 = _batch_range(a, b, reduce)
     if row < m_ and col < n_:
-        acc = float32(0.0)
-        for k in range(k_):
-            av = a[k, row] if trans_a else a[row, k]
-            bv = b[col, k] if trans_b else b[k, col]
-            acc += av * bv
-        c[row, col] = _epilogue(acc, c[row, col] if use_beta else float32(0.0), alpha, beta, use_beta)
+        for z in range(z0, z1):
+            za, zb = _mat(a, z), _mat(b, z)
+            acc = float32(0.0)
+            for k in range(k_):
+                av = a[za, k, row] if trans_a else a[za, row, k]
+                bv = b[zb, col, k] if trans_b else b[zb, k, col]
+                acc += av * bv
+            _store(c, z, z == z0, reduce, row, col, acc, alpha, beta, use_beta)
 
 
 @cuda_kernel(_SIG)
-def _gemm_v2(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
-    """Tiled GEMM: C = alpha * op(A) @ op(B) + beta * C, one (bx, by) thread block per by x bx tile of C.
+def _gemm_v2(a, b, c, trans_a, trans_b, alpha, beta, use_beta, reduce):
+    """Tiled, batched GEMM: C[z] = alpha * op(A[z]) @ op(B[z]) + beta * C[z], one (bx, by) thread
+    block per by x bx tile of one matrix z of C.
 
     Assignment 3 (tiled GEMM kernel on the simulator). Requirements (``pytest -m a3``):
 
-    - thread (tx, ty) of block (x, y) owns C[y*by + ty, x*bx + tx] (the launcher's grid covers C
-      with ceil(N / bx) x ceil(M / by) blocks of ``block = (bx, by)``, bx and by at most TILE_MAX);
-      M, N and K need not be multiples of the block: guard every index, write only inside C;
+    - A, B and C are stacks of matrices (3-D); ``_batch_range(a, b, reduce)`` gives the matrices
+      z this block computes (blockIdx.z; all of them, in order, with ``reduce``) and
+      ``_mat(a, z)`` / ``_mat(b, z)`` which matrix of each operand z uses (z, or 0 if shared);
+    - thread (tx, ty) of block (x, y, z) owns C[z, y*by + ty, x*bx + tx] (the launcher's grid
+      covers C with ceil(N / bx) x ceil(M / by) x batch blocks of ``block = (bx, by)``, bx and by
+      at most TILE_MAX); M, N and K need not be multiples of the block: guard every index;
     - tiled: the block stages slices of op(A) and op(B) in ``cuda.shared.array`` tiles (at most
       TILE_MAX x TILE_MAX, one per source line) between ``cuda.syncthreads()`` barriers that every
       thread reaches, so each element of A is read from global memory at most ceil(N / bx) times
       and each element of B at most ceil(M / by) times (v1 reads each N or M times);
     - the canonical order: the accumulator starts at float32 0.0 and adds ``acc += av * bv`` for
-      k = 0, 1, ..., K-1 in ascending order, then ``_epilogue`` writes C, so the result is
-      bit-identical to ``_gemm_v1`` (and within float32 rounding of ``gemm_ref``);
+      k = 0, 1, ..., K-1 in ascending order, then ``_store`` writes it through the epilogue, so
+      the result is bit-identical to ``_gemm_v1`` (and within float32 rounding of ``gemm_ref``);
     - when ``use_beta`` is False, C is written without being read (it may hold NaN);
     - indices are written with ``cuda.threadIdx``/``cuda.blockIdx``/``cuda.blockDim``; no atomics.
     """
@@ -163,22 +208,25 @@ def _gemm_v2(a, b, c, trans_a, trans_b, alpha, beta, use_beta):
     tk = min(cuda.blockDim.x, cuda.blockDim.y)
     row = cuda.blockIdx.y * cuda.blockDim.y + ty
     col = cuda.blockIdx.x * cuda.blockDim.x + tx
-    m_, n_ = c.shape
-    k_ = a.shape[0] if trans_a else a.shape[1]
-    acc = float32(0.0)
-    for k0 in range(0, k_, tk):
-        if tx < tk:
-            sa[ty, tx] = _op_at(a, row, k0 + tx, trans_a, m_, k_)
-        if ty < tk:
-            sb[ty, tx] = _op_at(b, k0 + ty, col, trans_b, k_, n_)
-        cuda.syncthreads()
-        for kk in range(min(tk, k_ - k0)):
-            av = sa[ty, kk]
-            bv = sb[kk, tx]
-            acc += av * bv
-        cuda.syncthreads()
-    if row < m_ and col < n_:
-        c[row, col] = _epilogue(acc, c[row, col] if use_beta else float32(0.0), alpha, beta, use_beta)
+    _, m_, n_ = c.shape
+    k_ = a.shape[1] if trans_a else a.shape[2]
+    z0, z1 = _batch_range(a, b, reduce)
+    for z in range(z0, z1):
+        za, zb = _mat(a, z), _mat(b, z)
+        acc = float32(0.0)
+        for k0 in range(0, k_, tk):
+            if tx < tk:
+                sa[ty, tx] = _op_at(a, za, row, k0 + tx, trans_a, m_, k_)
+            if ty < tk:
+                sb[ty, tx] = _op_at(b, zb, k0 + ty, col, trans_b, k_, n_)
+            cuda.syncthreads()
+            for kk in range(min(tk, k_ - k0)):
+                av = sa[ty, kk]
+                bv = sb[kk, tx]
+                acc += av * bv
+            cuda.syncthreads()
+        if row < m_ and col < n_:
+            _store(c, z, z == z0, reduce, row, col, acc, alpha, beta, use_beta)
     # END ASSIGNMENT 3
 
 
@@ -198,7 +246,7 @@ def _make_gemm_v3(bx, by, tm, tn, trans_a, trans_b):
     a_loads, b_loads = ceil_div(V3_BK * bm, threads), ceil_div(V3_BK * bn, threads)
     a_kmajor, b_kmajor = trans_a, not trans_b  # op(A)[r, k] = A[k, r] if trans_a; op(B)[k, j] = B[k, j]
 
-    def kernel(a, b, c, alpha, beta, use_beta):
+    def kernel(a, b, c, alpha, beta, use_beta, reduce):
         sa = cuda.shared.array((V3_BK, a_cols), float32)  # sa[kk, r] = op(A)[row0 + r, k0 + kk]
         sb = cuda.shared.array((V3_BK, b_cols), float32)  # sb[kk, j] = op(B)[k0 + kk, col0 + j]
         acc = cuda.local.array((tm, tn), float32)
@@ -211,41 +259,47 @@ def _make_gemm_v3(bx, by, tm, tn, trans_a, trans_b):
         tid = ty * bx + tx
         row0 = _index(cuda.blockIdx.y) * bm
         col0 = _index(cuda.blockIdx.x) * bn
-        m_, n_ = c.shape
-        k_ = a.shape[0] if trans_a else a.shape[1]
-        for i in range(tm):
-            for j in range(tn):
-                acc[i, j] = float32(0.0)
-        _fetch(a, ra, a_loads, a_kmajor, 0, row0, bm, k_, m_, tid, threads)
-        _fetch(b, rb, b_loads, b_kmajor, 0, col0, bn, k_, n_, tid, threads)
-        for k0 in range(0, k_, V3_BK):
-            _put(ra, sa, a_loads, a_kmajor, bm, tid, threads)
-            _put(rb, sb, b_loads, b_kmajor, bn, tid, threads)
-            cuda.syncthreads()
-            if k0 + V3_BK < k_:
-                _fetch(a, ra, a_loads, a_kmajor, k0 + V3_BK, row0, bm, k_, m_, tid, threads)
-                _fetch(b, rb, b_loads, b_kmajor, k0 + V3_BK, col0, bn, k_, n_, tid, threads)
-            for kk in range(V3_BK):
-                for i in range(tm):
-                    af[i] = sa[kk, ty + i * by]
+        _, m_, n_ = c.shape
+        k_ = a.shape[1] if trans_a else a.shape[2]
+        z0, z1 = _batch_range(a, b, reduce)
+        for z in range(z0, z1):
+            za, zb = _mat(a, z), _mat(b, z)
+            for i in range(tm):
                 for j in range(tn):
-                    bf[j] = sb[kk, tx + j * bx]
-                for i in range(tm):
+                    acc[i, j] = float32(0.0)
+            _fetch(a, za, ra, a_loads, a_kmajor, 0, row0, bm, k_, m_, tid, threads)
+            _fetch(b, zb, rb, b_loads, b_kmajor, 0, col0, bn, k_, n_, tid, threads)
+            for k0 in range(0, k_, V3_BK):
+                _put(ra, sa, a_loads, a_kmajor, bm, tid, threads)
+                _put(rb, sb, b_loads, b_kmajor, bn, tid, threads)
+                cuda.syncthreads()
+                if k0 + V3_BK < k_:
+                    _fetch(a, za, ra, a_loads, a_kmajor, k0 + V3_BK, row0, bm, k_, m_, tid, threads)
+                    _fetch(b, zb, rb, b_loads, b_kmajor, k0 + V3_BK, col0, bn, k_, n_, tid, threads)
+                for kk in range(V3_BK):
+                    for i in range(tm):
+                        af[i] = sa[kk, ty + i * by]
                     for j in range(tn):
-                        av = af[i]
-                        bv = bf[j]
-                        acc[i, j] += av * bv
-            cuda.syncthreads()
-        for i in range(tm):
-            for j in range(tn):
-                row = row0 + ty + i * by
-                col = col0 + tx + j * bx
-                if row < m_ and col < n_:
-                    c_old = c[row, col] if use_beta else float32(0.0)
-                    c[row, col] = _epilogue(acc[i, j], c_old, alpha, beta, use_beta)
+                        bf[j] = sb[kk, tx + j * bx]
+                    for i in range(tm):
+                        for j in range(tn):
+                            av = af[i]
+                            bv = bf[j]
+                            acc[i, j] += av * bv
+                cuda.syncthreads()
+            for i in range(tm):
+                for j in range(tn):
+                    row = row0 + ty + i * by
+                    col = col0 + tx + j * bx
+                    if row < m_ and col < n_:
+                        _store(c, z, z == z0, reduce, row, col, acc[i, j], alpha, beta, use_beta)
 
-    kernel.__name__ = kernel.__qualname__ = f"_gemm_v3_{bx}x{by}_{tm}x{tn}_{'nt'[trans_a]}{'nt'[trans_b]}"
+    kernel.__name__ = kernel.__qualname__ = _v3_name(bx, by, tm, tn, trans_a, trans_b)
     return cuda_kernel(_SIG_V3)(kernel)
+
+
+def _v3_name(bx, by, tm, tn, trans_a, trans_b):
+    return f"_gemm_v3_{bx}x{by}_{tm}x{tn}_{'nt'[bool(trans_a)]}{'nt'[bool(trans_b)]}"
 
 
 _V3_KERNELS: dict = {}  # (bx, by, tm, tn, trans_a, trans_b) -> kernel, each built and registered once
@@ -263,7 +317,7 @@ for _flags in ((False, False), (False, True), (True, False), (True, True)):
     _gemm_v3(*DEFAULT_BLOCK["v3"], *_flags)  # built at import, so the PTX test compiles the default block
 
 
-# ---------------------------------------------------------------- launcher
+# ---------------------------------------------------------------- launch geometry (pure)
 def gemm_shapes(a_shape, b_shape, trans_a=False, trans_b=False):
     """(M, N, K) of op(A) @ op(B); raises ValueError if the inner dimensions differ."""
     m, ka = (a_shape[1], a_shape[0]) if trans_a else tuple(a_shape)
@@ -294,8 +348,67 @@ def _block(version, block):
     return bx, by, tm, tn
 
 
+def gemm_geometry(version, m, n, k, batch=1, *, reduce=False, trans_a=False, trans_b=False, beta=0.0,
+                  block=None) -> Launch:
+    """The launch of a batch of ``batch`` M x N x K products (one C with ``reduce``): kernel,
+    grid (ceil(N / (bx*tn)), ceil(M / (by*tm)), batch or 1), block, and its work. Bytes count
+    each operand once per tile that reads it (v1 has no tiles: a thread reads its own row and
+    column), plus C written (and read where it is added to)."""
+    check_version(version, VERSIONS)
+    bx, by, tm, tn = _block(version, block)
+    if version == "v3":
+        name, share = _v3_name(bx, by, tm, tn, trans_a, trans_b), tm * tn / (tm * tn + tm + tn)
+    else:
+        name, share = f"_gemm_{version}", 1 / 3  # one FMA per two loads
+    bm, bn = (1, 1) if version == "v1" else (by * tm, bx * tn)
+    grid = (ceil_div(n, bx * tn), ceil_div(m, by * tm), 1 if reduce else batch)
+    c_reads = (batch - 1 if reduce else 0) + ((1 if reduce else batch) if beta != 0 else 0)
+    operands = batch * (m * k * ceil_div(n, bn) + k * n * ceil_div(m, bm))
+    nbytes = 4 * (operands + m * n * (batch + c_reads))  # C: written once per matrix, read where added to
+    return Launch(f"kernels.gemm.{name}", grid, (bx, by), flops=batch * gemm_flops(m, n, k), bytes=nbytes,
+                  fma_share=share)
+
+
+# ---------------------------------------------------------------- launchers
+def _kernel(version, bx, by, tm, tn, trans_a, trans_b):
+    return _gemm_v3(bx, by, tm, tn, trans_a, trans_b) if version == "v3" else {"v1": _gemm_v1, "v2": _gemm_v2}[version]
+
+
+def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, reduce=False, stream=0,
+                 version="v3", block=None):
+    """C[z] = alpha * op(A[z]) @ op(B[z]) + beta * C[z] for each matrix z, in one launch (grid
+    z = batch); A or B may hold one matrix, shared by all. ``reduce=True``: C holds one matrix
+    and gets the batch's products summed into it in order (see the module docstring)."""
+    check_version(version, VERSIONS)
+    for name, arr in (("a", a), ("b", b), ("c", c)):
+        check(f"gemm_batched {name}", arr)
+        if arr.ndim != 3:
+            raise ValueError(f"gemm_batched {name}: expected a 3-D stack of matrices, got shape {tuple(arr.shape)}")
+    batch = max(a.shape[0], b.shape[0])
+    for name, arr in (("a", a), ("b", b)):
+        if arr.shape[0] not in (1, batch):
+            raise ValueError(f"gemm_batched {name}: {arr.shape[0]} matrices, but the batch is {batch} "
+                             "(an operand holds 1 matrix, shared, or one per matrix of the batch)")
+    m, n, k = gemm_shapes(a.shape[1:], b.shape[1:], trans_a, trans_b)
+    check("gemm_batched c", c, shape=(1 if reduce else batch, m, n))
+    if reduce and batch == 0:
+        raise ValueError("gemm_batched: reduce=True needs at least one matrix to sum")
+    if not reduce and batch > MAX_GRID_Z:
+        raise ValueError(f"gemm_batched: {batch} matrices, more than the {MAX_GRID_Z} a grid's z can hold; "
+                         "split the batch")
+    geometry = gemm_geometry(version, m, n, k, batch, reduce=reduce, trans_a=trans_a, trans_b=trans_b, beta=beta,
+                             block=block)
+    if m == 0 or n == 0 or batch == 0:
+        return
+    kernel = _kernel(version, *_block(version, block), trans_a, trans_b)
+    scalars = (np.float32(alpha), np.float32(beta), bool(beta != 0), bool(reduce))
+    flags = () if version == "v3" else (bool(trans_a), bool(trans_b))
+    kernel.launch(geometry, stream, a, b, c, *flags, *scalars)
+
+
 def gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=0, version="v3", block=None):
-    """C = alpha * op(A) @ op(B) + beta * C on the device; ``block``: see the module docstring."""
+    """C = alpha * op(A) @ op(B) + beta * C on the device (a batch of one); ``block``: see the
+    module docstring."""
     check_version(version, VERSIONS)
     check("gemm a", a)
     check("gemm b", b)
@@ -304,16 +417,9 @@ def gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=0
             raise ValueError(f"gemm {name}: expected a 2-D array, got shape {tuple(arr.shape)}")
     m, n, _ = gemm_shapes(a.shape, b.shape, trans_a, trans_b)
     check("gemm c", c, shape=(m, n))
-    bx, by, tm, tn = _block(version, block)
-    if m == 0 or n == 0:
-        return
-    grid = (ceil_div(n, bx * tn), ceil_div(m, by * tm))
-    scalars = (np.float32(alpha), np.float32(beta), bool(beta != 0))
-    if version == "v3":
-        _gemm_v3(bx, by, tm, tn, trans_a, trans_b)[grid, (bx, by), stream](a, b, c, *scalars)
-    else:
-        kernel = _gemm_v1 if version == "v1" else _gemm_v2
-        kernel[grid, (bx, by), stream](a, b, c, bool(trans_a), bool(trans_b), *scalars)
+    _block(version, block)
+    gemm_batched(a.reshape(1, *a.shape), b.reshape(1, *b.shape), c.reshape(1, m, n), trans_a=trans_a,
+                 trans_b=trans_b, alpha=alpha, beta=beta, stream=stream, version=version, block=block)
 
 
 OPS = {"gemm": Op("gemm", gemm_ref, gemm, VERSIONS)}

@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, pair, unravel4
+from kernels._common import Launch, Op, ceil_div, check, check_version, cuda_kernel, pair, unravel4
 
 BLOCK = 128  # threads per block of the 1-D launches
 
@@ -144,14 +144,27 @@ def _geometry(name, x_shape, col_shape, kernel_size, stride, padding):
     return kh, kw, oh, ow, sh, sw, ph, pw
 
 
+def im2col_geometry(col_shape) -> Launch:
+    """The launch of ``im2col`` writing a column buffer of ``col_shape``: one thread per element;
+    it reads x once per element written (taps overlap, so mostly from cache: counted once)."""
+    size = int(np.prod(col_shape))
+    return Launch("kernels.im2col._im2col_v1", ceil_div(size, BLOCK), BLOCK, flops=0, bytes=4 * 2 * size)
+
+
+def col2im_geometry(col_shape, dx_shape) -> Launch:
+    """The launch of ``col2im`` gathering ``col_shape`` into ``dx_shape``: one thread per element of dx."""
+    size = int(np.prod(dx_shape))
+    return Launch("kernels.im2col._col2im_v1", ceil_div(size, BLOCK), BLOCK, flops=0,
+                  bytes=4 * (int(np.prod(col_shape)) + size))
+
+
 def im2col(x, col, *, kernel_size, stride=1, padding=0, stream=0, version="v1"):
     """Copy every kernel window of x (N, C, H, W) into the columns of col (N, C*KH*KW, OH*OW)."""
     check_version(version, ("v1",))
     check("im2col x", x)
     check("im2col col", col)
     kh, kw, _, ow, sh, sw, ph, pw = _geometry("im2col", x.shape, col.shape, kernel_size, stride, padding)
-    if col.size:
-        _im2col_v1[ceil_div(col.size, BLOCK), BLOCK, stream](x, col, kh, kw, ow, sh, sw, ph, pw)
+    _im2col_v1.launch(im2col_geometry(col.shape), stream, x, col, kh, kw, ow, sh, sw, ph, pw)
 
 
 def col2im(col, dx, *, kernel_size, stride=1, padding=0, stream=0, version="v1"):
@@ -160,8 +173,7 @@ def col2im(col, dx, *, kernel_size, stride=1, padding=0, stream=0, version="v1")
     check("col2im col", col)
     check("col2im dx", dx)
     geo = _geometry("col2im", dx.shape, col.shape, kernel_size, stride, padding)
-    if dx.size:
-        _col2im_v1[ceil_div(dx.size, BLOCK), BLOCK, stream](col, dx, *geo)
+    _col2im_v1.launch(col2im_geometry(col.shape, dx.shape), stream, col, dx, *geo)
 
 
 OPS = {

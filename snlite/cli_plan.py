@@ -289,7 +289,7 @@ def conv_table(choices, limit: int = 12) -> str:
         by_layer.setdefault(c.layer, {}).setdefault(c.op, c)
 
     def cell(c):
-        return "-" if c is None else (f"{c.algo} x{c.chunk}, " if c.algo != "direct" else "direct, ") \
+        return "-" if c is None else (f"{c.algo} x{c.chunk}, " if c.algo != "direct" or c.chunk > 1 else "direct, ") \
             + measure.format_size(c.workspace_bytes)
     rows = [[layer] + [cell(d.get(o)) for o in ops] for layer, d in list(by_layer.items())[:limit]]
     text = "convolution workspace (algorithm x images per chunk, workspace):\n" + _table(["layer", *ops], rows, "<<<<")

@@ -9,17 +9,24 @@ picks, per the ``workspace`` setting:
 - ``dynamic``: the fastest algorithm whose workspace fits in the largest free block right now.
 
 The candidates are ``direct`` and ``im2col`` over chunks of k images (k = N, N/2, ..., 1;
-workspace proportional to k). On the host and meta devices their speed comes from
-:class:`CostModel`, a simple model of a GPU (im2col + GEMM about twice as fast as direct, each
-launch a fixed cost, so direct wins for tiny layers). On a real GPU every candidate is timed
-once with the runtime's own memory (:func:`measure_conv_costs`) and ranked by
-:class:`MeasuredCosts`; handing the same table to ``simulate`` plans the same choices on a laptop.
-The ranking, not the absolute times, is what the choice uses.
+workspace proportional to k): im2col keeps the chunk's column buffers, and backward-filter's
+direct algorithm splits a chunk's images over the GPU and keeps their partial sums (chunk 1:
+no workspace). On the host and meta devices their speed comes from :class:`CostModel`, which
+costs the launches the kernels themselves make (``kernels.conv.launches``: grids, FLOPs, bytes)
+on a model GPU (``kernels.launches.launch_ms``): a bigger chunk means fewer launches and more
+blocks per launch, so more of the GPU busy. On a real GPU every candidate is timed once with
+the runtime's own memory (:func:`measure_conv_costs`) and ranked by :class:`MeasuredCosts`;
+handing the same table to ``simulate`` plans the same choices on a laptop. The ranking, not the
+absolute times, is what the choice uses.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+
+from kernels import conv as conv_kernels
+from kernels import launches as launch_model
 
 MODES = ("none", "fastest", "dynamic")
 CONV_OPS = ("forward", "backward_data", "backward_filter")
@@ -35,18 +42,30 @@ class Choice:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Estimated milliseconds of a convolution: FLOPs at a rate per algorithm, plus launches."""
+    """Estimated milliseconds of a convolution on a model GPU, from the launches its kernels make
+    (``kernels.conv.launches``): each launch's FLOPs and bytes at the GPU's peak rates, over the
+    share of the GPU its blocks fill (``kernels.launches.launch_ms``), plus ``launch_us`` per
+    launch (Numba's launch cost on the host). ``gpu`` is a name of ``kernels.launches.GPUS``."""
 
-    direct_gflops: float = 2000.0
-    im2col_gflops: float = 4000.0
-    launch_ms: float = 0.005
+    gpu: str = "H200"
+    launch_us: float = 10.0
 
     def estimate(self, layer, op: str, algo: str, chunk: int) -> float:
-        n = layer.in_shapes[0][0]
-        if algo == "direct":
-            return layer.flops() / (self.direct_gflops * 1e6) + self.launch_ms
-        launches = 2 * n + 2 * -(-n // chunk)  # a GEMM per image, a transform per chunk
-        return layer.flops() / (self.im2col_gflops * 1e6) + launches * self.launch_ms
+        return _estimate(self, conv_key(layer), op, algo, chunk)
+
+    def launches(self, layer, op: str, algo: str, chunk: int) -> list:
+        """The launches behind the estimate (kernels.conv.launches for this layer)."""
+        x_shape, w_shape, stride, padding = conv_key(layer)
+        return conv_kernels.launches(op, algo, x_shape, w_shape, stride, padding, chunk)
+
+
+@functools.lru_cache(maxsize=4096)
+def _estimate(model: CostModel, key: tuple, op: str, algo: str, chunk: int) -> float:
+    gpu = launch_model.GPUS[model.gpu]
+    x_shape, w_shape, stride, padding = key
+    counts = conv_kernels.launch_counts(op, algo, x_shape, w_shape, stride, padding, chunk)
+    return sum(times * (launch_model.launch_ms(gpu, l, launch_model.resources(l.kernel, gpu.arch))
+                        + model.launch_us * 1e-3) for l, times in counts)
 
 
 def conv_key(layer) -> tuple:
@@ -68,15 +87,19 @@ class MeasuredCosts:
 
 
 def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:
-    """Every (algorithm, chunk) for this conv step, fastest first."""
+    """Every (algorithm, chunk) for this conv step, fastest first (ties: less workspace first).
+    Direct is one candidate (no workspace), and for backward-filter also one per chunk > 1 (its
+    split version keeps the chunk's partial sums)."""
     n = layer.in_shapes[0][0]
     chunks, k = [], n
     while k >= 1:
         chunks.append(k)
         k //= 2
-    out = [Choice("direct", 1, 0, model.estimate(layer, op, "direct", 1))]
-    out += [Choice("im2col", c, layer.workspace_bytes(op, "im2col", c), model.estimate(layer, op, "im2col", c))
-            for c in chunks]
+    options = [("direct", 1)] + [("im2col", c) for c in chunks]
+    if op == "backward_filter":
+        options += [("direct", c) for c in chunks if c > 1]
+    out = [Choice(algo, c, layer.workspace_bytes(op, algo, c), model.estimate(layer, op, algo, c))
+           for algo, c in options]
     return sorted(out, key=lambda c: (c.est_ms, c.workspace_bytes))
 
 
@@ -89,7 +112,7 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
         raise ValueError(f"unknown workspace mode {mode!r}; choose one of {MODES}")
     ranked = candidates(layer, op, model) if ranked is None else ranked
     if mode == "none":
-        return next(c for c in ranked if c.algo == "direct")
+        return next(c for c in ranked if c.algo == "direct" and c.workspace_bytes == 0)
     if mode == "fastest" or largest_free_bytes is None:
         return ranked[0]
     for c in ranked:  # fastest first; direct needs no workspace, so one always fits

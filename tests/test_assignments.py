@@ -428,6 +428,31 @@ def test_a3_beta_zero_never_reads_c_and_k_zero(rng):
 
 
 @pytest.mark.a3
+def test_a3_v2_batched_and_reduced_follow_the_canonical_order(rng):
+    """A batch (grid z; a shared A) gives each matrix its own canonical product; reduce sums the batch
+    into one C in order (C = P_0 + beta*C, then C = P_z + 1*C), as im2col convolution needs."""
+    from numba import cuda
+
+    from kernels.gemm import gemm_batched
+
+    a = rng.standard_normal((1, 6, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    d_c = cuda.to_device(np.full((3, 6, 7), np.nan, np.float32))
+    gemm_batched(cuda.to_device(a), cuda.to_device(b), d_c, version="v2", block=(4, 4))
+    for z in range(3):
+        want = canonical_gemm(a[0], b[z], None, False, False, 1.0, 0.0)
+        assert np.array_equal(d_c.copy_to_host()[z], want), f"matrix {z} of the batch is not its canonical product"
+    a3 = rng.standard_normal((3, 6, 5)).astype(np.float32)
+    c0 = rng.standard_normal((1, 6, 7)).astype(np.float32)
+    d_c = cuda.to_device(c0)
+    gemm_batched(cuda.to_device(a3), cuda.to_device(b), d_c, version="v2", block=(4, 4), beta=0.5, reduce=True)
+    want = canonical_gemm(a3[0], b[0], c0[0], False, False, 1.0, 0.5)
+    for z in (1, 2):
+        want = canonical_gemm(a3[z], b[z], want, False, False, 1.0, 1.0)
+    assert np.array_equal(d_c.copy_to_host()[0], want), "reduce=True does not sum the batch into C in order"
+
+
+@pytest.mark.a3
 @settings(max_examples=6, deadline=None)
 @given(m=st.integers(1, 10), n=st.integers(1, 10), k=st.integers(1, 12), ta=st.booleans(), tb=st.booleans(),
        block=st.sampled_from([(4, 4), (8, 4), (4, 8), (2, 8)]), seed=st.integers(0, 2**16))

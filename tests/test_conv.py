@@ -140,6 +140,57 @@ def test_algorithms_chunks_and_gemm_versions_are_bit_identical(rng, op, case):
     _assert_bit_identical(op, _inputs(rng, op, xs, ws, stride, padding), stride, padding, runs, block=(8, 8))
 
 
+@pytest.mark.parametrize("xs,ws,stride,padding", [((4, 2, 5, 4), (3, 2, 3, 2), 2, (1, 0)),
+                                                  ((3, 3, 4, 7), (2, 3, 1, 3), (1, 2), (0, 1))])
+def test_split_backward_filter_is_bit_identical_at_every_chunk(rng, xs, ws, stride, padding):
+    """direct v3 (each image of a chunk in its own blocks, then the fold in order) at every chunk size,
+    from one image per launch to more than the batch, equals v2 and im2col bit for bit."""
+    _assert_split_bit_identical(rng, xs, ws, stride, padding, (4, 4, 2, 2))
+
+
+@pytest.mark.gpu
+def test_split_backward_filter_is_bit_identical_on_a_real_gpu(rng):
+    _assert_split_bit_identical(rng, (6, 16, 15, 15), (24, 16, 3, 3), 2, 1, None)
+
+
+def _assert_split_bit_identical(rng, xs, ws, stride, padding, gemm_block):
+    n = xs[0]
+    runs = [("direct v2", "direct", "v2", 1)]
+    runs += [(f"direct v3 chunk {c}", "direct", "v3", c) for c in sorted({1, 2, n - 1, n + 1})]  # n-1: a tail
+    runs += [(f"im2col chunk {c}", "im2col", "v3", c) for c in (2, n)]
+    args = _inputs(rng, "backward_filter", xs, ws, stride, padding)
+    want = conv.conv2d_backward_filter_ref
+    ref = args[2].copy()
+    want(*[a.copy() for a in args[:2]], ref, stride=stride, padding=padding)
+    first = None
+    for label, algo, version, chunk in runs:
+        need = conv.workspace_bytes("backward_filter", algo, xs, ws, stride, padding, chunk, version) // 4
+        dev = [cuda.to_device(a) for a in args]
+        work = cuda.to_device(np.full(need + 1, np.nan, np.float32))
+        with no_device_allocation():
+            conv.conv2d_backward_filter(*dev, stride=stride, padding=padding, algo=algo, workspace=work, chunk=chunk,
+                                        version=version, block=gemm_block if algo == "im2col" else None)
+        got = dev[2].copy_to_host()
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=label)
+        first = got if first is None else first
+        assert np.array_equal(got.view(np.uint32), first.view(np.uint32)), f"{label} differs from direct v2"
+
+
+def test_split_backward_filter_defaults_and_workspace(rng):
+    """version=None: v3 when the chunk is more than one image (it needs the workspace), else v2; v3 refuses
+    a workspace too small for its partial sums."""
+    xs, ws = (4, 2, 4, 4), (3, 2, 2, 2)
+    assert [l.kernel.rsplit(".", 1)[1] for l in conv.launches("backward_filter", "direct", xs, ws, chunk=1)] == \
+        ["_backward_filter_v2"]
+    assert [l.kernel.rsplit(".", 1)[1] for l in conv.launches("backward_filter", "direct", xs, ws, chunk=3)] == \
+        ["_backward_filter_v3", "_fold_v1", "_backward_filter_v3"]  # chunks of 3 and 1 images
+    args = [cuda.to_device(a) for a in _inputs(rng, "backward_filter", xs, ws, 1, 0)]
+    need = conv.workspace_bytes("backward_filter", "direct", xs, ws, chunk=3)
+    assert need == 4 * 2 * 3 * 8
+    with pytest.raises(ValueError, match=f"workspace too small for algo 'direct' with chunk=3: needs {need} bytes"):
+        conv.conv2d_backward_filter(*args, algo="direct", chunk=3, workspace=cuda.to_device(np.zeros(4, np.float32)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("xs,ws,stride,padding", [
@@ -157,7 +208,14 @@ def test_bit_identical_on_a_real_gpu(rng, op, xs, ws, stride, padding):
 @pytest.mark.parametrize("op", OPS)
 def test_workspace_bytes(op):
     xs, ws, stride, padding = (3, 2, 6, 5), (4, 2, 3, 2), (2, 1), (1, 0)
-    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=2) == 0
+    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=1) == 0
+    # direct needs none, but for backward_filter's split version (v3, its default when chunk > 1): the
+    # partial sums of a chunk's images but the first, (chunk - 1) x Cout x C*KH*KW floats
+    split = 4 * (2 - 1) * 4 * (2 * 3 * 2) if op == "backward_filter" else 0
+    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=2) == split
+    assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=9) == 2 * split  # capped at N
+    for version in conv.DIRECT_VERSIONS[op][:2]:
+        assert conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk=2, version=version) == 0
     one = conv.workspace_bytes(op, "im2col", xs, ws, stride, padding)
     _, _, oh, ow = conv.output_shape(xs, ws, stride, padding)
     assert one == 4 * (2 * 3 * 2) * (oh * ow)  # one float32 column buffer: C*KH*KW x OH*OW

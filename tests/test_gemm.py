@@ -16,7 +16,8 @@ import kernels
 from kernels import bench
 from kernels import gemm as gemm_family
 from kernels._common import registered_kernels
-from kernels.gemm import VERSIONS, gemm, gemm_flops, gemm_ref
+from kernels._common import record_launches
+from kernels.gemm import VERSIONS, gemm, gemm_batched, gemm_flops, gemm_geometry, gemm_ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (bx, by, tm, tn): v1 and v2 use (bx, by); square and oblong tiles, micro-tiles 1x2, 2x2, 2x4
@@ -71,6 +72,75 @@ def test_versions_are_bit_identical_on_random_shapes(m, n, k, ta, tb, block, see
     rng = np.random.default_rng(seed)
     a, b = _operands(rng, m, n, k, ta, tb)
     _assert_all_versions_canonical(a, b, np.zeros((m, n), np.float32), ta, tb, 1.0, 0.0, block)
+
+
+def _run_batched(version, a, b, c, block, **kw):
+    d_c = cuda.to_device(c)
+    gemm_batched(cuda.to_device(a), cuda.to_device(b), d_c, version=version, block=block, **kw)
+    return d_c.copy_to_host()
+
+
+@pytest.mark.parametrize("shared", ["a", "b", None])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
+def test_batched_is_one_canonical_gemm_per_matrix(rng, ta, tb, shared):
+    """Matrix z of a batched launch is bit for bit what gemm of A[z] and B[z] gives; a shared operand
+    (one matrix) serves every z."""
+    batch, m, n, k = 3, 7, 5, 9
+    pairs = [_operands(rng, m, n, k, ta, tb) for _ in range(batch)]
+    a = np.stack([p[0] for p in pairs][:1 if shared == "a" else batch])
+    b = np.stack([p[1] for p in pairs][:1 if shared == "b" else batch])
+    c = rng.standard_normal((batch, m, n)).astype(np.float32)
+    want = np.stack([_canonical(a[z if a.shape[0] > 1 else 0], b[z if b.shape[0] > 1 else 0], c[z], ta, tb, 0.5, 2.0)
+                     for z in range(batch)])
+    for version, block in zip(VERSIONS, [(4, 4), (4, 8), (4, 4, 2, 2)]):
+        got = _run_batched(version, a, b, c, block, trans_a=ta, trans_b=tb, alpha=0.5, beta=2.0)
+        assert np.array_equal(got, want), f"{version}: a batched launch differs from one gemm per matrix"
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_reduce_sums_the_batch_in_order(rng, beta):
+    """reduce=True: C = P_0 (+ beta*C), then C = P_z + 1*C for z = 1, 2, ...: what the backward filter's
+    canonical order needs, bit for bit, in one launch; with beta 0 C starts as garbage and is not read."""
+    batch, m, n, k = 4, 5, 6, 7
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, n, k)).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    want = _canonical(a[0], b[0], c0, False, True, 1.0, beta)
+    for z in range(1, batch):
+        want = _canonical(a[z], b[z], want, False, True, 1.0, 1.0)
+    start = c0 if beta else np.full((m, n), np.nan, np.float32)
+    for version, block in zip(VERSIONS, [(4, 4), (8, 4), (4, 4, 2, 2)]):
+        got = _run_batched(version, a, b, start[None], block, trans_b=True, beta=beta, reduce=True)[0]
+        assert np.array_equal(got, want), f"{version}: reduce is not the in-order sum of the batch"
+
+
+def test_batched_geometry_is_one_launch_with_grid_z_the_batch():
+    a, b = cuda.to_device(np.zeros((1, 6, 5), np.float32)), cuda.to_device(np.zeros((9, 5, 11), np.float32))
+    for reduce, c_batch in ((False, 9), (True, 1)):
+        c = cuda.to_device(np.zeros((c_batch, 6, 11), np.float32))
+        with record_launches() as launched:
+            gemm_batched(a, b, c, version="v3", block=(4, 4, 2, 2), reduce=reduce)
+        assert len(launched) == 1
+        assert launched[0].grid == (2, 1, 1 if reduce else 9) and launched[0].block == (4, 4, 1)  # 11/8, 6/8, z
+        assert launched[0].kernel == "kernels.gemm._gemm_v3_4x4_2x2_nn"
+        assert launched[0] == gemm_geometry("v3", 6, 11, 5, 9, reduce=reduce, block=(4, 4, 2, 2))
+        assert launched[0].flops == 9 * gemm_flops(6, 11, 5)
+    assert np.array_equal(c.copy_to_host(), np.zeros((1, 6, 11), np.float32))  # recorded, not run
+    assert gemm_geometry("v1", 33, 17, 4, 2, block=(16, 8)).grid == (2, 5, 2)
+    assert gemm_geometry("v2", 33, 17, 4, block=(8, 16)).grid == (3, 3, 1)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: gemm_batched(_dev(2, 3, 4), _dev(3, 4, 2), _dev(3, 3, 2)),
+     "gemm_batched a: 2 matrices, but the batch is 3"),
+    (lambda: gemm_batched(_dev(3, 4), _dev(1, 4, 2), _dev(1, 3, 2)), "gemm_batched a: expected a 3-D stack"),
+    (lambda: gemm_batched(_dev(2, 3, 4), _dev(1, 4, 2), _dev(2, 3, 2), reduce=True),
+     r"gemm_batched c: expected shape \(1, 3, 2\)"),
+    (lambda: gemm_batched(_dev(0, 3, 4), _dev(0, 4, 2), _dev(1, 3, 2), reduce=True), "at least one matrix"),
+])
+def test_bad_batched_arguments_are_refused(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_beta_zero_never_reads_c(rng):
@@ -186,11 +256,23 @@ def test_bench_runs_end_to_end_on_the_simulator(tmp_path, monkeypatch):
     """Every section's code path, at tiny sizes (the simulator's times are meaningless: -1 ms)."""
     for version, block in (("v1", (4, 4)), ("v2", (4, 4)), ("v3", (4, 4, 2, 2))):
         monkeypatch.setitem(gemm_family.DEFAULT_BLOCK, version, block)
-    plan = dict(bench.PLAN_QUICK, gemm_sizes=[(9, 7, 5)], v3_sweep=[(4, 8, 2, 4)], gemm_trans=True, conv_layers=[],
-                copy_bytes=4096, launches=2, reps=1)
+    plan = dict(bench.PLAN_QUICK, gemm_sizes=[(9, 7, 5)], v3_sweep=[(4, 8, 2, 4)], gemm_trans=True,
+                batched=[("nn", (5, 7, 3), 3, False, False, False), ("tn", (6, 5, 4), 2, True, False, False),
+                         ("reduce", (4, 6, 5), 3, False, True, True)],
+                conv_layers=[("tiny", (3, 2, 5, 4), (3, 2, 3, 3), 1, 1)], conv_chunks=[1, 2],
+                copy_bytes=4096, launches=2, reps=1, section_budget_s=600.0)  # the simulator is slow: no cut
     bench.run(str(tmp_path), plan)
     record = json.loads((tmp_path / "bench.json").read_text())
-    assert {"environment", "plan", "gemm", "conv", "copy", "launch"} <= set(record)
+    assert {"environment", "plan", "gemm", "batched", "conv", "copy", "launch"} <= set(record)
+    assert [(r["case"], r["impl"], r["launches"]) for r in record["batched"]] == [
+        (case, impl, n) for case, batch in (("nn", 3), ("tn", 2), ("reduce", 3))
+        for impl, n in (("batched", 1), ("one per matrix", batch))]
+    assert all(r["bit_identical"] for r in record["batched"]), record["batched"]
+    conv = record["conv"]
+    assert not any("error" in r for r in conv) and all(r["same_as_first_algo"] for r in conv), conv
+    split = [r for r in conv if r["op"] == "backward_filter" and r["algo"] == "direct"]
+    assert [(r["chunk"], r["launches"]) for r in split] == [(1, 1), (2, 3)]  # v2; v3: chunks of 2 and 1 (+ a fold)
+    assert [r["launches"] for r in conv if r["algo"] == "im2col"] == [6, 4] * 3  # 2 a chunk: 3 chunks, then 2
     ours = [r for r in record["gemm"] if r["impl"] != "cupy"]
     assert [(r["layout"], r["impl"]) for r in ours] == [("nn", "v3"), ("nn", "v1"), ("nn", "v2"), ("nn", "v3"),
                                                         ("nt", "v3"), ("tn", "v3")]

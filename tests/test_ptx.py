@@ -1,33 +1,44 @@
-"""Every CUDA kernel compiles to PTX for a real GPU (compute capability 9.0), on the CPU.
+"""Every CUDA kernel compiles to PTX for real GPUs (compute capability 9.0 and 7.5), on the CPU;
+none uses floating-point atomics; and kernels/registers.json (what the launch report reads:
+registers, spills, shared memory per kernel) is what ptxas says now.
 
 The simulator runs kernels as Python and checks no types, so a kernel that only works there
 would pass every other test. This compiles each registered kernel with the simulator off, in a
-subprocess, and also proves no kernel uses floating-point atomics (results must be bit-exact).
+subprocess, for both architectures, and assembles it with ``ptxas -v`` where ptxas is installed.
 """
 import json
 import os
-import re
 import subprocess
 import sys
 
 import pytest
 
 import kernels
+from kernels import launches
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARCHS = ("sm_90", "sm_75")
 SCRIPT = r"""
 import json, re, sys
 import kernels
 for fam in kernels.FAMILIES:
     kernels.family(fam)
 from numba.cuda import compile_ptx
+from kernels.launches import ptxas_path, run_ptxas
 FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.f(16|32|64)\b")
+ptxas = ptxas_path()
 out = {}
 for spec in kernels.registered_kernels():
-    try:
-        ptx, _ = compile_ptx(spec.py_func, spec.signature, cc=(9, 0))
-        out[spec.name] = {"ok": True, "float_atomics": sorted(set(m.group(0) for m in FLOAT_ATOMIC.finditer(ptx)))}
-    except Exception as e:
-        out[spec.name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+    out[spec.name] = {}
+    for arch in json.loads(sys.argv[1]):
+        try:
+            ptx, _ = compile_ptx(spec.py_func, spec.signature, cc=(int(arch[3]), int(arch[4])))
+        except Exception as e:
+            out[spec.name][arch] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+            continue
+        atomics = sorted(set(m.group(0) for m in FLOAT_ATOMIC.finditer(ptx)))
+        res = run_ptxas(ptx, arch, ptxas).__dict__ if ptxas else None
+        out[spec.name][arch] = {"ok": True, "float_atomics": atomics, "resources": res}
 json.dump(out, sys.stdout)
 """
 
@@ -41,27 +52,64 @@ def _kernel_names():
 @pytest.fixture(scope="module")
 def ptx_results():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=900)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(ARCHS)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=1800)
     assert proc.returncode == 0, f"PTX compile script failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout)
 
 
 @pytest.mark.parametrize("name", _kernel_names())
 def test_kernel_compiles_to_ptx(name, ptx_results):
-    res = ptx_results[name]
-    assert res["ok"], f"{name} does not compile for sm_90: {res.get('error')}"
-    assert not res["float_atomics"], f"{name} uses floating-point atomics {res['float_atomics']}: not deterministic"
+    for arch in ARCHS:
+        res = ptx_results[name][arch]
+        assert res["ok"], f"{name} does not compile for {arch}: {res.get('error')}"
+        assert not res["float_atomics"], f"{name} uses floating-point atomics {res['float_atomics']}: not deterministic"
+
+
+@pytest.fixture(scope="module")
+def table():
+    return json.loads(launches.REGISTERS_FILE.read_text())
+
+
+def test_registers_table_covers_every_kernel_without_spills(ptx_results, table):
+    """The launch report's table lists every kernel a fresh import registers, on every architecture it
+    knows, and no kernel spills registers to local memory."""
+    missing, gone = sorted(set(ptx_results) - set(table["kernels"])), sorted(set(table["kernels"]) - set(ptx_results))
+    assert not missing and not gone, ("kernels/registers.json is stale: run `python -m kernels.launches --registers` "
+                                      f"(missing: {missing}, gone: {gone})")
+    for name, per_arch in table["kernels"].items():
+        assert set(per_arch) == set(table["archs"]) >= set(ARCHS), name
+        for arch, res in per_arch.items():
+            assert res["spill_bytes"] == 0, f"{name} spills {res['spill_bytes']} bytes on {arch}"
+
+
+def _ptxas_or_skip(table):
+    ptxas = launches.ptxas_path()
+    if ptxas is None:
+        pytest.skip("ptxas not found (install the CUDA toolkit or set CUDA_HOME): registers not re-measured")
+    version = launches.ptxas_version(ptxas)
+    if version != table["ptxas"]:
+        pytest.skip(f"ptxas here is {version!r}, the table was measured with {table['ptxas']!r}: counts may differ")
+
+
+@pytest.mark.parametrize("name", _kernel_names())
+def test_registers_table_is_what_ptxas_says(name, ptx_results, table):
+    _ptxas_or_skip(table)
+    for arch in ARCHS:
+        measured = ptx_results[name][arch]["resources"]
+        assert measured == table["kernels"][name][arch], (
+            f"{name} on {arch}: ptxas says {measured}, kernels/registers.json {table['kernels'][name][arch]}: "
+            "run `python -m kernels.launches --registers`")
 
 
 def test_every_kernel_is_registered():
     """A kernel written with plain @cuda.jit would escape the PTX check; all must use @cuda_kernel."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import re
+
     offenders = []
     for fam in kernels.FAMILIES:
-        src = open(os.path.join(root, "kernels", f"{fam}.py")).read()
+        src = open(os.path.join(ROOT, "kernels", f"{fam}.py")).read()
         for m in re.finditer(r"@cuda\.jit(\([^)]*\))?\s*\ndef (\w+)", src):
             if "device=True" not in (m.group(1) or ""):
                 offenders.append(f"{fam}.{m.group(2)}")

@@ -1,0 +1,445 @@
+"""The launch report: what one training iteration launches, and how well each launch fills a GPU,
+worked out on the CPU (no GPU, no data):
+
+    python -m kernels.launches alexnet --batch 200               # per layer and op, on an H200
+    python -m kernels.launches resnet50 --batch 384 --gpu T4 --workspace none --conv
+    python -m kernels.launches --registers                        # re-measure kernels/registers.json
+
+Every registered kernel records its launches instead of running inside
+``kernels._common.record_launches()``, so calling a launcher with shape-only arrays
+(:class:`~kernels._common.ShapeArray`) gives exactly the launches it would make: kernel, grid,
+block, and (for GEMM and convolution) the work. The report runs each layer's forward and
+backward that way, with the convolution algorithm and chunk that ``snlite.simulate`` chose for
+each conv step on the meta device, then the SGD update.
+
+Waves: a GPU runs ``SMs x blocks per SM`` blocks at once; blocks per SM (occupancy) is limited
+by threads, by shared memory and by registers per thread. Registers, spills and static shared
+memory come from ptxas (``ptxas -v``) on the PTX that Numba generates; they are measured once
+into ``kernels/registers.json`` (``--registers``; ``tests/test_ptx.py`` checks the file against
+ptxas where ptxas is installed) and read from there, or measured now with ``--ptxas``.
+
+:func:`launch_ms` turns a launch's work into an estimated time on a GPU (the convolution cost
+model of ``snlite.workspace`` uses it). This module never imports snlite, except to build the
+network in ``main`` (the command line needs the model zoo and ``snlite.simulate``).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kernels._common import Launch, ShapeArray, record_launches
+
+REGISTERS_FILE = Path(__file__).with_name("registers.json")
+TARGET_OUTPUT_ELEMENTS = 10**7  # conv ops writing more than this must run at least TARGET_WAVES waves
+TARGET_WAVES = 2.0
+
+
+# ---------------------------------------------------------------- GPUs and occupancy
+@dataclass(frozen=True)
+class Gpu:
+    """What occupancy and the cost model need of a GPU (NVIDIA's data sheets and the CUDA
+    occupancy calculator's limits per compute capability)."""
+
+    name: str
+    arch: str  # the ptxas target whose register counts apply
+    sms: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    registers_per_sm: int
+    shared_per_sm: int  # bytes usable by blocks
+    shared_reserved_per_block: int  # bytes the driver keeps per block (sm_80 and later: 1 KiB)
+    fp32_tflops: float  # peak FP32 (FMA = 2 FLOPs), no tensor cores
+    bandwidth_gbs: float  # DRAM bandwidth, GB/s
+
+
+GPUS = {
+    "H200": Gpu("H200", "sm_90", 132, 2048, 32, 65536, 228 * 1024, 1024, 67.0, 4800.0),
+    "A100": Gpu("A100", "sm_80", 108, 2048, 32, 65536, 164 * 1024, 1024, 19.5, 2039.0),
+    "T4": Gpu("T4", "sm_75", 40, 1024, 16, 65536, 64 * 1024, 0, 8.1, 320.0),
+}
+ARCHS = ("sm_90", "sm_80", "sm_75")
+REGISTER_UNIT = 256  # registers are allocated to a warp in units of 256
+SHARED_UNIT = 128  # shared memory is allocated to a block in units of 128 bytes
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for one kernel on one architecture."""
+
+    registers: int
+    spill_bytes: int  # spill stores + spill loads
+    shared_bytes: int  # static shared memory
+    stack_bytes: int
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    blocks_per_sm: int
+    limited_by: str  # "threads", "blocks", "registers", "shared memory"
+
+
+def occupancy(gpu: Gpu, launch: Launch, res: Resources | None) -> Occupancy:
+    """Blocks of ``launch`` one SM of ``gpu`` holds at once. Without ``res`` (the kernel was
+    not measured), registers and static shared memory are left out: an upper bound."""
+    warps = math.ceil(launch.threads_per_block / 32)
+    limits = {"blocks": gpu.max_blocks_per_sm, "threads": gpu.max_threads_per_sm // (32 * warps)}
+    static = res.shared_bytes if res else 0
+    shared = static + launch.shared_bytes
+    if shared:
+        per_block = math.ceil((shared + gpu.shared_reserved_per_block) / SHARED_UNIT) * SHARED_UNIT
+        limits["shared memory"] = gpu.shared_per_sm // per_block
+    if res and res.registers:
+        per_warp = math.ceil(res.registers * 32 / REGISTER_UNIT) * REGISTER_UNIT
+        limits["registers"] = (gpu.registers_per_sm // per_warp) // warps
+    limited_by = min(limits, key=lambda k: limits[k])
+    return Occupancy(limits[limited_by], limited_by)
+
+
+def waves(gpu: Gpu, launch: Launch, res: Resources | None) -> float:
+    """Blocks of the launch over the blocks the whole GPU runs at once (inf if none fits)."""
+    per_sm = occupancy(gpu, launch, res).blocks_per_sm
+    return launch.blocks / (gpu.sms * per_sm) if per_sm else math.inf
+
+
+def launch_ms(gpu: Gpu, launch: Launch, res: Resources | None = None) -> float:
+    """Estimated milliseconds of one launch on ``gpu`` (launch overhead not included): its work
+    at the GPU's peak rates, max(FLOPs / (peak FP32 x the FMA share of its inner loop), bytes /
+    bandwidth), divided by how much of the GPU its blocks fill: blocks / (whole waves x blocks
+    per wave). A launch of 3 blocks uses 3 of the GPU's block slots; the last partial wave of a
+    big launch leaves the rest idle."""
+    if launch.flops is None or launch.bytes is None:
+        raise ValueError(f"{launch.kernel}: the launcher gives no work (FLOPs, bytes) to estimate a time from")
+    slots = gpu.sms * max(occupancy(gpu, launch, res).blocks_per_sm, 1)
+    fill = launch.blocks / (math.ceil(launch.blocks / slots) * slots)
+    compute_s = launch.flops / (gpu.fp32_tflops * 1e12 * launch.fma_share)
+    memory_s = launch.bytes / (gpu.bandwidth_gbs * 1e9)
+    return 1e3 * max(compute_s, memory_s) / fill
+
+
+# ---------------------------------------------------------------- registers: ptxas
+def ptxas_path() -> str | None:
+    """The ptxas executable (PATH, then $CUDA_HOME/bin), or None."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    cand = Path(home, "bin", "ptxas") if home else None
+    return str(cand) if cand and cand.exists() else None
+
+
+def ptxas_version(ptxas: str) -> str:
+    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60).stdout
+    return next((line.strip() for line in out.splitlines() if "release" in line), out.strip())
+
+
+def parse_ptxas(text: str) -> Resources:
+    """Resources from the ``ptxas -v`` log of one kernel."""
+    def num(pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else 0
+
+    if not re.search(r"Used (\d+) registers", text):
+        raise ValueError(f"no register count in the ptxas output:\n{text[-2000:]}")
+    return Resources(registers=num(r"Used (\d+) registers"),
+                     spill_bytes=num(r"(\d+) bytes spill stores") + num(r"(\d+) bytes spill loads"),
+                     shared_bytes=num(r"(\d+) bytes smem"), stack_bytes=num(r"(\d+) bytes stack frame"))
+
+
+def run_ptxas(ptx: str, arch: str, ptxas: str) -> Resources:
+    """Assemble ``ptx`` for ``arch`` with ``ptxas -v``. Numba's NVVM may write a newer PTX ISA
+    version than this ptxas reads; then the ``.version`` line is lowered to the one ptxas names
+    and it is assembled again (the kernels use nothing newer)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        for _ in range(2):
+            Path(src).write_text(ptx)
+            proc = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", obj], capture_output=True, text=True,
+                                  timeout=300)
+            if proc.returncode == 0:
+                return parse_ptxas(proc.stdout + proc.stderr)
+            m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", proc.stderr)
+            if not m:
+                break
+            ptx = re.sub(r"^\.version \S+", f".version {m.group(1)}", ptx, count=1, flags=re.M)
+    raise RuntimeError(f"ptxas failed for {arch}:\n{proc.stderr[-2000:]}")
+
+
+def compile_resources(names=None, archs=ARCHS) -> dict:
+    """{kernel name: {arch: Resources as a dict}} for the registered kernels (those in ``names``,
+    or all): PTX from ``numba.cuda.compile_ptx``, then ptxas. Needs the simulator OFF in this
+    process (use :func:`measure_resources` from anywhere)."""
+    import kernels
+    from numba.cuda import compile_ptx
+
+    for fam in kernels.FAMILIES:
+        kernels.family(fam)
+    ptxas = ptxas_path()
+    if ptxas is None:
+        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to measure registers")
+    out = {}
+    for spec in kernels.registered_kernels():
+        if names is not None and spec.name not in names:
+            continue
+        out[spec.name] = {}
+        for arch in archs:
+            ptx, _ = compile_ptx(spec.py_func, spec.signature, cc=(int(arch[3]), int(arch[4])))
+            out[spec.name][arch] = run_ptxas(ptx, arch, ptxas).__dict__
+    return out
+
+
+def measure_resources(names=None, archs=ARCHS) -> dict:
+    """:func:`compile_resources` in a subprocess with the CUDA simulator off."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    script = ("import json, sys\nfrom kernels.launches import compile_resources\n"
+              "names, archs = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+              "print(json.dumps(compile_resources(names, archs)))\n")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(names) if names else None),
+                           json.dumps(list(archs))], capture_output=True, text=True, env=env, cwd=root, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring registers failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+@functools.cache
+def _table() -> dict:
+    try:
+        return json.loads(REGISTERS_FILE.read_text())
+    except FileNotFoundError:
+        return {"kernels": {}}
+
+
+def resources(kernel: str, arch: str, measured: dict | None = None) -> Resources | None:
+    """The kernel's resources on ``arch``: from ``measured`` (a :func:`measure_resources`
+    result), else from kernels/registers.json; None if neither has it."""
+    for table in (measured or {}, _table()["kernels"]):
+        entry = table.get(kernel, {}).get(arch)
+        if entry:
+            return Resources(**entry)
+    return None
+
+
+def write_registers(path=None) -> dict:
+    """Measure every registered kernel on every arch and write the table (``--registers``) to
+    ``path`` (default kernels/registers.json)."""
+    path = REGISTERS_FILE if path is None else path
+    ptxas = ptxas_path()
+    if ptxas is None:
+        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to measure registers")
+    table = {"ptxas": ptxas_version(ptxas), "archs": list(ARCHS), "kernels": measure_resources()}
+    Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    _table.cache_clear()
+    return table
+
+
+# ---------------------------------------------------------------- one iteration of a network
+@dataclass(frozen=True)
+class OpLaunches:
+    """The launches of one op (kernel launcher call) of one route step."""
+
+    step: int
+    layer: str
+    phase: str  # forward, backward, optimizer
+    op: str  # the kernel op, e.g. conv2d_forward
+    algo: str  # conv: "im2col x 25" / "direct"; else ""
+    chunk: int  # conv: images per chunk; else 0
+    output_elements: int  # conv: elements of y, dx or dw; else 0
+    launches: tuple
+
+
+CONV_OP = {"conv2d_forward": "forward", "conv2d_backward_data": "backward_data",
+           "conv2d_backward_filter": "backward_filter"}
+
+
+def _view(shape, dtype="float32"):
+    return ShapeArray(tuple(shape), np.dtype(dtype))
+
+
+def _step_io(graph, step, layer, choices):
+    """What the runtime hands a layer (snlite.layers.StepIO), with shape-only views."""
+    tensors = graph.tensors()
+    inputs = graph.inputs[step.layer]
+    io = types.SimpleNamespace(train=True, update_running=True, seed=0, algo={}, chunk={}, workspace=None)
+    io.x = [_view(graph.layers[i].out_shape) for i in inputs]
+    io.y = _view(layer.out_shape)
+    io.params = {p: _view(s) for p, s in layer.params().items()}
+    io.buffers = {b: _view(s) for b, s in layer.buffers().items()}
+    io.saved = {s: _view(shape, dtype) for s, (shape, dtype) in layer.saved().items()}
+    io.labels = _view(tensors["labels"].shape, tensors["labels"].dtype) if "labels" in tensors else None
+    io.grads = {p: _view(s) for p, s in layer.params().items()}
+    io.dy = _view(layer.out_shape)
+    io.dx = [_view(graph.layers[i].out_shape) for i in inputs]
+    if choices:
+        io.algo = {op: c.algo for op, c in choices.items()}
+        io.chunk = {op: c.chunk for op, c in choices.items()}
+        nbytes = max(c.workspace_bytes for c in choices.values())
+        io.workspace = _view((nbytes // 4,)) if nbytes else None
+    return io
+
+
+def network_launches(graph, conv_choices, optimizer: bool = True) -> list[OpLaunches]:
+    """Every op of one training iteration of ``graph`` (duck-typed: a snlite Graph) with its
+    launches, recorded from the launchers: each route step's fork accumulations and layer
+    forward or backward (conv algorithms and chunks from ``conv_choices``, a list of
+    ConvChoice(step, layer, op, algo, chunk, workspace_bytes)), then the SGD update of every
+    parameter (momentum on)."""
+    import kernels
+
+    ops = kernels.all_ops()
+    chosen: dict = {}
+    for c in conv_choices:
+        chosen.setdefault(c.step, {})[c.op] = c
+    rows = []
+
+    def record(step, layer, phase, name, args, kwargs):
+        with record_launches() as launched:
+            ops[name].launch(*args, **kwargs)
+        algo, chunk, out = "", 0, 0
+        if name in CONV_OP:
+            algo, chunk = kwargs.get("algo", "direct"), kwargs.get("chunk", 1)
+            algo = f"{algo} x{chunk}" if algo == "im2col" or chunk > 1 else algo
+            out = args[2].size  # y, dx or dw: every conv op's third argument
+        rows.append(OpLaunches(step, layer, phase, name, algo, chunk, out, tuple(launched)))
+
+    for step in graph.steps():
+        layer = graph.layers[step.layer]
+        if step.phase == "backward" and step.accumulate:  # a fork: its readers' gradients summed into the first
+            for _ in step.accumulate:
+                record(step.index, step.layer, step.phase, "accumulate",
+                       (_view(layer.out_shape), _view(layer.out_shape)), {})
+        io = _step_io(graph, step, layer, chosen.get(step.index, {}))
+        calls = []
+        io.run = lambda name, *args, **kwargs: calls.append((name, args, kwargs))
+        (layer.forward if step.phase == "forward" else layer.backward)(io)
+        for name, args, kwargs in calls:
+            record(step.index, step.layer, step.phase, name, args, kwargs)
+    if optimizer:
+        for layer in graph.layers.values():
+            for p, shape in layer.params().items():
+                record(-1, f"{layer.name}.{p}", "optimizer", "sgd_update", (_view(shape), _view(shape), _view(shape)),
+                       {"lr": 0.01, "momentum": 0.9})
+    return rows
+
+
+# ---------------------------------------------------------------- the targets, and the report
+def im2col_launches_per_chunk(row: OpLaunches) -> float:
+    """Launches per chunk of an im2col conv op (the target: at most 2); a chunk is one transform
+    launch (im2col, or col2im for backward_data)."""
+    chunks = sum(1 for l in row.launches if l.kernel.startswith("kernels.im2col."))
+    return len(row.launches) / max(chunks, 1)
+
+
+def fewest_waves(row: OpLaunches, gpu: Gpu, measured=None) -> float:
+    return min((waves(gpu, l, resources(l.kernel, gpu.arch, measured)) for l in row.launches), default=math.inf)
+
+
+def check_targets(rows, gpu: Gpu, measured=None) -> dict:
+    """The two targets on the conv ops of ``rows``: im2col at most 2 launches per chunk; an op
+    writing more than TARGET_OUTPUT_ELEMENTS runs no launch under TARGET_WAVES waves."""
+    conv = [r for r in rows if r.op in CONV_OP]
+    im2col = [r for r in conv if r.algo.startswith("im2col")]
+    per_chunk = max((im2col_launches_per_chunk(r) for r in im2col), default=0.0)
+    big = [r for r in conv if r.output_elements > TARGET_OUTPUT_ELEMENTS]
+    worst = min(big, key=lambda r: fewest_waves(r, gpu, measured), default=None)
+    worst_waves = fewest_waves(worst, gpu, measured) if worst else math.inf
+    return {"im2col_ops": len(im2col), "max_launches_per_chunk": per_chunk, "launches_ok": per_chunk <= 2,
+            "big_ops": len(big), "fewest_waves": worst_waves, "fewest_waves_op": worst,
+            "waves_ok": worst_waves >= TARGET_WAVES}
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:,d}" if lo == hi else f"{lo:,d}..{hi:,d}"
+
+
+def format_report(rows, gpu: Gpu, measured=None, conv_only: bool = False) -> str:
+    """The per-op table, the per-kernel table (registers, spills, occupancy) and the totals."""
+    shown = [r for r in rows if r.op in CONV_OP or not conv_only]
+    lines = [f"{'step':>4}  {'layer':14} {'op':24} {'algorithm':12} {'launches':>8}  {'blocks per launch':>18}  "
+             f"{'waves':>7}  {'output elems':>12}"]
+    for r in shown:
+        blocks = _span([l.blocks for l in r.launches]) if r.launches else "-"
+        w = f"{fewest_waves(r, gpu, measured):7.2f}" if r.launches else f"{'-':>7}"
+        out = f"{r.output_elements:12,d}" if r.output_elements else f"{'':12}"
+        step = f"{r.step:4d}" if r.step >= 0 else f"{'':4}"
+        lines.append(f"{step}  {r.layer[:14]:14} {r.op:24} {r.algo:12} {len(r.launches):8d}  {blocks:>18}  {w}  {out}")
+    lines.append("(waves: the fewest of the op's launches, on the " + gpu.name + ")")
+    kernels_used = Counter(l.kernel for r in shown for l in r.launches)
+    example = {l.kernel: l for r in shown for l in r.launches}
+    src = "measured now with ptxas" if measured else f"kernels/registers.json ({_table().get('ptxas', 'no table')})"
+    lines += ["", f"kernels on the {gpu.name} ({gpu.sms} SMs, {gpu.arch}; registers and spills: {src}):",
+              f"{'kernel':44} {'launches':>8} {'threads':>7} {'regs':>5} {'spills':>6} {'smem B':>7} "
+              f"{'blocks/SM':>9}  limited by"]
+    for name, count in sorted(kernels_used.items(), key=lambda kv: -kv[1]):
+        res = resources(name, gpu.arch, measured)
+        occ = occupancy(gpu, example[name], res)
+        regs, spills, smem = (res.registers, res.spill_bytes, res.shared_bytes) if res else ("?", "?", "?")
+        lines.append(f"{name.removeprefix('kernels.'):44} {count:8,d} {example[name].threads_per_block:7d} "
+                     f"{regs!s:>5} {spills!s:>6} {smem!s:>7} {occ.blocks_per_sm:9d}  "
+                     f"{occ.limited_by}{'' if res else ' (not measured: an upper bound)'}")
+    conv = [r for r in rows if r.op in CONV_OP]
+    t = check_targets(rows, gpu, measured)
+    worst = t["fewest_waves_op"]
+    lines += ["", f"one iteration: {sum(len(r.launches) for r in rows):,d} launches "
+                  f"({sum(len(r.launches) for r in conv):,d} by convolutions, in {len(conv)} conv ops)",
+              f"im2col conv ops: {t['im2col_ops']}, at most {t['max_launches_per_chunk']:g} launches per chunk "
+              f"(target <= 2): {t['launches_ok']}",
+              f"conv ops writing > {TARGET_OUTPUT_ELEMENTS:,d} elements: {t['big_ops']}, fewest waves "
+              + (f"{t['fewest_waves']:.2f} ({worst.layer} {worst.op})" if worst else "-")
+              + f" (target >= {TARGET_WAVES:g} on the {gpu.name}): {t['waves_ok']}"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.launches", description=__doc__.split("\n")[0])
+    parser.add_argument("net", nargs="?", help="a model of the zoo (snlite.models), e.g. alexnet, resnet50")
+    parser.add_argument("--batch", type=int, help="batch size (default: the model's)")
+    parser.add_argument("--gpu", choices=sorted(GPUS), default="H200", help="the GPU to count waves on")
+    parser.add_argument("--workspace", choices=("none", "fastest", "dynamic"), default="dynamic",
+                        help="conv workspace policy for snlite.simulate (default dynamic; unlimited = fastest)")
+    parser.add_argument("--budget", type=int, help="device memory budget in bytes (default: unlimited)")
+    parser.add_argument("--conv", action="store_true", help="only the convolutions' rows")
+    parser.add_argument("--ptxas", action="store_true", help="measure registers with ptxas now, not from the table")
+    parser.add_argument("--registers", action="store_true", help=f"re-measure {REGISTERS_FILE.name} with ptxas")
+    args = parser.parse_args(argv)
+    if args.registers:
+        table = write_registers()
+        print(f"wrote {REGISTERS_FILE} ({len(table['kernels'])} kernels, {table['ptxas']})")
+        return 0
+    if not args.net:
+        parser.error("name a network (e.g. alexnet), or pass --registers")
+    import snlite  # the network and its conv choices: the one use of snlite in kernels/
+    from snlite import MemoryConfig
+
+    try:
+        graph = snlite.models.get_model(args.net, batch=args.batch)
+    except ValueError as e:
+        parser.error(str(e))
+    config = MemoryConfig(liveness=True, workspace=args.workspace, budget_bytes=args.budget)
+    trace = snlite.simulate(graph, config)
+    rows = network_launches(graph, trace.conv_choices)
+    used = {l.kernel for r in rows for l in r.launches}
+    measured = measure_resources(used, (GPUS[args.gpu].arch,)) if args.ptxas else None
+    print(f"launch report: {graph.name}, batch {graph.input_shape[0]}, one training iteration (forward, backward, "
+          f"SGD); conv algorithms as snlite.simulate chose them under {config.describe()}")
+    print(format_report(rows, GPUS[args.gpu], measured, conv_only=args.conv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
