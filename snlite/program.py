@@ -274,7 +274,7 @@ class Program:
         return {"format": FORMAT, "net": self.net, "config": self.config, "mode": self.mode,
                 "allocator": self.allocator, "arena_bytes": self.arena_bytes, "slab_bytes": self.slab_bytes,
                 "stats": self.stats,
-                "tensors": {n: [list(s), d, k] for n, (s, d, k) in self.tensors.items()},
+                "tensors": {n: [None if s is None else list(s), d, k] for n, (s, d, k) in self.tensors.items()},
                 "setup": [_ins_json(i) for i in self.setup], "body": [_ins_json(i) for i in self.body]}
 
     @classmethod
@@ -284,7 +284,7 @@ class Program:
             raise ValueError(f"not an snlite program: expected format {FORMAT!r}, found {found!r}")
         try:
             return cls(data["net"], data["config"], data["mode"], data["allocator"],
-                       {n: (tuple(s), d, k) for n, (s, d, k) in data["tensors"].items()},
+                       {n: (None if s is None else tuple(s), d, k) for n, (s, d, k) in data["tensors"].items()},
                        tuple(_ins_from(x) for x in data["setup"]), tuple(_ins_from(x) for x in data["body"]),
                        int(data["arena_bytes"]), int(data["slab_bytes"]), dict(data.get("stats", {})))
         except (KeyError, TypeError, ValueError) as e:

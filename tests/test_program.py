@@ -7,6 +7,7 @@ import pytest
 from nets import mixed_net
 from snlite import cli
 from snlite.config import MemoryConfig
+from snlite.models import lenet
 from snlite.placement import place
 from snlite.program import Alloc, Copy, HostWait, Launch, Program, Wait
 
@@ -33,6 +34,10 @@ def test_json_round_trips_exactly_and_diffs_are_readable(program, tmp_path):
     again = Program.load(path)
     assert again == program and again.table() == program.table()
     assert program.diff(again) == ""
+    with_workspace = place(lenet(batch=8), MemoryConfig(liveness=True, workspace="fastest"))
+    assert any(shape is None for shape, _, kind in with_workspace.tensors.values() if kind == "workspace")
+    with_workspace.save(path)
+    assert Program.load(path) == with_workspace, "a conv workspace (sized by its Alloc) round-trips too"
     k = next(i for i, ins in enumerate(program.body) if isinstance(ins, Wait) and ins.why == "release")
     diff = program.diff(program.without(k))
     assert f"-{k:>6}  compute   wait for" in diff and "(release)" in diff
