@@ -132,14 +132,15 @@ def trace_program(program, count: str = "all") -> Trace:
             k = kind[name] = tensors[name.split("#", 1)[0]][2]
         return k
 
+    itemsize = {}
+
     def size_of(ins):
-        """The bytes an allocation counts for: its block, or (paper count) the tensor's own size."""
-        if cats is None:
+        """The paper's count: the tensor's own bytes (its block's for a workspace), memoised."""
+        shape, dtype, _ = tensors[ins.tensor.split("#", 1)[0]]
+        if shape is None:
             return ins.nbytes
-        n = own.get(ins.tensor)
-        if n is None:
-            shape, dtype, _ = tensors[ins.tensor.split("#", 1)[0]]
-            n = own[ins.tensor] = ins.nbytes if shape is None else math.prod(shape) * np.dtype(dtype).itemsize
+        size = itemsize.get(dtype) or itemsize.setdefault(dtype, np.dtype(dtype).itemsize)
+        n = own[ins.tensor] = math.prod(shape) * size
         return n
 
     device = dict.fromkeys(CATEGORIES, 0)
@@ -175,7 +176,8 @@ def trace_program(program, count: str = "all") -> Trace:
                     tr.host_peak_bytes = max(tr.host_peak_bytes, host)
                     continue
                 c = cat_of[ins.tensor] = KIND_CATEGORY[kind_of(ins.tensor)]
-                n = held[ins.tensor] = size_of(ins)
+                n = ins.nbytes if cats is None else (own.get(ins.tensor) or size_of(ins))
+                held[ins.tensor] = n
                 device[c] += n
                 resident += 1
                 if body:
