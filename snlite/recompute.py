@@ -248,11 +248,12 @@ def expand(graph, strategy: str, persistent=frozenset()) -> tuple[list[Op], Reco
             nxt = after.get(s.index)
             later = set(nxt.reads) if nxt is not None and nxt.phase == "backward" else set()
             read, kept = set(s.reads), []
-            for group in groups:
-                if read.intersection(group) and later.intersection(group):
-                    kept.append(group)
-                else:
-                    for t in group:
+            for group in groups:  # the outputs of one re-run (BatchNorm's: y and its saved statistics)
+                stay = tuple(t for t in group if t in later) if read.intersection(group) else ()
+                if stay:
+                    kept.append(stay)
+                for t in group:
+                    if t not in stay:
                         del current[t]
             groups[:] = kept
     return ops, info
