@@ -6,8 +6,8 @@
 #   cheap layers after a checkpoint (ReLU, pooling, BN, LRN, dropout) is a segment whose outputs can be
 #   dropped after forward and rebuilt in backward (`snlite.recompute.segments`);
 # - the three strategies: speed-centric (rebuild a segment once, keep it), memory-centric (rebuild only
-#   what each backward step needs, then free it), cost-aware (per segment, speed-centric when it fits
-#   under l_peak, else memory-centric);
+#   what each backward step needs, and keep it only while the next backward step reads it too),
+#   cost-aware (per segment, speed-centric when it fits under l_peak, else memory-centric);
 # - what each costs (forward re-runs, extra FLOPs) and saves (peak), for AlexNet and a ResNet.
 #
 # Run it: `python tutorials/05_recompute.py` from the repository root (after `pip install -e .`), or cell
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import snlite
 from snlite import MemoryConfig, Scheduler, simulate
-from snlite.recompute import choose_strategies, segments, step_bytes
+from snlite.liveness import first_and_last_use, step_tensors
+from snlite.recompute import choose_strategies, droppable, segments, step_bytes
 from snlite.scheduler import PERSISTENT_KINDS
 
 QUICK = os.environ.get("SNLITE_TUTORIAL_QUICK") == "1"  # the test suite sets it: smaller everything
@@ -45,10 +46,16 @@ def save_plot(kind, data, name, **kwargs):
 
 # %% [markdown]
 # ## Segments, and the cost-aware choice per segment
-# Cost-aware recomputation compares, per segment, what speed-centric would hold at once (the forward
-# working sets of the whole segment plus its largest backward step: sum_seg l^f + l_seg^b) with l_peak,
-# the largest single step of the network. If it fits under l_peak, rebuilding the segment once costs no
-# extra peak: speed-centric. Otherwise memory-centric.
+# Cost-aware recomputation compares, per segment, what speed-centric would hold at once (the paper's
+# sum_seg l^f + l_seg^b: the segment's tensors plus its busiest backward step's, each counted once) with
+# l_peak, the largest single step of the network. If it fits under l_peak, rebuilding the segment once
+# costs no extra peak: speed-centric. Otherwise memory-centric.
+#
+# l_i, and so l_peak, counts each tensor a step holds once: LRN's backward writes dx into dy's buffer,
+# so norm1's backward holds three conv1-sized tensors (relu1, norm1, norm1's gradient), not four. The
+# trace, the plots and `snlite plan` use the same l_peak. A segment's speed-centric peak is exact: at
+# each backward step from the one where speed-centric rebuilds the segment to its last use, the
+# segment's tensors still to be used, plus the step's own.
 
 # %%
 batch = 200
@@ -58,19 +65,32 @@ root_of = segments(net)  # cheap layer -> the checkpoint its chain starts from
 members = {}
 for layer, root in root_of.items():
     members.setdefault(root, []).append(layer)
-sizes = step_bytes(net.steps(), net.tensors(), persistent)  # l_i of every route step
+steps, tensors = net.steps(), net.tensors()
+sizes = step_bytes(steps, tensors, persistent)  # l_i of every route step, each tensor once
 l_peak = max(sizes)
-l_f = {s.layer: sizes[s.index] for s in net.steps() if s.phase == "forward"}
-l_b = {s.layer: sizes[s.index] for s in net.steps() if s.phase == "backward"}
+_, last = first_and_last_use(steps, persistent)  # where each tensor is used for the last time
+dropped = droppable(net)
+fwd = {s.layer: s for s in steps if s.phase == "forward"}
+
+
+def speed_centric_peak(ms):
+    """What rebuilding the segment once holds at its busiest backward step."""
+    mine = {t for m in ms for t in (*fwd[m].reads, *fwd[m].writes) if t not in persistent}
+    start = min(s.index for s in steps if s.phase == "backward" and any(t in dropped for t in s.reads if t in mine))
+    return max(sum(tensors[t].nbytes for t in {t for t in mine if last[t] >= s.index}
+                   | (step_tensors(s.reads, s.writes, s.inplace) - persistent))
+               for s in steps[start:max(last[t] for t in mine) + 1])
+
+
 chosen = choose_strategies(net, "cost_aware", persistent)
 print(f"AlexNet, batch {batch}: checkpoints {[n for n, l in net.layers.items() if l.checkpoint]}")
 print(f"l_peak = {l_peak / MiB:,.1f} MiB\n")
-print(f"{'checkpoint':10} {'segment (dropped after forward)':32} {'sum l^f + l^b MiB':>18}  cost-aware picks")
+print(f"{'checkpoint':10} {'segment (dropped after forward)':32} {'speed-centric MiB':>18}  cost-aware picks")
 for root, ms in members.items():
-    need = sum(l_f[m] for m in ms) + max(l_b[m] for m in ms)
-    print(f"{root:10} {' '.join(ms):32} {need / MiB:18,.1f}  {chosen[root]}-centric")
-# What you should see: the big early segments (conv1's and conv2's, with their LRN) exceed l_peak and
-# go memory-centric; the small later ones are rebuilt once (speed-centric).
+    print(f"{root:10} {' '.join(ms):32} {speed_centric_peak(ms) / MiB:18,.1f}  {chosen[root]}-centric")
+# What you should see: conv1's segment (55x55 maps: conv1, relu1, norm1, pool1 and two gradients at
+# pool1's backward) exceeds l_peak and goes memory-centric; conv2's (27x27 maps) fits under it, as do
+# the small later ones: they are rebuilt once (speed-centric).
 
 # %% [markdown]
 # ## What the plan does: recompute ops
@@ -87,9 +107,11 @@ for strategy in ("speed", "memory", "cost_aware"):
     print(f"{strategy:10} {len(reruns):2d} re-runs: {' '.join(reruns)}")
 # What you should see: speed-centric re-runs relu1, norm1 and pool1 once, before the first backward step
 # that needs them (conv2's backward reads pool1), and keeps them; memory-centric rebuilds the chain from
-# conv1 again for every backward step that reads one of them (pooling and LRN backward read both x and y),
-# and frees it after that step; cost-aware does the same as memory-centric here, because this segment does
-# not fit under l_peak (first table).
+# conv1 for every backward step that reads one of them (pooling and LRN backward read both x and y), and
+# keeps what it rebuilt only while the next backward step reads it too: pool1 serves conv2's backward and
+# pool1's own, norm1 serves pool1's and norm1's, relu1 norm1's and relu1's, so 3 + 2 + 1 = 6 re-runs,
+# m(m+1)/2 for a segment of m layers, as in the paper; cost-aware does the same as memory-centric here,
+# because this segment does not fit under l_peak (first table).
 
 # %% [markdown]
 # ## Re-runs and FLOPs against peak, AlexNet and a ResNet
@@ -118,15 +140,18 @@ for label, g in nets.items():
           f"{r['speed'].recompute_count} and memory's {r['memory'].recompute_count}: "
           f"{r['speed'].recompute_count <= r['cost_aware'].recompute_count <= r['memory'].recompute_count}")
 # What you should see: recomputation costs a few percent of a forward pass at most. On AlexNet
-# memory-centric and cost-aware reach peak/l_peak = 1.00, the paper's goal, and cost-aware needs fewer
-# re-runs. On the ResNet the ratio stays above 1: the outputs of the residual adds are checkpoints
-# that stay on the device, and they add up over the blocks.
+# memory-centric and cost-aware reach the same peak, and cost-aware needs 17 re-runs to memory's 23:
+# 886 MiB, 1.33 x l_peak, four conv1-sized tensors (conv1's output, kept for relu1's backward, relu1 and
+# norm1 while relu1 is rebuilt for norm1's backward, and norm1's gradient) against l_peak's three. On
+# the ResNet the ratio stays above 2: the outputs of the residual adds are checkpoints that stay on the
+# device, and they add up over the blocks; there cost-aware's segments fit under l_peak one by one, but
+# not together with everything else live, so its peak is speed-centric's, above memory-centric's.
 save_plot("plot_tradeoff", rows, "05_alexnet_recompute_tradeoff.png",
           title=f"AlexNet batch {batch}: peak (paper count) against recomputation")
 
 # %% [markdown]
 # ## Exercise
 # 1. In the plan cell, change `== "conv1"` to `== "conv5"`. Now cost-aware's re-runs equal which strategy's,
-#    and why? (Look at conv5's row in the first table.)
+#    and why? (Look at conv5's row in the first table.) Then try `== "conv2"`.
 # 2. Set `batch = 20` at the top of the segments cell and run again. Do the per-segment choices change?
 #    Every activation scales with the batch; explain why the comparison with l_peak does not depend on it.
