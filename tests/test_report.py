@@ -135,3 +135,13 @@ def test_out_must_be_a_folder(tmp_path, capsys):
     file.write_text("")
     assert cli.main(["paper", "--out", str(file), "--quick"]) == 1
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_table1_batch_finds_the_batch_behind_a_networks_figures():
+    """The search works on any network whose row lacks its batch: given ResNet-50's own figures at
+    batch 24 (rounded as the paper rounds), scaled from a run at batch 32 it lands on 24."""
+    runs = report._table1_runs("resnet50", 24, measure.no_progress)
+    row = {s: (round(runs[s].paper.peak_bytes / report.MIB, 3), runs[s].trace.recompute_count)
+           for s in report.STRATEGIES}
+    best = report.table1_batch("resnet50", row, (8, 32))
+    assert best["batch"] == 24 and best["exact"] and best["worst"] < 1e-6
