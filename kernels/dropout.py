@@ -2,9 +2,10 @@
 
 Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.dropout
 
-The mask is a pure function of (seed, element index), with no random state, so a dropped
-output that the runtime recomputes gets a bit-identical mask (``dropout_mask`` writes only the
-mask, for exactly that). For element i (flat C-order index) and a seed in [0, 2**32):
+The mask is a pure function of (seed, element index), with no random state, so nothing of it is
+stored: the forward draws it, the backward draws it again from the same seed, and a dropped output
+that the runtime recomputes gets it bit for bit too (``dropout_mask`` writes it out, to inspect
+and test it). For element i (flat C-order index) and a seed in [0, 2**32):
 
     key  = mix32(seed)                              (once, on the host)
     keep = mix32(mix32(i) ^ key) >= threshold,      threshold = round(p * 2**32)   (host, once)
@@ -20,9 +21,10 @@ Kept elements are multiplied by scale = 1 / (1 - p) computed in float64 then rou
 float32 (PyTorch multiplies by its scale too); dropped ones are ``x - x``: 0 for a finite x, NaN
 for a NaN or an infinite one, which is what PyTorch's ``x * mask * scale`` gives there (NaN * 0
 and inf * 0 are NaN), so dropout never hides a NaN. (PyTorch's zero is signed, -0.0 for a
-negative x; ours is always +0.0.) p = 0 is the identity. Masks are uint8 0/1. The backward
-dx = dy * mask * scale (dropped: dy - dy, likewise) may run in place (dx aliasing dy).
-Element-wise, so there is no reduction order to fix; one version (v1).
+negative x; ours is always +0.0.) p = 0 is the identity. ``dropout_mask`` writes uint8 0/1.
+The backward dx = dy * mask * scale (dropped: dy - dy, likewise) takes the forward's seed and
+rebuilds the mask; it may run in place (dx aliasing dy). Element-wise, so there is no reduction
+order to fix; one version (v1).
 """
 from __future__ import annotations
 
@@ -71,19 +73,19 @@ def dropout_mask_ref(mask, *, p, seed):
     mask[...] = _keep_ref(mask.size, key, threshold).reshape(mask.shape)
 
 
-def dropout_forward_ref(x, y, mask, *, p, seed):
+def dropout_forward_ref(x, y, *, p, seed):
     key, threshold, scale = _hyper("dropout_forward", p, seed)
     keep = _keep_ref(x.size, key, threshold).reshape(x.shape)
-    mask[...] = keep
     with np.errstate(invalid="ignore"):  # inf - inf is NaN on purpose
         y[...] = np.where(keep, x * x.dtype.type(scale), x - x)  # dropped: 0, or NaN for NaN and inf
 
 
-def dropout_backward_ref(dy, mask, dx, *, p):
-    """dx = dy * mask / (1 - p); dx may alias dy."""
-    _, _, scale = _hyper("dropout_backward", p)
+def dropout_backward_ref(dy, dx, *, p, seed):
+    """dx = dy * mask / (1 - p), the mask rebuilt from the forward's seed; dx may alias dy."""
+    key, threshold, scale = _hyper("dropout_backward", p, seed)
+    keep = _keep_ref(dy.size, key, threshold).reshape(dy.shape)
     with np.errstate(invalid="ignore"):
-        dx[...] = np.where(mask != 0, dy * dy.dtype.type(scale), dy - dy)
+        dx[...] = np.where(keep, dy * dy.dtype.type(scale), dy - dy)
 
 
 # ---------------------------------------------------------------- device helpers
@@ -103,26 +105,21 @@ def _dropout_mask_v1(mask, key, threshold):
         mask[i] = uint8(1) if _keep(i, key, threshold) else uint8(0)
 
 
-@cuda_kernel("void(float32[::1], float32[::1], uint8[::1], int64, int64, float32)")
-def _dropout_forward_v1(x, y, mask, key, threshold, scale):
+@cuda_kernel("void(float32[::1], float32[::1], int64, int64, float32)")
+def _dropout_forward_v1(x, y, key, threshold, scale):
     i = cuda.grid(1)
     if i < y.size:
         v = x[i]
-        if _keep(i, key, threshold):
-            mask[i] = uint8(1)
-            y[i] = v * scale
-        else:
-            mask[i] = uint8(0)
-            y[i] = v - v  # 0, or NaN for a NaN or infinite v (PyTorch's v * 0)
+        y[i] = v * scale if _keep(i, key, threshold) else v - v  # dropped: 0, or NaN for a NaN or inf v
 
 
-@cuda_kernel("void(float32[::1], uint8[::1], float32[::1], float32)")
-def _dropout_backward_v1(dy, mask, dx, scale):
-    # dx may be dy: read dy[i], then write dx[i]; no other element is touched.
+@cuda_kernel("void(float32[::1], float32[::1], int64, int64, float32)")
+def _dropout_backward_v1(dy, dx, key, threshold, scale):
+    # The forward's mask, drawn again. dx may be dy: read dy[i], then write dx[i]; nothing else.
     i = cuda.grid(1)
     if i < dx.size:
         g = dy[i]
-        dx[i] = g * scale if mask[i] != 0 else g - g
+        dx[i] = g * scale if _keep(i, key, threshold) else g - g
 
 
 # ---------------------------------------------------------------- launchers
@@ -141,7 +138,7 @@ def _launch(kernel, n, block, stream, *args):
 
 
 def dropout_mask(mask, *, p, seed, stream=0, version="v1", block=BLOCK):
-    """Write only the keep mask of (p, seed): bit-identical to the one dropout_forward wrote."""
+    """Write the keep mask of (p, seed) as uint8 0/1: the one dropout_forward and dropout_backward draw."""
     check_version(version, VERSIONS)
     key, threshold, _ = _hyper("dropout_mask", p, seed)
     check("dropout_mask mask", mask, dtype=np.uint8)
@@ -149,25 +146,25 @@ def dropout_mask(mask, *, p, seed, stream=0, version="v1", block=BLOCK):
     _launch(_dropout_mask_v1, mask.size, block, stream, _flat(mask), key, threshold)
 
 
-def dropout_forward(x, y, mask, *, p, seed, stream=0, version="v1", block=BLOCK):
+def dropout_forward(x, y, *, p, seed, stream=0, version="v1", block=BLOCK):
+    """y = x * mask / (1 - p), the mask drawn from ``seed``; nothing else is written."""
     check_version(version, VERSIONS)
     key, threshold, scale = _hyper("dropout_forward", p, seed)
     check("dropout_forward x", x)
     check("dropout_forward y", y, shape=x.shape)
-    check("dropout_forward mask", mask, shape=x.shape, dtype=np.uint8)
     _check_size("dropout_forward", x)
-    _launch(_dropout_forward_v1, x.size, block, stream, _flat(x), _flat(y), _flat(mask), key, threshold,
-            np.float32(scale))
+    _launch(_dropout_forward_v1, x.size, block, stream, _flat(x), _flat(y), key, threshold, np.float32(scale))
 
 
-def dropout_backward(dy, mask, dx, *, p, stream=0, version="v1", block=BLOCK):
-    """dx = dy * mask / (1 - p); ``dx`` may be the same array as ``dy`` (in place)."""
+def dropout_backward(dy, dx, *, p, seed, stream=0, version="v1", block=BLOCK):
+    """dx = dy * mask / (1 - p), the forward's mask rebuilt from the same ``seed``; ``dx`` may be
+    the same array as ``dy`` (in place)."""
     check_version(version, VERSIONS)
-    _, _, scale = _hyper("dropout_backward", p)
+    key, threshold, scale = _hyper("dropout_backward", p, seed)
     check("dropout_backward dy", dy)
-    check("dropout_backward mask", mask, shape=dy.shape, dtype=np.uint8)
     check("dropout_backward dx", dx, shape=dy.shape)
-    _launch(_dropout_backward_v1, dx.size, block, stream, _flat(dy), _flat(mask), _flat(dx), np.float32(scale))
+    _check_size("dropout_backward", dy)
+    _launch(_dropout_backward_v1, dx.size, block, stream, _flat(dy), _flat(dx), key, threshold, np.float32(scale))
 
 
 OPS = {
@@ -190,18 +187,16 @@ def examples(rng):
     out = []
     for shape, p, seed in (((2, 3, 5, 7), 0.5, 0), ((301,), 0.1, 12345), ((9, 37), 0.9, 2**32 - 1),
                            ((4, 33), 0.0, 7)):
-        out.append(Example("dropout_forward", (r(*shape), nan(*shape), garbage_mask(*shape)), (1, 2),
-                           kwargs={"p": p, "seed": seed}, launch={"block": 64}, label=f"{shape} p={p}"))
-        out.append(Example("dropout_mask", (garbage_mask(*shape),), (0,), kwargs={"p": p, "seed": seed},
-                           launch={"block": 64}, label=f"{shape} p={p}"))
-    mask = rng.integers(0, 2, (3, 5, 11)).astype(np.uint8)
+        kw = {"p": p, "seed": seed}
+        out.append(Example("dropout_forward", (r(*shape), nan(*shape)), (1,), kwargs=kw, launch={"block": 64},
+                           label=f"{shape} p={p}"))
+        out.append(Example("dropout_backward", (r(*shape), nan(*shape)), (1,), kwargs=kw, launch={"block": 64},
+                           label=f"{shape} p={p}"))
+        out.append(Example("dropout_mask", (garbage_mask(*shape),), (0,), kwargs=kw, launch={"block": 64},
+                           label=f"{shape} p={p}"))
     dy_in_place = r(3, 5, 11)
-    out += [
-        Example("dropout_backward", (r(3, 5, 11), mask, nan(3, 5, 11)), (2,), kwargs={"p": 0.3},
-                launch={"block": 64}, label="3x5x11"),
-        Example("dropout_backward", (dy_in_place, mask, dy_in_place), (2,), kwargs={"p": 0.3},
-                launch={"block": 64}, label="dx aliases dy"),
-    ]
+    out.append(Example("dropout_backward", (dy_in_place, dy_in_place), (1,), kwargs={"p": 0.3, "seed": 5},
+                       launch={"block": 64}, label="dx aliases dy"))
     return out
 
 

@@ -1,7 +1,8 @@
 """Planning benchmarks that need no GPU (the GPU kernel benchmark is ``python -m kernels.bench``).
 
     python -m snlite.bench deep [--units 2500]   # the program of the paper's deepest ResNet, timed; scaling
-    python -m snlite.bench zoo [--batch 16]      # peak / l_peak of the zoo under each preset (Markdown)
+    python -m snlite.bench zoo [--batch 16]      # peak / l_peak of the zoo under each preset, and the
+                                                 # smallest budget of superneurons() / l_peak (Markdown)
 
 Figures are printed, never asserted: timing belongs in benchmarks, not in unit tests.
 """
@@ -11,6 +12,7 @@ import argparse
 import time
 
 from snlite.config import MemoryConfig
+from snlite.measure import min_budget
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.placement import place, simulate
 from snlite.trace import trace_program
@@ -57,9 +59,11 @@ def deep(units: int = 2500, batch: int = 1, scaling=SCALING) -> dict:
 
 
 def zoo_table(batch: int | None = None, count: str = "paper") -> str:
-    """Markdown: peak MiB and peak / l_peak per model and preset."""
-    head = "| model (batch) | " + " | ".join(PRESETS) + " |"
-    rows = [head, "|---" * (len(PRESETS) + 1) + "|"]
+    """Markdown: peak MiB and peak / l_peak per model and preset (unlimited budget, under ``count``),
+    then the smallest budget under which superneurons() runs, divided by l_peak plus the weights,
+    their gradients and momentum (:func:`snlite.measure.min_budget`)."""
+    head = "| model (batch) | " + " | ".join(PRESETS) + " | superneurons() min budget (ratio) |"
+    rows = [head, "|---" * (len(PRESETS) + 2) + "|"]
     for name in ZOO:
         b = batch or DEFAULT_BATCH.get(name, 16)
         g = get_model(name, batch=b)
@@ -67,6 +71,8 @@ def zoo_table(batch: int | None = None, count: str = "paper") -> str:
         for cfg in PRESETS.values():
             tr = simulate(g, cfg.replace(count=count))
             cells.append(f"{tr.peak_bytes / 2**20:,.0f} MiB ({tr.ratio:.2f})")
+        m = min_budget(g)
+        cells.append(f"{m.budget_bytes / 2**20:,.0f} MiB ({m.ratio:.2f})")
         rows.append(f"| {name} ({b}) | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

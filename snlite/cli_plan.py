@@ -347,12 +347,18 @@ def cmd_compare(args) -> int:
     t0 = time.perf_counter()
     status = Status("snlite compare", args.quiet)
     rows = measure.compare(graph, args.budget, progress=status)
+    status(f"{graph.name}: the smallest budget of superneurons()")
+    smallest = measure.min_budget(graph)
     status.clear()
     seconds = time.perf_counter() - t0
     fits = args.budget is None or any(r.fits for r in rows)
     if args.json:
         _write_json(args.json, {"net": args.net, "batch": batch, "budget_bytes": args.budget,
-                                "rows": [r.totals() for r in rows]})
+                                "rows": [r.totals() for r in rows],
+                                "min_budget": {"budget_bytes": smallest.budget_bytes,
+                                               "l_peak_bytes": smallest.l_peak_bytes,
+                                               "persistent_bytes": smallest.persistent_bytes,
+                                               "ratio": smallest.ratio}})
     if args.plot:
         _plot("plot_tradeoff", [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.trace.extra_flops,
                                  "moved_bytes": r.moved_bytes} for r in rows], args.plot,
@@ -376,6 +382,10 @@ def cmd_compare(args) -> int:
           f"segment once in backward, liveness on (snlite.measure.checkpoint_plan)."
           + ("" if args.budget else " Without --budget the cache never has to move anything.")
           + f" ({seconds:.1f} s)")
+    print(f"\nsuperneurons() runs in {measure.format_size(smallest.budget_bytes)} at the least, {smallest.ratio:.2f} x "
+          f"(l_peak {measure.format_size(smallest.l_peak_bytes)} + weights, their gradients and momentum "
+          f"{measure.format_size(smallest.persistent_bytes)}): the paper's \"peak about l_peak\", as a budget "
+          f"(snlite.measure.min_budget)")
     if not fits:
         print(f"\nno strategy fits {measure.format_size(args.budget)}: see why, and what would, with "
               f"snlite plan {args.net} --batch {batch} --budget {args.budget}")

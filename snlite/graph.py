@@ -9,7 +9,7 @@ and every route step's reads and writes as plain data.
 Tensor names (what the planner and the executor share):
 ``<layer>`` its output; ``<layer>.weight`` / ``.bias`` / ``.running_mean``... its parameters and
 buffers (PyTorch's state_dict names), ``<param>.grad`` their gradients; ``<layer>.<saved>`` the
-tensors its forward saves (``drop1.mask``); ``<layer>.grad`` the gradient of its output, or one
+tensors its forward saves (``bn1.save_mean``); ``<layer>.grad`` the gradient of its output, or one
 ``<layer>.grad@<consumer>`` per consumer when several layers read it (a fork): the layer's
 backward step first sums them, in consumer order, into the first one.
 """

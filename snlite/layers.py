@@ -4,12 +4,13 @@ Each layer class states, as class attributes, the *roles* its forward and backwa
 and write, following cuDNN's conventions as the paper did (docs/paper.md section 1):
 
 - ReLU, pooling and LRN backward read x, y and dy; conv and linear backward read x and dy.
-- ReLU, LRN, dropout and softmax backward write dx into dy's buffer (``bwd_inplace``); ReLU
-  forward is not in place.
-- Dropout backward reads dy and its mask.
+- ReLU, LRN and softmax backward write dx into dy's buffer (``bwd_inplace``); ReLU forward is
+  not in place; dropout backward writes a separate dx, as cuDNN's does.
+- Dropout backward reads only dy: its mask is a hash of (seed, element), drawn again from the
+  forward's seed, so nothing of dropout is saved between forward and backward.
 
 Roles are ``x`` (every input), ``y`` (the output), ``dy`` (the output's gradient), ``dx`` (every
-input's gradient), ``labels``, and the layer's own ``saved`` tensors (e.g. the dropout mask);
+input's gradient), ``labels``, and the layer's own ``saved`` tensors (e.g. BatchNorm's batch mean);
 parameters are read by both steps and their gradients written by the backward step; buffers
 (BatchNorm's running statistics) are read and written by the training forward.
 :class:`snlite.graph.Graph` turns roles into tensor names; the executor turns names into views
@@ -357,22 +358,22 @@ class LRN(Layer):
 
 
 class Dropout(Layer):
-    kind = "dropout"
-    fwd_writes = ("y", "mask")
-    bwd_reads = ("dy", "mask")
-    bwd_inplace = True
+    """PyTorch's inverted dropout. The mask is a hash of (seed, element): the forward and the
+    backward draw it from the same per-layer, per-iteration seed (``io.seed``), so no mask is
+    stored, and a recomputed forward draws it again bit for bit. The backward writes a separate
+    dx, as cuDNN's does (the paper's accounting)."""
 
-    def saved(self):
-        return {"mask": (self.out_shape, "uint8")}
+    kind = "dropout"
+    bwd_reads = ("dy",)
 
     def forward(self, io):
         if io.train:
-            io.run("dropout_forward", io.x[0], io.y, io.saved["mask"], p=self.attrs["p"], seed=io.seed)
+            io.run("dropout_forward", io.x[0], io.y, p=self.attrs["p"], seed=io.seed)
         else:
             io.run("copy", io.x[0], io.y)
 
     def backward(self, io):
-        io.run("dropout_backward", io.dy, io.saved["mask"], io.dx[0], p=self.attrs["p"])
+        io.run("dropout_backward", io.dy, io.dx[0], p=self.attrs["p"], seed=io.seed)
 
 
 class Add(Layer):

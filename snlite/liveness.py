@@ -24,6 +24,15 @@ class StepLiveness:
     frees: tuple[str, ...]  # tensors whose last use is this step
 
 
+def step_tensors(reads, writes, inplace=()) -> set[str]:
+    """The tensors one step holds at once, each once: what it reads and what it writes, where a
+    tensor written into another's buffer (``inplace``: (new, old) pairs, e.g. dx into dy's) is the
+    same buffer and counted once. Their bytes are the step's working set, the paper's l_i, and the
+    largest over the route is l_peak (:func:`snlite.recompute.step_bytes`, :func:`snlite.trace.trace_program`)."""
+    new = {n for n, _ in inplace} if inplace else ()
+    return {t for t in (*reads, *writes) if t not in new}
+
+
 def first_and_last_use(steps, persistent=frozenset()) -> tuple[dict[str, int], dict[str, int]]:
     """Index of the first and last step that reads or writes each non-persistent tensor.
 

@@ -9,6 +9,7 @@ Pure functions that return plain data; :mod:`snlite.cli` prints them (``snlite p
     explain_budget(lambda b: get_model("alexnet", b), 200, cfg.replace(budget_bytes=2**30))
     max_batch(lambda b: get_model("alexnet", b), cfg)    # largest batch under cfg.budget_bytes
     max_depth(16, cfg)                                   # deepest ImageNet ResNet under it
+    min_budget(graph)                                    # superneurons()'s smallest budget / l_peak
 
 Every number comes from a program (:func:`snlite.place`, read by :func:`snlite.trace.trace_program`), so it is what a
 :class:`~snlite.train.Model` then allocates, byte for byte. "Fits" always means: the simulation
@@ -152,6 +153,58 @@ def measure(graph, config: MemoryConfig, label: str | None = None, plan: Plan | 
         program, ok = place(graph, config, plan=plan), False
     t_all, t_paper = trace_program(program, "all"), trace_program(program, "paper")
     return Measurement(label or config.describe(), config, t_all, t_paper, graph.flops(), ok, program)
+
+
+# ---------------------------------------------------------------------------- how close to l_peak
+@dataclass
+class MinBudget:
+    """The smallest budget under which ``config`` runs one iteration, against l_peak: the paper's
+    claim that SuperNeurons' peak is about l_peak, put the way a GPU decides it (does it fit?).
+    ``l_peak_bytes`` is the largest working set of one route step (activations and gradients, each
+    once, an in-place dx in dy's buffer once); ``persistent_bytes`` the weights, their gradients
+    and momentum, which any budget must hold too, so ``ratio`` adds them to l_peak."""
+
+    label: str
+    config: MemoryConfig
+    budget_bytes: int  # the smallest budget, a whole number of the pool's 1 KiB blocks
+    l_peak_bytes: int
+    persistent_bytes: int
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        """budget / (l_peak + weights, their gradients and momentum): 1 is the paper's ideal."""
+        return self.budget_bytes / (self.l_peak_bytes + self.persistent_bytes)
+
+
+def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneurons()") -> MinBudget:
+    """The smallest ``budget_bytes`` (a whole number of 1 KiB blocks) under which ``config`` (default
+    ``superneurons()``) places one training iteration of ``graph``. No budget below l_peak plus the
+    persistent tensors can work; the search gallops up from there (+0.1%, +0.2%, +0.4%...) to the
+    first budget that fits, then bisects down to the block. It searches from the bottom because
+    fitting is not quite monotone in the budget (the dynamic workspace and the cache decide by what
+    is free, so a larger pool can fragment where a smaller one did not)."""
+    from snlite.placement import fits
+
+    t0 = time.perf_counter()
+    config = (config or MemoryConfig.superneurons()).replace(budget_bytes=None, count="all")
+    program = place(graph, config)
+    at_start = trace_program(program, "all").steps[0].device_bytes
+    persistent = at_start["weights"] + at_start["weight_grads"] + at_start["optimizer"]
+    l_peak = trace_program(program, "paper").l_peak_bytes
+    block = 1024
+    lo = (l_peak + persistent - 1) // block  # in blocks; never fits: one byte short of the busiest step
+    step = max(1, lo // 1024)
+    while not fits(graph, config.replace(budget_bytes=(lo + step) * block)):
+        lo, step = lo + step, 2 * step
+    hi = lo + step  # fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(graph, config.replace(budget_bytes=mid * block)):
+            hi = mid
+        else:
+            lo = mid
+    return MinBudget(label, config, hi * block, l_peak, persistent, time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------- sqrt(N) checkpoints

@@ -149,7 +149,7 @@ def _draw_timeline(ax, trace, tl: Timeline, count: str):
                 color="#7b3294", clip_on=False, label="recomputed forward")
     if count == trace.count and trace.l_peak_bytes:
         ax.axhline(trace.l_peak_bytes / MIB, color="#555555", linestyle=":", linewidth=1.2,
-                   label="l_peak (largest layer's need)")
+                   label="l_peak (the busiest step, each tensor once)")
     r = trace.steps[tl.peak_op]
     ax.plot([tl.peak_op], [tl.peak_mib], marker="v", color="#b2182b", markersize=8, linestyle="none", zorder=5)
     right = tl.peak_op > 0.6 * n  # the label goes to the side with more room

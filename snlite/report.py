@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 
 from snlite import __version__, measure
 from snlite.config import MemoryConfig
-from snlite.models import get_model
-from snlite.placement import smallest_budget
+from snlite.models import DEFAULT_BATCH, get_model
 
 GIB = 1 << 30
 BUDGET = 12 * GIB  # the paper's GPU (12 GB K40), as a pool size
@@ -32,6 +31,15 @@ ALL_COUNT = "count all: everything on the device (weights, their gradients, mome
 PAPER_TRAFFIC_WITHOUT = {256: 2.56, 1024: 9.50}
 PAPER_TRAFFIC_WITH = {1024: 0.88}
 PAPER_TRAFFIC_NOTHING_BELOW = 896  # "moved nothing per iteration until batch 896"
+MIB = 1 << 20
+# The paper's Table 1: per network, the peak (its "MB" are MiB, activations + gradients) and the forward
+# re-runs of each recomputation strategy, on liveness. AlexNet's row is at batch 200 (the paper's Fig. 10);
+# its ResNet-50 and ResNet-101 rows give no batch, so section 2 searches for the batch that reproduces
+# them: enter their figures here, in the same form, and the search runs for them too.
+PAPER_TABLE1 = {
+    "alexnet": {"speed": (993.018, 14), "memory": (886.23, 23), "cost_aware": (886.23, 17)},
+}
+STRATEGIES = ("speed", "memory", "cost_aware")
 
 
 # ---------------------------------------------------------------------------- what a report holds
@@ -113,7 +121,7 @@ def trajectory(batch: int = 200, progress=measure.no_progress) -> tuple[Section,
     and ``{label: Measurement}`` for the figures."""
     graph = get_model("alexnet", batch)
     progress("AlexNet: the smallest budget of superneurons()")
-    tight = smallest_budget(graph, MemoryConfig.superneurons())
+    tight = measure.min_budget(graph).budget_bytes
     configs = {label: measure.COMPARE[label] for label in
                ("baseline", "liveness", "+ offload", "+ offload + recompute cost_aware")}
     configs["superneurons(), no budget"] = MemoryConfig.superneurons()
@@ -140,7 +148,10 @@ def trajectory(batch: int = 200, progress=measure.no_progress) -> tuple[Section,
             f"backward) and the tensors resident there. The LRU cache only moves data when an allocation would "
             f"fail, so without a budget (or with 12 GiB, far more than AlexNet at batch {batch} needs) "
             f"superneurons() moves nothing; in its smallest budget ({tight:,d} bytes, found by "
-            f"snlite.placement.smallest_budget) the cache has to evict.")
+            f"snlite.measure.min_budget) the cache has to evict. In the paper's count the first four rows are "
+            f"the paper's Fig. 10 (tests/test_recompute.py derives each peak, its step and its live tensors from "
+            f"the layer shapes): every layer's output and every gradient as cuDNN's steps give them, each at its "
+            f"own size.")
     table = Table(f"{PAPER_COUNT} in columns 2-5 (live act+grad tensors: how many activation and gradient tensors "
                   f"are resident at that peak); {ALL_COUNT} in columns 6-8 (live tensors: every resident tensor, "
                   f"weights included); to host / back: bytes copied per iteration (GB = 1e9 bytes); recomputed: "
@@ -148,29 +159,127 @@ def trajectory(batch: int = 200, progress=measure.no_progress) -> tuple[Section,
     return Section("1. AlexNet's memory trajectory under each technique", text, [table]), runs
 
 
-def recompute(models, progress=measure.no_progress) -> Section:
-    """The three recomputation strategies on top of liveness: how many forwards re-run, extra FLOPs, peaks."""
+def _table1_runs(name: str, batch: int, progress) -> dict:
+    """strategy -> Measurement of ``name`` at ``batch`` under liveness + that recomputation."""
+    graph = get_model(name, batch)
+    runs = {}
+    for strategy in STRATEGIES:
+        progress(f"{name} ({batch:,d}): recompute {strategy}")
+        runs[strategy] = measure.measure(graph, MemoryConfig(liveness=True, recompute=strategy), strategy)
+    return runs
+
+
+def table1_batch(name: str, paper: dict, batches, progress=measure.no_progress) -> dict:
+    """The batch at which ``name``'s three recomputation peaks come closest to ``paper`` (strategy ->
+    (MiB, re-runs), the paper's Table 1). Activations and gradients grow in proportion to the batch,
+    so each strategy's peak per image, measured at the largest of ``batches``, points at a batch; the
+    batches next to those points are simulated and the one whose worst relative peak error is smallest
+    wins. Returns the batch, its runs, each strategy's relative error, and whether every peak matches
+    to the paper's three decimals of MiB."""
+    top = max(batches)
+    runs = _table1_runs(name, top, progress)
+    guesses = {round(paper[s][0] * MIB * top / runs[s].paper.peak_bytes) for s in STRATEGIES}
+    candidates = sorted({b for g in guesses for b in (g - 1, g, g + 1) if b >= 1})
+    best = None
+    for b in candidates:
+        r = runs if b == top else _table1_runs(name, b, progress)
+        errors = {s: r[s].paper.peak_bytes / (paper[s][0] * MIB) - 1 for s in STRATEGIES}
+        worst = max(abs(e) for e in errors.values())
+        if best is None or worst < best["worst"]:
+            best = {"batch": b, "runs": r, "errors": errors, "worst": worst}
+    best["exact"] = all(round(best["runs"][s].paper.peak_bytes / MIB, 3) == round(paper[s][0], 3)
+                        for s in STRATEGIES)
+    return best
+
+
+def recompute(models, sweep=(), progress=measure.no_progress) -> Section:
+    """The paper's Table 1: the three recomputation strategies on top of liveness (forward re-runs,
+    extra FLOPs, peaks), the paper's figures beside them; then, for the networks of ``sweep`` (name,
+    batches), the batch at which the paper's figures are reproduced (:func:`table1_batch`)."""
     rows = []
     for name, batch in models:
         graph = get_model(name, batch)
-        for strategy in ("off", "speed", "memory", "cost_aware"):
+        paper = PAPER_TABLE1.get(name) if batch == DEFAULT_BATCH.get(name) else None
+        for strategy in ("off",) + STRATEGIES:
             progress(f"{graph.name} ({batch}): recompute {strategy}")
             cfg = MemoryConfig(liveness=True, recompute=strategy)
             m = measure.measure(graph, cfg, strategy)
             p, t = m.paper, m.trace
+            ref = paper.get(strategy) if paper else None
             rows.append([f"{graph.name} ({batch})", "none (liveness only)" if strategy == "off" else strategy,
                          t.recompute_count, f"{m.extra_pct:.1f}%", measure.format_size(p.peak_bytes),
-                         measure.format_size(p.l_peak_bytes), f"{p.ratio:.2f}", measure.format_size(t.peak_bytes)])
-    text = ("Cost-aware recomputation (docs/paper.md section 5) against its two pure forms, each on top of liveness "
-            "(no offload, no cache, no workspace). Speed-centric re-runs each segment once per iteration, "
-            "memory-centric re-runs what each backward step needs every time; cost-aware picks speed-centric for "
-            "a segment whenever that stays under l_peak. The paper's claim: cost-aware reaches peak = l_peak "
-            "with recompute counts close to speed-centric.")
+                         measure.format_size(p.l_peak_bytes), f"{p.ratio:.2f}", measure.format_size(t.peak_bytes),
+                         f"{ref[0]:,.3f} MiB" if ref else "", ref[1] if ref else ""])
+    text = ("The paper's Table 1: cost-aware recomputation (docs/paper.md section 5) against its two pure forms, "
+            "each on top of liveness (no offload, no cache, no workspace). Speed-centric re-runs each segment of "
+            "m cheap layers once (m re-runs); memory-centric rebuilds what each backward step needs and keeps "
+            "it only while the next backward step reads it too (m(m+1)/2 re-runs on a chain of ReLU, pooling "
+            "and LRN layers); cost-aware picks speed-centric for a segment whose speed-centric peak (its "
+            "tensors still to be used plus the backward step's own, each once) is at most l_peak, the largest "
+            "working set of one step (an in-place dx counted once). The paper's claim: cost-aware reaches "
+            "memory-centric's peak with recompute counts close to speed-centric.")
     table = Table(f"recomputed: layer forwards re-run in one iteration; extra FLOPs: their FLOPs in % of one "
-                  f"forward pass; peak, l_peak and peak/l_peak in the {PAPER_COUNT}; last column: {ALL_COUNT}",
+                  f"forward pass; peak, l_peak and peak/l_peak in the {PAPER_COUNT}; peak (all): {ALL_COUNT}; "
+                  f"last two columns: the paper's Table 1 (its MB are MiB) at the paper's batch",
                   ["network (batch)", "recompute", "recomputed", "extra FLOPs (% of forward)", "peak (act+grad)",
-                   "l_peak (act+grad)", "peak/l_peak (act+grad)", "peak (all)"], rows, "<<>>>>>>")
-    return Section("2. Recomputation: speed, memory, cost_aware", text, [table])
+                   "l_peak (act+grad)", "peak/l_peak (act+grad)", "peak (all)", "paper: peak", "paper: recomputed"],
+                  rows, "<<>>>>>>>>")
+    tables, notes = [table], []
+    found_rows, missing = [], []
+    for name, batches in sweep:
+        paper = PAPER_TABLE1.get(name)
+        if paper is None:
+            missing.append((name, batches))
+            continue
+        best = table1_batch(name, paper, batches, progress)
+        for strategy in STRATEGIES:
+            m = best["runs"][strategy]
+            found_rows.append([name, f"{best['batch']:,d}", strategy, f"{m.paper.peak_bytes / MIB:,.3f} MiB",
+                               f"{paper[strategy][0]:,.3f} MiB", f"{100 * best['errors'][strategy]:+.4f}%",
+                               m.trace.recompute_count, paper[strategy][1]])
+        notes.append(f"{name}: batch {best['batch']:,d} " + (
+            "reproduces the paper's three peaks to its three decimals of MiB" if best["exact"] else
+            f"comes closest to the paper's peaks (worst error {100 * best['worst']:.2f}%)") + ".")
+    if found_rows:
+        tables.append(Table("the batch that reproduces the paper's Table 1 (snlite.report.table1_batch): each "
+                            "strategy's peak (act+grad) and re-runs there, beside the paper's",
+                            ["network", "batch", "recompute", "peak", "paper: peak", "error", "recomputed",
+                             "paper: recomputed"], found_rows, "<><>>>>>"))
+    for name, batches in missing:
+        sweep_rows = []
+        for b in batches:
+            runs = _table1_runs(name, b, progress)
+            sweep_rows.append([f"{b:,d}"] + [f"{runs[s].paper.peak_bytes / MIB:,.1f} MiB" for s in STRATEGIES]
+                              + [f"{runs[s].trace.recompute_count}" for s in STRATEGIES])
+        tables.append(Table(f"{name}: the three strategies' peaks (act+grad) and re-runs by batch (the paper's "
+                            f"Table 1 gives its {name} row without the batch)", ["batch"] + [
+                                f"peak: {s}" for s in STRATEGIES] + [f"recomputed: {s}" for s in STRATEGIES],
+                            sweep_rows))
+        notes.append(f"{name}: the paper's Table 1 figures are not in snlite's notes yet (snlite.report.PAPER_TABLE1); "
+                     f"with them this section finds the batch that reproduces them, as it does for AlexNet. The "
+                     f"re-runs do not depend on the batch; the peaks grow in proportion to it.")
+    return Section("2. Recomputation: speed, memory, cost_aware (the paper's Table 1)", text, tables, notes)
+
+
+def min_budgets(nets, progress=measure.no_progress) -> Section:
+    """The smallest budget under which superneurons() runs, against l_peak, for ``nets`` (name, batch)."""
+    rows = []
+    for name, batch in nets:
+        progress(f"{name} ({batch:,d}): the smallest budget of superneurons()")
+        m = measure.min_budget(get_model(name, batch))
+        rows.append([f"{name} ({batch:,d})", measure.format_size(m.budget_bytes), measure.format_size(m.l_peak_bytes),
+                     measure.format_size(m.persistent_bytes), f"{m.ratio:.2f}", f"{m.seconds:.1f} s"])
+    text = ("The paper's claim is that SuperNeurons brings the peak down to about l_peak, the largest working set of "
+            "one step. On a GPU the question is whether it fits, so here is the smallest budget under which "
+            "superneurons() (liveness, offload with the LRU cache, cost-aware recomputation, dynamic workspace) "
+            "runs one training iteration, divided by l_peak plus what every budget must also hold: the weights, "
+            "their gradients and momentum (snlite.measure.min_budget: it gallops up from that sum, the least any "
+            "budget can be, to the first budget that fits, then bisects to the pool's 1 KiB block).")
+    table = Table("min budget: everything on the device (count all), whole 1 KiB blocks; l_peak: activations and "
+                  "gradients of the busiest step, each once; ratio: min budget / (l_peak + weights, their gradients "
+                  "and momentum)", ["network (batch)", "min budget", "l_peak (act+grad)",
+                                    "weights + gradients + momentum", "ratio", "time"], rows)
+    return Section("7. How close to l_peak: the smallest budget", text, [table])
 
 
 def traffic(batches, progress=measure.no_progress) -> Section:
@@ -293,12 +402,17 @@ def _draw_trajectory(plot, out: str, section: Section, runs: dict, batch: int) -
 
 
 # ---------------------------------------------------------------------------- the report
+ZOO = ("lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4", "densenet121")
 FULL = dict(recompute=[("alexnet", 200), ("resnet50", 32), ("resnet101", 32)],
+            sweep=[("alexnet", (50, 100, 400)), ("resnet50", (8, 16, 32, 64, 128)),
+                   ("resnet101", (8, 16, 32, 64, 128))],
             traffic=[256, 512, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560],
             depth=list(measure.SEARCH), width=["alexnet", "vgg16", "inception_v4", "resnet50", "resnet101",
-                                               "resnet152"])
-QUICK = dict(recompute=[("alexnet", 200), ("resnet50", 32)], traffic=[256, 1024],
-             depth=["baseline", "liveness"], width=["alexnet", "resnet50"])
+                                               "resnet152"],
+            min_budget=[(n, DEFAULT_BATCH[n]) for n in ZOO] + [("resnet50", 32)])
+QUICK = dict(recompute=[("alexnet", 200), ("resnet50", 32)], sweep=[("alexnet", (50, 400)), ("resnet50", (16, 32))],
+             traffic=[256, 1024], depth=["baseline", "liveness"], width=["alexnet", "resnet50"],
+             min_budget=[("alexnet", 200), ("resnet50", 32)])
 
 
 def paper_report(out: str, quick: bool = False, command: str | None = None, log=print,
@@ -318,7 +432,7 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
         log(section.markdown() + "\n")
 
     def step(i: int, title: str):
-        return lambda text: progress(f"section {i}/6 ({title}): {text}")
+        return lambda text: progress(f"section {i}/7 ({title}): {text}")
 
     s = time.perf_counter()
     section, runs = trajectory(200, step(1, "trajectory"))
@@ -326,7 +440,7 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
         _draw_trajectory(plot, out, section, runs, 200)
     add(section, s)
     s = time.perf_counter()
-    add(recompute(plan["recompute"], step(2, "recomputation")), s)
+    add(recompute(plan["recompute"], plan.get("sweep", ()), step(2, "recomputation")), s)
     s = time.perf_counter()
     add(traffic(plan["traffic"], step(3, "traffic")), s)
     s = time.perf_counter()
@@ -340,6 +454,8 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
                            title="AlexNet, batch 200: peak (activations + gradients) against extra compute")
         section.figures.append(("alexnet_b200_tradeoff.png", "AlexNet batch 200, peak against extra compute"))
     add(section, s)
+    s = time.perf_counter()
+    add(min_budgets(plan.get("min_budget", ()), step(7, "min budget")), s)
 
     seconds = time.perf_counter() - t0
     path = os.path.join(out, "report.md")

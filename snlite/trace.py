@@ -1,18 +1,24 @@
 """The trace: what a program does to memory, op by op, and the totals people ask about.
 
 :func:`trace_program` reads it off a :class:`~snlite.program.Program` without running anything.
-Every byte here is what the pool reserved (requests rounded up to its blocks), and the host and CUDA
-devices run that same program, so the trace is, byte for byte, what they then hold.
+Under ``count="all"`` every byte here is what the pool reserved (requests rounded up to its blocks),
+and the host and CUDA devices run that same program, so the trace is, byte for byte, what they then
+hold.
 
 Categories: ``weights`` (weights and BatchNorm buffers), ``weight_grads``, ``optimizer``
 (momentum), ``input`` (the batch and its labels), ``activations`` (layer outputs and what
 forward saves for backward), ``gradients`` (activation gradients), ``workspace`` (conv),
 ``in_flight`` (a device copy still held while it is copied to the host). The paper's count
-(``count="paper"``) is activations + gradients.
+(``count="paper"``) is the paper's accounting: activations + gradients, each tensor at its own
+size (not rounded up to the pool's blocks), as cuDNN's steps give them (a dx written in place is
+one buffer; dropout's backward writes its own dx; dropout saves no mask), no workspace.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 CATEGORIES = ("weights", "weight_grads", "optimizer", "input", "activations", "gradients", "workspace", "in_flight")
 KIND_CATEGORY = {"weight": "weights", "buffer": "weights", "weight_grad": "weight_grads", "optimizer": "optimizer",
@@ -38,7 +44,7 @@ class StepRecord:
     host_bytes: int  # pinned host memory in use (tensors waiting on the host, the staged batch, results)
     live_tensors: int
     counted_bytes: int  # under the trace's count
-    working_set_bytes: int  # l_i: what this op itself touches, under the same count
+    working_set_bytes: int  # l_i: what this op itself holds, each tensor once (snlite.liveness.step_tensors)
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,13 @@ class Trace:
 def trace_program(program, count: str = "all") -> Trace:
     """The trace of ``program`` under ``count`` ("all" or "paper"): one :class:`StepRecord` per
     launched op, taken at its busiest moment (its inputs, outputs and workspace held), the peak and
-    what was live there, l_peak, the traffic and the conv choices. Pure: it only reads the program."""
+    what was live there, l_peak, the traffic and the conv choices. Pure: it only reads the program.
+
+    l_peak is the largest working set of one op: the blocks of the tensors it reads and writes, each
+    once (a dx written into dy's buffer is one buffer: :func:`snlite.liveness.step_tensors`), under
+    ``count`` (count "all" adds the weights, their gradients, momentum and the op's workspace). The
+    recompute stage's threshold is the same l_peak (:func:`snlite.recompute.step_bytes`)."""
+    from snlite.liveness import step_tensors
     from snlite.program import Alloc, Copy, Free, HandOver, Launch
 
     stats = program.stats
@@ -111,6 +123,7 @@ def trace_program(program, count: str = "all") -> Trace:
                cache_misses=stats.get("cache_misses", 0))
     cats = PAPER_CATEGORIES if count == "paper" else None
     kind = {}  # tensor -> its kind, memoised
+    own = {}  # tensor -> its own bytes (the paper's count), memoised
     tensors = program.tensors
 
     def kind_of(name):
@@ -118,6 +131,17 @@ def trace_program(program, count: str = "all") -> Trace:
         if k is None:
             k = kind[name] = tensors[name.split("#", 1)[0]][2]
         return k
+
+    itemsize = {}
+
+    def size_of(ins):
+        """The paper's count: the tensor's own bytes (its block's for a workspace), memoised."""
+        shape, dtype, _ = tensors[ins.tensor.split("#", 1)[0]]
+        if shape is None:
+            return ins.nbytes
+        size = itemsize.get(dtype) or itemsize.setdefault(dtype, np.dtype(dtype).itemsize)
+        n = own[ins.tensor] = math.prod(shape) * size
+        return n
 
     device = dict.fromkeys(CATEGORIES, 0)
     held: dict[str, int] = {}  # device tensor -> its block's bytes
@@ -132,9 +156,8 @@ def trace_program(program, count: str = "all") -> Trace:
             if t is Launch:
                 if ins.phase == "update":
                     continue
-                inplace_new = {new for new, _ in ins.inplace}
-                working = sum(held[n] for n in {*ins.reads, *ins.writes} if n not in inplace_new
-                              and kind_of(n) not in persistent and (cats is None or KIND_CATEGORY[kind_of(n)] in cats))
+                working = sum(held[n] for n in step_tensors(ins.reads, ins.writes, ins.inplace)  # l_i
+                              if kind_of(n) not in persistent and (cats is None or KIND_CATEGORY[kind_of(n)] in cats))
                 if count == "all":
                     working += device["weights"] + device["weight_grads"] + device["optimizer"]
                     working += held[ins.workspace] if ins.workspace else 0
@@ -153,11 +176,12 @@ def trace_program(program, count: str = "all") -> Trace:
                     tr.host_peak_bytes = max(tr.host_peak_bytes, host)
                     continue
                 c = cat_of[ins.tensor] = KIND_CATEGORY[kind_of(ins.tensor)]
-                held[ins.tensor] = ins.nbytes
-                device[c] += ins.nbytes
+                n = ins.nbytes if cats is None else (own.get(ins.tensor) or size_of(ins))
+                held[ins.tensor] = n
+                device[c] += n
                 resident += 1
                 if body:
-                    log.append((ins.tensor, ins.nbytes))
+                    log.append((ins.tensor, n))
             elif t is Free:
                 if ins.space == "slab":
                     host -= ins.nbytes

@@ -600,20 +600,44 @@ def test_a4_training_under_offload_is_bit_identical(net):
 
 
 # ================================================================ assignment 5: cost-aware recomputation
-def expected_strategies(g, persistent):
-    """The paper's rule, recomputed from step bytes: speed iff sum_seg l^f + max_seg l^b <= l_peak."""
-    from snlite.recompute import segments
+def held(step, persistent):
+    """The tensors one step holds, each once (a buffer written in place is the one it overwrites)."""
+    new = {n for n, _ in step.inplace}
+    return {t for t in set(step.reads) | set(step.writes) if t not in new and t not in persistent}
 
-    steps, tensors = g.steps(), g.tensors()
-    need = [sum(tensors[t].nbytes for t in set(s.reads) | set(s.writes) if t not in persistent) for s in steps]
-    l_peak = max(need)
-    fwd = {s.layer: need[i] for i, s in enumerate(steps) if s.phase == "forward"}
-    bwd = {s.layer: need[i] for i, s in enumerate(steps) if s.phase == "backward"}
+
+def speed_centric_peaks(g, persistent):
+    """Each segment's speed-centric peak, by brute force: at every backward step from the first
+    that reads a dropped tensor of the segment to the last use of any of its tensors, the
+    segment's tensors that some step from there on still uses, plus the step's own tensors;
+    every live set rebuilt by scanning the rest of the route. None: no backward step reads a
+    dropped tensor of the segment."""
+    from snlite.recompute import droppable, segments
+
+    steps, tensors, drop = g.steps(), g.tensors(), droppable(g)
+    fwd = {s.layer: s for s in steps if s.phase == "forward"}
     members = defaultdict(list)
     for layer, root in segments(g).items():
         members[root].append(layer)
-    return {root: "speed" if sum(fwd[m] for m in ms) + max(bwd[m] for m in ms) <= l_peak else "memory"
-            for root, ms in members.items()}
+    peaks = {}
+    for root, ms in members.items():
+        mine = {t for m in ms for t in (*fwd[m].reads, *fwd[m].writes) if t not in persistent}
+        needing = [s.index for s in steps if s.phase == "backward" and any(t in drop and t in mine for t in s.reads)]
+        if not needing:
+            peaks[root] = None
+            continue
+        end = max(s.index for s in steps if mine & (set(s.reads) | set(s.writes)))
+        peaks[root] = max(sum(tensors[t].nbytes for t in held(s, persistent) | {
+            t for t in mine if any(t in set(u.reads) | set(u.writes) for u in steps[s.index:])})
+            for s in steps[needing[0]:end + 1])
+    return peaks
+
+
+def expected_strategies(g, persistent):
+    """The paper's rule, sizes counted once: speed iff the segment's speed-centric peak <= l_peak."""
+    l_peak = max(sum(g.tensors()[t].nbytes for t in held(s, persistent)) for s in g.steps())
+    return {root: "speed" if peak is None or peak <= l_peak else "memory"
+            for root, peak in speed_centric_peaks(g, persistent).items()}
 
 
 NETS5 = ["branchy", "lenet", "alexnet", "cifar_resnet20", "vgg16"]
@@ -648,15 +672,30 @@ def test_a5_cost_aware_follows_the_papers_rule(name):
 def test_a5_a_segment_that_needs_exactly_l_peak_is_speed_centric():
     from snlite.recompute import choose_strategies
 
-    g = Graph(input_shape=(1, 5, 2, 2), num_classes=2, name="boundary")  # sizes found so the tie happens
-    y = g.relu(g.conv2d(g.input(), 2, 1, name="conv1"), name="relu1")
+    g = Graph(input_shape=(1, 3, 2, 2), num_classes=2, name="boundary")  # sizes found so the tie happens (l_peak
+    y = g.relu(g.conv2d(g.input(), 2, 1, name="conv1"), name="relu1")  # is conv1's backward, after the segment)
+    g.softmax_loss(g.linear(g.flatten(g.conv2d(y, 2, 1, name="conv2"), name="flat"), 2, name="fc"))
+    persistent = persistent_of(g)
+    l_peak = max(sum(g.tensors()[t].nbytes for t in held(s, persistent)) for s in g.steps())
+    assert speed_centric_peaks(g, persistent)["conv1"] == l_peak, "the test net no longer ties; pick new sizes"
+    assert choose_strategies(g, "cost_aware", persistent)["conv1"] == "speed", "the rule is <= l_peak"
+
+
+@pytest.mark.a5
+def test_a5_a_segment_tensor_past_its_last_use_is_not_counted():
+    """conv1 -> pool1 -> relu1 -> conv2: relu1's output is last used by relu1's backward, before
+    pool1's backward, the segment's busiest step (it is l_peak itself); counting relu1 there too
+    would push the segment over l_peak and wrongly make it memory-centric."""
+    from snlite.recompute import choose_strategies
+
+    g = Graph(input_shape=(1, 1, 4, 4), num_classes=2, name="pool_first")
+    y = g.relu(g.maxpool(g.conv2d(g.input(), 8, 1, name="conv1"), 2, name="pool1"), name="relu1")
     g.softmax_loss(g.linear(g.flatten(g.conv2d(y, 1, 1, name="conv2"), name="flat"), 2, name="fc"))
     persistent = persistent_of(g)
-    steps, tensors = g.steps(), g.tensors()
-    need = [sum(tensors[t].nbytes for t in set(s.reads) | set(s.writes) if t not in persistent) for s in steps]
-    relu = {s.phase: need[i] for i, s in enumerate(steps) if s.layer == "relu1"}
-    assert relu["forward"] + relu["backward"] == max(need), "the test net no longer ties; pick new sizes"
-    assert choose_strategies(g, "cost_aware", persistent)["conv1"] == "speed", "the rule is <= l_peak"
+    l_peak = max(sum(g.tensors()[t].nbytes for t in held(s, persistent)) for s in g.steps())
+    assert speed_centric_peaks(g, persistent)["conv1"] == l_peak, "the test net changed; pick new sizes"
+    assert choose_strategies(g, "cost_aware", persistent)["conv1"] == "speed", \
+        "a segment's tensor counts only until its last use"
 
 
 @pytest.mark.a5

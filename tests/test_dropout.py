@@ -1,5 +1,6 @@
-"""Dropout: the device mask equals the host mask bit for bit, its statistics, recomputation,
-the gradient of the reference, the in-place backward, argument errors."""
+"""Dropout: the device mask equals the host mask bit for bit (forward, backward and mask-only
+kernels all draw the same one, so nothing is stored), its statistics, recomputation, the gradient
+of the reference, the in-place backward, argument errors."""
 import numba
 import numpy as np
 import pytest
@@ -18,21 +19,35 @@ def _host_mask(shape, p, seed):
 
 
 def _device_forward(x, p, seed, block=128):
-    d_y, d_mask = cuda.to_device(np.full_like(x, np.nan)), cuda.to_device(np.full(x.shape, 7, np.uint8))
-    D.dropout_forward(cuda.to_device(x), d_y, d_mask, p=p, seed=seed, block=block)
-    return d_y.copy_to_host(), d_mask.copy_to_host()
+    d_y = cuda.to_device(np.full_like(x, np.nan))
+    D.dropout_forward(cuda.to_device(x), d_y, p=p, seed=seed, block=block)
+    return d_y.copy_to_host()
+
+
+def _device_backward(dy, p, seed, block=128):
+    d_dx = cuda.to_device(np.full_like(dy, np.nan))
+    D.dropout_backward(cuda.to_device(dy), d_dx, p=p, seed=seed, block=block)
+    return d_dx.copy_to_host()
+
+
+def _device_masks(shape, p, seed):
+    """The mask each device kernel draws: dropout_mask's, and the forward's and the backward's
+    (read off their outputs for an input of ones: kept elements are scaled, dropped ones are 0)."""
+    ones = np.ones(shape, np.float32)
+    d_mask = cuda.to_device(np.full(shape, 7, np.uint8))
+    D.dropout_mask(d_mask, p=p, seed=seed)
+    return d_mask.copy_to_host(), (_device_forward(ones, p, seed) != 0), (_device_backward(ones, p, seed) != 0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape,p", [((1000,), 0.5), ((3, 7, 5, 5), 0.1), ((1, 1, 33, 17), 0.8)])
 def test_device_mask_equals_host_mask_exactly(seed, shape, p):
-    """The required proof that the simulator's kernels and the NumPy reference agree bit for bit."""
+    """The required proof that the simulator's kernels and the NumPy reference agree bit for bit,
+    and that the backward draws the forward's mask again (nothing is stored between them)."""
     want = _host_mask(shape, p, seed)
-    _, got = _device_forward(np.ones(shape, np.float32), p, seed)
-    assert np.array_equal(got, want)
-    d_mask = cuda.to_device(np.full(shape, 7, np.uint8))
-    D.dropout_mask(d_mask, p=p, seed=seed)
-    assert np.array_equal(d_mask.copy_to_host(), want)
+    mask, forward, backward = _device_masks(shape, p, seed)
+    assert np.array_equal(mask, want)
+    assert np.array_equal(forward, want == 1) and np.array_equal(backward, want == 1)
 
 
 def test_mix32_compiled_int64_equals_numpy_uint64_and_plain_uint32():
@@ -88,46 +103,44 @@ def test_mask_depends_only_on_flat_index():
 
 
 def test_recompute_gives_identical_mask(rng):
-    """A dropped output recomputed later (forward again, or mask only) has the same mask bit for bit."""
+    """A dropped output recomputed later (another launch shape) is the same bit for bit, and the
+    backward scales exactly the elements the forward kept."""
     x = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
-    y1, m1 = _device_forward(x, 0.4, 77)
-    y2, m2 = _device_forward(x, 0.4, 77, block=32)
-    d_mask = cuda.to_device(np.zeros(x.shape, np.uint8))
-    D.dropout_mask(d_mask, p=0.4, seed=77)
-    assert np.array_equal(m1, m2) and np.array_equal(m1, d_mask.copy_to_host())
+    y1, y2 = _device_forward(x, 0.4, 77), _device_forward(x, 0.4, 77, block=32)
     assert np.array_equal(y1, y2)
+    dx = _device_backward(x, 0.4, 77, block=64)  # dy = x: the backward must give the forward's y
+    assert np.array_equal(dx, y1)
+    assert not np.array_equal(_device_forward(x, 0.4, 78), y1)  # the seed matters
 
 
 def test_forward_is_inverted_dropout(rng):
     x = rng.standard_normal((5, 37)).astype(np.float32)
-    y, mask = _device_forward(x, 0.25, 3)
-    assert set(np.unique(mask)) <= {0, 1}
+    y, mask = _device_forward(x, 0.25, 3), _host_mask(x.shape, 0.25, 3)
+    assert set(np.unique(mask)) == {0, 1}
     assert np.array_equal(y, np.where(mask == 1, x * np.float32(1 / 0.75), np.float32(0)))
-    y0, mask0 = _device_forward(x, 0.0, 3)
-    assert np.all(mask0 == 1) and np.array_equal(y0, x)
+    assert np.array_equal(_device_forward(x, 0.0, 3), x) and np.all(_host_mask(x.shape, 0.0, 3) == 1)
 
 
 def test_backward_ref_gradcheck(rng):
     x, dy = rand64(rng, 2, 3, 4, 5), rand64(rng, 2, 3, 4, 5)
-    y, mask = np.empty_like(x), np.empty(x.shape, np.uint8)
+    y = np.empty_like(x)
 
     def forward():
-        D.dropout_forward_ref(x, y, mask, p=0.3, seed=5)
+        D.dropout_forward_ref(x, y, p=0.3, seed=5)
         return y.copy()
 
     forward()
     dx = np.empty_like(x)
-    D.dropout_backward_ref(dy, mask, dx, p=0.3)
+    D.dropout_backward_ref(dy, dx, p=0.3, seed=5)
     check_backward("dropout", forward, {"x": dx}, {"x": x}, dy)
 
 
 def test_in_place_backward_equals_out_of_place(rng):
     dy = rng.standard_normal((4, 61)).astype(np.float32)
-    d_mask = cuda.to_device(_host_mask(dy.shape, 0.5, 11))
     separate = cuda.to_device(np.full_like(dy, np.nan))
-    D.dropout_backward(cuda.to_device(dy), d_mask, separate, p=0.5)
+    D.dropout_backward(cuda.to_device(dy), separate, p=0.5, seed=11)
     shared = cuda.to_device(dy)
-    D.dropout_backward(shared, d_mask, shared, p=0.5)
+    D.dropout_backward(shared, shared, p=0.5, seed=11)
     assert np.array_equal(shared.copy_to_host(), separate.copy_to_host())
 
 
@@ -142,20 +155,21 @@ def test_in_place_backward_equals_out_of_place(rng):
 def test_bad_p_or_seed(kwargs, match):
     x = cuda.to_device(np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="dropout_forward: " + match):
-        D.dropout_forward(x, x, cuda.to_device(np.zeros(4, np.uint8)), **kwargs)
+        D.dropout_forward(x, x, **kwargs)
+    with pytest.raises(ValueError, match="dropout_backward: " + match):
+        D.dropout_backward(x, x, **kwargs)
     with pytest.raises(ValueError, match="dropout_mask: " + match):
         D.dropout_mask_ref(np.zeros(4, np.uint8), **kwargs)
 
 
 def test_bad_arrays():
     x = cuda.to_device(np.zeros((2, 3), np.float32))
-    with pytest.raises(ValueError, match="dropout_forward mask: expected dtype uint8, got float32"):
-        D.dropout_forward(x, x, x, p=0.5, seed=0)
+    with pytest.raises(ValueError, match="dropout_forward y: expected dtype float32, got uint8"):
+        D.dropout_forward(x, cuda.to_device(np.zeros((2, 3), np.uint8)), p=0.5, seed=0)
     with pytest.raises(ValueError, match=r"dropout_backward dx: expected shape \(2, 3\)"):
-        D.dropout_backward(x, cuda.to_device(np.zeros((2, 3), np.uint8)), cuda.to_device(np.zeros(6, np.float32)),
-                           p=0.5)
-    with pytest.raises(ValueError, match="dropout_backward: p must be"):
-        D.dropout_backward(x, cuda.to_device(np.zeros((2, 3), np.uint8)), x, p=1)
+        D.dropout_backward(x, cuda.to_device(np.zeros(6, np.float32)), p=0.5, seed=0)
+    with pytest.raises(ValueError, match="dropout_mask mask: expected dtype uint8, got float32"):
+        D.dropout_mask(x, p=0.5, seed=0)
 
 
 @pytest.mark.gpu
@@ -163,6 +177,7 @@ def test_real_gpu_mask_equals_host_mask():
     """On a real GPU (int64 arithmetic in PTX): millions of elements, several seeds, bit for bit."""
     n = 1 << 24
     for seed in (0, 99, 2**32 - 1):
-        d_mask = cuda.to_device(np.zeros(n, np.uint8))
-        D.dropout_mask(d_mask, p=0.37, seed=seed)
-        assert np.array_equal(d_mask.copy_to_host(), _host_mask((n,), 0.37, seed)), seed
+        want = _host_mask((n,), 0.37, seed)
+        mask, forward, backward = _device_masks((n,), 0.37, seed)
+        assert np.array_equal(mask, want), seed
+        assert np.array_equal(forward, want == 1) and np.array_equal(backward, want == 1), seed

@@ -29,7 +29,7 @@ def test_shapes_and_param_names():
     assert t["conv1.weight"].shape == (4, 3, 3, 3) and t["conv1.bias"].shape == (4,)
     assert t["bn1.running_mean"].kind == "buffer" and t["bn1.weight"].kind == "weight"
     assert t["fc1.weight"].shape == (4, 128)
-    assert t["drop1.mask"].dtype == "uint8"
+    assert [n for n in t if n.startswith("drop1")] == ["drop1", "drop1.grad"], "dropout saves no mask"
     assert g.param_count() == (4 * 27 + 4) + 8 + (16 + 4) + (4 * 128 + 4)
 
 
@@ -64,7 +64,8 @@ def test_cudnn_conventions_in_step_declarations():
     assert set(pool_b.reads) == {"cat1", "pool1", "flat1.grad"}  # x, y, dy (flatten's gradient is pool1's)
     assert small_net().output_grads("pool1") == ["flat1.grad"]
     drop_b = steps[("drop1", "backward")]
-    assert set(drop_b.reads) == {"drop1.grad", "drop1.mask"}
+    assert set(drop_b.reads) == {"drop1.grad"} and drop_b.inplace == ()  # dy only; a separate dx, as cuDNN's
+    assert steps[("drop1", "forward")].writes == ("drop1",)  # no mask is saved
     sm_b = steps[("softmax", "backward")]
     assert sm_b.inplace == (("fc1.grad", "softmax"),)
     # flatten does nothing: its output is pool1's storage, its input gradient is its output gradient

@@ -178,6 +178,25 @@ def test_compare_prints_one_row_per_strategy_in_order(capsys):
     assert rows["+ offload"]["d2h_bytes"] > 0 and rows[measure.SQRT_LABEL]["extra_flops"] > 0
 
 
+def test_min_budget_is_the_first_budget_that_fits_and_compare_prints_it(capsys):
+    """superneurons()'s smallest budget: it fits, one 1 KiB block less does not, and it is at least
+    l_peak plus the weights, their gradients and momentum (which every budget must hold)."""
+    from snlite.placement import fits
+
+    g = alexnet(16)
+    m = measure.min_budget(g)
+    cfg = MemoryConfig.superneurons()
+    assert fits(g, cfg.replace(budget_bytes=m.budget_bytes))
+    assert not fits(g, cfg.replace(budget_bytes=m.budget_bytes - 1024))
+    assert m.l_peak_bytes == simulate(g, cfg.replace(count="paper")).l_peak_bytes
+    assert m.budget_bytes >= m.l_peak_bytes + m.persistent_bytes and m.ratio >= 1
+    code, out, err = run(capsys, "compare", "alexnet", "--batch", 16, "--json")
+    assert code == 0, err
+    assert json.loads(out)["min_budget"]["budget_bytes"] == m.budget_bytes
+    code, out, _ = run(capsys, "compare", "alexnet", "--batch", 16)
+    assert f"superneurons() runs in {measure.format_size(m.budget_bytes)} at the least, {m.ratio:.2f} x" in out
+
+
 def test_compare_under_a_budget_says_which_fit(capsys):
     code, out, err = run(capsys, "compare", "alexnet", "--batch", 16, "--budget", "850MiB", "--json")
     assert code == 0, err

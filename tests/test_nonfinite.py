@@ -108,7 +108,8 @@ def test_dropout_keeps_nan_and_inf_visible_where_it_drops():
     """PyTorch's dropout is x * mask * scale: a dropped NaN or inf is NaN (0 * NaN, 0 * inf)."""
     x = np.tile(X, 40)
     y, mask = np.empty_like(x), np.empty(x.shape, np.uint8)
-    D.dropout_forward_ref(x, y, mask, p=0.5, seed=1)
+    D.dropout_forward_ref(x, y, p=0.5, seed=1)
+    D.dropout_mask_ref(mask, p=0.5, seed=1)
     dropped = mask == 0
     assert dropped.any() and (~dropped).any()
     nonfinite = ~np.isfinite(x)
@@ -117,7 +118,7 @@ def test_dropout_keeps_nan_and_inf_visible_where_it_drops():
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(y[~dropped], x[~dropped] * np.float32(2.0))
     dx = np.empty_like(x)
-    D.dropout_backward_ref(x, mask, dx, p=0.5)
+    D.dropout_backward_ref(x, dx, p=0.5, seed=1)
     assert np.isnan(dx[dropped & nonfinite]).all() and not dx[dropped & ~nonfinite].any()
 
 

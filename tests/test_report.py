@@ -13,7 +13,8 @@ from snlite.models import get_model
 from snlite.placement import simulate
 
 SECTIONS = ("## How to read this", "## 1. AlexNet's memory trajectory", "## 2. Recomputation",
-            "## 3. Traffic per iteration", "## 4. Table 4: depth", "## 5. Table 5: width", "## 6. Trade-off")
+            "## 3. Traffic per iteration", "## 4. Table 4: depth", "## 5. Table 5: width", "## 6. Trade-off",
+            "## 7. How close to l_peak")
 
 
 class Terminal(io.StringIO):
@@ -42,13 +43,14 @@ def test_paper_shows_its_progress_on_a_terminal(quick):
     """Each section says what it runs, on stderr (it used to print nothing for minutes); the line
     is wiped before each section's tables are printed, so stdout never mixes with it."""
     text = STDERR.getvalue()
-    for pattern in (r"section 1/6 \(trajectory\): AlexNet: baseline", r"section 2/6 \(recomputation\): resnet50 "
-                    r"\(32\): recompute cost_aware", r"section 3/6 \(traffic\): AlexNet, batch 1,024",
-                    r"section 4/6 \(Table 4, depth\): liveness: probe \d+, depth [0-9,]+ \([0-9,]+ units\)",
-                    r"section 5/6 \(Table 5, width\): resnet50: superneurons: probe \d+, batch [0-9,]+ "
-                    r"\[strategy 5/5\]", r"section 6/6 \(trade-off\): alexnet: superneurons\(\)"):
+    for pattern in (r"section 1/7 \(trajectory\): AlexNet: baseline", r"section 2/7 \(recomputation\): resnet50 "
+                    r"\(32\): recompute cost_aware", r"section 3/7 \(traffic\): AlexNet, batch 1,024",
+                    r"section 4/7 \(Table 4, depth\): liveness: probe \d+, depth [0-9,]+ \([0-9,]+ units\)",
+                    r"section 5/7 \(Table 5, width\): resnet50: superneurons: probe \d+, batch [0-9,]+ "
+                    r"\[strategy 5/5\]", r"section 6/7 \(trade-off\): alexnet: superneurons\(\)",
+                    r"section 7/7 \(min budget\): resnet50 \(32\): the smallest budget"):
         assert re.search(r"\rsnlite paper: " + pattern + r".*\(\d+ s\)\033\[K", text), pattern
-    assert text.endswith("\r\033[K") and text.count("\r\033[K") >= 6
+    assert text.endswith("\r\033[K") and text.count("\r\033[K") >= 7
 
 
 def _row(text: str, section: str, first_cell: str) -> list[str]:
@@ -67,7 +69,7 @@ def test_paper_quick_writes_every_section_and_table(quick):
     assert text.startswith("# ") and "snlite paper --out" in text and "--quick" in text and __version__ in text
     for heading in SECTIONS:
         assert heading in text, heading
-    assert len(re.findall(r"^\|-", text, re.M)) >= 7  # every experiment has its table (Table 4: ours and the paper's)
+    assert len(re.findall(r"^\|-", text, re.M)) >= 10  # every experiment has its table (Tables 1 and 4: several)
     assert re.search(r"in [0-9.]+ s, on the meta device", text)
     # every table is printed too, and the total time
     assert "| technique" in out and "| network" in out and re.search(r"took [0-9.]+ s in all", out)
@@ -92,6 +94,26 @@ def test_numbers_are_those_of_simulate(quick):
     assert _row(text, "## 5.", "alexnet")[1] == f"{found.value:,d}"
     trace = simulate(get_model("alexnet", 256), MemoryConfig.superneurons(cache=False, budget_bytes=report.BUDGET))
     assert _row(text, "## 3.", "256")[1] == f"{trace.d2h_bytes / 1e9:.2f} GB"
+    smallest = measure.min_budget(get_model("resnet50", 32))
+    assert _row(text, "## 7.", "resnet50 (32)")[1:5] == [
+        measure.format_size(smallest.budget_bytes), measure.format_size(smallest.l_peak_bytes),
+        measure.format_size(smallest.persistent_bytes), f"{smallest.ratio:.2f}"]
+
+
+def test_table1_alexnet_is_found_at_the_papers_batch(quick):
+    """The batch search, given AlexNet's row of the paper's Table 1, lands on the paper's batch (200)
+    and reproduces its three peaks; the report says so and shows our counts beside the paper's."""
+    _, _, text, _ = quick
+    table = text.split("*the batch that reproduces", 1)[1].split("\n\n", 2)[1]
+    found = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| alexnet")]
+    assert [(c[1].strip(), c[2].strip(), c[6].strip(), c[7].strip()) for c in found] == [
+        ("200", s, str(report.PAPER_TABLE1["alexnet"][s][1]), str(report.PAPER_TABLE1["alexnet"][s][1]))
+        for s in report.STRATEGIES]
+    assert "alexnet: batch 200 reproduces the paper's three peaks" in text
+    best = report.table1_batch("alexnet", report.PAPER_TABLE1["alexnet"], (64,))
+    assert best["batch"] == 200 and best["exact"]
+    assert {s: best["runs"][s].trace.recompute_count for s in report.STRATEGIES} == {
+        s: report.PAPER_TABLE1["alexnet"][s][1] for s in report.STRATEGIES}
 
 
 def test_without_matplotlib_every_table_is_still_there(tmp_path, monkeypatch):
@@ -113,3 +135,13 @@ def test_out_must_be_a_folder(tmp_path, capsys):
     file.write_text("")
     assert cli.main(["paper", "--out", str(file), "--quick"]) == 1
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_table1_batch_finds_the_batch_behind_a_networks_figures():
+    """The search works on any network whose row lacks its batch: given ResNet-50's own figures at
+    batch 24 (rounded as the paper rounds), scaled from a run at batch 32 it lands on 24."""
+    runs = report._table1_runs("resnet50", 24, measure.no_progress)
+    row = {s: (round(runs[s].paper.peak_bytes / report.MIB, 3), runs[s].trace.recompute_count)
+           for s in report.STRATEGIES}
+    best = report.table1_batch("resnet50", row, (8, 32))
+    assert best["batch"] == 24 and best["exact"] and best["worst"] < 1e-6

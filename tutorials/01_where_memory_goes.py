@@ -16,6 +16,7 @@
 import snlite
 from snlite import MemoryConfig, simulate
 from snlite.lesson import MiB, expect, save_plot
+from snlite.liveness import step_tensors
 from snlite.route import execution_route
 from snlite.trace import CATEGORIES
 
@@ -78,8 +79,9 @@ expect("relu1's output is read by conv2 and by join (a fork), so it has two grad
 
 # %% [markdown]
 # ## AlexNet: the route, and the layer-wise memory l_i
-# l_i^f is what layer i's forward step touches, l_i^b what its backward step touches. The paper counts
-# only activations and their gradients ("the paper's count"; weights and the input batch apart).
+# l_i^f is what layer i's forward step touches, l_i^b what its backward step touches, each tensor once (a
+# dx that a backward step writes into dy's buffer is one buffer). The paper counts only activations and
+# their gradients ("the paper's count"; weights and the input batch apart).
 # l_peak = max_i l_i is a lower bound for any schedule: that one step needs all of it at once.
 
 # %%
@@ -93,8 +95,8 @@ print("backward:", " ".join(net.route()[1]))
 
 
 def layer_bytes(step):
-    """l_i of one step, the paper's count: the activations and gradients it reads or writes."""
-    return sum(tensors[t].nbytes for t in {*step.reads, *step.writes}
+    """l_i of one step, the paper's count: the activations and gradients it reads or writes, each once."""
+    return sum(tensors[t].nbytes for t in step_tensors(step.reads, step.writes, step.inplace)
                if tensors[t].kind in ("activation", "gradient"))
 
 
@@ -136,9 +138,8 @@ print(f"the paper's count (activations + gradients): {paper_count.peak_bytes / M
       f"l_peak {paper_count.l_peak_bytes / MiB:,.1f} MiB; peak / l_peak = {paper_count.ratio:.2f}")
 
 weight_bytes = sum(t.nbytes for t in tensors.values() if t.kind in ("weight", "buffer"))
-block = 1024  # the pool hands out whole 1 KB blocks
 handed = {new for s in net.steps() for new, _ in s.inplace}  # written into another tensor's buffer
-own_buffers = sum(-(-t.nbytes // block) * block for t in tensors.values()
+own_buffers = sum(t.nbytes for t in tensors.values()  # each at its own size, as the paper counts
                   if t.kind in ("activation", "gradient") and t.name not in handed)
 print(f"weights: {weight_bytes / MiB:,.1f} MiB = 4 bytes x {net.param_count():,d} parameters; "
       f"their gradients and the momentum take as much again, each")
