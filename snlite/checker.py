@@ -27,7 +27,7 @@ import bisect
 from dataclasses import dataclass
 
 from snlite.program import HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
-    Record, Wait, stream_of
+    Record, Wait, stream_of, without_cycle_collection
 
 ALL_STREAMS = (*STREAMS, HOST)
 
@@ -234,6 +234,11 @@ class _Ranges:
 
 def find_races(program, iterations: int = 2) -> list[Race]:
     """Every race of ``program`` run ``iterations`` times in a row (see the module docstring)."""
+    with without_cycle_collection():
+        return _find_races(program, iterations)
+
+
+def _find_races(program, iterations: int) -> list[Race]:
     index = {s: i for i, s in enumerate(ALL_STREAMS)}
     clocks = {s: [0] * len(ALL_STREAMS) for s in ALL_STREAMS}
     events: dict[str, list] = {}

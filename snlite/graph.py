@@ -43,7 +43,7 @@ class TensorSpec:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     """One step of the route: a layer's forward or backward, and the tensors it touches."""
 

@@ -33,7 +33,7 @@ from snlite.config import MemoryConfig
 from snlite.graph import TensorSpec
 from snlite.pool import HostPool, PoolFullError, RawAllocator, TensorPool
 from snlite.program import (COMPUTE, COPY_IN, COPY_OUT, HOST, MODES, Alloc, Copy, Free, HandOver, HostRead,
-                            HostWait, HostWrite, Launch, Program, Record, Wait)
+                            HostWait, HostWrite, Launch, Program, Record, Wait, without_cycle_collection)
 from snlite.recompute import base_name
 from snlite.scheduler import PERSISTENT_KINDS, Scheduler
 from snlite.tensor import State, Tensor
@@ -71,12 +71,15 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     if mode in ("train", "update") and not optimizer:
         raise ValueError("mode 'train' updates the weights, which needs the optimizer state; use mode 'grads'")
-    plan = plan or Scheduler(graph, config).plan()
-    specs = dict(graph.tensors())
-    if optimizer:
-        specs.update(optimizer_specs(graph))
-    program = _Placer(graph, config, plan, specs, costs or ws.CostModel(), mode).run()
+    with without_cycle_collection():
+        plan = plan or Scheduler(graph, config).plan()
+        specs = dict(graph.tensors())
+        if optimizer:
+            specs.update(optimizer_specs(graph))
+        program = _Placer(graph, config, plan, specs, costs or ws.CostModel(), mode).run()
     return program.without_updates() if mode == "grads" else program
+
+
 
 
 def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, costs=None, plan=None):
@@ -141,6 +144,7 @@ class _Placer:
         self.evictable = {n for n, t in specs.items() if t.kind in EVICTABLE_KINDS}
         self.moving = config.offload or config.cache
         self.nbytes = {n: t.nbytes for n, t in specs.items()}
+        self.kinds = {n: t.kind for n, t in specs.items()}
         self._bases = None
         self._reserved: dict[int, int] = {}
         self.ranked: dict[tuple, list] = {}  # (conv shape, conv op) -> its algorithms, fastest first
@@ -165,10 +169,8 @@ class _Placer:
         self.n_events = 0
         self.stats = {"cache_hits": 0, "cache_misses": 0, "recompute_count": 0, "extra_flops": 0}
         self.table = {n: (t.shape, t.dtype, t.kind) for n, t in specs.items()}
+        self.setup = self._place_persistent()
         self.out: list = []
-        for name in self.persistent:
-            self._alloc(self._tensor(name), "setup")
-        self.setup, self.out = tuple(self.out), []
 
     # ------------------------------------------------------------ sizes
     def upper_bound_bytes(self) -> int:
@@ -230,6 +232,23 @@ class _Placer:
             r = self._reserved[nbytes] = self.pool.reserved_bytes(max(nbytes, 1))
         return r
 
+    def _place_persistent(self) -> tuple:
+        """The weights, their gradients, buffers and momentum: placed once, before the iteration,
+        end to end from the arena's start (``TensorPool.alloc_all``)."""
+        try:
+            offsets = self.pool.alloc_all(((n, max(self.nbytes[n], 1)) for n in self.persistent), "setup")
+        except PoolFullError as e:
+            for offset, (name, _) in self.pool.allocations().items():  # what was placed before it: live there
+                self.tensors[name] = Tensor(name=name, nbytes=self.nbytes[name], kind=self.specs[name].kind,
+                                            state=State.ON_DEVICE, offset=offset)
+            raise BudgetError(self._budget_message(self._tensor(e.name), "setup", e)) from None
+        setup = []
+        for name, offset in zip(self.persistent, offsets):
+            t = self.tensors[name] = Tensor(name=name, nbytes=self.nbytes[name], kind=self.specs[name].kind,
+                                            state=State.ON_DEVICE, offset=offset)
+            setup.append(Alloc(name, self.space, offset, self.reserved(t.nbytes), COMPUTE if self.raw else None))
+        return tuple(setup)
+
     # ------------------------------------------------------------ instructions
     def _record(self, stream: str) -> str:
         self.n_events += 1
@@ -241,7 +260,7 @@ class _Placer:
         t = self.tensors.get(name)
         if t is None:
             base = base_name(name) if "#" in name else name
-            t = self.tensors[name] = Tensor(name=name, nbytes=self.nbytes[base], kind=self.specs[base].kind)
+            t = self.tensors[name] = Tensor(name=name, nbytes=self.nbytes[base], kind=self.kinds[base])
         return t
 
     def _take_block(self, t: Tensor, step):
@@ -311,9 +330,8 @@ class _Placer:
         offset = t.drop() if drop else t.free()
         if was_resident:
             self._release_block(t, offset)
-        host = t.release_host()
-        if host is not None:
-            self._free_host_slot(t.name, host, t.nbytes)
+        if t.host_offset is not None:
+            self._free_host_slot(t.name, t.release_host(), t.nbytes)
 
     # ------------------------------------------------------------ moving data
     def _start_offload(self, t: Tensor, step, why: str) -> None:
@@ -382,7 +400,7 @@ class _Placer:
         g, train = self.graph, self.train
         loss_layer = g.loss_layer
         logits = g.output_tensor(g.inputs[loss_layer][0])
-        tensors, cache, ON_DEVICE = self.tensors, self.config.cache, State.ON_DEVICE
+        tensors, cache, ON_DEVICE, persistent = self.tensors, self.config.cache, State.ON_DEVICE, self.persistent_set
         staged = {name: self.staging[f"{name}:in"] for name in (("data", "labels") if train else ("data",))}
         for name, slot in staged.items():
             self.out.append(Alloc(f"{name}:in", "slab", slot, self.host.reserved_bytes(self.nbytes[name])))
@@ -397,9 +415,10 @@ class _Placer:
                 self._start_prefetch(self.tensors[name], op.step, "prefetch")
             touched = []
             for name in {*op.reads, *op.writes}:
-                t = tensors.get(name) or self._tensor(name)
-                t.locked = True
-                touched.append(t)
+                if name not in persistent:  # weights and their kin never move: nothing to lock
+                    t = tensors.get(name) or self._tensor(name)
+                    t.locked = True
+                    touched.append(t)
             for name in op.reads:
                 t = tensors[name]
                 if t.state is ON_DEVICE and not cache:  # the common case, without a call
@@ -499,8 +518,7 @@ class _Placer:
             return convs, None
         t = Tensor(name=f"{op.layer}.workspace", nbytes=nbytes, kind="workspace")
         self.tensors[t.name] = t
-        self.table[t.name] = (None, "float32", "workspace")
-        self.specs[t.name] = TensorSpec(t.name, (nbytes // 4,), "float32", "workspace")
+        self.table[t.name] = (None, "float32", "workspace")  # a flat view of the whole block
         t.allocate(self._take_block(t, op.step))
         return convs, t
 

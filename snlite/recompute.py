@@ -35,7 +35,7 @@ from snlite.liveness import first_and_last_use, step_tensors
 STRATEGIES = ("off", "speed", "memory", "cost_aware")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One operation of a plan: a route step, or a forward re-run for recomputation."""
 

@@ -33,7 +33,7 @@ from snlite.recompute import Op, base_name
 PERSISTENT_KINDS = ("weight", "weight_grad", "buffer", "optimizer")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedOp:
     """An op and the memory actions around it."""
 

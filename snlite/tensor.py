@@ -76,7 +76,7 @@ class IllegalTransition(ValueError):
         super().__init__(f"tensor {tensor.name!r} is {tensor.state.name}: cannot {move}(): {reason}")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tensor:
     """One tensor's bookkeeping: where its data is, and whether a host copy matches it.
 

@@ -32,7 +32,7 @@ def counted(device_bytes: dict, count: str) -> int:
     return sum(device_bytes.get(c, 0) for c in cats)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """The device's state at the busiest moment of one op (its inputs, outputs and workspace held)."""
 
@@ -114,6 +114,13 @@ def trace_program(program, count: str = "all") -> Trace:
     once (a dx written into dy's buffer is one buffer: :func:`snlite.liveness.step_tensors`), under
     ``count`` (count "all" adds the weights, their gradients, momentum and the op's workspace). The
     recompute stage's threshold is the same l_peak (:func:`snlite.recompute.step_bytes`)."""
+    from snlite.program import without_cycle_collection
+
+    with without_cycle_collection():
+        return _trace_program(program, count)
+
+
+def _trace_program(program, count: str) -> Trace:
     from snlite.liveness import step_tensors
     from snlite.program import Alloc, Copy, Free, HandOver, Launch
 
