@@ -70,6 +70,8 @@ GPUS = {
     "H200": Gpu("H200", "sm_90", 132, 2048, 32, 65536, 228 * 1024, 1024, 67.0, 4800.0),
     "A100": Gpu("A100", "sm_80", 108, 2048, 32, 65536, 164 * 1024, 1024, 19.5, 2039.0),
     "T4": Gpu("T4", "sm_75", 40, 1024, 16, 65536, 64 * 1024, 0, 8.1, 320.0),
+    # the paper's GPU; no ptxas for sm_35 any more, so its occupancy is an upper bound (threads, blocks, smem)
+    "K40": Gpu("K40", "sm_35", 15, 2048, 16, 65536, 48 * 1024, 0, 4.29, 288.0),
 }
 ARCHS = ("sm_90", "sm_80", "sm_75")
 REGISTER_UNIT = 256  # registers are allocated to a warp in units of 256
@@ -290,6 +292,27 @@ def _step_io(graph, step, layer, choices):
         nbytes = max(c.workspace_bytes for c in choices.values())
         io.workspace = _view((nbytes // 4,)) if nbytes else None
     return io
+
+
+def step_launches(graph, layer_name: str, phase: str, choices: dict | None = None, accumulate: int = 0) -> list:
+    """The launches of one route step of ``graph`` (duck-typed: a snlite Graph): ``accumulate`` fork
+    accumulations, then the layer's forward (also for a recomputed forward) or backward, with each
+    conv op's algorithm and chunk from ``choices`` (conv op -> an object with algo, chunk and
+    workspace_bytes). Recorded from the launchers on shape-only arrays: nothing runs."""
+    import kernels
+
+    ops = kernels.all_ops()
+    layer = graph.layers[layer_name]
+    io = _step_io(graph, types.SimpleNamespace(layer=layer_name), layer, choices or {})
+    calls = [("accumulate", (_view(layer.out_shape), _view(layer.out_shape)), {})] * accumulate
+    io.run = lambda name, *args, **kwargs: calls.append((name, args, kwargs))
+    (layer.backward if phase == "backward" else layer.forward)(io)
+    out = []
+    for name, args, kwargs in calls:
+        with record_launches() as launched:
+            ops[name].launch(*args, **kwargs)
+        out += launched
+    return out
 
 
 def network_launches(graph, conv_choices, optimizer: bool = True) -> list[OpLaunches]:

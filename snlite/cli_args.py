@@ -125,7 +125,7 @@ def join_negative_values(argv: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------- the memory flags (one place)
-MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count")
+MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count", "schedule")
 
 
 def add_memory_flags(parser: argparse.ArgumentParser) -> None:
@@ -143,7 +143,9 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
              "workspace": "convolution workspace: none (direct), fastest, dynamic (fastest that fits now)",
              "allocator": "pool (one arena, the paper's) or raw (one allocation per tensor)",
              "fit": "the pool's free-block search", "count": "what the trace's peak counts: all "
-             "(everything on the device) or paper (activations + gradients)"}
+             "(everything on the device) or paper (activations + gradients)",
+             "schedule": "when copies run: paper (the paper's op-based points) or a GPU (H200, A100, T4, K40): "
+             "releases and prefetches moved in time so copies hide behind compute on that GPU (snlite.overlap)"}
     for name, text in helps.items():
         g.add_argument(f"--{name}", choices=CHOICES[name], default=None, help=text)
     g.add_argument("--budget", type=_budget, metavar="SIZE", default=None,

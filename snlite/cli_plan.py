@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from snlite import measure
+from snlite import measure, timing
 
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, add_memory_flags,
                              add_quiet_flag, memory_config)
@@ -23,6 +23,8 @@ def add_planning_commands(sub) -> None:
                 "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121")
     batch_help = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
     json_help = "write the numbers as JSON to FILE (- or no FILE: standard output, instead of the tables)"
+    gpu_help = ("the GPU profile of the time model (snlite.timing.PROFILES: H200, A100, T4, K40; default H200): "
+                "estimated step time, how busy each stream is, how much transfer time compute waits for")
 
     plan = sub.add_parser("plan", help="what the scheduler does for a network, measured on the meta device",
                           description="Run the scheduler on the meta device and print the peak (both counts), "
@@ -35,6 +37,10 @@ def add_planning_commands(sub) -> None:
     plan.add_argument("--top", type=_positive_int, default=10, help="live tensors shown at the peak (default 10)")
     plan.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline (needs matplotlib)")
+    plan.add_argument("--timeline", metavar="FILE.png",
+                      help="draw the iteration's estimated timeline: the compute, copy_out and copy_in streams on a "
+                           "GPU profile (--gpu), with the device memory in use under them (needs matplotlib)")
+    plan.add_argument("--gpu", default="H200", metavar="GPU", help=gpu_help)
     plan.add_argument("--program", action="store_true",
                       help="print the program: every allocation, copy, event and kernel launch of one iteration, "
                            "in order, with its stream, and the race checker's verdict on it")
@@ -61,6 +67,7 @@ def add_planning_commands(sub) -> None:
                          help="run every strategy under this budget and say which fit (the cache only moves "
                               "data when memory runs short)")
     compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
+    compare.add_argument("--gpu", default="H200", metavar="GPU", help=gpu_help)
     compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
     add_quiet_flag(compare)
 
@@ -237,6 +244,13 @@ def cmd_plan(args) -> int:
         print("\n" + conv_table(trace.conv_choices))
     if args.steps:
         print("\nper step (KiB):\n" + trace.table())
+    tl = m.timeline(timing.profile(args.gpu))
+    print(f"\ntime (estimated, snlite.timing): {tl.summary()}")
+    if args.timeline:
+        _plot("plot_streams", tl.events(), args.timeline, memory=tl.memory,
+              title=f"{graph.name}, batch {batch}, {config.describe()}: one iteration on the {args.gpu} profile "
+                    f"(estimated), {tl.step_ms:,.1f} ms")
+        print(f"timeline drawn to {args.timeline}")
     if args.save_program:
         _save_program(m.program, args.save_program)
         print(f"\nprogram saved to {args.save_program} ({len(m.program):,d} instructions)")
@@ -349,12 +363,19 @@ def cmd_compare(args) -> int:
     rows = measure.compare(graph, args.budget, progress=status)
     status(f"{graph.name}: the smallest budget of superneurons()")
     smallest = measure.min_budget(graph)
+    status(f"{graph.name}: step times on the {args.gpu} profile")
+    prof = timing.profile(args.gpu)
+    timelines = [r.timeline(prof) for r in rows]
+    resident = measure.all_resident_ms(graph, prof)
     status.clear()
     seconds = time.perf_counter() - t0
     fits = args.budget is None or any(r.fits for r in rows)
     if args.json:
         _write_json(args.json, {"net": args.net, "batch": batch, "budget_bytes": args.budget,
-                                "rows": [r.totals() for r in rows],
+                                "rows": [dict(r.totals(), step_ms=tl.step_ms, vs_all_resident=tl.step_ms / resident - 1,
+                                              exposed_transfer_ms=tl.exposed_ms, overlap=tl.overlap)
+                                         for r, tl in zip(rows, timelines)],
+                                "gpu_profile": prof.name, "all_resident_ms": resident,
                                 "min_budget": {"budget_bytes": smallest.budget_bytes,
                                                "l_peak_bytes": smallest.l_peak_bytes,
                                                "persistent_bytes": smallest.persistent_bytes,
@@ -368,11 +389,13 @@ def cmd_compare(args) -> int:
     budget = f", budget {measure.format_size(args.budget)}" if args.budget else ""
     print(f"{graph.name}, batch {batch}{budget}: {len(graph.layers)} layers, {graph.flops() / 1e9:,.2f} GFLOPs "
           f"forward; each strategy simulated on the meta device")
-    head = ["strategy", "peak (all)", "peak (paper)", "peak/l_peak", "recomputed", "extra FLOPs", "moved", "host peak"]
+    head = ["strategy", "peak (all)", "peak (paper)", "peak/l_peak", "recomputed", "extra FLOPs", "moved", "host peak",
+            "step (est.)", "vs resident"]
     table = [[r.label, measure.format_size(r.peak_bytes), measure.format_size(r.paper_peak_bytes),
               f"{r.paper.ratio:.2f}", r.trace.recompute_count, f"{r.extra_pct:.1f}%",
-              measure.format_size(r.moved_bytes), measure.format_size(r.trace.host_peak_bytes)]
-             + (["yes" if r.fits else "no"] if args.budget else []) for r in rows]
+              measure.format_size(r.moved_bytes), measure.format_size(r.trace.host_peak_bytes),
+              f"{timelines[i].step_ms:,.1f} ms", f"{timelines[i].step_ms / resident - 1:+.1%}"]
+             + (["yes" if r.fits else "no"] if args.budget else []) for i, r in enumerate(rows)]
     print(_table(head + (["fits"] if args.budget else []), table))
     n = len(graph.route()[0])
     print(f"\npeak (all): everything on the device; peak (paper) and peak/l_peak: activations + gradients only. "
@@ -381,7 +404,9 @@ def cmd_compare(args) -> int:
           f"{_ordinal(max(1, round(n ** 0.5)))} of the {n} layers' outputs, recompute each "
           f"segment once in backward, liveness on (snlite.measure.checkpoint_plan)."
           + ("" if args.budget else " Without --budget the cache never has to move anything.")
-          + f" ({seconds:.1f} s)")
+          + f" ({seconds:.1f} s)\nstep (est.): one iteration on the {prof.name} profile (snlite.timing: a roofline model "
+          f"of the kernels, copies at PCIe bandwidth on their own streams, Numba's launch cost on the host); vs "
+          f"resident: against every tensor resident (liveness only, {resident:,.1f} ms)")
     print(f"\nsuperneurons() runs in {measure.format_size(smallest.budget_bytes)} at the least, {smallest.ratio:.2f} x "
           f"(l_peak {measure.format_size(smallest.l_peak_bytes)} + weights, their gradients and momentum "
           f"{measure.format_size(smallest.persistent_bytes)}): the paper's \"peak about l_peak\", as a budget "

@@ -16,6 +16,8 @@
 | budget_bytes | None or int >= 1024 (one pool block)     | fails early if the plan cannot fit      |                                |
 | host_budget_bytes | None or int >= 256 (one slot)    | fails early if pinned host memory runs out |                          |
 | count        | all, paper                               | what the trace's peak counts            |                                |
+| schedule     | paper, H200, A100, T4, K40               | GPU name: copies moved in time to hide  | (paper: the paper's op-based   |
+|              |                                          | behind compute on that GPU (timing)     | points; copies may stall)      |
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ CHOICES = {
     "allocator": ("pool", "raw"),
     "fit": ("first", "best"),
     "count": ("all", "paper"),
+    "schedule": ("paper", "H200", "A100", "T4", "K40"),  # the GPU profiles of snlite.timing
 }
 
 
@@ -47,6 +50,7 @@ class MemoryConfig:
     budget_bytes: int | None = None
     count: str = "all"
     host_budget_bytes: int | None = None
+    schedule: str = "paper"
 
     def __post_init__(self):
         for name in ("liveness", "offload", "cache"):
@@ -72,9 +76,10 @@ class MemoryConfig:
     @classmethod
     def superneurons(cls, **overrides) -> "MemoryConfig":
         """Everything the paper does: liveness, offload with the LRU cache, cost-aware
-        recomputation, dynamic convolution workspace, one pool."""
+        recomputation, dynamic convolution workspace, one pool; copies scheduled to hide behind
+        compute on an H200 (``schedule``)."""
         return dataclasses.replace(cls(liveness=True, offload=True, cache=True, recompute="cost_aware",
-                                       workspace="dynamic"), **overrides)
+                                       workspace="dynamic", schedule="H200"), **overrides)
 
     def replace(self, **changes) -> "MemoryConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -86,7 +91,8 @@ class MemoryConfig:
     def describe(self) -> str:
         """One line naming what is on, e.g. ``liveness + offload + recompute=cost_aware``."""
         parts = [n for n in ("liveness", "offload", "cache") if getattr(self, n)]
-        parts += [f"{n}={getattr(self, n)}" for n in ("recompute", "workspace") if getattr(self, n) not in ("off", "none")]
+        parts += [f"{n}={getattr(self, n)}" for n in ("recompute", "workspace", "schedule")
+                  if getattr(self, n) not in ("off", "none", "paper")]
         return " + ".join(parts) or "baseline"
 
 

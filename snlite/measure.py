@@ -86,6 +86,13 @@ class Measurement:
     forward_flops: int
     fits: bool | None = None  # None: no budget given
     program: object = None  # the snlite.program.Program both traces were read off
+    graph: object = None
+
+    def timeline(self, gpu: str = "H200"):
+        """The program replayed on a GPU profile (:func:`snlite.timing.estimate`)."""
+        from snlite import timing
+
+        return timing.estimate(self.program, self.graph, gpu)
 
     @property
     def arena_bytes(self) -> int:
@@ -152,7 +159,7 @@ def measure(graph, config: MemoryConfig, label: str | None = None, plan: Plan | 
         config = config.replace(budget_bytes=None, host_budget_bytes=None)
         program, ok = place(graph, config, plan=plan), False
     t_all, t_paper = trace_program(program, "all"), trace_program(program, "paper")
-    return Measurement(label or config.describe(), config, t_all, t_paper, graph.flops(), ok, program)
+    return Measurement(label or config.describe(), config, t_all, t_paper, graph.flops(), ok, program, graph)
 
 
 # ---------------------------------------------------------------------------- how close to l_peak
@@ -280,6 +287,17 @@ COMPARE = {
 
 def no_progress(text: str) -> None:
     """The default ``progress``: say nothing."""
+
+
+ALL_RESIDENT = MemoryConfig(liveness=True)  # the time reference: nothing moves, nothing is recomputed
+
+
+def all_resident_ms(graph, gpu: str = "H200") -> float:
+    """The estimated step time with every tensor resident (liveness only), on ``gpu``'s profile: what
+    moving and recomputing are measured against."""
+    from snlite import timing
+
+    return timing.estimate(place(graph, ALL_RESIDENT), graph, gpu).step_ms
 
 
 def compare(graph, budget_bytes: int | None = None, progress=no_progress) -> list[Measurement]:

@@ -25,6 +25,7 @@ executed peak by construction, and the high-water marks size the arena and the p
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import Counter
 
 from snlite import workspace as ws
@@ -36,7 +37,7 @@ from snlite.program import (COMPUTE, COPY_IN, COPY_OUT, HOST, MODES, Alloc, Copy
                             HostWait, HostWrite, Launch, Program, Record, Wait, without_cycle_collection)
 from snlite.recompute import base_name
 from snlite.scheduler import PERSISTENT_KINDS, Scheduler
-from snlite.tensor import State, Tensor
+from snlite.tensor import IllegalTransition, State, Tensor
 
 EVICTABLE_KINDS = ("activation", "gradient", "input")  # what may wait on the host
 
@@ -73,11 +74,59 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
         raise ValueError("mode 'train' updates the weights, which needs the optimizer state; use mode 'grads'")
     with without_cycle_collection():
         plan = plan or Scheduler(graph, config).plan()
+        if config.schedule != "paper" and mode != "infer":
+            from snlite import overlap
+
+            plan = overlap.retime(graph, config, plan, costs)  # copies moved in time to hide behind compute
         specs = dict(graph.tensors())
         if optimizer:
             specs.update(optimizer_specs(graph))
-        program = _Placer(graph, config, plan, specs, costs or ws.CostModel(), mode).run()
+        placer = _Placer(graph, config, plan, specs, costs or ws.CostModel(), mode)
+        program = placer.run()
+        if config.cache and config.schedule != "paper" and (placer.evicted or placer.fetched):
+            program = _overlapped(graph, config, plan, specs, costs or ws.CostModel(), mode, placer, program)
     return program.without_updates() if mode == "grads" else program
+
+
+def _overlapped(graph, config, plan, specs, costs, mode, first, program) -> Program:
+    """The cache's moves, moved in time (``schedule`` names a GPU): each eviction's copy starts right
+    after the tensor's last use before it (write-behind), so the copy runs while compute goes on and
+    the block is freed only at the eviction, after the copy's event; each fetch starts as early as the
+    block fits without evicting anything, but no earlier than its copy needs to land in time on that
+    GPU (read-ahead). A second placement follows the first one's evictions; it is kept only if it moves
+    no more bytes and its peak is no higher, so the planned memory never rises."""
+    from snlite import overlap
+    from snlite.trace import trace_program
+
+    evictions: dict[int, list[str]] = {}
+    behind: dict[int, list[str]] = {}
+    for name, at, last in first.evicted:
+        evictions.setdefault(at, []).append(name)
+        if last < at:
+            behind.setdefault(last, []).append(name)
+    start = overlap._op_starts(program, graph, config.schedule, len(plan.ops))
+    prof = timing_profile(config.schedule)
+    ahead = []  # (earliest op, tensor, the op that needs it)
+    for name, at in first.fetched:
+        land = start[at] - overlap._copy_ms(first.nbytes[base_name(name)], prof.h2d_gbs, prof)
+        ahead.append((max(0, bisect_right(start, land, hi=at) - 1), name, at))
+    old = trace_program(program, "all")
+    for early in (sorted(ahead), []):  # with read-ahead; if that costs memory or bytes, write-behind alone
+        try:
+            candidate = _Placer(graph, config, plan, specs, costs, mode, behind=behind,
+                                evictions={k: list(v) for k, v in evictions.items()}, ahead=early).run()
+        except (BudgetError, PlanError, IllegalTransition):  # it strayed from the first pass: keep that one
+            continue
+        new = trace_program(candidate, "all")
+        if new.peak_bytes <= old.peak_bytes and new.d2h_bytes + new.h2d_bytes <= old.d2h_bytes + old.h2d_bytes:
+            return candidate
+    return program
+
+
+def timing_profile(name):
+    from snlite import timing
+
+    return timing.profile(name)
 
 
 
@@ -135,8 +184,16 @@ def _specs(graph, optimizer: bool) -> dict:
 class _Placer:
     """One placement: the pool simulation, the LRU cache, the events; appends instructions to ``out``."""
 
-    def __init__(self, graph, config: MemoryConfig, plan, specs, costs, mode: str):
+    def __init__(self, graph, config: MemoryConfig, plan, specs, costs, mode: str, behind=None, evictions=None,
+                 ahead=None):
         self.graph, self.config, self.plan, self.specs, self.costs, self.mode = graph, config, plan, specs, costs, mode
+        # the time-aware second pass (see _overlapped): copies to start after an op, evictions to repeat
+        self.behind, self.planned_evictions, self.ahead = behind or {}, evictions or {}, list(ahead or ())
+        self.behind_in_flight: dict[str, None] = {}  # write-behind copies whose block is not released yet
+        self.evicted: list[tuple[str, int, int]] = []  # (tensor, op it was evicted at, its last use before)
+        self.fetched: list[tuple[str, int]] = []  # (tensor, op that fetched it back)
+        self.last_use: dict[str, int] = {}
+        self.op_index = -1
         self.train = mode != "infer"
         self.persistent = [n for n, t in specs.items() if t.kind in PERSISTENT_KINDS]
         self.persistent_set = set(self.persistent)
@@ -344,6 +401,7 @@ class _Placer:
         self.lru.remove(t.name)
 
     def _finish_offload(self, t: Tensor) -> None:
+        self.behind_in_flight.pop(t.name, None)
         self._release_block(t, t.finish_offload())
 
     def _start_prefetch(self, t: Tensor, step, why: str) -> None:
@@ -358,6 +416,7 @@ class _Placer:
             if not cache:
                 raise PlanError(f"op {step} reads {t.name}, which is on the host and nothing prefetched it")
             self.stats["cache_misses"] += 1
+            self.fetched.append((t.name, self.op_index))
             self._start_prefetch(t, step, "fetch")
         elif cache and t.name in self.lru:
             self.stats["cache_hits"] += 1
@@ -372,14 +431,45 @@ class _Placer:
 
     def _evict_one(self) -> bool:
         """Move the least recently used unlocked tensor to the host (CONV outputs first when
-        ``offload`` is on, see :class:`~snlite.cache.LRUCache`); False if none is left."""
+        ``offload`` is on, see :class:`~snlite.cache.LRUCache`); False if none is left. In the
+        time-aware second pass, the first pass's evictions at this op come first (their copies may be
+        running already: write-behind), then the LRU, then any copy still running."""
+        planned = self.planned_evictions.get(self.op_index)
+        while planned:
+            t = self.tensors.get(planned.pop(0))
+            if t is not None and not t.locked and t.state in (State.ON_DEVICE, State.OFFLOADING):
+                return self._evict(t)
         for name in self.lru.eviction_order():
             t = self.tensors[name]
             if not t.locked and t.state is State.ON_DEVICE:
-                self._start_offload(t, "evict", "evict")
-                self._finish_offload(t)
-                return True
+                return self._evict(t)
+        for name in self.behind_in_flight:
+            return self._evict(self.tensors[name])
         return False
+
+    def _evict(self, t: Tensor) -> bool:
+        self.evicted.append((t.name, self.op_index, self.last_use.get(t.name, -1)))
+        if t.state is State.ON_DEVICE:
+            self._start_offload(t, "evict", "evict")
+        self._finish_offload(t)
+        return True
+
+    def _read_ahead(self, op) -> None:
+        """Start the fetches planned to begin by this op, where their block fits without evicting."""
+        waiting = []
+        for earliest, name, need in self.ahead:
+            t = self.tensors.get(name)
+            if earliest > op.index or need <= op.index or t is None:
+                if need > op.index:
+                    waiting.append((earliest, name, need))
+                continue
+            if t.state is State.ON_HOST and self.pool.can_fit(max(t.nbytes, 1)):
+                self.stats["cache_misses"] += 1
+                self.fetched.append((name, op.index))
+                self._start_prefetch(t, op.step, "fetch")
+            elif t.state is State.ON_HOST:
+                waiting.append((earliest, name, need))
+        self.ahead = waiting
 
     def _copy_out(self, tensor: str, step) -> tuple[str, int]:
         """Start copying a result (the loss, the logits) to a pinned slot on ``copy_out``."""
@@ -409,6 +499,9 @@ class _Placer:
             op = planned.op
             if not train and (op.phase != "forward" or op.layer == loss_layer):
                 continue
+            self.op_index = op.index
+            if self.ahead:
+                self._read_ahead(op)
             for name in planned.release if train else ():
                 self._finish_offload(self.tensors[name])
             for name in planned.prefetch if train else ():
@@ -454,6 +547,14 @@ class _Placer:
             for name in planned.frees:
                 if train or name != logits:
                     self._free(name)
+            if cache:
+                for t in touched:
+                    self.last_use[t.name] = op.index
+                for name in self.behind.get(op.index, ()):  # write-behind: the copy starts now, the block stays
+                    t = tensors.get(name)
+                    if t is not None and t.state is ON_DEVICE and not t.host_valid:
+                        self._start_offload(t, op.step, "evict")
+                        self.behind_in_flight[name] = None
         if not train:
             results.append(self._copy_out(logits, "end"))
         for name in [n for n in self.tensors if n not in self.persistent_set]:

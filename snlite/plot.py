@@ -280,8 +280,9 @@ def plot_tradeoff(rows, path, title=None, base_flops: float | None = None):
     return _save(fig, path)
 
 
-def plot_streams(events, path, title=None):
-    """A Gantt chart of a GPU run: one row per stream (``stream``, ``start_ms``, ``end_ms``, ``label``)."""
+def plot_streams(events, path, title=None, memory=None):
+    """A Gantt chart of a GPU run: one row per stream (``stream``, ``start_ms``, ``end_ms``, ``label``);
+    with ``memory`` ((ms, device bytes in use) pairs), the device memory over the same time below it."""
     events = list(events)
     if not events:
         raise ValueError("no events to plot")
@@ -292,8 +293,18 @@ def plot_streams(events, path, title=None):
     streams = [s for s in STREAM_ORDER if s in seen] + [s for s in seen if s not in STREAM_ORDER]
     t0, t1 = min(e["start_ms"] for e in events), max(e["end_ms"] for e in events)
     span = (t1 - t0) or 1.0
-    fig = _figure(12, 1.3 + 0.7 * len(streams))
-    ax = fig.subplots()
+    fig = _figure(12, 1.3 + 0.7 * len(streams) + (1.8 if memory else 0))
+    if memory:
+        ax, mem_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [0.7 * len(streams), 1.8]})
+        xs = [t for t, _ in memory] + [t1]
+        ys = [b / 2**20 for _, b in memory]
+        mem_ax.step(xs, ys + ys[-1:], where="post", color="#444444", linewidth=1)
+        mem_ax.fill_between(xs, ys + ys[-1:], step="post", alpha=0.25, color="#444444")
+        mem_ax.set_ylabel("device MiB", fontsize=9)
+        mem_ax.tick_params(labelsize=8)
+        mem_ax.grid(alpha=0.3)
+    else:
+        ax = fig.subplots()
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
     for row, s in enumerate(streams):
         mine = [e for e in events if e["stream"] == s]
@@ -307,7 +318,7 @@ def plot_streams(events, path, title=None):
     ax.set_yticks(range(len(streams)), labels=streams)
     ax.set_ylim(len(streams) - 0.5, -0.5)
     ax.set_xlim(t0 - 0.01 * span, t1 + 0.01 * span)
-    ax.set_xlabel("time (ms)", fontsize=9)
+    (mem_ax if memory else ax).set_xlabel("time (ms)", fontsize=9)
     ax.tick_params(labelsize=8)
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or "GPU streams", fontsize=11, loc="left")

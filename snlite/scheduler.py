@@ -24,6 +24,7 @@ exactly what the others allocate.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from snlite import liveness, offload, recompute
@@ -55,6 +56,11 @@ class Plan:
     conv_layers: frozenset = frozenset()  # their steps also pick a workspace (at run time if dynamic)
     persistent: frozenset = frozenset()  # weights, their gradients, buffers: allocated once, never in a row
 
+    def with_transfers(self, transfers) -> "Plan":
+        """The same plan with other offload times (``snlite.overlap`` retimes them for a GPU)."""
+        return dataclasses.replace(self, ops=_planned(self.ops, transfers, {i: p.frees for i, p in enumerate(self.ops)}),
+                                   transfers=list(transfers))
+
     def table(self, limit: int | None = None) -> str:
         """One row per op, its actions in the order the placement pass takes them: release and prefetch
         before it, then alloc (what it writes), the workspace choice for convs, the compute, then
@@ -74,6 +80,18 @@ class Plan:
         if limit is not None and len(self.ops) > limit:
             rows.append(f"... {len(self.ops) - limit} more ops")
         return "\n".join(rows)
+
+
+def _planned(ops, transfers, frees) -> list[PlannedOp]:
+    """Ops (or planned ops) with the actions the transfers and frees put around them."""
+    before_rel, before_pre, after_off = {}, {}, {}
+    for tr in transfers:
+        after_off.setdefault(tr.offload_after, []).append(tr.tensor)
+        before_rel.setdefault(tr.release_before, []).append(tr.tensor)
+        if tr.prefetch_before is not None:
+            before_pre.setdefault(tr.prefetch_before, []).append(tr.tensor)
+    return [PlannedOp(getattr(op, "op", op), tuple(before_rel.get(i, ())), tuple(before_pre.get(i, ())),
+                      tuple(after_off.get(i, ())), tuple(frees.get(i, ()))) for i, op in enumerate(ops)]
 
 
 class Stage:
@@ -184,14 +202,7 @@ class Scheduler:
             ops, info = self.recompute.apply(self.graph, persistent)
             frees = self.liveness.apply(ops, persistent, set(info.dropped))
             transfers = self.offload.apply(ops, self.graph)
-            before_rel, before_pre, after_off = {}, {}, {}
-            for tr in transfers:
-                after_off.setdefault(tr.offload_after, []).append(tr.tensor)
-                before_rel.setdefault(tr.release_before, []).append(tr.tensor)
-                if tr.prefetch_before is not None:
-                    before_pre.setdefault(tr.prefetch_before, []).append(tr.tensor)
-            planned = [PlannedOp(op, tuple(before_rel.get(i, ())), tuple(before_pre.get(i, ())),
-                                 tuple(after_off.get(i, ())), tuple(frees.get(i, ()))) for i, op in enumerate(ops)]
+            planned = _planned(ops, transfers, frees)
             convs = frozenset(n for n, l in self.graph.layers.items() if l.kind == "conv2d")
             self._plan = Plan(self.config, planned, info, transfers, convs, frozenset(persistent))
         return self._plan

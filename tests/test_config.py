@@ -13,7 +13,7 @@ def test_presets():
         True, True, True, "cost_aware", "dynamic", "pool")
     assert superneurons(budget_bytes=1 << 30).budget_bytes == 1 << 30
     assert baseline().describe() == "baseline"
-    assert sn.describe() == "liveness + offload + cache + recompute=cost_aware + workspace=dynamic"
+    assert sn.describe() == "liveness + offload + cache + recompute=cost_aware + workspace=dynamic + schedule=H200"
 
 
 @pytest.mark.parametrize("field,value,match", [
