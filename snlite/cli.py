@@ -173,18 +173,23 @@ def cmd_train(args) -> int:
         acc = model.evaluate(test.x, test.labels)
         print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({time.perf_counter() - start:.1f} s so far)")
     if args.streams:
+        from snlite import timing
         from snlite.plot import PlotUnavailable, plot_streams
 
+        gpu = next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
+        modelled = timing.estimate(model.programs["grads"], model.graph, gpu)
         try:
-            plot_streams(model.stream_events, args.streams,
-                         title=f"{args.net}: one training step per stream ({model.device!r})")
+            plot_streams(model.stream_events, args.streams, estimate=modelled.events(),
+                         title=f"{args.net}: one training step per stream ({model.device!r}), measured, and the "
+                               f"{gpu} model's estimate of its forward and backward")
         except PlotUnavailable as e:
             raise CliError(str(e)) from None
         busy = {}
         for ev in model.stream_events:
             busy[ev["stream"]] = busy.get(ev["stream"], 0.0) + ev["end_ms"] - ev["start_ms"]
         print(f"streams of the last step drawn to {args.streams}: "
-              + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items()))
+              + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items())
+              + f"; the {gpu} model estimates the forward and backward at {modelled.step_ms:.2f} ms")
     if args.save:
         save_params(args.save, model.params)
         print(f"saved {len(model.state_names)} parameter tensors to {args.save}")

@@ -35,8 +35,8 @@ class Executor:
     and the program streams, taken once; :meth:`run` replays a program's body on them.
 
     ``launch_bytes[mode]`` is, after a run of a program of that mode, the device bytes allocated at
-    each launched op (what the device really held there); ``stream_events``, with ``profile`` on a CUDA device, every kernel
-    step and copy timed with events, per stream."""
+    each launched op (what the device really held there); ``stream_events[mode]``, with ``profile`` on
+    a CUDA device, every kernel step and copy of that program's last run timed with events, per stream."""
 
     def __init__(self, graph, device, arena_bytes: int, slab_bytes: int):
         self.graph, self.device = graph, device
@@ -50,7 +50,7 @@ class Executor:
         self.launch_bytes: dict[str, list[int]] = {}
         self.layer_index = {name: i for i, name in enumerate(graph.layers)}
         self.profile = False
-        self.stream_events: list[dict] = []
+        self.stream_events: dict[str, list[dict]] = {}  # program mode -> its last profiled run
         self._installed = None
         self._spans: list = []
 
@@ -85,8 +85,8 @@ class Executor:
         self.events.clear()
         if self._spans:
             first = self._spans[0][2]
-            self.stream_events = [dict(stream=s, label=label, start_ms=first.elapsed_ms(a), end_ms=first.elapsed_ms(b))
-                                  for s, label, a, b in self._spans]
+            self.stream_events[program.mode] = [dict(stream=s, label=label, start_ms=first.elapsed_ms(a),
+                                                     end_ms=first.elapsed_ms(b)) for s, label, a, b in self._spans]
             self._spans = []
         return self.results
 

@@ -292,12 +292,12 @@ def no_progress(text: str) -> None:
 ALL_RESIDENT = MemoryConfig(liveness=True)  # the time reference: nothing moves, nothing is recomputed
 
 
-def all_resident_ms(graph, gpu: str = "H200") -> float:
-    """The estimated step time with every tensor resident (liveness only), on ``gpu``'s profile: what
-    moving and recomputing are measured against."""
+def all_resident_ms(graph, gpu: str = "H200", workspace: str = "none") -> float:
+    """The estimated step time with every tensor resident (liveness only, the same conv ``workspace``),
+    on ``gpu``'s profile: what moving and recomputing are measured against."""
     from snlite import timing
 
-    return timing.estimate(place(graph, ALL_RESIDENT), graph, gpu).step_ms
+    return timing.estimate(place(graph, ALL_RESIDENT.replace(workspace=workspace)), graph, gpu).step_ms
 
 
 def compare(graph, budget_bytes: int | None = None, progress=no_progress) -> list[Measurement]:

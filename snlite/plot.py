@@ -280,17 +280,20 @@ def plot_tradeoff(rows, path, title=None, base_flops: float | None = None):
     return _save(fig, path)
 
 
-def plot_streams(events, path, title=None, memory=None):
+def plot_streams(events, path, title=None, memory=None, estimate=None):
     """A Gantt chart of a GPU run: one row per stream (``stream``, ``start_ms``, ``end_ms``, ``label``);
-    with ``memory`` ((ms, device bytes in use) pairs), the device memory over the same time below it."""
-    events = list(events)
+    with ``memory`` ((ms, device bytes in use) pairs), the device memory over the same time below it;
+    with ``estimate`` (events of :func:`snlite.timing.estimate` for the same iteration), each stream's
+    modelled row under its measured one."""
+    events = list(events) + [dict(e, stream=f"{e['stream']} (model)") for e in (estimate or ())]
     if not events:
         raise ValueError("no events to plot")
     for e in events:
         if e["end_ms"] < e["start_ms"]:
             raise ValueError(f"event {e.get('label', '?')!r} on {e['stream']!r} ends before it starts")
     seen = list(dict.fromkeys(e["stream"] for e in events))
-    streams = [s for s in STREAM_ORDER if s in seen] + [s for s in seen if s not in STREAM_ORDER]
+    streams = [x for s in STREAM_ORDER for x in (s, f"{s} (model)") if x in seen] + \
+        [s for s in seen if s not in STREAM_ORDER and s.removesuffix(" (model)") not in STREAM_ORDER]
     t0, t1 = min(e["start_ms"] for e in events), max(e["end_ms"] for e in events)
     span = (t1 - t0) or 1.0
     fig = _figure(12, 1.3 + 0.7 * len(streams) + (1.8 if memory else 0))
@@ -309,7 +312,10 @@ def plot_streams(events, path, title=None, memory=None):
     for row, s in enumerate(streams):
         mine = [e for e in events if e["stream"] == s]
         bars = [(e["start_ms"], max(e["end_ms"] - e["start_ms"], span * 1e-4)) for e in mine]
-        ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=palette[row % len(palette)], edgecolor="white",
+        color = palette[STREAM_ORDER.index(s.removesuffix(" (model)")) % len(palette)] \
+            if s.removesuffix(" (model)") in STREAM_ORDER else palette[row % len(palette)]
+        ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=color, alpha=0.55 if s.endswith("(model)") else 1.0,
+                       edgecolor="white",
                        linewidth=0.5)
         for e, (x, w) in zip(mine, bars):
             if e.get("label") and w > 0.05 * span:

@@ -202,8 +202,13 @@ class Model:
 
     @property
     def stream_events(self) -> list[dict]:
-        """The last profiled iteration: one dict per kernel step or copy (stream, label, start_ms, end_ms)."""
-        return self.executor.stream_events
+        """The last profiled training step: one dict per kernel step or copy (stream, label, start_ms,
+        end_ms), its forward and backward, then its SGD update (timed from where they ended)."""
+        runs = self.executor.stream_events
+        events = list(runs.get("grads", []))
+        shift = max((e["end_ms"] for e in events), default=0.0)
+        return events + [dict(e, start_ms=e["start_ms"] + shift, end_ms=e["end_ms"] + shift)
+                         for e in runs.get("update", [])]
 
     def _run(self, mode: str, inputs: dict, sgd=None) -> dict:
         with np.errstate(all="ignore"):  # a NaN is reported by the checks, not by NumPy's warnings

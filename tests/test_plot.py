@@ -157,6 +157,10 @@ def test_plot_streams_writes_a_png(tmp_path):
     events.append({"stream": "compute", "start_ms": 50.0, "end_ms": 50.0, "label": "instant"})
     w, h = png_size(plot.plot_streams(events, tmp_path / "streams.png", title="synthetic"))
     assert w == 1320
+    model = [dict(e, start_ms=e["start_ms"] * 1.1, end_ms=e["end_ms"] * 1.1) for e in events]
+    w2, h2 = png_size(plot.plot_streams(events, tmp_path / "both.png", estimate=model,
+                                        memory=[(0.0, 2**20), (10.0, 3 * 2**20), (40.0, 2**20)]))
+    assert w2 == 1320 and h2 > h, "the model's rows and the memory curve make the figure taller"
     with pytest.raises(ValueError, match="ends before"):
         plot.plot_streams([{"stream": "compute", "start_ms": 2, "end_ms": 1, "label": "x"}], tmp_path / "bad.png")
 

@@ -14,7 +14,7 @@ from snlite.placement import simulate
 
 SECTIONS = ("## How to read this", "## 1. AlexNet's memory trajectory", "## 2. Recomputation",
             "## 3. Traffic per iteration", "## 4. Table 4: depth", "## 5. Table 5: width", "## 6. Trade-off",
-            "## 7. How close to l_peak")
+            "## 7. How close to l_peak", "## 8. Speed, estimated")
 
 
 class Terminal(io.StringIO):
@@ -43,14 +43,15 @@ def test_paper_shows_its_progress_on_a_terminal(quick):
     """Each section says what it runs, on stderr (it used to print nothing for minutes); the line
     is wiped before each section's tables are printed, so stdout never mixes with it."""
     text = STDERR.getvalue()
-    for pattern in (r"section 1/7 \(trajectory\): AlexNet: baseline", r"section 2/7 \(recomputation\): resnet50 "
-                    r"\(32\): recompute cost_aware", r"section 3/7 \(traffic\): AlexNet, batch 1,024",
-                    r"section 4/7 \(Table 4, depth\): liveness: probe \d+, depth [0-9,]+ \([0-9,]+ units\)",
-                    r"section 5/7 \(Table 5, width\): resnet50: superneurons: probe \d+, batch [0-9,]+ "
-                    r"\[strategy 5/5\]", r"section 6/7 \(trade-off\): alexnet: superneurons\(\)",
-                    r"section 7/7 \(min budget\): resnet50 \(32\): the smallest budget"):
+    for pattern in (r"section 1/8 \(trajectory\): AlexNet: baseline", r"section 2/8 \(recomputation\): resnet50 "
+                    r"\(32\): recompute cost_aware", r"section 3/8 \(traffic\): AlexNet, batch 1,024",
+                    r"section 4/8 \(Table 4, depth\): liveness: probe \d+, depth [0-9,]+ \([0-9,]+ units\)",
+                    r"section 5/8 \(Table 5, width\): resnet50: superneurons: probe \d+, batch [0-9,]+ "
+                    r"\[strategy 5/5\]", r"section 6/8 \(trade-off\): alexnet: superneurons\(\)",
+                    r"section 7/8 \(min budget\): resnet50 \(32\): the smallest budget",
+                    r"section 8/8 \(speed\): alexnet, batch 200: offload when memory suffices"):
         assert re.search(r"\rsnlite paper: " + pattern + r".*\(\d+ s\)\033\[K", text), pattern
-    assert text.endswith("\r\033[K") and text.count("\r\033[K") >= 7
+    assert text.endswith("\r\033[K") and text.count("\r\033[K") >= 8
 
 
 def _row(text: str, section: str, first_cell: str) -> list[str]:
@@ -85,6 +86,8 @@ def test_numbers_are_those_of_simulate(quick):
     code, _, text, _ = quick
     assert code == 0
     graph = get_model("alexnet", 200)
+    resident = _row(text, "## 8.", "alexnet (200)")  # the second table's first row
+    assert f"{measure.all_resident_ms(graph, 'H200', workspace='dynamic'):,.1f} ms" in resident
     base = _row(text, "## 1.", "baseline")
     assert base[1] == measure.format_size(simulate(graph, MemoryConfig(count="paper")).peak_bytes)
     assert base[5] == measure.format_size(simulate(graph, MemoryConfig()).peak_bytes)
@@ -119,7 +122,8 @@ def test_table1_alexnet_is_found_at_the_papers_batch(quick):
 def test_without_matplotlib_every_table_is_still_there(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "_plots", lambda: (None, "plots need matplotlib: pip install matplotlib"))
     monkeypatch.setattr(report, "QUICK", dict(recompute=[("alexnet", 200)], traffic=[256, 4096],
-                                              depth=["baseline"], width=["alexnet"]))
+                                              depth=["baseline"], width=["alexnet"], speed=[("lenet", 8)],
+                                              suffices=[("lenet", 8)]))
     rep = report.paper_report(str(tmp_path), quick=True, log=lambda s: None)
     text = (tmp_path / "report.md").read_text()
     assert rep.plots and "pip install matplotlib" in text and "![" not in text
@@ -127,7 +131,7 @@ def test_without_matplotlib_every_table_is_still_there(tmp_path, monkeypatch):
     for heading in SECTIONS:
         assert heading in text, heading
     row = _row(text, "## 3.", "4,096")  # batch 4096 does not fit 12 GiB: said in its cells, no traceback
-    assert len(row) == 9 and row[1] == "does not fit" and row[5] == "does not fit"
+    assert len(row) == 12 and row[1] == "does not fit" and row[6] == "does not fit" and row[11] == ""
 
 
 def test_out_must_be_a_folder(tmp_path, capsys):
