@@ -28,8 +28,13 @@ def alexnet(batch):
 @pytest.mark.parametrize("text,nbytes", [
     ("4096", 4096), ("64KiB", 65536), ("64kib", 65536), ("500MB", 500_000_000), ("1.5GB", 1_500_000_000),
     ("12GiB", 12 * 2**30), ("12 gib", 12 * 2**30), ("0.5KiB", 512), ("2TB", 2 * 10**12), ("7b", 7),
+    ("2.1GiB", 2_254_857_830), ("0.0001KiB", None),
 ])
 def test_parse_size(text, nbytes):
+    if nbytes is None:  # a unit, but less than a byte
+        with pytest.raises(ValueError, match="at least 1 byte"):
+            measure.parse_size(text)
+        return
     assert measure.parse_size(text) == nbytes
 
 
