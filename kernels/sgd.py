@@ -1,6 +1,6 @@
 """Stochastic gradient descent, exactly as ``torch.optim.SGD`` (dampening 0, nesterov False).
 
-``sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0)`` updates one parameter in place::
+``sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, guard=None)`` updates one parameter in place::
 
     d = dw + weight_decay * w      (skipped when weight_decay == 0, as PyTorch does)
     v = momentum * v + d           (only when momentum != 0)
@@ -9,12 +9,17 @@
 The momentum buffer v must start as zeros: then the first step gives v = d, which is PyTorch's
 first-step ``buf = d.clone()``. With momentum == 0 PyTorch keeps no buffer, and neither does
 this: v is neither read nor written, and may be None. w, dw and v may have any shape (a weight
-or a bias); they are viewed as 1-D. Run the self-check on the simulator:
+or a bias); they are viewed as 1-D. ``guard``: a one-element array (the loss); if its value is not
+finite the update is skipped, w and v untouched: a step whose loss came out NaN or infinite changes
+no weight even when its updates run inside backward, before anyone could read the loss (the device
+decides, no synchronization). Run the self-check on the simulator:
     NUMBA_ENABLE_CUDASIM=1 python -m kernels.sgd
 
 Element-wise, one thread per element: no reduction, bit-reproducible.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import cuda
@@ -26,8 +31,10 @@ BLOCK = 256  # threads per block
 
 
 # ---------------------------------------------------------------- NumPy reference
-def sgd_update_ref(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0):
+def sgd_update_ref(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, guard=None):
     _check_hyper(lr, momentum, weight_decay)
+    if guard is not None and not np.isfinite(guard.reshape(-1)[0]):
+        return
     t = w.dtype.type
     d = dw + t(weight_decay) * w if weight_decay != 0 else dw
     if momentum != 0:
@@ -37,10 +44,12 @@ def sgd_update_ref(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0):
 
 
 # ---------------------------------------------------------------- kernels
-@cuda_kernel("void(float32[::1], float32[::1], float32, float32)")
-def _sgd_plain_v1(w, dw, lr, weight_decay):
-    # momentum == 0: no buffer; one thread per element.
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1], int32, float32, float32)")
+def _sgd_plain_v1(w, dw, guard, guarded, lr, weight_decay):
+    # momentum == 0: no buffer; one thread per element. A guard that is not finite: no update.
     i = cuda.grid(1)
+    if guarded != 0 and (math.isnan(guard[0]) or math.isinf(guard[0])):
+        return
     if i < w.size:
         d = dw[i]
         if weight_decay != 0:
@@ -48,10 +57,13 @@ def _sgd_plain_v1(w, dw, lr, weight_decay):
         w[i] = w[i] - lr * d
 
 
-@cuda_kernel("void(float32[::1], float32[::1], float32[::1], float32, float32, float32)")
-def _sgd_momentum_v1(w, dw, v, lr, momentum, weight_decay):
-    # momentum != 0: update the buffer, then step along it; one thread per element.
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1], float32[::1], int32, float32, float32, float32)")
+def _sgd_momentum_v1(w, dw, v, guard, guarded, lr, momentum, weight_decay):
+    # momentum != 0: update the buffer, then step along it; one thread per element. A guard that is
+    # not finite (the loss of a step gone wrong): no update.
     i = cuda.grid(1)
+    if guarded != 0 and (math.isnan(guard[0]) or math.isinf(guard[0])):
+        return
     if i < w.size:
         d = dw[i]
         if weight_decay != 0:
@@ -73,21 +85,26 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-def sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, stream=0, version="v1"):
-    """One SGD step on parameter w in place; v is the momentum buffer (unused if momentum == 0)."""
+def sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, guard=None, stream=0, version="v1"):
+    """One SGD step on parameter w in place; v is the momentum buffer (unused if momentum == 0);
+    skipped if ``guard`` (a one-element array) is given and not finite."""
     check_version(version, ("v1",))
     _check_hyper(lr, momentum, weight_decay)
     check("sgd_update w", w)
     check("sgd_update dw", dw, shape=w.shape)
     if momentum != 0:
         check("sgd_update v", v, shape=w.shape)
+    if guard is not None:
+        check("sgd_update guard", guard)
     if w.size == 0:
         return
     grid = ceil_div(w.size, BLOCK)
+    g = _flat(guard)[:1] if guard is not None else _flat(w)[:1]  # without a guard: any array, never read
+    on = np.int32(guard is not None)
     if momentum == 0:
-        _sgd_plain_v1[grid, BLOCK, stream](_flat(w), _flat(dw), np.float32(lr), np.float32(weight_decay))
+        _sgd_plain_v1[grid, BLOCK, stream](_flat(w), _flat(dw), g, on, np.float32(lr), np.float32(weight_decay))
     else:
-        _sgd_momentum_v1[grid, BLOCK, stream](_flat(w), _flat(dw), _flat(v), np.float32(lr),
+        _sgd_momentum_v1[grid, BLOCK, stream](_flat(w), _flat(dw), _flat(v), g, on, np.float32(lr),
                                               np.float32(momentum), np.float32(weight_decay))
 
 
@@ -107,6 +124,12 @@ def examples(rng):
                 label="no momentum, v=None"),
         Example("sgd_update", (r(300), r(300), np.full(300, np.nan, np.float32)), (0, 2), kwargs={"lr": 0.5},
                 label="no momentum, v untouched"),
+        Example("sgd_update", (r(40), r(40), r(40)), (0, 2),
+                kwargs={"lr": 0.1, "momentum": 0.9, "guard": np.array([1.5], np.float32)}, label="finite guard: runs"),
+        Example("sgd_update", (r(40), r(40), r(40)), (0, 2),
+                kwargs={"lr": 0.1, "momentum": 0.9, "guard": np.array([np.nan], np.float32)}, label="NaN guard: no update"),
+        Example("sgd_update", (r(40), r(40), None), (0,),
+                kwargs={"lr": 0.1, "guard": np.array([-np.inf], np.float32)}, label="infinite guard, no momentum"),
     ]
 
 

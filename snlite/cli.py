@@ -177,7 +177,7 @@ def cmd_train(args) -> int:
         from snlite.plot import PlotUnavailable, plot_streams
 
         gpu = next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
-        modelled = timing.estimate(model.programs["grads"], model.graph, gpu)
+        modelled = timing.estimate(model.programs[model.step_mode], model.graph, gpu)
         try:
             plot_streams(model.stream_events, args.streams, estimate=modelled.events(),
                          title=f"{args.net}: one training step per stream ({model.device!r}), measured, and the "

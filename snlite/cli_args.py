@@ -125,7 +125,8 @@ def join_negative_values(argv: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------- the memory flags (one place)
-MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count", "schedule")
+MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count", "schedule",
+                "update_in_backward", "optimizer_state")
 
 
 def add_memory_flags(parser: argparse.ArgumentParser) -> None:
@@ -137,17 +138,22 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
                         "(liveness, offload, cache, cost_aware recompute, dynamic workspace)")
     for name, what in (("liveness", "free each tensor after its last use"),
                        ("offload", "copy CONV outputs to pinned host memory and back"),
-                       ("cache", "LRU tensor cache: move data only when an allocation would fail")):
-        g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what)
+                       ("cache", "LRU tensor cache: move data only when an allocation would fail"),
+                       ("update-in-backward", "each layer's SGD step right after its last backward step, its weight "
+                                              "gradient freed there")):
+        g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what,
+                       dest=name.replace("-", "_"))
     helps = {"recompute": "drop cheap layers' outputs, rebuild them in backward",
              "workspace": "convolution workspace: none (direct), fastest, dynamic (fastest that fits now)",
              "allocator": "pool (one arena, the paper's) or raw (one allocation per tensor)",
              "fit": "the pool's free-block search", "count": "what the trace's peak counts: all "
              "(everything on the device) or paper (activations + gradients)",
+             "optimizer_state": "where SGD's momentum lives between updates: device, host (pinned, prefetched "
+             "before each update and copied back after), auto (host only where the device cannot hold it)",
              "schedule": "when copies run: paper (the paper's op-based points) or a GPU (H200, A100, T4, K40): "
              "releases and prefetches moved in time so copies hide behind compute on that GPU (snlite.overlap)"}
     for name, text in helps.items():
-        g.add_argument(f"--{name}", choices=CHOICES[name], default=None, help=text)
+        g.add_argument(f"--{name.replace('_', '-')}", choices=CHOICES[name], default=None, help=text, dest=name)
     g.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="device memory budget, e.g. 12GiB, 1.5GB, 500MB, 4096 (default: unlimited)")
     g.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,

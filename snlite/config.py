@@ -18,6 +18,10 @@
 | count        | all, paper                               | what the trace's peak counts            |                                |
 | schedule     | paper, H200, A100, T4, K40               | GPU name: copies moved in time to hide  | (paper: the paper's op-based   |
 |              |                                          | behind compute on that GPU (timing)     | points; copies may stall)      |
+| update_in_backward | bool                               | each weight gradient lives only until   | nothing (a NaN loss skips the  |
+|              |                                          | its layer's SGD step, run in backward   | updates on the device)         |
+| optimizer_state | device, host, auto                    | host: momentum waits in pinned memory   | PCIe traffic each step         |
+|              |                                          | between updates; auto: only if needed   |                                |
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ CHOICES = {
     "fit": ("first", "best"),
     "count": ("all", "paper"),
     "schedule": ("paper", "H200", "A100", "T4", "K40"),  # the GPU profiles of snlite.timing
+    "optimizer_state": ("device", "host", "auto"),
 }
 
 
@@ -51,9 +56,11 @@ class MemoryConfig:
     count: str = "all"
     host_budget_bytes: int | None = None
     schedule: str = "paper"
+    update_in_backward: bool = False
+    optimizer_state: str = "device"
 
     def __post_init__(self):
-        for name in ("liveness", "offload", "cache"):
+        for name in ("liveness", "offload", "cache", "update_in_backward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"MemoryConfig.{name} must be True or False, got {getattr(self, name)!r}")
         for name, allowed in CHOICES.items():
@@ -77,9 +84,11 @@ class MemoryConfig:
     def superneurons(cls, **overrides) -> "MemoryConfig":
         """Everything the paper does: liveness, offload with the LRU cache, cost-aware
         recomputation, dynamic convolution workspace, one pool; copies scheduled to hide behind
-        compute on an H200 (``schedule``)."""
+        compute on an H200 (``schedule``); each layer's SGD step in backward, so its weight gradient
+        lives only until then; momentum on the host only where the device cannot hold it."""
         return dataclasses.replace(cls(liveness=True, offload=True, cache=True, recompute="cost_aware",
-                                       workspace="dynamic", schedule="H200"), **overrides)
+                                       workspace="dynamic", schedule="H200", update_in_backward=True,
+                                       optimizer_state="auto"), **overrides)
 
     def replace(self, **changes) -> "MemoryConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -90,9 +99,9 @@ class MemoryConfig:
 
     def describe(self) -> str:
         """One line naming what is on, e.g. ``liveness + offload + recompute=cost_aware``."""
-        parts = [n for n in ("liveness", "offload", "cache") if getattr(self, n)]
-        parts += [f"{n}={getattr(self, n)}" for n in ("recompute", "workspace", "schedule")
-                  if getattr(self, n) not in ("off", "none", "paper")]
+        parts = [n for n in ("liveness", "offload", "cache", "update_in_backward") if getattr(self, n)]
+        parts += [f"{n}={getattr(self, n)}" for n in ("recompute", "workspace", "schedule", "optimizer_state")
+                  if getattr(self, n) not in ("off", "none", "paper", "device")]
         return " + ".join(parts) or "baseline"
 
 

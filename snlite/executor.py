@@ -51,23 +51,33 @@ class Executor:
         self.layer_index = {name: i for i, name in enumerate(graph.layers)}
         self.profile = False
         self.stream_events: dict[str, list[dict]] = {}  # program mode -> its last profiled run
-        self._installed = None
+        self.host_views: dict[str, object] = {}  # persistent tensors that live in the pinned slab (momentum)
+        # the device views of persistent tensors: a program whose body allocates and frees one of them
+        # (weight gradients, where steps update in backward) leaves the installed view in place
+        self._persistent: dict[str, object] = {}
+        self._installed: dict[str, Alloc] = {}
         self._spans: list = []
 
     def install(self, program) -> None:
-        """Place the persistent tensors (weights, gradients, buffers, momentum), once."""
-        if self._installed is not None:
-            if program.setup != self._installed:
-                raise ValueError("this program places the weights elsewhere than the one installed: programs "
-                                 "that share an executor must come from the same graph and configuration")
-            return
+        """Place the persistent tensors (weights, buffers, momentum, gradients) a program's setup
+        names, once: programs sharing an executor agree on every tensor they both place (a "grads"
+        program may add the weight gradients a "train" program that updates in backward has not)."""
+        moved = [ins.tensor for ins in program.setup if self._installed.get(ins.tensor, ins) != ins]
+        if moved:
+            raise ValueError(f"this program places {moved[0]} elsewhere than the one installed: programs that share "
+                             f"an executor must come from the same graph and configuration")
         for ins in program.setup:
-            self._alloc(ins, program)
-        self._installed = program.setup
+            if ins.tensor not in self._installed:
+                self._alloc(ins, program, persistent=True)
+                self._installed[ins.tensor] = ins
+                if ins.tensor in self.views:
+                    self._persistent[ins.tensor] = self.views[ins.tensor]
 
     def view(self, name: str):
-        """The view of a tensor placed now (the persistent ones between iterations)."""
-        return self.views[name]
+        """The view of a tensor placed now (the persistent ones between iterations); a tensor that
+        lives in the pinned slab (momentum with ``optimizer_state="host"``) gives its slab view."""
+        view = self.views.get(name)
+        return view if view is not None else self.host_views[name]
 
     # ------------------------------------------------------------ one iteration
     def run(self, program, inputs: dict | None = None, *, iteration: int = 0, seed: int = 0, sgd: dict | None = None):
@@ -78,6 +88,7 @@ class Executor:
         self.program, self.inputs, self.iteration, self.seed, self.sgd = program, inputs or {}, iteration, seed, sgd
         self.train = program.mode != "infer"
         self.results: dict[str, np.ndarray] = {}
+        self.in_use_bytes = sum(i.nbytes for i in program.setup if i.space != "slab")  # what this program placed
         self._launched = self.launch_bytes[program.mode] = []
         handlers = self._handlers
         for ins in program.body:
@@ -91,8 +102,11 @@ class Executor:
         return self.results
 
     # ------------------------------------------------------------ the instructions
-    def _alloc(self, ins, program=None) -> None:
+    def _alloc(self, ins, program=None, persistent: bool = False) -> None:
         if ins.space == "slab":
+            if persistent:  # a tensor that lives in the slab between its uses
+                shape, dtype = (program or self.program).spec(ins.tensor)[:2]
+                self.host_views[ins.tensor] = self.device.view(self.slab, ins.offset, shape, dtype)
             return
         shape, dtype = (program or self.program).spec(ins.tensor)[:2]
         shape = shape if shape is not None else (ins.nbytes // 4,)  # a conv workspace: its whole block
@@ -107,6 +121,8 @@ class Executor:
         if ins.space == "slab":
             return
         del self.views[ins.tensor]
+        if ins.tensor in self._persistent:  # another program's persistent tensor: its view stays
+            self.views[ins.tensor] = self._persistent[ins.tensor]
         if ins.space == "raw":
             del self.buffers[ins.offset]
         self.in_use_bytes -= ins.nbytes
@@ -147,7 +163,10 @@ class Executor:
 
     def _launch(self, ins) -> None:
         if ins.phase == "update":
-            self._update(ins)
+            if ins.op >= 0:  # an update inside backward: an op of the plan
+                self._launched.append(self.in_use_bytes)
+            with self._span(ins.stream, self.streams[ins.stream], f"{ins.layer} update"):
+                self._update(ins)
             return
         self._launched.append(self.in_use_bytes)
         with self._span(ins.stream, self.streams[ins.stream], f"{ins.layer} {ins.phase}"):
@@ -193,15 +212,18 @@ class Executor:
         (layer.forward if phase == "forward" else layer.backward)(io)
 
     def _update(self, ins) -> None:
-        """SGD with momentum (torch.optim.SGD's rule) on one layer's weights."""
+        """SGD with momentum (torch.optim.SGD's rule) on one layer's weights; skipped on the device if
+        the launch reads the loss (an update inside backward) and the loss is not finite."""
         if self.sgd is None:
             raise ValueError(f"{self.program.net}'s program updates the weights: run it with sgd=dict(lr=..., "
                              f"momentum=..., weight_decay=...)")
         stream = self.streams[ins.stream]
+        loss = f"{self.graph.loss_layer}.loss"
+        guard = self.views[loss] if loss in ins.reads else None
         for p in self.graph.layers[ins.layer].params():
             w = f"{ins.layer}.{p}"
             self.device.run("sgd_update", self.views[w], self.views[f"{w}.grad"], self.views[f"{w}.momentum"],
-                            stream=stream, **self.sgd)
+                            stream=stream, guard=guard, **self.sgd)
 
     def _span(self, stream_name: str, stream, label: str):
         """With ``profile`` on a CUDA device, bracket the work enqueued inside with timing events."""

@@ -37,7 +37,8 @@ def retime(graph, config, plan, costs=None) -> object:
     from snlite.trace import trace_program
 
     paper = config.replace(schedule="paper")
-    program = placement.place(graph, paper, "grads", plan=plan, costs=costs)
+    mode = "train" if any(p.op.phase == "update" for p in plan.ops) else "grads"  # updates inside backward: train
+    program = placement.place(graph, paper, mode, plan=plan, costs=costs)
     peak = trace_program(program, "all").peak_bytes
     start = _op_starts(program, graph, config.schedule, len(plan.ops))
     prof = timing.profile(config.schedule)
@@ -48,7 +49,7 @@ def retime(graph, config, plan, costs=None) -> object:
             return plan
         candidate = plan.with_transfers(moved)
         try:
-            trace = trace_program(placement.place(graph, paper, "grads", plan=candidate, costs=costs), "all")
+            trace = trace_program(placement.place(graph, paper, mode, plan=candidate, costs=costs), "all")
         except placement.BudgetError:  # held longer, a block no longer fits the budget somewhere
             trace = None
         if trace is not None and trace.peak_bytes <= peak:

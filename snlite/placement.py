@@ -36,7 +36,7 @@ from snlite.pool import HostPool, PoolFullError, RawAllocator, TensorPool
 from snlite.program import (COMPUTE, COPY_IN, COPY_OUT, HOST, MODES, Alloc, Copy, Free, HandOver, HostRead,
                             HostWait, HostWrite, Launch, Program, Record, Wait, without_cycle_collection)
 from snlite.recompute import base_name
-from snlite.scheduler import PERSISTENT_KINDS, Scheduler
+from snlite.scheduler import PERSISTENT_KINDS, PlannedOp, Scheduler, update_op
 from snlite.tensor import IllegalTransition, State, Tensor
 
 EVICTABLE_KINDS = ("activation", "gradient", "input")  # what may wait on the host
@@ -72,6 +72,14 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     if mode in ("train", "update") and not optimizer:
         raise ValueError("mode 'train' updates the weights, which needs the optimizer state; use mode 'grads'")
+    if config.update_in_backward and (mode != "train" or not optimizer):
+        # gradients read back whole, an update alone, inference: nothing to update inside backward
+        if plan is not None and any(p.op.phase == "update" for p in plan.ops):
+            raise ValueError(f"this plan updates the weights inside backward, which only a 'train' program does; "
+                             f"for mode {mode!r} plan under config.replace(update_in_backward=False)")
+        config = config.replace(update_in_backward=False)
+    if config.optimizer_state == "auto":
+        return _auto_state(graph, config, mode, plan, costs, optimizer)
     with without_cycle_collection():
         plan = plan or Scheduler(graph, config).plan()
         if config.schedule != "paper" and mode != "infer":
@@ -86,6 +94,21 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
         if config.cache and config.schedule != "paper" and (placer.evicted or placer.fetched):
             program = _overlapped(graph, config, plan, specs, costs or ws.CostModel(), mode, placer, program)
     return program.without_updates() if mode == "grads" else program
+
+
+def _auto_state(graph, config, mode, plan, costs, optimizer) -> Program:
+    """``optimizer_state="auto"``: the momentum on the device if the iteration fits that way, else
+    in the pinned slab (a device too small even for the weights and their momentum is not tried)."""
+    device = config.replace(optimizer_state="device")
+    persistent = sum(TensorPool(1024).reserved_bytes(max(t.nbytes, 1)) for t in _specs(graph, optimizer).values()
+                     if t.kind in ("weight", "buffer", "optimizer"))
+    if mode == "infer" or not optimizer or config.budget_bytes is None or persistent <= config.budget_bytes:
+        try:
+            return place(graph, device, mode, plan=plan, costs=costs, optimizer=optimizer)
+        except BudgetError:
+            if mode == "infer" or not optimizer:
+                raise
+    return place(graph, config.replace(optimizer_state="host"), mode, plan=plan, costs=costs, optimizer=optimizer)
 
 
 def _overlapped(graph, config, plan, specs, costs, mode, first, program) -> Program:
@@ -195,8 +218,17 @@ class _Placer:
         self.last_use: dict[str, int] = {}
         self.op_index = -1
         self.train = mode != "infer"
-        self.persistent = [n for n, t in specs.items() if t.kind in PERSISTENT_KINDS]
-        self.persistent_set = set(self.persistent)
+        # SGD inside backward (the plan has update ops): each weight gradient lives only until its update
+        self.in_backward = any(p.op.phase == "update" for p in plan.ops)
+        self.optimizer = any(t.kind == "optimizer" for t in specs.values())
+        # the optimizer state waiting in the pinned slab between its updates (optimizer_state "host")
+        self.host_state = {n for n, t in specs.items() if t.kind == "optimizer"} \
+            if config.optimizer_state == "host" else set()
+        self.state_out: list[Tensor] = []  # momentum copied back to the host, its device block freed next op
+        order = ("weight", "buffer", "optimizer", "weight_grad")  # grads last: a grads program extends a train one
+        kinds = [k for k in order if not (k == "weight_grad" and (self.in_backward or mode == "infer"))]
+        self.persistent = [n for k in kinds for n, t in specs.items() if t.kind == k and n not in self.host_state]
+        self.persistent_set = set(self.persistent) | self.host_state
         self.dropped = set(plan.recompute.dropped)
         self.evictable = {n for n, t in specs.items() if t.kind in EVICTABLE_KINDS}
         self.moving = config.offload or config.cache
@@ -209,13 +241,21 @@ class _Placer:
         self.space = "raw" if self.raw else "arena"
         self.capacity = config.budget_bytes or self.upper_bound_bytes()
         self.pool = RawAllocator(self.capacity) if self.raw else TensorPool(self.capacity, fit=config.fit)
+        # the slab: the optimizer state waiting there (optimizer_state "host"), the staging area, then
+        # the host pool (tensors waiting on the host); the first two at the same offsets in every mode
+        slot = HostPool(256).reserved_bytes
+        self.state_slots, self.state_bytes = {}, 0
+        for name in (n for n in specs if n in self.host_state):
+            self.state_slots[name] = self.state_bytes
+            self.state_bytes += slot(max(self.nbytes[name], 1))
         self.staging = self._staging_area()  # pinned slot -> offset: the batch in, the results out
-        self.staging_bytes = sum(HostPool(256).reserved_bytes(self.nbytes[base_name(n.rsplit(":", 1)[0])])
-                                 for n in self.staging)
+        self.staging_bytes = self.state_bytes + sum(slot(self.nbytes[base_name(n.rsplit(":", 1)[0])])
+                                                    for n in self.staging)
         if config.host_budget_bytes is not None and config.host_budget_bytes < self.staging_bytes:
+            state = f"with the optimizer state waiting there ({self.state_bytes:,d} bytes), " if self.state_bytes else ""
             raise BudgetError(f"{graph.name} does not fit a host budget of {config.host_budget_bytes:,d} bytes of "
-                              f"pinned memory under {config.describe()}: while staging the batch, the input, its labels "
-                              f"and the results need {self.staging_bytes:,d} bytes")
+                              f"pinned memory under {config.describe()}: {state}while staging the batch, the input, its "
+                              f"labels and the results need {self.staging_bytes:,d} bytes")
         host_room = (config.host_budget_bytes - self.staging_bytes) if config.host_budget_bytes else \
             self.host_upper_bound_bytes()
         self.host = HostPool(host_room)  # tensors waiting on the host, after the staging area
@@ -265,7 +305,7 @@ class _Placer:
         logits = g.output_tensor(g.inputs[g.loss_layer][0])
         names = ["data:in", "labels:in", f"{g.loss_layer}.loss:out", f"{logits}:out"] if self.train else \
             ["data:in", f"{logits}:out"]
-        slots, offset = {}, 0
+        slots, offset = {}, self.state_bytes
         for name in names:
             slots[name] = offset
             offset += HostPool(256).reserved_bytes(self.nbytes[base_name(name.rsplit(":", 1)[0])])
@@ -304,6 +344,10 @@ class _Placer:
             t = self.tensors[name] = Tensor(name=name, nbytes=self.nbytes[name], kind=self.specs[name].kind,
                                             state=State.ON_DEVICE, offset=offset)
             setup.append(Alloc(name, self.space, offset, self.reserved(t.nbytes), COMPUTE if self.raw else None))
+        for name, offset in self.state_slots.items():  # momentum waiting in the slab, before the staging area
+            t = self.tensors[name] = Tensor(name=name, nbytes=self.nbytes[name], kind="optimizer",
+                                            state=State.ON_HOST, host_offset=offset, host_valid=True)
+            setup.append(Alloc(name, "slab", offset, HostPool(256).reserved_bytes(max(t.nbytes, 1))))
         return tuple(setup)
 
     # ------------------------------------------------------------ instructions
@@ -412,7 +456,9 @@ class _Placer:
 
     def _make_readable(self, t: Tensor, step) -> None:
         cache = self.config.cache
-        if t.state is State.ON_HOST:
+        if t.state is State.ON_HOST and t.name in self.host_state:  # momentum not fetched ahead: now
+            self._start_prefetch(t, step, "state")
+        elif t.state is State.ON_HOST:
             if not cache:
                 raise PlanError(f"op {step} reads {t.name}, which is on the host and nothing prefetched it")
             self.stats["cache_misses"] += 1
@@ -489,101 +535,148 @@ class _Placer:
             return self._update_program()
         g, train = self.graph, self.train
         loss_layer = g.loss_layer
-        logits = g.output_tensor(g.inputs[loss_layer][0])
-        tensors, cache, ON_DEVICE, persistent = self.tensors, self.config.cache, State.ON_DEVICE, self.persistent_set
-        staged = {name: self.staging[f"{name}:in"] for name in (("data", "labels") if train else ("data",))}
-        for name, slot in staged.items():
+        self.logits = g.output_tensor(g.inputs[loss_layer][0])
+        self.staged = {name: self.staging[f"{name}:in"] for name in (("data", "labels") if train else ("data",))}
+        for name, slot in self.staged.items():
             self.out.append(Alloc(f"{name}:in", "slab", slot, self.host.reserved_bytes(self.nbytes[name])))
-        results = []
-        for planned in self.plan.ops:
+        self.results = []
+        ops = self.plan.ops
+        for k, planned in enumerate(ops):
             op = planned.op
             if not train and (op.phase != "forward" or op.layer == loss_layer):
                 continue
-            self.op_index = op.index
-            if self.ahead:
-                self._read_ahead(op)
-            for name in planned.release if train else ():
-                self._finish_offload(self.tensors[name])
-            for name in planned.prefetch if train else ():
-                self._start_prefetch(self.tensors[name], op.step, "prefetch")
-            touched = []
-            for name in {*op.reads, *op.writes}:
-                if name not in persistent:  # weights and their kin never move: nothing to lock
-                    t = tensors.get(name) or self._tensor(name)
-                    t.locked = True
-                    touched.append(t)
-            for name in op.reads:
-                t = tensors[name]
-                if t.state is ON_DEVICE and not cache:  # the common case, without a call
-                    continue
-                self._make_readable(t, op.step)
-            handed = {new for new, _ in op.inplace}  # written into another tensor's buffer
-            for name in op.writes:
-                t = self.tensors[name]
-                if name not in handed:
-                    if t.state is not State.ON_DEVICE:
-                        self._alloc(t, op.step)
-                    t.mark_written()
-            if op.layer == "data" and op.phase == "forward":
-                self._upload(staged)
-            convs, workspace = self._workspace(op)
-            writes = op.writes + ((g.output_grads(op.layer)[0],) if op.accumulate else ())  # summed into in place
-            self.out.append(Launch(op.index, op.step, op.layer, op.phase, COMPUTE, op.reads, writes, op.inplace,
-                                   op.names, op.accumulate, convs, workspace.name if workspace else None))
-            if op.phase == "recompute":
-                self.stats["recompute_count"] += 1
-                self.stats["extra_flops"] += g.layers[op.layer].flops()
-            for new, old in op.inplace:
-                self._hand_over(self.tensors[new], self.tensors[old])
-            if workspace is not None:
-                self._release_block(workspace, workspace.free())
-                del self.tensors[workspace.name]
-            if train and op.layer == loss_layer and op.phase == "forward":
-                results += [self._copy_out(f"{loss_layer}.loss", op.step), self._copy_out(logits, op.step)]
-            for t in touched:
-                t.locked = False
-            for name in planned.offload if train else ():
-                self._start_offload(self.tensors[name], op.step, "offload")
-            for name in planned.frees:
-                if train or name != logits:
-                    self._free(name)
-            if cache:
-                for t in touched:
-                    self.last_use[t.name] = op.index
-                for name in self.behind.get(op.index, ()):  # write-behind: the copy starts now, the block stays
-                    t = tensors.get(name)
-                    if t is not None and t.state is ON_DEVICE and not t.host_valid:
-                        self._start_offload(t, op.step, "evict")
-                        self.behind_in_flight[name] = None
+            if self.host_state and k + 1 < len(ops) and ops[k + 1].op.phase == "update":
+                self._fetch_state(ops[k + 1].op)  # momentum on its way while this backward step runs
+            self._place_op(planned)
         if not train:
-            results.append(self._copy_out(logits, "end"))
+            self.results.append(self._copy_out(self.logits, "end"))
+        self._release_state()
         for name in [n for n in self.tensors if n not in self.persistent_set]:
             self._free(name)  # the end of the iteration: nothing but the persistent tensors survives
-        if self.mode == "train" and any(t.kind == "optimizer" for t in self.specs.values()):
+        if self.mode == "train" and not self.in_backward and self.optimizer:
             self._updates()
+            self._release_state()
         for stream in (COPY_OUT, COPY_IN):  # everything of this iteration is ordered before its end
             self.out.append(Wait(self._record(stream), COMPUTE, "end"))
         self.out.append(HostWait(self._record(COMPUTE)))
-        for tensor, slot in results:
+        for tensor, slot in self.results:
             self.out.append(HostRead(tensor, slot, self.specs[base_name(tensor)].nbytes))
-        for name, slot in staged.items():
+        for name, slot in self.staged.items():
             self._free_host_slot(f"{name}:in", slot, self.specs[name].nbytes, HOST)
-        for tensor, slot in results:
+        for tensor, slot in self.results:
             self._free_host_slot(f"{tensor}:out", slot, self.specs[base_name(tensor)].nbytes, HOST)
-        for name in [*(f"{n}:in" for n in staged), *(f"{t}:out" for t, _ in results)]:
+        for name in [*(f"{n}:in" for n in self.staged), *(f"{t}:out" for t, _ in self.results)]:
             self.table[name] = self.table[base_name(name.rsplit(":", 1)[0])]
         stats = dict(self.stats) if self.train else {"cache_hits": self.stats["cache_hits"],
                                                      "cache_misses": self.stats["cache_misses"]}
-        return Program(g.name, self.config.describe(), self.mode, self.config.allocator, self.table, self.setup,
-                       tuple(self.out), self.pool.high_water_bytes if not self.raw else 0,
-                       self.staging_bytes + self.host.high_water_bytes, stats)
+        stats["optimizer_state"] = "host" if self.host_state else "device"
+        return self._program(stats)
+
+    def _program(self, stats: dict) -> Program:
+        return Program(self.graph.name, self.config.describe(), self.mode, self.config.allocator, self.table,
+                       self.setup, tuple(self.out), self.pool.high_water_bytes if not self.raw else 0,
+                       self.state_bytes if self.mode == "update" else self.staging_bytes + self.host.high_water_bytes,
+                       stats)
+
+    def _place_op(self, planned) -> None:
+        """One op: releases and prefetches before it, what it reads made resident, what it writes
+        allocated, its workspace, its launch, then hand-overs, offloads and frees after it."""
+        g, op, train, cache = self.graph, planned.op, self.train, self.config.cache
+        tensors, ON_DEVICE, persistent = self.tensors, State.ON_DEVICE, self.persistent_set
+        loss_layer = g.loss_layer
+        self.op_index = op.index
+        self._release_state()
+        if self.ahead:
+            self._read_ahead(op)
+        for name in planned.release if train else ():
+            self._finish_offload(tensors[name])
+        for name in planned.prefetch if train else ():
+            self._start_prefetch(tensors[name], op.step, "prefetch")
+        touched = []
+        for name in {*op.reads, *op.writes}:
+            if name not in persistent or name in self.host_state:  # weights never move: nothing to lock
+                t = tensors.get(name) or self._tensor(name)
+                t.locked = True
+                touched.append(t)
+        for name in op.reads:
+            t = tensors[name]
+            if t.state is ON_DEVICE and not cache:  # the common case, without a call
+                continue
+            self._make_readable(t, op.step)
+        handed = {new for new, _ in op.inplace}  # written into another tensor's buffer
+        for name in op.writes:
+            t = tensors[name]
+            if name not in handed:
+                if t.state is not ON_DEVICE:
+                    self._alloc(t, op.step)
+                t.mark_written()
+        if op.layer == "data" and op.phase == "forward":
+            self._upload(self.staged)
+        convs, workspace = self._workspace(op)
+        writes = op.writes + ((g.output_grads(op.layer)[0],) if op.accumulate else ())  # summed into in place
+        self.out.append(Launch(op.index, op.step, op.layer, op.phase, COMPUTE, op.reads, writes, op.inplace,
+                               op.names, op.accumulate, convs, workspace.name if workspace else None))
+        if op.phase == "recompute":
+            self.stats["recompute_count"] += 1
+            self.stats["extra_flops"] += g.layers[op.layer].flops()
+        for new, old in op.inplace:
+            self._hand_over(tensors[new], tensors[old])
+        if workspace is not None:
+            self._release_block(workspace, workspace.free())
+            del tensors[workspace.name]
+        if train and op.layer == loss_layer and op.phase == "forward":
+            self.results += [self._copy_out(f"{loss_layer}.loss", op.step), self._copy_out(self.logits, op.step)]
+        for t in touched:
+            t.locked = False
+        if op.phase == "update":
+            for name in op.writes:
+                if name in self.host_state:  # the new momentum back to its pinned slot; its block freed next op
+                    self._start_offload(tensors[name], op.step, "state")
+                    self.state_out.append(tensors[name])
+        for name in planned.offload if train else ():
+            self._start_offload(tensors[name], op.step, "offload")
+        for name in planned.frees:
+            if train or name != self.logits:
+                self._free(name)
+        if cache:
+            for t in touched:
+                self.last_use[t.name] = op.index
+            for name in self.behind.get(op.index, ()):  # write-behind: the copy starts now, the block stays
+                t = tensors.get(name)
+                if t is not None and t.state is ON_DEVICE and not t.host_valid:
+                    self._start_offload(t, op.step, "evict")
+                    self.behind_in_flight[name] = None
+
+    def _fetch_state(self, op) -> None:
+        """Start copying an update's momentum buffers from the host into fresh device blocks."""
+        for name in op.reads:
+            t = self.tensors.get(name)
+            if name in self.host_state and t.state is State.ON_HOST:
+                self._start_prefetch(t, op.step, "state")
+
+    def _release_state(self) -> None:
+        """Free the device blocks of momentum copied back to the host (after their copies' events)."""
+        while self.state_out:
+            self._finish_offload(self.state_out.pop(0))
 
     def _update_program(self) -> Program:
         """SGD alone: every layer's update on compute, then the host waits for it."""
         self._updates()
+        self._release_state()
         self.out.append(HostWait(self._record(COMPUTE)))
-        return Program(self.graph.name, self.config.describe(), "update", self.config.allocator, self.table,
-                       self.setup, tuple(self.out), self.pool.high_water_bytes if not self.raw else 0, 0, {})
+        return self._program({"optimizer_state": "host" if self.host_state else "device"})
+
+    def _updates(self) -> None:
+        """SGD with momentum, one op per layer with weights, after the iteration's backward (each
+        layer's momentum fetched while the previous layer's update runs, where it waits on the host)."""
+        ops = [PlannedOp(update_op(self.graph, name, -1, -1)) for name, layer in self.graph.layers.items()
+               if layer.params()]
+        for k, planned in enumerate(ops):
+            if self.host_state and k == 0:
+                self._fetch_state(planned.op)
+            if self.host_state and k + 1 < len(ops):
+                self._fetch_state(ops[k + 1].op)
+            self._place_op(planned)
 
     def _upload(self, staged: dict) -> None:
         """The batch (and labels) go from their pinned slots to the device on ``copy_in``."""
@@ -594,15 +687,6 @@ class _Placer:
             t = self.tensors[name]
             self.out.append(Copy(name, "input", "slab", slot, self.space, t.offset, t.nbytes, COPY_IN))
         self.out.append(Wait(self._record(COPY_IN), COMPUTE, "landed"))
-
-    def _updates(self) -> None:
-        """SGD with momentum, one launch per layer with weights, after the iteration's backward."""
-        for name, layer in self.graph.layers.items():
-            params = [f"{name}.{p}" for p in layer.params()]
-            if params:
-                reads = tuple(x for p in params for x in (p, f"{p}.grad", f"{p}.momentum"))
-                writes = tuple(x for p in params for x in (p, f"{p}.momentum"))
-                self.out.append(Launch(-1, -1, name, "update", COMPUTE, reads, writes))
 
     def _workspace(self, op):
         layer = self.graph.layers[op.layer]

@@ -35,7 +35,7 @@ COMPUTE, COPY_OUT, COPY_IN, HOST = "compute", "copy_out", "copy_in", "host"
 STREAMS = (COMPUTE, COPY_OUT, COPY_IN)  # the device streams every program uses
 SPACES = ("arena", "slab", "raw")
 MODES = ("train", "grads", "update", "infer")  # a whole step; forward + backward; SGD alone; inference
-COPY_REASONS = ("offload", "evict", "prefetch", "fetch", "input", "result")
+COPY_REASONS = ("offload", "evict", "prefetch", "fetch", "state", "input", "result")  # state: optimizer state
 FORMAT = "snlite-program/1"
 
 

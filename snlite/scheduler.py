@@ -123,6 +123,43 @@ class RecomputeStage(Stage):
         return ops, info
 
 
+class UpdateStage(Stage):
+    """SGD in backward: each layer's update as an op right after its backward step (the last step
+    that writes its weight gradients), reading the loss as a guard (a non-finite loss skips it on the
+    device), so that liveness frees each weight gradient right after its update."""
+
+    name = "update"
+
+    def __init__(self, enabled: bool):
+        super().__init__(enabled)
+        self.summary = "each layer's SGD step right after its backward; weight gradients freed there"
+
+    def apply(self, ops, graph) -> list[Op]:
+        if not self.enabled:
+            return ops
+        out = []
+        for op in ops:
+            out.append(dataclasses.replace(op, index=len(out)))
+            if op.phase == "backward" and graph.layers[op.layer].params():
+                out.append(update_op(graph, op.layer, len(out), op.step, guard=f"{graph.loss_layer}.loss"))
+        self.summary = f"{sum(o.phase == 'update' for o in out)} updates in backward, each freeing its weight gradients"
+        return out
+
+    @staticmethod
+    def frees(ops) -> dict[int, list[str]]:
+        """Each weight gradient freed right after its update (what liveness decides too; without
+        liveness the update stage still frees them, or updating in backward would save nothing)."""
+        return {op.index: [t for t in op.reads if t.endswith(".grad")] for op in ops if op.phase == "update"}
+
+
+def update_op(graph, layer: str, index: int, step: int, guard: str | None = None) -> Op:
+    """The SGD step of one layer as an op: it reads every parameter, its gradient and its momentum
+    buffer (and ``guard``, the loss), and writes the parameters and the buffers."""
+    params = [f"{layer}.{p}" for p in graph.layers[layer].params()]
+    reads = tuple(x for p in params for x in (p, f"{p}.grad", f"{p}.momentum")) + ((guard,) if guard else ())
+    return Op(index, step, layer, "update", reads, tuple(x for p in params for x in (p, f"{p}.momentum")))
+
+
 class LivenessStage(Stage):
     name = "liveness"
 
@@ -190,17 +227,30 @@ class Scheduler:
         self.offload = OffloadStage(c.offload, lazy=c.cache)
         self.cache = CacheStage(c.cache, conv_first=c.offload)
         self.workspace = WorkspaceStage(c.workspace)
-        self.stages = [self.recompute, self.liveness, self.offload, self.cache, self.workspace]
+        self.update = UpdateStage(c.update_in_backward)
+        self.stages = [self.recompute, self.update, self.liveness, self.offload, self.cache, self.workspace]
         self._plan = None
 
     def persistent(self) -> set[str]:
-        return {n for n, t in self.graph.tensors().items() if t.kind in PERSISTENT_KINDS}
+        """What lives the whole run: weights, buffers, momentum, and the weight gradients unless each
+        lives only until its update (``update_in_backward``)."""
+        tensors = self.graph.tensors()
+        if not self.config.update_in_backward:
+            return {n for n, t in tensors.items() if t.kind in PERSISTENT_KINDS}
+        # the update ops read and write the momentum buffers (the optimizer's, not the graph's tensors)
+        return {n for n, t in tensors.items() if t.kind in PERSISTENT_KINDS and t.kind != "weight_grad"} | \
+            {f"{n}.momentum" for n, t in tensors.items() if t.kind == "weight"}
 
     def plan(self) -> Plan:
         if self._plan is None:
             persistent = self.persistent()
-            ops, info = self.recompute.apply(self.graph, persistent)
+            classic = {n for n, t in self.graph.tensors().items() if t.kind in PERSISTENT_KINDS}
+            ops, info = self.recompute.apply(self.graph, classic)  # its segment rule counts activations only
+            ops = self.update.apply(ops, self.graph)
             frees = self.liveness.apply(ops, persistent, set(info.dropped))
+            if self.update.enabled and not self.liveness.enabled:
+                for i, grads in self.update.frees(ops).items():
+                    frees.setdefault(i, []).extend(grads)
             transfers = self.offload.apply(ops, self.graph)
             planned = _planned(ops, transfers, frees)
             convs = frozenset(n for n, l in self.graph.layers.items() if l.kind == "conv2d")

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from snlite.program import COMPUTE, COPY_IN, COPY_OUT, STREAMS, Alloc, Copy, Free, HostRead, HostWait, HostWrite, \
     Launch, Record, Wait, without_cycle_collection
 
-MOVING = ("offload", "evict", "prefetch", "fetch")  # copies that exist because memory is short
+MOVING = ("offload", "evict", "prefetch", "fetch", "state")  # copies that exist because memory is short
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _replay(program, prof: Profile, costs: "_Costs", moving_copies: bool) -> Tim
             busy[ins.stream] += ms
             tl.launches += n
             tl.spans.append((ins.stream, start, end, f"{ins.layer} {ins.phase}", "kernel"))
-            if ins.phase != "update":
+            if ins.op >= 0:  # not the SGD step after backward
                 tl.memory.append((start, in_use))
         elif t is Copy:
             host += prof.copy_us * 1e-3

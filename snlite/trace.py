@@ -161,7 +161,7 @@ def _trace_program(program, count: str) -> Trace:
         for ins in instructions:
             t = type(ins)
             if t is Launch:
-                if ins.phase == "update":
+                if ins.op < 0:  # the SGD step after backward: the weights and their kin, nothing more
                     continue
                 working = sum(held[n] for n in step_tensors(ins.reads, ins.writes, ins.inplace)  # l_i
                               if kind_of(n) not in persistent and (cats is None or KIND_CATEGORY[kind_of(n)] in cats))
@@ -205,13 +205,13 @@ def _trace_program(program, count: str) -> Trace:
                 device[c] += n
                 log += [(ins.old, -n), (ins.new, n)]
             elif t is Copy:
-                if ins.why in ("offload", "evict"):
+                if ins.why in ("offload", "evict", "state"):
                     n = held[ins.tensor]
                     device[cat_of[ins.tensor]] -= n
                     device["in_flight"] += n
                     cat_of[ins.tensor] = "in_flight"
                     tr.d2h_bytes += ins.nbytes
-                elif ins.why in ("prefetch", "fetch"):
+                elif ins.why in ("prefetch", "fetch", "state"):
                     tr.h2d_bytes += ins.nbytes
     live: dict[str, int] = {}
     for name, nbytes in log[:peak_log]:

@@ -74,11 +74,15 @@ class Model:
         if costs is None and getattr(self.device, "simulated", True) is False and self.config.workspace != "none":
             # a real GPU: rank conv algorithms by measuring them (in a scratch arena, given back after)
             self.costs = measure_conv_costs(graph, self.device, self.config.budget_bytes)
-        self.plan = plan or Scheduler(graph, self.config).plan()  # a plan built elsewhere (sqrt(N) checkpoints) runs too
-        self.programs = _programs(graph, self.config, self.plan, self.costs)  # fails here if a budget is too small
-        self.executor = Executor(graph, self.device, max(p.arena_bytes for p in self.programs.values()),
-                                 max(p.slab_bytes for p in self.programs.values()))
-        self.executor.install(self.programs["grads"])
+        # SGD inside backward, each weight gradient freed at its update; not with anomaly, which checks
+        # every gradient before anything is updated
+        config = self.config.replace(update_in_backward=False) if self.anomaly else self.config
+        self.plan = plan or Scheduler(graph, config).plan()  # a plan built elsewhere (sqrt(N) checkpoints) runs too
+        self.in_backward = any(p.op.phase == "update" for p in self.plan.ops)
+        self.step_mode = "train" if self.in_backward else "grads"  # the program a training step runs
+        # fails here if a budget is too small
+        self.programs, self._resolved = _programs(graph, config, self.plan, self.costs, self.in_backward)
+        self.executor = self._executor()
         self._traces: dict[str, object] = {}
         rng = np.random.default_rng(self.seed)
         init = {}
@@ -89,10 +93,53 @@ class Model:
             init[f"{n}.momentum"] = np.zeros(tensors[n].shape, np.float32)
         self._write(init)
 
+    def _executor(self, keep: dict | None = None) -> Executor:
+        """An executor sized for every program built so far, with their persistent tensors installed
+        (and ``keep``'s values written into them: the state of the executor it replaces)."""
+        ex = Executor(self.graph, self.device, max(p.arena_bytes for p in self.programs.values()),
+                      max(p.slab_bytes for p in self.programs.values()))
+        for program in self.programs.values():
+            ex.install(program)
+        self.executor = ex
+        if keep:
+            self._write(keep)
+        return ex
+
+    def _program(self, mode: str):
+        """The program of ``mode``, placed the first time it is asked for ("grads" where steps
+        update inside backward: only ``forward_backward`` needs every weight gradient at once). The
+        arena and the slab grow if it needs more than the programs before it."""
+        if mode not in self.programs:
+            try:
+                program = place(self.graph, self._resolved, mode, costs=self.costs)
+            except BudgetError as e:
+                raise BudgetError(f"forward_backward returns every weight's gradient at once, which does not fit: "
+                                  f"{e} (step() needs no such thing: it updates each layer inside backward and frees "
+                                  f"its gradient there)") from None
+            check(program)
+            keep = {n: self._read(n) for n in self.executor._installed} if self.device.has_data else {}
+            self.programs[mode] = program
+            if program.arena_bytes > self.arena_bytes or program.slab_bytes > self.slab_bytes:
+                self._executor(keep)
+            else:
+                self.executor.install(program)
+        return self.programs[mode]
+
+    @property
+    def arena_bytes(self) -> int:
+        """The device arena the model holds (the largest any of its programs needs)."""
+        return self.executor.arena.nbytes if self.executor.arena is not None else 0
+
+    @property
+    def slab_bytes(self) -> int:
+        """The pinned host slab the model holds."""
+        return self.executor.slab.nbytes if self.executor.slab is not None else 0
+
     @property
     def trace(self):
-        """The trace of a training iteration (``step`` or ``forward_backward``), read off its program."""
-        return self._trace("grads")
+        """The trace of a training step's program (``step``; ``forward_backward`` runs the same one
+        unless steps update inside backward), read off its program."""
+        return self._trace(self.step_mode)
 
     @property
     def inference_trace(self):
@@ -139,7 +186,7 @@ class Model:
     def forward_backward(self, x, labels) -> tuple[float, dict[str, np.ndarray]]:
         """One training forward and backward; returns the loss and every weight's gradient.
         A non-finite loss raises NonFiniteError (see the module docstring)."""
-        loss, _ = self._train_iteration(x, labels)
+        loss, _ = self._train_iteration(x, labels, "grads")
         return loss, {n: self._read(f"{n}.grad") for n in self.learnable}
 
     def step(self, x, labels, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
@@ -150,8 +197,12 @@ class Model:
         lr = check_number(lr, "step: lr", 0.0, open_low=True)
         momentum = check_number(momentum, "step: momentum", 0.0, 1.0, open_high=True)
         weight_decay = check_number(weight_decay, "step: weight_decay", 0.0)
-        loss, logits = self._train_iteration(x, labels)  # checked: a bad step raises before the update
-        self._run("update", {}, sgd=dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        sgd = dict(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        if self.in_backward:  # the updates run inside backward; a non-finite loss skips them on the device
+            loss, logits = self._train_iteration(x, labels, "train", sgd)
+        else:
+            loss, logits = self._train_iteration(x, labels, "grads")  # checked: a bad step raises before the update
+            self._run("update", {}, sgd=sgd)
         return (loss, logits) if return_logits else loss
 
     def predict(self, x) -> np.ndarray:
@@ -205,22 +256,25 @@ class Model:
         """The last profiled training step: one dict per kernel step or copy (stream, label, start_ms,
         end_ms), its forward and backward, then its SGD update (timed from where they ended)."""
         runs = self.executor.stream_events
+        if self.in_backward:
+            return list(runs.get("train", []))
         events = list(runs.get("grads", []))
         shift = max((e["end_ms"] for e in events), default=0.0)
         return events + [dict(e, start_ms=e["start_ms"] + shift, end_ms=e["end_ms"] + shift)
                          for e in runs.get("update", [])]
 
     def _run(self, mode: str, inputs: dict, sgd=None) -> dict:
+        program = self._program(mode)
         with np.errstate(all="ignore"):  # a NaN is reported by the checks, not by NumPy's warnings
-            return self.executor.run(self.programs[mode], inputs, iteration=self.iteration, seed=self.seed, sgd=sgd)
+            return self.executor.run(program, inputs, iteration=self.iteration, seed=self.seed, sgd=sgd)
 
-    def _train_iteration(self, x, labels) -> tuple[float, np.ndarray | None]:
+    def _train_iteration(self, x, labels, mode: str, sgd=None) -> tuple[float, np.ndarray | None]:
         if labels is None:
             raise ValueError("training needs labels")
         x, labels = _check_batch(self.graph, x, labels)
         before = {n: self._read(n) for n in self.buffer_names} if self.device.has_data else {}
         try:
-            results = self._run("grads", {"data": x, "labels": labels})
+            results = self._run(mode, {"data": x, "labels": labels}, sgd)
             loss, logits = results.get(f"{self.graph.loss_layer}.loss"), results.get(self.logits)
             loss = None if loss is None else float(loss[0])
             problem = None if loss is None else self._check_step(loss, x, labels)
@@ -254,11 +308,19 @@ class Model:
         return None
 
     def _read(self, name):
+        if name in self.executor.host_views:  # momentum waiting in the pinned slab
+            self.device.synchronize()
+            return self.device.host_read(self.executor.host_views[name])
         return self.device.read(self.executor.view(name))
 
     def _write(self, values: dict) -> None:
         for name, value in values.items():
-            self.device.write(np.ascontiguousarray(value, dtype=np.float32), self.executor.view(name))
+            value = np.ascontiguousarray(value, dtype=np.float32)
+            if name in self.executor.host_views:
+                self.device.synchronize()
+                self.device.host_write(self.executor.host_views[name], value)
+            else:
+                self.device.write(value, self.executor.view(name))
 
 
 # ---------------------------------------------------------------- checks at the public API
@@ -319,11 +381,17 @@ def _check_batch(graph, x, labels) -> tuple[np.ndarray, np.ndarray]:
     return x, _labels(labels, graph.input_shape[0], graph.num_classes, "training batch")
 
 
-def _programs(graph, config, plan, costs) -> dict:
-    """The model's programs, placed under ``config`` and race-checked; a budget too small fails
-    here, before anything runs, with the smallest budget that would work."""
+def _programs(graph, config, plan, costs, in_backward: bool) -> tuple[dict, MemoryConfig]:
+    """The model's programs, placed under ``config`` and race-checked, and the configuration the
+    later ones are placed under (``optimizer_state`` "auto" resolved by the first); a budget too
+    small fails here, before anything runs, with the smallest budget that would work. Updating in
+    backward: "train" (the step, updates inside) and "infer"; else "grads", "update" and "infer"."""
+    modes = ("train", "infer") if in_backward else ("grads", "update", "infer")
     try:
-        programs = {mode: place(graph, config, mode, plan=plan, costs=costs) for mode in ("grads", "update", "infer")}
+        programs = {modes[0]: place(graph, config, modes[0], plan=plan, costs=costs)}
+        resolved = config.replace(optimizer_state=programs[modes[0]].stats["optimizer_state"])
+        for mode in modes[1:]:
+            programs[mode] = place(graph, resolved, mode, plan=None if in_backward else plan, costs=costs)
     except BudgetError as e:
         host = "host budget" in str(e)
         need = smallest_budget(graph, config if host else config.replace(host_budget_bytes=None), costs=costs,
@@ -332,4 +400,4 @@ def _programs(graph, config, plan, costs) -> dict:
                           f"{need:,d} bytes ({format_size(need)}).") from None
     for program in programs.values():
         check(program)  # proven race-free before anything runs (linear in the program's length)
-    return programs
+    return programs, resolved

@@ -6,9 +6,12 @@ import numpy as np
 from snlite.config import MemoryConfig
 from snlite.graph import Graph
 
-FLAGS = dict(liveness=(False, True), offload=(False, True), cache=(False, True),
+FLAGS = dict(liveness=(False, True), offload=(False, True), cache=(False, True), update_in_backward=(False, True),
              recompute=("off", "speed", "memory", "cost_aware"), workspace=("none", "fastest", "dynamic"))
-ALL_CONFIGS = [MemoryConfig(**dict(zip(FLAGS, values))) for values in itertools.product(*FLAGS.values())]
+# every combination of the switches; the momentum waits on the host in every other one (workspace, the
+# last switch, has three values, so each combination of the others sees both places)
+ALL_CONFIGS = [MemoryConfig(**dict(zip(FLAGS, values)), optimizer_state=("device", "host")[i % 2])
+               for i, values in enumerate(itertools.product(*FLAGS.values()))]
 
 
 def mixed_net(n=2, hw=6):

@@ -12,7 +12,7 @@ from snlite.device import CudaDevice, HostDevice
 from snlite.graph import Graph
 from snlite.placement import simulate
 from snlite.program import STREAMS
-from snlite.scheduler import validate
+from snlite.scheduler import Scheduler, validate
 from snlite.train import Model
 
 SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-3)
@@ -44,9 +44,9 @@ def test_every_flag_combination_is_bit_identical_and_runs_as_planned(config, bas
     model = run[2]
     trace = simulate(g, config)
     assert model.trace.peak_bytes == trace.peak_bytes, "planned peak != executed peak"
-    assert model.executor.launch_bytes["grads"] == [r.counted_bytes for r in trace.steps], "the device held other bytes"
+    assert model.executor.launch_bytes[model.step_mode] == [r.counted_bytes for r in trace.steps], "the device held other bytes"
     if not config.cache:
-        validate(model.plan, {n for n, t in g.tensors().items() if t.kind in ("weight", "weight_grad", "buffer")})
+        validate(model.plan, Scheduler(g, config).persistent())
 
 
 @pytest.mark.parametrize("order", ["late", "early"])
@@ -140,10 +140,10 @@ def test_many_iterations_leak_nothing_and_keep_the_planned_peak():
     for _ in range(12):
         model.step(x, labels, lr=0.05)
         assert set(model.executor.views) == persistent, "only the persistent tensors outlive an iteration"
-        assert model.executor.in_use_bytes == sum(i.nbytes for i in model.programs["grads"].setup)
+        assert model.executor.in_use_bytes == sum(i.nbytes for i in model.programs[model.step_mode].setup)
         assert min(min(r.device_bytes.values()) for r in model.trace.steps) >= 0
         assert model.trace.peak_bytes == planned.peak_bytes and model.trace.d2h_bytes == planned.d2h_bytes
-        assert model.executor.launch_bytes["grads"] == [r.counted_bytes for r in planned.steps]
+        assert model.executor.launch_bytes[model.step_mode] == [r.counted_bytes for r in planned.steps]
 
 
 def test_forward_backward_returns_gradients_without_updating():
@@ -194,7 +194,7 @@ def test_simulator_matches_host_and_plan_and_allocates_nothing_outside_the_pool(
     assert [loss] == sim_baseline[0], "on the simulator too, optimizations change no bit"
     assert all(np.array_equal(model.params[n], v) for n, v in sim_baseline[1].items())
     np.testing.assert_allclose(sim_baseline[0], host[0], rtol=1e-5)
-    assert model.executor.launch_bytes["grads"] == [r.counted_bytes for r in simulate(g, config).steps]
+    assert model.executor.launch_bytes[model.step_mode] == [r.counted_bytes for r in simulate(g, config).steps]
 
 
 def test_lru_cache_on_the_simulator_moves_data_through_pinned_memory_bit_identically(sim_baseline):

@@ -100,7 +100,7 @@ def test_arena_and_slab_are_the_programs_high_water_marks(name, config):
         assert p.slab_bytes == high_water(p, "slab")
     arena = max(p.arena_bytes for p in programs)
     if config.allocator == "raw":  # no arena: one device buffer per tensor, the weights' so far
-        arena = sum(i.nbytes for i in model.programs["grads"].setup)
+        arena = sum(i.nbytes for i in model.programs[model.step_mode].setup)
     assert model.device.arena_bytes == arena and model.device.pinned_bytes == max(p.slab_bytes for p in programs)
     if config.allocator == "pool":  # the arena is what the placement reached, not "every tensor at once"
         tensors = [*g.tensors().values(), *optimizer_specs(g).values()]
