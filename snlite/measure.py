@@ -148,7 +148,7 @@ def run(graph, config: MemoryConfig, plan: Plan | None = None) -> Trace:
 def fits(graph, config: MemoryConfig, plan: Plan | None = None) -> bool:
     """Whether one iteration runs under ``config.budget_bytes`` (True where there is none)."""
     try:
-        run(graph, config, plan)
+        place(graph, config, plan=plan, refine=False)  # the refinement never raises the peak
         return True
     except BudgetError:
         return False
@@ -392,16 +392,13 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     told each probe, the candidate written by ``what``."""
     t0 = time.perf_counter()
     config = config.replace(count="all")
-    traces: dict[int, Trace | None] = {}
+    traces: dict[int, bool] = {}  # candidate index -> fits
 
     def ok(i):
         if i not in traces:
             progress(f"{label}: probe {len(traces) + 1}, {what(candidates[i])}")
-            try:
-                traces[i] = run(build(candidates[i]), config)
-            except BudgetError:
-                traces[i] = None
-        return traces[i] is not None
+            traces[i] = fits(build(candidates[i]), config)
+        return traces[i]
 
     if guess_from:
         progress(f"{label}: estimating from {what(guess_from[0])} and {what(guess_from[1])}")
@@ -409,16 +406,22 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
     i = largest(len(candidates), ok, start)
     nxt = candidates[i + 1] if i is not None and i + 1 < len(candidates) else (candidates[0] if i is None else None)
-    return Found(label, config, None if i is None else candidates[i], None if i is None else traces[i], nxt,
+    if i is not None:
+        progress(f"{label}: the trace of {what(candidates[i])}")
+    return Found(label, config, None if i is None else candidates[i],
+                 None if i is None else run(build(candidates[i]), config), nxt,
                  len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1)
 
 
 def _estimate(build, config, xs) -> float | None:
     """Where the peak crosses the budget, by a straight line through the peaks at two sizes
-    under ``config`` without the budget, the cache or workspaces (a guess to start from)."""
+    under ``config`` without the budget, the cache or workspaces (a guess to start from). With
+    ``optimizer_state="auto"`` the guess is for momentum on the host (a search's answer is where
+    memory runs short, which is where auto sends it there)."""
     if not xs:
         return None
-    cfg = config.replace(budget_bytes=None, cache=False, workspace="none")
+    state = "host" if config.optimizer_state == "auto" else config.optimizer_state
+    cfg = config.replace(budget_bytes=None, cache=False, workspace="none", optimizer_state=state)
     (x0, x1) = xs
     # with the cache, what must fit is roughly the largest step's working set (everything else can
     # wait on the host); without it, the peak

@@ -57,7 +57,7 @@ def optimizer_specs(graph) -> dict[str, TensorSpec]:
 
 
 def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, plan=None, costs=None,
-          optimizer: bool = True) -> Program:
+          optimizer: bool = True, refine: bool = True) -> Program:
     """The program of one iteration of ``graph`` under ``config``.
 
     ``mode``: "train" (forward, backward and SGD with momentum), "grads" (no update), "update" (only
@@ -66,6 +66,8 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
     (default: the :class:`~snlite.scheduler.Scheduler`'s). ``costs``: how conv algorithms are
     ranked (default :class:`~snlite.workspace.CostModel`; a GPU's measured table plans its choices).
     ``optimizer``: keep momentum buffers (False: weights and gradients only, no update).
+    ``refine``: False skips the cache's time-aware second placement (which never raises the peak,
+    so whether the iteration fits is already decided without it: a search asks only that).
     Raises :class:`BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``) is too small."""
     config = config or MemoryConfig()
     if mode not in MODES:
@@ -79,7 +81,7 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
                              f"for mode {mode!r} plan under config.replace(update_in_backward=False)")
         config = config.replace(update_in_backward=False)
     if config.optimizer_state == "auto":
-        return _auto_state(graph, config, mode, plan, costs, optimizer)
+        return _auto_state(graph, config, mode, plan, costs, optimizer, refine)
     with without_cycle_collection():
         plan = plan or Scheduler(graph, config).plan()
         if config.schedule != "paper" and mode != "infer":
@@ -91,12 +93,12 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
             specs.update(optimizer_specs(graph))
         placer = _Placer(graph, config, plan, specs, costs or ws.CostModel(), mode)
         program = placer.run()
-        if config.cache and config.schedule != "paper" and (placer.evicted or placer.fetched):
+        if refine and config.cache and config.schedule != "paper" and (placer.evicted or placer.fetched):
             program = _overlapped(graph, config, plan, specs, costs or ws.CostModel(), mode, placer, program)
     return program.without_updates() if mode == "grads" else program
 
 
-def _auto_state(graph, config, mode, plan, costs, optimizer) -> Program:
+def _auto_state(graph, config, mode, plan, costs, optimizer, refine) -> Program:
     """``optimizer_state="auto"``: the momentum on the device if the iteration fits that way, else
     in the pinned slab (a device too small even for the weights and their momentum is not tried)."""
     device = config.replace(optimizer_state="device")
@@ -104,11 +106,12 @@ def _auto_state(graph, config, mode, plan, costs, optimizer) -> Program:
                      if t.kind in ("weight", "buffer", "optimizer"))
     if mode == "infer" or not optimizer or config.budget_bytes is None or persistent <= config.budget_bytes:
         try:
-            return place(graph, device, mode, plan=plan, costs=costs, optimizer=optimizer)
+            return place(graph, device, mode, plan=plan, costs=costs, optimizer=optimizer, refine=refine)
         except BudgetError:
             if mode == "infer" or not optimizer:
                 raise
-    return place(graph, config.replace(optimizer_state="host"), mode, plan=plan, costs=costs, optimizer=optimizer)
+    return place(graph, config.replace(optimizer_state="host"), mode, plan=plan, costs=costs, optimizer=optimizer,
+                 refine=refine)
 
 
 def _overlapped(graph, config, plan, specs, costs, mode, first, program) -> Program:
@@ -168,7 +171,8 @@ def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, 
 def fits(graph, config: MemoryConfig, plan=None, costs=None, optimizer: bool = True) -> bool:
     """Whether one training iteration places within ``config``'s budgets."""
     try:
-        place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs, optimizer=optimizer)
+        place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs, optimizer=optimizer,
+              refine=False)
         return True
     except BudgetError:
         return False
@@ -211,7 +215,8 @@ class _Placer:
                  ahead=None):
         self.graph, self.config, self.plan, self.specs, self.costs, self.mode = graph, config, plan, specs, costs, mode
         # the time-aware second pass (see _overlapped): copies to start after an op, evictions to repeat
-        self.behind, self.planned_evictions, self.ahead = behind or {}, evictions or {}, list(ahead or ())
+        self.behind, self.planned_evictions, self.ahead = behind or {}, evictions or {}, sorted(ahead or ())
+        self._ahead_next, self._ready = 0, []  # ahead[:_ahead_next] have come due; _ready: due, not started
         self.behind_in_flight: dict[str, None] = {}  # write-behind copies whose block is not released yet
         self.evicted: list[tuple[str, int, int]] = []  # (tensor, op it was evicted at, its last use before)
         self.fetched: list[tuple[str, int]] = []  # (tensor, op that fetched it back)
@@ -501,21 +506,27 @@ class _Placer:
         return True
 
     def _read_ahead(self, op) -> None:
-        """Start the fetches planned to begin by this op, where their block fits without evicting."""
+        """Start the fetches planned to begin by this op, where their block fits without evicting.
+        ``ahead`` is sorted by earliest op: the ones whose time has come join ``ready`` (in that order)
+        and wait there until they fit or their op has passed, so each op looks only at those."""
+        ahead, i = self.ahead, self._ahead_next
+        while i < len(ahead) and ahead[i][0] <= op.index:
+            self._ready.append(ahead[i])
+            i += 1
+        self._ahead_next = i
         waiting = []
-        for earliest, name, need in self.ahead:
+        for entry in self._ready:
+            earliest, name, need = entry
             t = self.tensors.get(name)
-            if earliest > op.index or need <= op.index or t is None:
-                if need > op.index:
-                    waiting.append((earliest, name, need))
+            if need <= op.index or t is None:
                 continue
             if t.state is State.ON_HOST and self.pool.can_fit(max(t.nbytes, 1)):
                 self.stats["cache_misses"] += 1
                 self.fetched.append((name, op.index))
                 self._start_prefetch(t, op.step, "fetch")
             elif t.state is State.ON_HOST:
-                waiting.append((earliest, name, need))
-        self.ahead = waiting
+                waiting.append(entry)
+        self._ready = waiting
 
     def _copy_out(self, tensor: str, step) -> tuple[str, int]:
         """Start copying a result (the loss, the logits) to a pinned slot on ``copy_out``."""
@@ -586,7 +597,7 @@ class _Placer:
         loss_layer = g.loss_layer
         self.op_index = op.index
         self._release_state()
-        if self.ahead:
+        if self._ready or self._ahead_next < len(self.ahead):
             self._read_ahead(op)
         for name in planned.release if train else ():
             self._finish_offload(tensors[name])

@@ -178,7 +178,9 @@ def _replay(program, prof: Profile, costs: "_Costs", moving_copies: bool) -> Tim
 
 
 class _Costs:
-    """Milliseconds of each layer step on a profile, memoised by (layer, phase, conv choices)."""
+    """Milliseconds of each layer step on a profile, memoised by what the cost depends on: the layer's
+    type, attributes and shapes (not its name: a deep ResNet repeats a few layers thousands of
+    times), the phase, the conv choices, the fork accumulations and the bytes the step touches."""
 
     def __init__(self, graph, program, prof: Profile):
         from kernels import launches as L
@@ -186,9 +188,19 @@ class _Costs:
         self.graph, self.program, self.prof, self.L = graph, program, prof, L
         self.gpu = L.GPUS[prof.gpu]
         self.memo: dict = {}
+        self.signatures: dict = {}
+
+    def _signature(self, name: str):
+        sig = self.signatures.get(name)
+        if sig is None:
+            layer = self.graph.layers[name]
+            sig = self.signatures[name] = (type(layer), tuple(layer.in_shapes), layer.out_shape,
+                                           repr(sorted(layer.attrs.items())))
+        return sig
 
     def launch(self, ins) -> tuple[float, int]:
-        key = (ins.layer, ins.phase, ins.convs, len(ins.accumulate))
+        key = (self._signature(ins.layer), ins.phase, ins.convs, len(ins.accumulate),
+               self._bytes({*ins.reads, *ins.writes}))
         if key not in self.memo:
             self.memo[key] = self._cost(ins)
         return self.memo[key]

@@ -204,14 +204,14 @@ def _trace_program(program, count: str) -> Trace:
                 held[ins.new] = n
                 device[c] += n
                 log += [(ins.old, -n), (ins.new, n)]
-            elif t is Copy:
-                if ins.why in ("offload", "evict", "state"):
+            elif t is Copy and ins.why not in ("input", "result"):  # the batch in, the loss out: not traffic
+                if ins.to_host:  # offload, evict, or momentum written back ("state")
                     n = held[ins.tensor]
                     device[cat_of[ins.tensor]] -= n
                     device["in_flight"] += n
                     cat_of[ins.tensor] = "in_flight"
                     tr.d2h_bytes += ins.nbytes
-                elif ins.why in ("prefetch", "fetch", "state"):
+                else:  # prefetch, fetch, or momentum read back ("state")
                     tr.h2d_bytes += ins.nbytes
     live: dict[str, int] = {}
     for name, nbytes in log[:peak_log]:

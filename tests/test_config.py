@@ -13,7 +13,8 @@ def test_presets():
         True, True, True, "cost_aware", "dynamic", "pool")
     assert superneurons(budget_bytes=1 << 30).budget_bytes == 1 << 30
     assert baseline().describe() == "baseline"
-    assert sn.describe() == "liveness + offload + cache + recompute=cost_aware + workspace=dynamic + schedule=H200"
+    assert sn.describe() == ("liveness + offload + cache + update_in_backward + recompute=cost_aware + "
+                           "workspace=dynamic + schedule=H200 + optimizer_state=auto")
 
 
 @pytest.mark.parametrize("field,value,match", [

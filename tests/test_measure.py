@@ -161,7 +161,7 @@ def test_train_runs_under_a_config_and_a_budget_too_small_is_one_line(capsys):
             "--batch", "16"]
     code, out, err = run(capsys, *argv, "--preset", "superneurons", "--no-cache")
     assert code == 0, err
-    assert "memory: liveness + offload + recompute=cost_aware + workspace=dynamic" in out
+    assert "memory: liveness + offload + update_in_backward + recompute=cost_aware + workspace=dynamic" in out
     code, out, err = run(capsys, *argv, "--liveness", "--budget", "1MiB")
     assert code == cli.EXIT_DOES_NOT_FIT and len(err.strip().splitlines()) == 1 and "does not fit" in err
 

@@ -145,7 +145,7 @@ save_plot("plot_compare_timelines", {k: mm.trace for k, mm in models.items()}, "
 budget = 12 * GiB
 depth_batch = 16
 precision = 32  # stop when the bracket is narrower than 1/precision of the depth found
-cap = 600 if QUICK else 10_000  # the most residual units tried (quick mode stops early: "at least")
+cap = 300 if QUICK else 10_000  # the most residual units tried (quick mode stops early: "at least")
 
 
 def fits(units, config):
@@ -202,13 +202,14 @@ if results["baseline"] and results["superneurons"]:
 base_units, sn_units = results["baseline"], results["superneurons"]
 expect("several times deeper with superneurons() than the baseline",
        base_units and sn_units and sn_units >= 3 * base_units)
-expect("the straight line guesses the baseline almost exactly (within 5%), but not superneurons() (off by more "
-       "than 10%)",
-       abs(guesses["baseline"] - base_units) <= 0.05 * base_units
-       and abs(guesses["superneurons"] - sn_units) > 0.1 * sn_units,
-       why="with the cache, tensors leave the device when the budget is reached, so the peak of a run without "
-           "the cache is the wrong yardstick. The search pays for that with extra probes. (`snlite maxdepth` "
-           "runs the same experiment from the command line.)")
+expect("the straight line guesses the baseline almost exactly (within 5%)",
+       abs(guesses["baseline"] - base_units) <= 0.05 * base_units,
+       why="without offload and the cache the peak grows by the same bytes for every unit added. Under "
+           "superneurons() the line is drawn without the cache, but with a budget the cache moves tensors to "
+           "the host when it is reached, so the guess is only a starting point and the search pays for the "
+           "difference with extra probes. (`snlite maxdepth` runs the same experiment from the command line.)")
+if sn_units and results["superneurons"] != cap:
+    print(f"the line's guess for superneurons() is off by {abs(guesses['superneurons'] - sn_units) / sn_units:.0%}")
 
 # %% [markdown]
 # ## Exercise
