@@ -151,6 +151,29 @@ def _table(head: list[str], rows: list[list], align: str | None = None) -> str:
     return "\n".join("  ".join(f"{c:{a}{w}}" for c, a, w in zip(r, align, widths)).rstrip() for r in cells)
 
 
+KIND_HEAD = ["weights", "weight grads", "momentum", "on host", "the rest", "on host"]
+KIND_NOTE = ("by kind, at each row's peak: the weights (with BatchNorm's buffers), their gradients and the optimizer "
+             "state (momentum), on the device and waiting in pinned host memory; the rest is the batch, activations, "
+             "their gradients, workspace and copies in flight (on the host: what the cache and offload parked there, "
+             "at the host's peak)")
+
+
+def _kind_cells(trace) -> list[str]:
+    """The :data:`KIND_HEAD` cells of ``trace`` (Trace.by_kind), or dashes without one."""
+    if trace is None:
+        return ["-"] * len(KIND_HEAD)
+    k = trace.by_kind()
+    return [measure.format_size(k["weights"][0]), measure.format_size(k["weight gradients"][0]),
+            measure.format_size(k["optimizer state"][0]), measure.format_size(k["optimizer state"][1]),
+            measure.format_size(k["activations, gradients, batch, workspace"][0]),
+            measure.format_size(k["activations, gradients, batch, workspace"][1])]
+
+
+def kind_table(rows) -> str:
+    """One line per (label, trace): what its peak holds, by kind (:func:`_kind_cells`)."""
+    return _table(["strategy"] + KIND_HEAD, [[label] + _kind_cells(t) for label, t in rows])
+
+
 def _write_json(target: str, data) -> None:
     text = json.dumps(data, indent=1, default=_jsonable)
     if target == "-":
@@ -221,10 +244,13 @@ def cmd_plan(args) -> int:
         ["peak / l_peak", f"{t.ratio:.2f}", f"{p.ratio:.2f}"]]))
     at = trace.steps[trace.peak_op]
     live = trace.peak_tensors
-    held = sum(at.device_bytes.get(c, 0) for c in ("weights", "weight_grads", "optimizer"))
-    print(f"\npeak ({config.count} count) at step {trace.peak_step} ({at.layer} {at.phase}, op {trace.peak_op}): "
-          f"besides the weights, their gradients and momentum ({measure.format_size(held)}, always there), "
-          f"{len(live)} tensors live, the largest {min(args.top, len(live))}:")
+    kinds = trace.by_kind()
+    print(f"\npeak ({config.count} count) at step {trace.peak_step} ({at.layer} {at.phase}, op {trace.peak_op}), "
+          f"by kind (host: pinned memory, at the host's peak):")
+    print(_table(["", "device", "host"], [[kind, measure.format_size(d), measure.format_size(h)]
+                                          for kind, (d, h) in kinds.items()]))
+    print(f"{len(live)} tensors made during the iteration are live at the peak (what is held throughout is not "
+          f"listed), the largest {min(args.top, len(live))}:")
     for name, nbytes in live[:args.top]:
         print(f"  {name:40} {measure.format_size(nbytes):>12}")
     print(f"\nrecomputation: {t.recompute_count} layer forwards re-run, +{t.extra_flops:,d} FLOPs "
@@ -397,6 +423,7 @@ def cmd_compare(args) -> int:
               f"{timelines[i].step_ms:,.1f} ms", f"{timelines[i].step_ms / resident - 1:+.1%}"]
              + (["yes" if r.fits else "no"] if args.budget else []) for i, r in enumerate(rows)]
     print(_table(head + (["fits"] if args.budget else []), table))
+    print("\n" + kind_table([(r.label, r.trace) for r in rows]))
     n = len(graph.route()[0])
     print(f"\npeak (all): everything on the device; peak (paper) and peak/l_peak: activations + gradients only. "
           f"extra FLOPs: recomputed forward work, % of one forward pass; moved: bytes to the host and back.\n"
@@ -406,9 +433,9 @@ def cmd_compare(args) -> int:
           + ("" if args.budget else " Without --budget the cache never has to move anything.")
           + f" ({seconds:.1f} s)\nstep (est.): one iteration on the {prof.name} profile (snlite.timing: a roofline model "
           f"of the kernels, copies at PCIe bandwidth on their own streams, Numba's launch cost on the host); vs "
-          f"resident: against every tensor resident (liveness only, {resident:,.1f} ms)")
+          f"resident: against every tensor resident (liveness only, {resident:,.1f} ms)\n{KIND_NOTE}")
     print(f"\nsuperneurons() runs in {measure.format_size(smallest.budget_bytes)} at the least, {smallest.ratio:.2f} x "
-          f"(l_peak {measure.format_size(smallest.l_peak_bytes)} + weights, their gradients and momentum "
+          f"(l_peak {measure.format_size(smallest.l_peak_bytes)} + what it holds all iteration "
           f"{measure.format_size(smallest.persistent_bytes)}): the paper's \"peak about l_peak\", as a budget "
           f"(snlite.measure.min_budget)")
     if not fits:
@@ -451,6 +478,7 @@ def cmd_maxbatch(args) -> int:
               measure.format_size(r.host_peak_bytes), r.probes]
              + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else []) for r in rows]
     print(_table(head, table))
+    print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)
     if paper:
         print(f"paper ({PAPER_GPU}, docs/paper.md section 7): SuperNeurons {paper:,d}; the best other framework "
               f"{other:,d}")
@@ -482,6 +510,7 @@ def cmd_maxdepth(args) -> int:
               r.probes, f"{r.seconds:.1f} s"] + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else [])
              for r in rows]
     print(_table(head, table))
+    print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)
     if any(r.capped for r in rows):
         print(f">=: still fits at --max-units {args.max_units}; the search stopped there")
     print(f"paper ({PAPER_GPU}, docs/paper.md section 7): at batch 16 "

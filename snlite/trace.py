@@ -24,6 +24,7 @@ CATEGORIES = ("weights", "weight_grads", "optimizer", "input", "activations", "g
 KIND_CATEGORY = {"weight": "weights", "buffer": "weights", "weight_grad": "weight_grads", "optimizer": "optimizer",
                  "input": "input", "activation": "activations", "gradient": "gradients", "workspace": "workspace"}
 PAPER_CATEGORIES = ("activations", "gradients")
+PERSISTENT_CATEGORIES = ("weights", "weight_grads", "optimizer")  # the parameters and their kin
 
 
 def counted(device_bytes: dict, count: str) -> int:
@@ -73,6 +74,7 @@ class Trace:
     cache_hits: int = 0
     cache_misses: int = 0
     host_peak_bytes: int = 0
+    host_optimizer_bytes: int = 0  # optimizer state waiting in the pinned slab (optimizer_state "host")
     conv_choices: list[ConvChoice] = field(default_factory=list)
     arena_bytes: int = 0
 
@@ -91,6 +93,19 @@ class Trace:
             f"to host {self.d2h_bytes / mib:,.2f} MiB, back {self.h2d_bytes / mib:,.2f} MiB; "
             f"cache hits {self.cache_hits}, misses {self.cache_misses}; host peak {self.host_peak_bytes / mib:,.2f} MiB",
         ])
+
+    def by_kind(self) -> dict[str, tuple[int, int]]:
+        """What the peak holds, by kind: ``{kind: (device bytes at the peak, host bytes)}`` for the
+        weights (with BatchNorm's buffers), their gradients, the optimizer state (momentum) and the
+        rest (the batch, activations, their gradients, workspace and copies in flight). Host bytes are
+        the optimizer state waiting in the pinned slab, and for "the rest" whatever else the host
+        holds at its own peak (offloaded and evicted tensors, the staged batch)."""
+        at = self.steps[self.peak_op].device_bytes if 0 <= self.peak_op < len(self.steps) else {}
+        rest = sum(at.get(c, 0) for c in CATEGORIES if c not in PERSISTENT_CATEGORIES)
+        return {"weights": (at.get("weights", 0), 0),
+                "weight gradients": (at.get("weight_grads", 0), 0),
+                "optimizer state": (at.get("optimizer", 0), self.host_optimizer_bytes),
+                "activations, gradients, batch, workspace": (rest, self.host_peak_bytes - self.host_optimizer_bytes)}
 
     def table(self, limit: int | None = None) -> str:
         """One row per op: bytes by category (KiB)."""
@@ -153,7 +168,7 @@ def _trace_program(program, count: str) -> Trace:
     device = dict.fromkeys(CATEGORIES, 0)
     held: dict[str, int] = {}  # device tensor -> its block's bytes
     cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
-    host = resident = 0
+    host = host_state = resident = 0
     log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body: the peak's live set
     peak_log = 0
     persistent = ("weight", "weight_grad", "buffer", "optimizer")
@@ -181,6 +196,9 @@ def _trace_program(program, count: str) -> Trace:
                 if ins.space == "slab":
                     host += ins.nbytes
                     tr.host_peak_bytes = max(tr.host_peak_bytes, host)
+                    if kind_of(ins.tensor) == "optimizer":
+                        host_state += ins.nbytes
+                        tr.host_optimizer_bytes = max(tr.host_optimizer_bytes, host_state)
                     continue
                 c = cat_of[ins.tensor] = KIND_CATEGORY[kind_of(ins.tensor)]
                 n = ins.nbytes if cats is None else (own.get(ins.tensor) or size_of(ins))
@@ -192,6 +210,8 @@ def _trace_program(program, count: str) -> Trace:
             elif t is Free:
                 if ins.space == "slab":
                     host -= ins.nbytes
+                    if kind_of(ins.tensor) == "optimizer":
+                        host_state -= ins.nbytes
                     continue
                 n = held.pop(ins.tensor)
                 device[cat_of.pop(ins.tensor)] -= n
