@@ -448,7 +448,8 @@ def cmd_compare(args) -> int:
 def _found_json(rows, key: str) -> list[dict]:
     return [{"strategy": r.label, "config": r.config.describe(), key: r.value, "next": r.next_value,
              "capped": r.capped, "peak_bytes": r.trace.peak_bytes if r.trace else None,
-             "host_peak_bytes": r.host_peak_bytes, "probes": r.probes, "seconds": r.seconds} for r in rows]
+             "host_peak_bytes": r.host_peak_bytes, "by_kind": measure.by_kind_json(r.trace), "probes": r.probes,
+             "seconds": r.seconds} for r in rows]
 
 
 def _found_cell(r) -> str:

@@ -137,7 +137,14 @@ class Measurement:
                 "recompute_count": t.recompute_count, "extra_flops": t.extra_flops,
                 "forward_flops": self.forward_flops, "d2h_bytes": t.d2h_bytes, "h2d_bytes": t.h2d_bytes,
                 "cache_hits": t.cache_hits, "cache_misses": t.cache_misses, "host_peak_bytes": t.host_peak_bytes,
-                "arena_bytes": self.arena_bytes, "slab_bytes": self.slab_bytes}
+                "arena_bytes": self.arena_bytes, "slab_bytes": self.slab_bytes, "by_kind": by_kind_json(t)}
+
+
+def by_kind_json(trace) -> dict | None:
+    """:meth:`Trace.by_kind` as plain data: ``{kind: {"device_bytes": .., "host_bytes": ..}}``."""
+    if trace is None:
+        return None
+    return {k: {"device_bytes": d, "host_bytes": h} for k, (d, h) in trace.by_kind().items()}
 
 
 def run(graph, config: MemoryConfig, plan: Plan | None = None) -> Trace:

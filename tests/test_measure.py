@@ -85,6 +85,9 @@ def test_plan_prints_the_peak_the_live_tensors_and_the_conv_table(capsys):
     at = re.search(r"at step (\d+) \((\S+) (forward|backward)", out)
     assert at and int(at[1]) == trace.peak_step
     assert trace.peak_tensors[0][0] in out
+    for kind, (on_device, on_host) in trace.by_kind().items():  # the peak by kind, device and host
+        assert re.search(rf"^{kind} +{re.escape(measure.format_size(on_device))} +"
+                         rf"{re.escape(measure.format_size(on_host))}$", out, re.M), kind
 
 
 def test_plan_json_has_totals_steps_config_and_conv_choices(tmp_path, capsys):
@@ -276,7 +279,9 @@ def test_maxbatch_shows_the_papers_figures(capsys):
 
 
 def test_maxdepth_result_fits_and_the_next_valid_depth_does_not(capsys):
-    code, out, err = run(capsys, "maxdepth", "--batch", 1, "--budget", "2GiB", "--json")
+    """Also the rows by kind: the baseline holds weights, their gradients and momentum on the device
+    all iteration; superneurons() one layer's gradient at most, and the momentum waits on the host."""
+    code, out, err = run(capsys, "maxdepth", "--batch", 1, "--budget", "1GiB", "--json")
     assert code == 0, err
     rows = {r["strategy"]: r for r in json.loads(out)["rows"]}
     assert list(rows) == list(measure.SEARCH)
@@ -284,10 +289,16 @@ def test_maxdepth_result_fits_and_the_next_valid_depth_does_not(capsys):
     units = (depth - 2) // 3
     next_depth = {16: 101, 33: 152}.get(units, depth + 3)
     assert rows["liveness"]["next"] == next_depth
-    config = MemoryConfig(liveness=True, budget_bytes=2 * 2**30)
+    config = MemoryConfig(liveness=True, budget_bytes=2**30)
     assert measure.fits(resnet(depth, 1), config) and not measure.fits(resnet(next_depth, 1), config)
     depths = [rows[k]["depth"] for k in ("baseline", "liveness", "+ offload", "+ recompute")]
     assert depths == sorted(depths)
+    base, sn = rows["baseline"]["by_kind"], rows["superneurons"]["by_kind"]
+    assert base["weight gradients"]["device_bytes"] >= 0.99 * base["weights"]["device_bytes"]
+    assert base["optimizer state"]["device_bytes"] >= 0.99 * base["weights"]["device_bytes"]
+    assert sn["weight gradients"]["device_bytes"] < 0.01 * sn["weights"]["device_bytes"]
+    assert sn["optimizer state"]["host_bytes"] >= 0.99 * sn["weights"]["device_bytes"]
+    assert rows["superneurons"]["depth"] > 2 * rows["+ recompute"]["depth"]
 
 
 def test_maxdepth_prints_the_table_and_its_time(capsys):
@@ -296,6 +307,7 @@ def test_maxdepth_prints_the_table_and_its_time(capsys):
     assert "SuperNeurons 1,920" in out and re.search(r"took \d+\.\d s", out)
     assert re.search(r"^superneurons +>= 182 +60 .* 1,920$", out, re.M) and "the search stopped there" in out
     assert re.search(r"^baseline +\d+ +\d+ ", out, re.M)
+    assert re.search(r"^strategy +weights +weight grads +momentum +on host +the rest +on host$", out, re.M)
 
 
 def test_resnet_units_are_the_valid_depths():

@@ -8,7 +8,8 @@
 # - the proof that none of it changes a bit: a baseline model trained side by side ends with the same
 #   losses and bit-identical weights;
 # - reading the trace of a real run (`model.trace`), and that the planned peak is the executed peak;
-# - the paper's depth experiment: the deepest ResNet that fits 12 GiB at batch 16, with and without.
+# - the paper's depth experiment: the deepest ResNet that fits 12 GiB at batch 16, with and without;
+# - its headline at batch 1, where the parameters, not the activations, fill the GPU.
 #
 # Run it: `python tutorials/07_end_to_end.py` from the repository root (after `pip install -e ".[digits]"`;
 # without scikit-learn it falls back to synthetic images), or cell by cell (`# %%` cells in VS Code or
@@ -212,10 +213,43 @@ if sn_units and results["superneurons"] != cap:
     print(f"the line's guess for superneurons() is off by {abs(guesses['superneurons'] - sn_units) / sn_units:.0%}")
 
 # %% [markdown]
+# ## The paper's headline: batch 1
+# At batch 1 the paper trained 2,500 residual units (ResNet-7502) on the same 12 GB GPU. Activations are
+# tiny there; what fills the GPU is the parameters, which a plain training loop holds three times over all
+# iteration: the weights, their gradients and SGD's momentum (one copy is 10.5 GiB at 2,500 units). For
+# the paper's figure to fit, the weights must be nearly all that stays: each gradient freed as soon as it
+# has been applied, and the momentum somewhere else. superneurons() does both: each layer's SGD step runs
+# inside backward, right after that layer's gradient is complete, and frees it (`update_in_backward`); and
+# where memory runs short the momentum waits in pinned host memory between updates, prefetched on a copy
+# stream before the update that needs it (`optimizer_state="auto"`). `measure.max_depth` runs the
+# search: a straight-line guess, then probes that place one iteration without running it.
+
+# %%
+from snlite import measure  # noqa: E402
+
+headline_budget = GiB // 2 if QUICK else 12 * GiB  # quick mode: the same story in a 24th of the memory
+t0 = time.perf_counter()
+found = measure.max_depth(1, MemoryConfig.superneurons(budget_bytes=headline_budget))
+print(f"batch 1 in {headline_budget / GiB:g} GiB: ResNet-{found.value:,d} ({(found.value - 2) // 3:,d} units) "
+      f"fits, ResNet-{found.next_value:,d} does not; {found.probes} probes, {time.perf_counter() - t0:.1f} s "
+      f"(the paper: ResNet-7,502 in 12 GB)")
+kinds = found.trace.by_kind()
+for kind, (on_device, on_host) in kinds.items():
+    print(f"  {kind:42} device {on_device / GiB:6.2f} GiB   host {on_host / GiB:6.2f} GiB")
+weights, grads, momentum = kinds["weights"][0], kinds["weight gradients"][0], kinds["optimizer state"]
+expect("at the peak the weights fill nearly all of the device (over 90%), their gradients are one layer's "
+       "(under 1% of the weights), and the momentum waits on the host",
+       weights > 0.9 * found.trace.peak_bytes and grads < 0.01 * weights and momentum[1] > 0.9 * weights,
+       why="each gradient lives from its layer's backward step to the update right after it, and the "
+           "momentum comes to the device only for its layer's update.")
+if not QUICK:
+    expect("deeper than the paper's 7,502 layers", found.value >= measure.PAPER_DEPTH_AT_BATCH[1],
+           why="the weights are all that stays; snlite's bottleneck units have about 1.1 M parameters each, "
+               "so 12 GiB holds about 2,860 of them.")
+
+# %% [markdown]
 # ## Exercise
 # 1. In the training cell, give the SuperNeurons model `seed=1` instead of `seed=0`. Which check fails
 #    first, and why does that prove the comparison is not vacuous?
-# 2. In the depth cell, set `depth_batch = 1` (the search then takes a few minutes). How deep does
-#    superneurons() go now (the paper: 2500 residual units at batch 1), and what limits it? Hint: simulate
-#    the deepest one and look at its trace's categories at the peak: which grow with depth but not with
-#    the batch?
+# 2. In the batch-1 cell, search under `MemoryConfig.superneurons(optimizer_state="device")`, then under
+#    `update_in_backward=False` as well. How deep does each go, and which row of `by_kind()` explains it?
