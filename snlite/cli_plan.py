@@ -99,7 +99,7 @@ def add_planning_commands(sub) -> None:
                                        "traffic with and without the tensor cache, Table 4 (depth) and Table 5 "
                                        "(width) in 12 GiB, the peak vs extra compute trade-off. Prints each table "
                                        "and writes DIR/report.md (with PNG figures if matplotlib is installed). "
-                                       "One to two minutes on a 2-core CPU; --quick: about ten seconds.")
+                                       "About three minutes on a 2-core CPU; --quick: about ten seconds.")
     paper.add_argument("--out", default="paper-out", metavar="DIR",
                        help="where report.md and its figures go (default paper-out; created if missing)")
     paper.add_argument("--quick", action="store_true", help="fewer networks, batches and strategies (for tests)")

@@ -402,11 +402,20 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     t0 = time.perf_counter()
     config = config.replace(count="all")
     traces: dict[int, bool] = {}  # candidate index -> fits
+    kept: dict[int, Trace] = {}  # the full traces of probes that settled the answer
 
     def ok(i):
         if i not in traces:
             progress(f"{label}: probe {len(traces) + 1}, {what(candidates[i])}")
-            traces[i] = fits(build(candidates[i]), config)
+            if traces.get(i + 1) is False or i == len(candidates) - 1:
+                # if this one fits it is the answer: place it in full now rather than twice
+                try:
+                    kept[i] = run(build(candidates[i]), config)
+                    traces[i] = True
+                except BudgetError:
+                    traces[i] = False
+            else:
+                traces[i] = fits(build(candidates[i]), config)
         return traces[i]
 
     if guess_from:
@@ -415,10 +424,13 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
     i = largest(len(candidates), ok, start)
     nxt = candidates[i + 1] if i is not None and i + 1 < len(candidates) else (candidates[0] if i is None else None)
+    trace = None
     if i is not None:
-        progress(f"{label}: the trace of {what(candidates[i])}")
-    return Found(label, config, None if i is None else candidates[i],
-                 None if i is None else run(build(candidates[i]), config), nxt,
+        trace = kept.get(i)
+        if trace is None:
+            progress(f"{label}: the trace of {what(candidates[i])}")
+            trace = run(build(candidates[i]), config)
+    return Found(label, config, None if i is None else candidates[i], trace, nxt,
                  len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1)
 
 

@@ -402,7 +402,8 @@ def depth(batch: int, labels, progress=measure.no_progress) -> Section:
     text = ("The paper's Table 4. Each strategy's search gallops from a straight-line estimate and bisects, every "
             "probe a full simulated iteration; the depth found fits, the next valid depth does not.")
     notes = [f"At batch 1 the paper reached {measure.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units); "
-             f"`snlite maxdepth --batch 1` searches that (over a minute on this CPU, so not part of this report)."]
+             f"`snlite maxdepth --batch 1` searches that (about a minute for the five strategies, so not part of this "
+             f"report; README: the parameters, not the activations, fill the GPU there)."]
     return Section("4. Table 4: depth", text, [ours, paper], notes)
 
 
