@@ -5,7 +5,8 @@ Three devices, one interface:
 
 - :class:`CudaDevice`: Numba CUDA on a real NVIDIA GPU, or on the CUDA simulator when the
   environment variable ``NUMBA_ENABLE_CUDASIM=1`` was set before numba was first imported.
-- :class:`HostDevice`: NumPy arrays, and each kernel's NumPy reference: the fast CPU path.
+- :class:`HostDevice`: NumPy arrays, and each kernel's fast NumPy version (:mod:`kernels.host`),
+  else its NumPy reference: the fast CPU path.
 - :class:`MetaDevice`: no storage and no compute, only shapes and byte counts, so the scheduler
   can plan a network of thousands of layers in seconds.
 
@@ -244,7 +245,8 @@ class Device:
 
 # ---------------------------------------------------------------- the three devices
 class HostDevice(Device):
-    """NumPy arrays and the NumPy references. Fresh memory is filled with NaN bytes (0xFF), so a
+    """NumPy arrays and NumPy kernels: :mod:`kernels.host`'s fast versions where there is one, else
+    the references (they agree within the tests' tolerances, and are deterministic). Fresh memory is filled with NaN bytes (0xFF), so a
     kernel that reads a tensor before anything wrote it shows up as NaN, as it could on a GPU."""
 
     name = "host"
@@ -262,8 +264,9 @@ class HostDevice(Device):
 
     def _run(self, op, args, stream, kwargs):
         from kernels._common import LAUNCH_ONLY
+        from kernels.host import host_kernel
 
-        op.reference(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_ONLY})
+        host_kernel(op)(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_ONLY})
 
     def read(self, array):
         return np.array(array, copy=True)
