@@ -13,7 +13,10 @@ How they are fast, and what they keep:
   col``, backward-filter ``dy (Cout x N*P) @ col^T`` (the sum over images and positions inside the
   BLAS reduction) and backward-data ``w^T @ dy`` followed by col2im's gather in (kh, kw) order. The
   results agree with the references within the conv tolerance (rtol 1e-4, atol 1e-5): a BLAS sums
-  in its own order, so the bits can differ from the reference's.
+  in its own order, so the bits can differ from the reference's. With stride 1 and a kernel of at
+  most 3x3, backward-data is instead the forward conv of dy with the flipped, transposed filter (a
+  copy into columns beats col2im's scatter-add; a 5x5 kernel's columns grow too large to pay).
+- Batch normalization folds gamma * invstd into one scale and takes its sums over contiguous rows.
 - Max pooling forward is ``np.maximum`` over the KH*KW strided views of the input (one pass per
   window offset, no window view); its backward finds each window's first maximum the same way and
   adds the gradients window offset by window offset, in the order that gives each input element
@@ -108,9 +111,15 @@ def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", works
     g = _geometry(dx.shape, w.shape, stride, padding)
     if dx.size == 0:
         return
+    (sh, sw), (ph, pw) = g.stride, g.padding
+    if (sh, sw) == (1, 1) and ph < g.kh and pw < g.kw and g.kh * g.kw <= 9:
+        # stride 1: dx is the forward conv of dy with the flipped, transposed filter, padded by
+        # KH-1-ph: a copy into columns and one matrix product, no scatter-add
+        wt = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+        conv2d_forward(dy, wt, dx, padding=(g.kh - 1 - ph, g.kw - 1 - pw))
+        return
     dcol = np.matmul(w.reshape(g.co, g.k).T, _by_channel(dy, g.n, g.co, g.p))  # (K, N*P)
     dcol = dcol.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow).transpose(3, 0, 1, 2, 4, 5)  # (N, C, KH, KW, OH, OW)
-    (sh, sw), (ph, pw) = g.stride, g.padding
     # col2im's gather: each tap in (kh, kw) order adds onto 0.0, as col2im_ref does
     dxp = np.zeros((g.n, g.c, g.h + 2 * ph, g.w + 2 * pw), dx.dtype)
     for a in range(g.kh):
@@ -164,6 +173,56 @@ def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0):
     for (i, rows, cols), g in reversed(list(zip(_offsets(kh, kw, sh, sw, oh, ow), grads))):
         grad[:, :, rows, cols] += g
     dx[...] = grad[:, :, ph:ph + h, pw:pw + w]
+
+
+# ---------------------------------------------------------------- batch normalization
+def _sum_nc(a3):
+    """Per-channel sums of an (N, C, S) array: over S (contiguous, pairwise), then over N."""
+    return a3.sum(axis=2).sum(axis=0)
+
+
+@fast("batchnorm_forward_train")
+def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd, *,
+                            momentum=0.1, eps=1e-5, update_running=True):
+    """The reference's statistics and update, in fewer passes: gamma * invstd folded into one scale."""
+    t = x.dtype.type
+    n_, c = x.shape[:2]
+    n = x.size // c if c else 0
+    if n < 2:
+        raise ValueError(f"batchnorm_forward_train: expected more than 1 value per channel, got {n}")
+    x3, y3 = x.reshape(n_, c, -1), y.reshape(n_, c, -1)
+    mean = _sum_nc(x3) / t(n)
+    d = x3 - mean[:, None]
+    m2 = np.einsum("ncs,ncs->c", d, d)
+    invstd = t(1) / np.sqrt(m2 / t(n) + t(eps))
+    np.multiply(d, (invstd * gamma)[:, None], out=y3)
+    y3 += beta[:, None]
+    save_mean[...] = mean
+    save_invstd[...] = invstd
+    if update_running:
+        m = t(momentum)
+        running_mean[...] = (t(1) - m) * running_mean + m * mean
+        running_var[...] = (t(1) - m) * running_var + m * (m2 / t(n - 1))
+
+
+@fast("batchnorm_backward")
+def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
+    """dx = gamma * invstd / n * (n * dy - dbeta - xhat * dgamma), as (a * dy - b * xhat) - c per channel."""
+    t = x.dtype.type
+    n_, c = x.shape[:2]
+    n = x.size // c
+    x3, dy3, dx3 = x.reshape(n_, c, -1), dy.reshape(n_, c, -1), dx.reshape(n_, c, -1)
+    xhat = x3 - save_mean[:, None]
+    xhat *= save_invstd[:, None]
+    db = _sum_nc(dy3)
+    dg = np.einsum("ncs,ncs->c", dy3, xhat)
+    scale = gamma * save_invstd / t(n)
+    xhat *= (scale * dg)[:, None]
+    np.multiply(dy3, (scale * t(n))[:, None], out=dx3)  # dx may alias dy: both sums are taken
+    dx3 -= xhat
+    dx3 -= (scale * db)[:, None]
+    dgamma[...] = dg
+    dbeta[...] = db
 
 
 # ---------------------------------------------------------------- ReLU

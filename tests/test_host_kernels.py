@@ -15,12 +15,14 @@ from snlite.device import HostDevice
 OPS = all_ops()
 
 
-def _conv_cases(seed=0, count=12):
+def _conv_cases(seed=0, count=14):
     """Random conv geometries: odd sizes, strides 1-3 and padding 0-2 per axis, 1xK and Kx1 kernels."""
     rng = np.random.default_rng(seed)
     cases = [((2, 3, 7, 5), (4, 3, 3, 3), 1, 1), ((3, 2, 9, 8), (5, 2, 1, 3), (2, 1), (0, 1)),
              ((2, 2, 6, 5), (2, 2, 2, 3), (2, 1), (3, 1)),  # rows of y entirely in the padding
-             ((1, 4, 5, 5), (3, 4, 5, 5), 1, 0), ((2, 3, 8, 8), (4, 3, 1, 1), 2, 0)]
+             ((1, 4, 5, 5), (3, 4, 5, 5), 1, 0), ((2, 3, 8, 8), (4, 3, 1, 1), 2, 0),
+             # stride 1, kernels up to 3x3: backward-data by the transposed conv
+             ((2, 2, 6, 7), (3, 2, 2, 3), 1, (1, 2)), ((3, 2, 5, 6), (2, 2, 3, 1), 1, 0), ((2, 3, 4, 4), (2, 3, 1, 1), 1, 0)]
     while len(cases) < count:
         kh, kw = (int(v) for v in rng.integers(1, 5, 2))
         ph, pw = (int(v) for v in rng.integers(0, 3, 2))
@@ -133,3 +135,31 @@ def test_every_fast_kernel_is_a_known_op_and_the_host_device_runs_it(rng):
     y = np.empty(conv.output_shape(x.shape, w.shape, 1, 1), np.float32)
     dev.run("conv2d_forward", x, w, y, stride=1, padding=1, algo="im2col", chunk=2, stream=None, version="v1")
     _bits_equal(y, _run(H.conv2d_forward, (x, w, np.empty_like(y)), 2, stride=1, padding=1), "host device conv")
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 5, 1, 1), (3, 2, 9, 4)])
+def test_batchnorm_matches_the_reference(rng, shape):
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
+    gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    stats = (rng.standard_normal(c).astype(np.float32), np.abs(rng.standard_normal(c)).astype(np.float32) + 0.5)
+    for update in (True, False):
+        args = (x, gamma, beta, np.empty_like(x), *stats, np.empty(c, np.float32), np.empty(c, np.float32))
+        hyper = {"momentum": 0.1, "eps": 1e-5, "update_running": update}
+        want = [a.copy() for a in args]
+        OPS["batchnorm_forward_train"].reference(*want, **hyper)
+        got = [a.copy() for a in args]
+        H.batchnorm_forward_train(*got, **hyper)
+        for i in (3, 4, 5, 6, 7):  # y, running mean and var, saved mean and invstd
+            np.testing.assert_allclose(got[i], want[i], rtol=1e-4, atol=1e-5, err_msg=f"output {i}, update={update}")
+    dy = rng.standard_normal(shape).astype(np.float32)
+    for alias in (False, True):  # dx may be dy itself
+        def run(fn):
+            d = dy.copy()
+            out = [x, d, gamma, want[6], want[7], d if alias else np.empty_like(x), np.empty(c, np.float32),
+                   np.empty(c, np.float32)]
+            fn(*out)
+            return out[5:]
+        for g, w, what in zip(run(H.batchnorm_backward), run(OPS["batchnorm_backward"].reference),
+                              ("dx", "dgamma", "dbeta")):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"{what}, alias={alias}")
