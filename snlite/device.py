@@ -31,17 +31,18 @@ import numpy as np
 
 ALIGNMENT_BYTES = 256  # every tensor view starts at a multiple of this offset into the arena
 DEVICE_NAMES = ("cuda", "host", "meta", "auto")
-# The version the simulator runs where the caller names none: v1, one thread per output element (per
-# channel, per row). The GPU defaults are tiled: blocks of up to 256 threads, most of them idle on a
-# small tile edge, meeting at shared-memory barriers; the simulator runs every thread as a Python
-# thread through every barrier, so they cost it minutes (measured on a digits LeNet step, batch 4:
-# linear_forward v3 22 s, direct conv v2 25 s; bias_backward v2 176 s for an (8, 500) gradient).
-# conv and linear give the same bits in every version; bias_backward, batch normalization and
-# softmax sum in another order in v1, and every run on the simulator uses it, so results stay
-# bit-identical across configurations there too.
+# The version the simulator runs where the caller names none: v1 (one thread per output element,
+# per channel, per row) where that is cheaper to simulate than the GPU's default. The simulator runs
+# every thread as a Python thread through every barrier, so a block of 128 threads reducing one
+# channel through a shared-memory tree costs it minutes (bias_backward v2: 176 s for an (8, 500)
+# gradient), as does a tiled gemm whose output has few rows (on a digits LeNet step at batch 4,
+# linear_forward v3 took 22 s and v1 at batch 16 5 s). Not conv, nor the weight gradient of a linear
+# layer: there v1's one thread per output, each with a long loop, simulates slower than the tiles
+# (a direct conv v1 forward took 168 s at batch 16, v2 25 s at batch 4). Gemm versions give the same
+# bits; bias_backward, batch normalization and softmax sum in another order in v1, and every run on
+# the simulator uses it, so results stay bit-identical across configurations there too.
 SIMULATOR_VERSIONS = {name: "v1" for name in (
-    "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "linear_forward", "linear_backward_data",
-    "linear_backward_filter", "bias_backward", "batchnorm_forward_train", "batchnorm_backward",
+    "linear_forward", "linear_backward_data", "bias_backward", "batchnorm_forward_train", "batchnorm_backward",
     "softmax_xent_forward")}
 
 
