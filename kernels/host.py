@@ -22,13 +22,15 @@ How they are fast, and what they keep:
   adds the gradients window offset by window offset, in the order that gives each input element
   its windows in (oh, ow) ascending order, from 0.0: the reference's sum, bit for bit. A window
   that holds a NaN takes the reference's own path (a diverged step; rare and not worth a copy).
-- ReLU uses ``np.maximum`` and a masked copy instead of ``np.where`` temporaries.
+- ReLU uses ``np.maximum``, its gradient a bit mask (``_keep``) instead of ``np.where``.
 
 Every function takes the reference's arguments (chunk, algo and workspace are accepted and
 ignored: on the host they never change the result) and writes into the given outputs; NumPy's own
 temporaries are host memory the memory accounting does not model, as with the references.
 Deterministic: the same inputs give the same bits whatever the MemoryConfig, so training on the
-host stays bit-identical across every flag combination. This module never imports snlite.
+host stays bit-identical across every flag combination. (As with the references' own products,
+the bits can change with the number of BLAS threads, which may split a product differently; the
+tests run with one.) This module never imports snlite.
 """
 from __future__ import annotations
 

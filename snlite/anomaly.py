@@ -28,7 +28,8 @@ class NonFiniteError(ValueError):
 
 
 def _references():
-    """``run(op_name, *args, **kwargs)`` with each op's NumPy reference (what the host device runs)."""
+    """``run(op_name, *args, **kwargs)`` with each op's NumPy reference (the host device runs kernels.host's faster
+    versions where there is one: they agree with the references, NaN and infinities included)."""
     from kernels import all_ops
     from kernels._common import LAUNCH_ONLY
 

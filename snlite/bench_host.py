@@ -171,5 +171,6 @@ def describe_threads() -> str:
         import threadpoolctl  # noqa: F401
         how = "NumPy's BLAS limited with threadpoolctl"
     except ImportError:
-        how = f"threadpoolctl not installed: NumPy's BLAS uses OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}"
+        threads = os.environ.get("OPENBLAS_NUM_THREADS")
+        how = f"threadpoolctl not installed: NumPy's BLAS uses OPENBLAS_NUM_THREADS={threads}"
     return f"{how}; PyTorch with torch.set_num_threads; {os.cpu_count()} CPU cores"

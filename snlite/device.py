@@ -259,8 +259,9 @@ class Device:
 # ---------------------------------------------------------------- the three devices
 class HostDevice(Device):
     """NumPy arrays and NumPy kernels: :mod:`kernels.host`'s fast versions where there is one, else
-    the references (they agree within the tests' tolerances, and are deterministic). Fresh memory is filled with NaN bytes (0xFF), so a
-    kernel that reads a tensor before anything wrote it shows up as NaN, as it could on a GPU."""
+    the references (they agree within the tests' tolerances, and are deterministic). Fresh memory
+    is filled with NaN bytes (0xFF), so a kernel that reads a tensor before anything wrote it shows
+    up as NaN, as it could on a GPU."""
 
     name = "host"
 

@@ -22,7 +22,8 @@ def _conv_cases(seed=0, count=14):
              ((2, 2, 6, 5), (2, 2, 2, 3), (2, 1), (3, 1)),  # rows of y entirely in the padding
              ((1, 4, 5, 5), (3, 4, 5, 5), 1, 0), ((2, 3, 8, 8), (4, 3, 1, 1), 2, 0),
              # stride 1, kernels up to 3x3: backward-data by the transposed conv
-             ((2, 2, 6, 7), (3, 2, 2, 3), 1, (1, 2)), ((3, 2, 5, 6), (2, 2, 3, 1), 1, 0), ((2, 3, 4, 4), (2, 3, 1, 1), 1, 0)]
+             ((2, 2, 6, 7), (3, 2, 2, 3), 1, (1, 2)), ((3, 2, 5, 6), (2, 2, 3, 1), 1, 0),
+             ((2, 3, 4, 4), (2, 3, 1, 1), 1, 0)]
     while len(cases) < count:
         kh, kw = (int(v) for v in rng.integers(1, 5, 2))
         ph, pw = (int(v) for v in rng.integers(0, 3, 2))
