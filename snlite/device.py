@@ -35,15 +35,16 @@ DEVICE_NAMES = ("cuda", "host", "meta", "auto")
 # per channel, per row) where that is cheaper to simulate than the GPU's default. The simulator runs
 # every thread as a Python thread through every barrier, so a block of 128 threads reducing one
 # channel through a shared-memory tree costs it minutes (bias_backward v2: 176 s for an (8, 500)
-# gradient), as does a tiled gemm whose output has few rows (on a digits LeNet step at batch 4,
-# linear_forward v3 took 22 s and v1 at batch 16 5 s). Not conv, nor the weight gradient of a linear
-# layer: there v1's one thread per output, each with a long loop, simulates slower than the tiles
-# (a direct conv v1 forward took 168 s at batch 16, v2 25 s at batch 4). Gemm versions give the same
-# bits; bias_backward, batch normalization and softmax sum in another order in v1, and every run on
-# the simulator uses it, so results stay bit-identical across configurations there too.
+# gradient), as do tiles most of whose threads idle (measured on a digits LeNet, batch 4:
+# linear_forward v3 22 s, and v1 5 s at batch 16; conv2's backward-filter v2 64 s, v1 28 s). Not the
+# conv forward, nor a linear layer's weight gradient: there v1's one thread per output, each with a
+# long loop, simulates slower than the tiles (conv2's forward v1 168 s at batch 16, v2 25 s at
+# batch 4). Conv and gemm versions give the same bits; bias_backward, batch normalization and
+# softmax sum in another order in v1, and every run on the simulator uses it, so results stay
+# bit-identical across configurations there too.
 SIMULATOR_VERSIONS = {name: "v1" for name in (
-    "linear_forward", "linear_backward_data", "bias_backward", "batchnorm_forward_train", "batchnorm_backward",
-    "softmax_xent_forward")}
+    "conv2d_backward_filter", "linear_forward", "linear_backward_data", "bias_backward", "batchnorm_forward_train",
+    "batchnorm_backward", "softmax_xent_forward")}
 
 
 def align_up(nbytes: int, alignment: int = ALIGNMENT_BYTES) -> int:
