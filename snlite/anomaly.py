@@ -2,7 +2,8 @@
 
 :class:`~snlite.train.Model` checks the loss of every training step (the one number it reads
 anyway). When it is NaN or infinite, this module finds where the first non-finite value appeared:
-it runs the forward route again with each kernel's NumPy reference, from the model's parameters
+it runs the forward route again with the host device's NumPy kernels (``kernels.host``'s fast
+versions, else each kernel's reference), from the model's parameters
 (``Model.params``) and the same batch, iteration and seed (so dropout draws the same masks), and
 looks at the input batch, then, layer by layer in route order, each layer's parameters and output.
 
@@ -11,8 +12,8 @@ looks at the input batch, then, layer by layer in route order, each layer's para
     # "layer 'conv2' (conv2d): its output has 24 NaN of 2,304 values (the first at (0, 0, 0, 0)) ..."
 
 It never touches the memory runtime: it needs only the graph, the parameters, the batch and the
-kernels' references, so it works the same whatever the device and the MemoryConfig (which never
-change the numbers). ``snlite train --anomaly`` (``Model(..., anomaly=True)``) runs it after every
+host's kernels, so it works the same whatever the device and the MemoryConfig (which never change
+the numbers); on the host device it repeats the step's forward pass bit for bit. ``snlite train --anomaly`` (``Model(..., anomaly=True)``) runs it after every
 step, not only after a non-finite loss: it slows training down, and finds a NaN or an infinity
 that never reached the loss (an input's -inf that a ReLU turned into 0, say).
 """
@@ -28,14 +29,17 @@ class NonFiniteError(ValueError):
 
 
 def _references():
-    """``run(op_name, *args, **kwargs)`` with each op's NumPy reference (what the host device runs)."""
+    """``run(op_name, *args, **kwargs)`` with what the host device runs: kernels.host's fast version
+    of the op where there is one (it agrees with the reference), else
+    its NumPy reference."""
     from kernels import all_ops
     from kernels._common import LAUNCH_ONLY
+    from kernels.host import host_kernel
 
     ops = all_ops()
 
     def run(op_name, *args, **kwargs):
-        ops[op_name].reference(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_ONLY})
+        host_kernel(ops[op_name])(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_ONLY})
     return run
 
 
@@ -59,7 +63,7 @@ def dropout_seed(seed: int, iteration: int, layer_index: int) -> int:
 
 
 def forward_outputs(graph, params: dict, x, labels=None, *, train: bool = True, iteration: int = 0, seed: int = 0):
-    """Run one forward pass on the host with the NumPy references and yield, in route order,
+    """Run one forward pass on the host with the host device's kernels and yield, in route order,
     ``(layer name, output)``; for the loss layer the output is the loss (a 1-element array).
     ``params``: weights and buffers by name, as ``Model.params`` (copied: BatchNorm's running
     statistics are not changed). ``train``: batch statistics and dropout, else inference."""
@@ -94,7 +98,7 @@ def first_nonfinite(graph, params: dict, x, labels=None, *, train: bool = True, 
                     seed: int = 0) -> str | None:
     """Where the first NaN or infinity of one forward pass appears, as a sentence: the input batch,
     a layer's parameters (the weights themselves), or a layer's output whose inputs and parameters
-    are all finite. None if the whole forward pass is finite (then the device and the references
+    are all finite. None if the whole forward pass is finite (then the device and the host's kernels
     disagree, or the trouble is in the backward pass)."""
     route, outs = graph.route()[0], {}
     for name, out in forward_outputs(graph, params, x, labels, train=train, iteration=iteration, seed=seed):

@@ -3,6 +3,8 @@
     python -m snlite.bench deep [--units 2500]   # the program of the paper's deepest ResNet, timed; scaling
     python -m snlite.bench zoo [--batch 16]      # peak / l_peak of the zoo under each preset, and the
                                                  # smallest budget of superneurons() / l_peak (Markdown)
+    python -m snlite.bench host [--repeats 5]    # training img/s on the host device against PyTorch's
+                                                 # CPU (when installed), 1 and all threads (Markdown)
 
 Figures are printed, never asserted: timing belongs in benchmarks, not in unit tests.
 """
@@ -86,7 +88,19 @@ def main(argv=None) -> int:
     z = sub.add_parser("zoo", help="peak and peak/l_peak of the zoo under each preset, as Markdown")
     z.add_argument("--batch", type=int, default=None, help="one batch for all (default: each model's)")
     z.add_argument("--count", choices=("all", "paper"), default="paper")
+    h = sub.add_parser("host", help="train LeNet and ResNet-8 on the host device and in PyTorch (CPU), img/s")
+    h.add_argument("--repeats", type=int, default=5, help="timed repeats, interleaved; the median is shown")
+    h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
+    h.add_argument("--nets", nargs="+", choices=("lenet", "resnet8"), default=["lenet", "resnet8"])
+    h.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all)")
     args = p.parse_args(argv)
+    if args.what == "host":
+        from snlite import bench_host
+
+        print(f"Host training speed, median of {args.repeats} interleaved repeats of {args.steps} steps "
+              f"({bench_host.describe_threads()}):")
+        print(bench_host.table(bench_host.host(args.nets, args.repeats, args.steps, args.threads)))
+        return 0
     if args.what == "deep":
         r = deep(args.units, args.batch)
         print(f"ResNet-{r['depth']} ({args.units} residual units, {r['layers']:,d} layers), batch {args.batch}: "

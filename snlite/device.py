@@ -5,7 +5,8 @@ Three devices, one interface:
 
 - :class:`CudaDevice`: Numba CUDA on a real NVIDIA GPU, or on the CUDA simulator when the
   environment variable ``NUMBA_ENABLE_CUDASIM=1`` was set before numba was first imported.
-- :class:`HostDevice`: NumPy arrays, and each kernel's NumPy reference: the fast CPU path.
+- :class:`HostDevice`: NumPy arrays, and each kernel's fast NumPy version (:mod:`kernels.host`),
+  else its NumPy reference: the fast CPU path.
 - :class:`MetaDevice`: no storage and no compute, only shapes and byte counts, so the scheduler
   can plan a network of thousands of layers in seconds.
 
@@ -30,6 +31,20 @@ import numpy as np
 
 ALIGNMENT_BYTES = 256  # every tensor view starts at a multiple of this offset into the arena
 DEVICE_NAMES = ("cuda", "host", "meta", "auto")
+# The version the simulator runs where the caller names none: v1 (one thread per output element,
+# per channel, per row) where that is cheaper to simulate than the GPU's default. The simulator runs
+# every thread as a Python thread through every barrier, so a block of 128 threads reducing one
+# channel through a shared-memory tree costs it minutes (bias_backward v2: 176 s for an (8, 500)
+# gradient), as do tiles most of whose threads idle (measured on a digits LeNet, batch 4:
+# linear_forward v3 22 s, and v1 5 s at batch 16; conv2's backward-filter v2 64 s, v1 28 s). Not the
+# conv forward, nor a linear layer's weight gradient: there v1's one thread per output, each with a
+# long loop, simulates slower than the tiles (conv2's forward v1 168 s at batch 16, v2 25 s at
+# batch 4). Conv and gemm versions give the same bits; bias_backward, batch normalization and
+# softmax sum in another order in v1, and every run on the simulator uses it, so results stay
+# bit-identical across configurations there too.
+SIMULATOR_VERSIONS = {name: "v1" for name in (
+    "conv2d_backward_filter", "linear_forward", "linear_backward_data", "bias_backward", "batchnorm_forward_train",
+    "batchnorm_backward", "softmax_xent_forward")}
 
 
 def align_up(nbytes: int, alignment: int = ALIGNMENT_BYTES) -> int:
@@ -244,8 +259,10 @@ class Device:
 
 # ---------------------------------------------------------------- the three devices
 class HostDevice(Device):
-    """NumPy arrays and the NumPy references. Fresh memory is filled with NaN bytes (0xFF), so a
-    kernel that reads a tensor before anything wrote it shows up as NaN, as it could on a GPU."""
+    """NumPy arrays and NumPy kernels: :mod:`kernels.host`'s fast versions where there is one, else
+    the references (they agree within the tests' tolerances, and are deterministic). Fresh memory
+    is filled with NaN bytes (0xFF), so a kernel that reads a tensor before anything wrote it shows
+    up as NaN, as it could on a GPU."""
 
     name = "host"
 
@@ -262,8 +279,9 @@ class HostDevice(Device):
 
     def _run(self, op, args, stream, kwargs):
         from kernels._common import LAUNCH_ONLY
+        from kernels.host import host_kernel
 
-        op.reference(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_ONLY})
+        host_kernel(op)(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_ONLY})
 
     def read(self, array):
         return np.array(array, copy=True)
@@ -323,6 +341,8 @@ class CudaDevice(Device):
         dst.copy_to_device(src, stream=self._stream(stream))
 
     def _run(self, op, args, stream, kwargs):
+        if self.simulated and "version" not in kwargs and op.name in SIMULATOR_VERSIONS:
+            kwargs = {**kwargs, "version": SIMULATOR_VERSIONS[op.name]}
         op.launch(*args, stream=self._stream(stream), **kwargs)
 
     def synchronize(self):

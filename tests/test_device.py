@@ -108,6 +108,21 @@ def test_host_and_cuda_run_the_same_kernels(rng):
     np.testing.assert_allclose(outs[0], 0.5 * (x + y) + x, rtol=1e-6)
 
 
+def test_the_simulator_runs_its_own_default_version_and_the_callers_wins():
+    from kernels._common import Op
+    from snlite.device import SIMULATOR_VERSIONS, simulator_enabled
+
+    if not simulator_enabled():
+        pytest.skip("the simulator's defaults apply on the simulator only")
+    seen = []
+    dev = CudaDevice()
+    for name in ("bias_backward", "add"):
+        op = Op(name, None, lambda *a, **kw: seen.append(kw.get("version")))
+        dev._run(op, (), None, {})
+        dev._run(op, (), None, {"version": "v2"})
+    assert seen == [SIMULATOR_VERSIONS["bias_backward"], "v2", None, "v2"]
+
+
 def test_meta_device_checks_and_counts_without_data():
     dev = MetaDevice()
     arena = dev.alloc_arena(4096)
