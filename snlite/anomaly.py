@@ -15,7 +15,8 @@ It never touches the memory runtime: it needs only the graph, the parameters, th
 host's kernels, so it works the same whatever the device and the MemoryConfig (which never change
 the numbers); on the host device it repeats the step's forward pass bit for bit. ``snlite train
 --anomaly`` (``Model(..., anomaly=True)``) runs it after every step, not only after a non-finite
-loss: it slows training down, and finds a NaN or an infinity that never reached the loss (an input's -inf that a ReLU turned into 0, say).
+loss: it slows training down, and finds a NaN or an infinity that never reached the loss (an
+input's -inf that a ReLU turned into 0, say).
 """
 from __future__ import annotations
 
