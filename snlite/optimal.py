@@ -1,0 +1,485 @@
+"""Exact recomputation plans for small networks: how far from optimal are the heuristics?
+
+SuperNeurons' recomputation is a rule (cheap layers dropped, segments chosen by a threshold), and
+sqrt(N) checkpointing is another. This module answers, for one network and batch, what the *best*
+plan of the same kind is, with an integer program solved by HiGHS (``scipy.optimize.milp``; scipy is
+the optional extra ``snlite[optimal]``), and returns it as an ordinary :class:`~snlite.scheduler.Plan`
+that the same placement pass and executor run.
+
+The plans (the space the program searches, and the brute force of the tests enumerates):
+
+- every layer that writes activations (not the data layer, the loss, or a flatten) is a candidate;
+  a plan *drops* a set D of them: their outputs (and what their forward saves) are freed after
+  their last forward use;
+- in backward, a dropped layer is re-run once, just in time: before the first backward step that
+  reads one of its outputs, or before the re-run of a dropped consumer that needs them, whichever
+  comes first (re-runs of one step in forward order); its new incarnation lives until its last use;
+- liveness on, nothing offloaded, no workspace: :func:`plan_for` builds the plan of any D.
+
+The program (:func:`solve`): binaries ``d[L]`` (layer L dropped) and ``started[L, s]`` (L's re-run
+has happened by backward step s); continuous ``alive`` variables say whether a tensor holds its
+block at each moment a launch can happen (every forward step, and in every backward step each
+possible re-run, in forward order, then the step itself). The memory at each such moment, counted
+as the trace counts it (the pool's blocks under count "all", the tensors' own bytes under "paper";
+weights, their gradients and momentum as the trace has them), is at most ``peak``. The re-run times
+are pinned exactly to the just-in-time rule (upper and lower bounds), and each ``alive`` has only
+lower bounds that are tight at the optimum (a tensor holds its block from its allocation to its last
+use), so the program's optimum is the executed peak of the plan, byte for byte: the tests run it.
+Only the pool's fragmentation is not modelled: the *arena* a program needs can exceed its peak.
+
+Objectives: the least peak for an allowance of extra FLOPs (``objective="peak"``), or the fewest
+extra FLOPs under a byte budget on that peak (``objective="flops"``). HiGHS stops at ``time_limit``
+seconds; the result says whether the plan is proven optimal, and its MIP gap, never hidden.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from snlite.config import MemoryConfig
+from snlite.recompute import Op, RecomputeInfo
+from snlite.scheduler import LivenessStage, Plan, PlannedOp, Scheduler
+from snlite.trace import KIND_CATEGORY, PAPER_CATEGORIES
+
+CONFIG = MemoryConfig(liveness=True)  # the runtime configuration every plan here runs under
+OBJECTIVES = ("peak", "flops")
+
+
+def candidates(graph) -> list[str]:
+    """The layers a plan may drop, in forward order: every one whose forward writes activations,
+    except the data layer, the loss (its output is the loss) and flatten (it only renames)."""
+    fwd = {s.layer: s for s in graph.steps() if s.phase == "forward"}
+    tensors = graph.tensors()
+    out = []
+    for name in graph.route()[0]:
+        layer = graph.layers[name]
+        if layer.kind == "data" or name == graph.loss_layer or layer.alias_input:
+            continue
+        if any(tensors[t].kind == "activation" for t in fwd[name].writes):
+            out.append(name)
+    return out
+
+
+def _outputs(graph, layer, fwd_step) -> list[str]:
+    """The activations a layer's forward writes (its output and what it saves), not buffers."""
+    tensors = graph.tensors()
+    return [t for t in fwd_step.writes if tensors[t].kind == "activation"]
+
+
+def recompute_stages(graph, dropped) -> dict[str, int | None]:
+    """Dropped layer -> the backward route step before which it is re-run (None: never needed).
+    Just in time: the first backward step reading one of its outputs, or the re-run of a dropped
+    consumer that reads them, whichever is earlier."""
+    steps = graph.steps()
+    fwd = {s.layer: s for s in steps if s.phase == "forward"}
+    producer = {t: name for name in dropped for t in _outputs(graph, name, fwd[name])}
+    first: dict[str, int] = {}
+    for s in steps:
+        if s.phase == "backward":
+            for t in s.reads:
+                if t in producer:
+                    first.setdefault(producer[t], s.index)
+    stage = {}
+    for name in reversed(graph.route()[0]):  # consumers before producers
+        if name not in producer.values() and name not in dropped:
+            continue
+        needs = [first.get(name)]
+        outs = set(_outputs(graph, name, fwd[name]))
+        needs += [stage[m] for m in dropped if m in stage and outs.intersection(fwd[m].reads)]
+        needs = [n for n in needs if n is not None]
+        stage[name] = min(needs) if needs else None
+    return stage
+
+
+def plan_for(graph, dropped) -> Plan:
+    """The plan that drops ``dropped`` (layer names, any subset of :func:`candidates`) and re-runs
+    each just in time (:func:`recompute_stages`), liveness on: what the runtime executes."""
+    bad = set(dropped) - set(candidates(graph))
+    if bad:
+        raise ValueError(f"cannot drop {sorted(bad)}: not recomputable layers of {graph.name}; "
+                         f"choose among snlite.optimal.candidates(graph)")
+    steps = graph.steps()
+    order = {name: i for i, name in enumerate(graph.route()[0])}
+    fwd = {s.layer: s for s in steps if s.phase == "forward"}
+    drop = {t: name for name in dropped for t in _outputs(graph, name, fwd[name])}
+    stage = recompute_stages(graph, dropped)
+    at: dict[int, list[str]] = {}
+    for name, s in stage.items():
+        if s is not None:
+            at.setdefault(s, []).append(name)
+    info = RecomputeInfo("optimal", dropped=tuple(drop))
+    ops: list[Op] = []
+    current: dict[str, str] = {}  # dropped tensor -> its recomputed incarnation
+    for s in steps:
+        if s.phase == "backward":
+            for layer in sorted(at.get(s.index, ()), key=order.get):
+                f = fwd[layer]
+                writes = [t for t in f.writes if t in drop]
+                for t in writes:
+                    current[t] = f"{t}#r{len(current) + 1}"
+                names = tuple((t, current[t]) for t in (*f.reads, *writes) if t in current)
+                ops.append(Op(len(ops), s.index, layer, "recompute", tuple(current.get(t, t) for t in f.reads),
+                              tuple(current[t] for t in writes), names=names))
+                info.count += 1
+                info.extra_flops += graph.layers[layer].flops()
+            names = tuple((t, current[t]) for t in (*s.reads, *s.writes) if t in current)
+            ops.append(Op(len(ops), s.index, s.layer, s.phase, tuple(current.get(t, t) for t in s.reads),
+                          s.writes, s.inplace, s.accumulate, names))
+        else:
+            ops.append(Op(len(ops), s.index, s.layer, s.phase, s.reads, s.writes, s.inplace, s.accumulate))
+    persistent = Scheduler(graph, CONFIG).persistent()
+    frees = LivenessStage(True).apply(ops, persistent, set(drop))
+    return Plan(CONFIG, [PlannedOp(op, frees=tuple(frees.get(i, ()))) for i, op in enumerate(ops)], info,
+                persistent=frozenset(persistent))
+
+
+# ---------------------------------------------------------------------------- the integer program
+@dataclass
+class Result:
+    """What :func:`solve` found: the plan, and how sure the solver is about it."""
+
+    graph_name: str
+    objective: str  # "peak" or "flops"
+    dropped: tuple[str, ...]  # the layers the plan drops
+    plan: Plan | None  # None when no feasible plan was found
+    peak_bytes: int | None  # the plan's peak as the program counts it (the trace's, byte for byte)
+    extra_flops: int | None
+    bound: float | None  # the solver's proven bound on the objective (bytes or FLOPs)
+    gap: float | None  # relative MIP gap (0.0: proven optimal)
+    status: str  # "optimal", "time limit", "infeasible", ...
+    solve_s: float
+    size: dict = field(default_factory=dict)  # variables, binaries, constraints
+    count: str = "all"
+
+    @property
+    def optimal(self) -> bool:
+        return self.status == "optimal"
+
+    def summary(self) -> str:
+        from snlite.measure import format_size
+
+        if self.plan is None:
+            return (f"{self.graph_name}: no plan found ({self.status}) after {self.solve_s:.1f} s "
+                    f"({self.size.get('binaries', 0)} binaries)")
+        gap = "proven optimal" if self.optimal else f"{self.status}, gap {100 * (self.gap or 0):.1f}%"
+        return (f"{self.graph_name}: drop {len(self.dropped)} layers, peak {format_size(self.peak_bytes)} "
+                f"({self.count} count), +{self.extra_flops:,d} FLOPs; {gap}; {self.solve_s:.2f} s, "
+                f"{self.size.get('binaries', 0)} binaries, {self.size.get('constraints', 0)} constraints")
+
+
+class _Expr(dict):
+    """A linear expression: variable index -> coefficient, and a constant under key -1."""
+
+    def add(self, other, k=1.0):
+        for v, c in other.items():
+            self[v] = self.get(v, 0.0) + k * c
+        return self
+
+
+SCALE = 1024.0  # bytes per unit in the program: the pool's blocks are whole KiB, and HiGHS likes small numbers
+
+
+class Model:
+    """The integer program of one graph under :data:`CONFIG` (count "all" or "paper"), built once;
+    :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means."""
+
+    def __init__(self, graph, count: str = "all"):
+        if count not in ("all", "paper"):
+            raise ValueError(f"count must be 'all' or 'paper', got {count!r}")
+        from snlite.placement import optimizer_specs
+        from snlite.pool import TensorPool
+
+        self.graph, self.count = graph, count
+        steps, tensors = graph.steps(), graph.tensors()
+        block = TensorPool(1024).reserved_bytes
+        persistent = Scheduler(graph, CONFIG).persistent()
+        cats = PAPER_CATEGORIES if count == "paper" else None
+
+        def size(name):
+            spec = tensors[name]
+            if cats is not None:
+                return spec.nbytes if KIND_CATEGORY[spec.kind] in cats else 0
+            return block(max(spec.nbytes, 1))
+
+        self.size = size
+        self.persistent_bytes = 0 if cats else (
+            sum(block(max(t.nbytes, 1)) for n, t in tensors.items() if n in persistent)
+            + sum(block(t.nbytes) for t in optimizer_specs(graph).values()))
+        self.cands = candidates(graph)
+        self.pos = {name: i for i, name in enumerate(self.cands)}
+        fwd = {s.layer: s for s in steps if s.phase == "forward"}
+        self.outs = {L: _outputs(graph, L, fwd[L]) for L in self.cands}
+        producer = {u: L for L, us in self.outs.items() for u in us}
+        readers = {}  # tensor -> candidates whose forward reads it (a re-run reads it again)
+        for M in self.cands:
+            for u in fwd[M].reads:
+                if u not in persistent:
+                    readers.setdefault(u, []).append(M)
+        self.cons = {L: sorted({M for u in us for M in readers.get(u, ()) if M != L}, key=self.pos.get)
+                     for L, us in self.outs.items()}
+        self.bstages = [s.index for s in steps if s.phase == "backward"]
+        bpos = {s: j for j, s in enumerate(self.bstages)}
+        bread: dict[str, list[int]] = {}  # candidate output -> backward positions reading it
+        for s in steps:
+            if s.phase == "backward":
+                for u in s.reads:
+                    if u in producer:
+                        bread.setdefault(u, []).append(bpos[s.index])
+        fb = {L: min((j for u in self.outs[L] for j in bread.get(u, ())), default=None) for L in self.cands}
+        starts: dict[str, set[int]] = {}  # layer -> backward positions its re-run can come before
+        for L in reversed(self.cands):
+            opts = {x for M in self.cons[L] for x in starts[M]}
+            if fb[L] is not None:
+                opts = {x for x in opts if x < fb[L]} | {fb[L]}
+            starts[L] = opts
+        self.fb, self.starts = fb, starts
+        # the moments a launch can happen: each forward step; per backward step, each possible re-run, then it
+        slots = [("f", s.index, None) for s in steps if s.phase == "forward"]
+        at = {}
+        for L in self.cands:
+            for j in starts[L]:
+                at.setdefault(j, []).append(L)
+        step_slot = {}
+        for j, s in enumerate(self.bstages):
+            for L in sorted(at.get(j, ()), key=self.pos.get):
+                slots.append(("r", j, L))
+            step_slot[s] = len(slots)
+            slots.append(("b", j, None))
+        for s in steps:
+            if s.phase == "forward":
+                step_slot[s.index] = s.index  # forward steps come first, one slot each
+        self.slots = slots
+        # every tensor of the route without recomputation: [first slot, last slot] it holds its block
+        first, last, lf = {}, {}, {}
+        for s in steps:
+            k = step_slot[s.index]
+            new = {n for n, _ in s.inplace}
+            for t in (*s.reads, *s.writes):
+                if t in persistent:
+                    continue
+                first.setdefault(t, k + 1 if t in new else k)  # written into another's buffer: one block
+                last[t] = k
+                if s.phase == "forward":
+                    lf[t] = k
+        self.first, self.last, self.lf = first, last, lf
+        self.producer, self.readers, self.bread = producer, readers, bread
+        self._build()
+
+    # -------------------------------------------------------------- variables and expressions
+    def _var(self, name, lb=0.0, ub=1.0, integer=False) -> int:
+        self.names.append(name)
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(1 if integer else 0)
+        return len(self.names) - 1
+
+    def _row(self, expr: dict, lo: float, hi: float) -> None:
+        """lo <= expr <= hi, with expr's constant (key -1) moved to the bounds."""
+        k = expr.get(-1, 0.0)
+        self.rows.append({v: c for v, c in expr.items() if v != -1 and c != 0.0})
+        self.row_lo.append(lo - k)
+        self.row_hi.append(hi - k)
+
+    def st(self, L, j) -> _Expr:
+        """started[L, j]: L's re-run has happened by backward position j (0 before the first)."""
+        if j < 0 or not self.starts[L] or j < min(self.starts[L]):
+            return _Expr()
+        return _Expr({self.started[L][j]: 1.0})
+
+    def rec(self, L, j) -> _Expr:
+        """1 if L is re-run right before backward position j."""
+        return self.st(L, j).add(self.st(L, j - 1), -1.0)
+
+    def after(self, M, j, k) -> _Expr:
+        """1 if M's re-run comes at or after the slot (j, k) (k: a forward position; inf for the step)."""
+        e = self.st(M, len(self.bstages) - 1).add(self.st(M, j), -1.0)
+        return e.add(self.rec(M, j)) if self.pos[M] >= k else e
+
+    def alloc_by(self, L, j, k) -> _Expr:
+        """1 if L's incarnation holds its block at slot (j, k), its re-run being at or before it."""
+        e = self.st(L, j - 1)
+        return e.add(self.rec(L, j)) if self.pos[L] <= k else e
+
+    def _build(self) -> None:
+        self.names, self.lb, self.ub, self.integer = [], [], [], []
+        self.rows, self.row_lo, self.row_hi = [], [], []
+        nb = len(self.bstages)
+        self.peak = self._var("peak", 0.0, np.inf)
+        self.d = {L: self._var(f"d[{L}]", integer=True) for L in self.cands}
+        self.started = {L: {j: self._var(f"started[{L},{j}]", integer=True) for j in range(min(self.starts[L]), nb)}
+                        for L in self.cands if self.starts[L]}
+        for L in self.cands:  # the re-run times, pinned to the just-in-time rule
+            if not self.starts[L]:
+                continue
+            for j in range(min(self.starts[L]), nb):
+                s = self.st(L, j)
+                self._row(_Expr(s).add({self.d[L]: 1.0}, -1.0), -np.inf, 0.0)  # only a dropped layer re-runs
+                if self.fb[L] is not None and j >= self.fb[L]:
+                    self._row(_Expr(s).add({self.d[L]: 1.0}, -1.0), 0.0, np.inf)  # its own first need
+                else:  # ... or not before a consumer's re-run needs it
+                    e = _Expr(s)
+                    for M in self.cons[L]:
+                        e.add(self.st(M, j), -1.0)
+                    self._row(e, -np.inf, 0.0)
+                for M in self.cons[L]:  # a dropped consumer's re-run needs it
+                    self._row(_Expr(s).add(self.st(M, j), -1.0).add({self.d[L]: 1.0}, -1.0), -1.0, np.inf)
+        self.flops = {L: self.graph.layers[L].flops() for L in self.cands}
+        self.extra = _Expr()
+        for L in self.cands:
+            if self.starts[L]:
+                self.extra.add(self.st(L, nb - 1), float(self.flops[L]))
+        self.memory = [self._memory(i) for i in range(len(self.slots))]
+
+    def _alive(self, name, reasons) -> _Expr:
+        """A variable >= each reason (an expression that is 1 when the tensor must hold its block)."""
+        reasons = [r for r in reasons if any(v != -1 for v in r) or r.get(-1, 0.0) > 0]
+        if not reasons:
+            return _Expr()
+        v = self._var(name)
+        for r in reasons:
+            self._row(_Expr({v: 1.0}).add(r, -1.0), 0.0, np.inf)
+        return _Expr({v: 1.0})
+
+    def _memory(self, here) -> _Expr:
+        """The bytes held at slot ``here`` (an index into ``slots``), as an expression."""
+        kind, j, L_at = self.slots[here]
+        mem = _Expr({-1: float(self.persistent_bytes)})
+        k = self.pos[L_at] if kind == "r" else (np.inf if kind == "b" else None)
+        for u in self.first:
+            n = self.size(u)
+            if n == 0:
+                continue
+            L = self.producer.get(u)
+            base = self.first[u] <= here <= self.last[u]
+            if kind == "f":
+                if L is None or not base:
+                    mem[-1] += n * base
+                elif here <= self.lf[u]:
+                    mem[-1] += n
+                else:  # freed after its last forward use if dropped
+                    mem.add({-1: 1.0, self.d[L]: -1.0}, n)
+                continue
+            if L is None:  # a tensor no plan drops: held as without recomputation, or longer for a re-run
+                if base:
+                    mem[-1] += n
+                elif self.first[u] <= here:
+                    mem.add(self._alive(f"x[{u},{here}]", [self.after(M, j, k) for M in self.readers.get(u, ())
+                                                           if self.starts.get(M) and max(self.starts[M]) >= j]), n)
+                continue
+            # the original: held in backward only if not dropped
+            if base:
+                mem.add({-1: 1.0, self.d[L]: -1.0}, n)
+            else:
+                rs = [self.after(M, j, k).add({self.d[L]: 1.0}, -1.0) for M in self.readers.get(u, ())
+                      if M != L and self.starts.get(M) and max(self.starts[M]) >= j]
+                mem.add(self._alive(f"o[{u},{here}]", rs), n)
+            # the incarnation: from its re-run to its last use
+            if not self.starts[L] or j < min(self.starts[L]):
+                continue
+            a = self.alloc_by(L, j, k)
+            rs = [_Expr(a)] if any(b >= j for b in self.bread.get(u, ())) else []
+            rs += [_Expr(a).add(self.after(M, j, k)).add({-1: 1.0}, -1.0) for M in self.readers.get(u, ())
+                   if M != L and self.starts.get(M) and max(self.starts[M]) >= j]
+            mem.add(self._alive(f"i[{u},{here}]", rs), n)
+        return mem
+
+    # -------------------------------------------------------------- solving
+    @property
+    def binaries(self) -> int:
+        return sum(self.integer)
+
+    def solve(self, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
+              time_limit: float = 60.0, fixed: dict | None = None):
+        """HiGHS on the program: the least peak (bytes, under ``allowance`` extra FLOPs if given) or
+        the fewest extra FLOPs (under ``budget`` bytes of peak). ``fixed``: layer -> 0/1 pins ``d``.
+        Returns (scipy's result, the dropped layers or None, seconds)."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+        if objective == "flops" and budget is None:
+            raise ValueError("objective 'flops' needs a byte budget on the peak (budget=...)")
+        fscale = max(1.0, max(self.flops.values(), default=1) / 1e3)  # FLOPs in units HiGHS handles well
+        rows, lo, hi = list(self.rows), list(self.row_lo), list(self.row_hi)
+        for mem in self.memory:  # mem - peak <= 0, or mem <= budget
+            e = {v: c / SCALE for v, c in mem.items() if v != -1}
+            k = mem.get(-1, 0.0) / SCALE
+            if objective == "peak":
+                e[self.peak] = -1.0
+                rows.append(e), lo.append(-np.inf), hi.append(-k)
+            else:
+                rows.append(e), lo.append(-np.inf), hi.append(budget / SCALE - k)
+        if allowance is not None:
+            rows.append({v: c / fscale for v, c in self.extra.items() if v != -1})
+            lo.append(-np.inf), hi.append(allowance / fscale)
+        n = len(self.names)
+        data, ri, ci = [], [], []
+        for r, e in enumerate(rows):
+            for v, c in e.items():
+                data.append(c), ri.append(r), ci.append(v)
+        A = csr_array((data, (ri, ci)), shape=(len(rows), n))
+        c = np.zeros(n)
+        if objective == "peak":
+            c[self.peak] = 1.0
+        else:
+            for v, k in self.extra.items():
+                c[v] = k / fscale
+        lb, ub = np.array(self.lb, float), np.array(self.ub, float)
+        for L, x in (fixed or {}).items():
+            lb[self.d[L]] = ub[self.d[L]] = float(x)
+        t0 = time.perf_counter()
+        res = milp(c, integrality=np.array(self.integer), bounds=Bounds(lb, ub),
+                   constraints=LinearConstraint(A, lo, hi), options={"time_limit": time_limit, "disp": False})
+        seconds = time.perf_counter() - t0
+        dropped = None if res.x is None else tuple(L for L in self.cands if res.x[self.d[L]] > 0.5)
+        self.size_info = {"variables": n, "binaries": self.binaries, "constraints": len(rows)}
+        return res, dropped, seconds
+
+    def peak_of(self, dropped) -> int:
+        """The program's peak for one fixed drop set, in bytes (what the trace must then measure)."""
+        res, _, _ = self.solve("peak", fixed={L: int(L in set(dropped)) for L in self.cands})
+        return int(round(res.fun * SCALE))
+
+    def extra_flops_of(self, dropped) -> int:
+        """Extra FLOPs of the plan dropping ``dropped``: each layer it re-runs, once."""
+        stage = recompute_stages(self.graph, dropped)
+        return sum(self.flops[L] for L, s in stage.items() if s is not None)
+
+
+STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "solver error"}
+
+
+def solve(graph, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
+          time_limit: float = 60.0, count: str = "all", model: Model | None = None) -> Result:
+    """The best plan of :func:`plan_for`'s kind for ``graph``: the least peak (with at most
+    ``allowance`` extra FLOPs, if given; among plans of that peak, the fewest extra FLOPs), or
+    (``objective="flops"``) the fewest extra FLOPs with a peak of at most ``budget`` bytes.
+    ``time_limit`` (seconds, per solver call) bounds the work: a graph too big to finish gets the
+    best plan found, its proven bound and gap, and ``status`` "time limit"."""
+    if objective == "peak" and budget is not None:
+        raise ValueError("budget applies to objective 'flops'; for the least peak give an allowance")
+    if allowance is not None and allowance < 0:
+        raise ValueError(f"the extra-FLOP allowance must be >= 0, got {allowance}")
+    t0 = time.perf_counter()
+    model = model or Model(graph, count)
+    res, dropped, _ = model.solve(objective, allowance, budget, time_limit)
+    status = STATUS.get(res.status, f"status {res.status}")
+    gap = getattr(res, "mip_gap", None)
+    bound = getattr(res, "mip_dual_bound", None)
+    if dropped is not None and objective == "peak" and res.status == 0:
+        # among plans of the least peak, the fewest extra FLOPs
+        best = int(round(res.fun * SCALE))
+        res2, dropped2, _ = model.solve("flops", None, best, time_limit)
+        if dropped2 is not None and model.extra_flops_of(dropped2) <= model.extra_flops_of(dropped):
+            dropped = dropped2
+    if dropped is None:
+        return Result(graph.name, objective, (), None, None, None, None, gap, status,
+                      time.perf_counter() - t0, model.size_info, count)
+    scale = SCALE if objective == "peak" else max(1.0, max(model.flops.values(), default=1) / 1e3)
+    return Result(graph.name, objective, dropped, plan_for(graph, dropped), model.peak_of(dropped),
+                  model.extra_flops_of(dropped), None if bound is None else bound * scale,
+                  gap if gap is not None else (0.0 if res.status == 0 else None), status,
+                  time.perf_counter() - t0, model.size_info, count)
