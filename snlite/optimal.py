@@ -305,6 +305,7 @@ class Model:
     def _build(self) -> None:
         self.names, self.lb, self.ub, self.integer = [], [], [], []
         self.rows, self.row_lo, self.row_hi = [], [], []
+        self.reasons = {}  # alive variable -> the expressions it is at least
         nb = len(self.bstages)
         self.peak = self._var("peak", 0.0, np.inf)
         self.d = {L: self._var(f"d[{L}]", integer=True) for L in self.cands}
@@ -338,6 +339,7 @@ class Model:
         if not reasons:
             return _Expr()
         v = self._var(name)
+        self.reasons[v] = reasons
         for r in reasons:
             self._row(_Expr({v: 1.0}).add(r, -1.0), 0.0, np.inf)
         return _Expr({v: 1.0})
@@ -354,12 +356,17 @@ class Model:
             L = self.producer.get(u)
             base = self.first[u] <= here <= self.last[u]
             if kind == "f":
-                if L is None or not base:
-                    mem[-1] += n * base
-                elif here <= self.lf[u]:
+                if self.first[u] > here:
+                    continue
+                if L is None and base or L is not None and here <= self.lf[u]:
                     mem[-1] += n
-                else:  # freed after its last forward use if dropped
+                elif base:  # freed after its last forward use if dropped
                     mem.add({-1: 1.0, self.d[L]: -1.0}, n)
+                else:  # its last use was earlier, unless a re-run in backward reads it
+                    last = len(self.bstages) - 1
+                    rs = [self.st(M, last).add({self.d[L]: 1.0} if L else {}, -1.0)
+                          for M in self.readers.get(u, ()) if M != L and self.starts.get(M)]
+                    mem.add(self._alive(f"x[{u},{here}]", rs), n)
                 continue
             if L is None:  # a tensor no plan drops: held as without recomputation, or longer for a re-run
                 if base:
@@ -380,6 +387,8 @@ class Model:
                 continue
             a = self.alloc_by(L, j, k)
             rs = [_Expr(a)] if any(b >= j for b in self.bread.get(u, ())) else []
+            if kind == "r" and L_at == L:  # the re-run writes it, even where nothing reads it later
+                rs.append(self.rec(L, j))
             rs += [_Expr(a).add(self.after(M, j, k)).add({-1: 1.0}, -1.0) for M in self.readers.get(u, ())
                    if M != L and self.starts.get(M) and max(self.starts[M]) >= j]
             mem.add(self._alive(f"i[{u},{here}]", rs), n)
@@ -442,6 +451,19 @@ class Model:
         """The program's peak for one fixed drop set, in bytes (what the trace must then measure)."""
         res, _, _ = self.solve("peak", fixed={L: int(L in set(dropped)) for L in self.cands})
         return int(round(res.fun * SCALE))
+
+    def slot_bytes(self, dropped) -> list[int]:
+        """The bytes held at every slot for one drop set, each ``alive`` at its least (what the
+        runtime holds there): a forward or backward step's, or a re-run's, memory at its launch."""
+        res, _, _ = self.solve("peak", fixed={L: int(L in set(dropped)) for L in self.cands})
+        x = np.round(res.x).copy()
+
+        def val(e):
+            return e.get(-1, 0.0) + sum(c * x[v] for v, c in e.items() if v != -1)
+
+        for v, rs in self.reasons.items():
+            x[v] = max(0.0, max(val(r) for r in rs))
+        return [int(round(val(m))) for m in self.memory]
 
     def extra_flops_of(self, dropped) -> int:
         """Extra FLOPs of the plan dropping ``dropped``: each layer it re-runs, once."""
