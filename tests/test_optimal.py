@@ -1,0 +1,130 @@
+"""The exact planner (snlite.optimal): its integer program counts memory as the trace does, launch by
+launch; its optimum is the brute-force optimum on a chain; its plans run bit-identically."""
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("scipy", reason="the exact planner needs scipy: pip install -e '.[optimal]'")
+
+from nets import data_for, mixed_net  # noqa: E402
+from snlite import Graph, MemoryConfig, Model, measure, optimal  # noqa: E402
+from snlite.checker import check  # noqa: E402
+from snlite.models import lenet  # noqa: E402
+from snlite.scheduler import validate  # noqa: E402
+
+
+def chain6(n=4):
+    """Six layers a plan may drop, in a chain: conv, relu, conv, relu, pool, fc (and the loss)."""
+    g = Graph(input_shape=(n, 2, 8, 8), num_classes=3, name="chain6")
+    x = g.relu(g.conv2d(g.input(), 4, 3, padding=1, name="conv1"), name="relu1")
+    x = g.relu(g.conv2d(x, 6, 3, padding=1, name="conv2"), name="relu2")
+    g.softmax_loss(g.linear(g.flatten(g.maxpool(x, 2, name="pool1")), 3, name="fc1"))
+    return g
+
+
+def _launch_slots(model, trace):
+    """The program's slot for every launch the trace recorded."""
+    bpos = {s: j for j, s in enumerate(model.bstages)}
+    index = {s: i for i, s in enumerate(model.slots)}
+    out = []
+    for r in trace.steps:
+        kind = {"forward": "f", "recompute": "r"}.get(r.phase, "b")
+        out.append(index[(kind, r.step if kind == "f" else bpos[r.step], r.layer if kind == "r" else None)])
+    return out
+
+
+@pytest.mark.parametrize("count", ["all", "paper"])
+@pytest.mark.parametrize("build", [mixed_net, chain6, lambda: lenet(8)], ids=["mixed", "chain6", "lenet"])
+def test_the_program_counts_every_launch_as_the_trace_does(build, count):
+    g = build()
+    model = optimal.Model(g, count)
+    rng = random.Random(7)
+    for _ in range(4):
+        dropped = tuple(L for L in model.cands if rng.random() < 0.5)
+        plan = optimal.plan_for(g, dropped)
+        m = measure.measure(g, plan.config, plan=plan)
+        trace = m.trace if count == "all" else m.paper
+        held = model.slot_bytes(dropped)
+        assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps], dropped
+        assert model.peak_of(dropped) == trace.peak_bytes
+        assert model.extra_flops_of(dropped) == trace.extra_flops
+
+
+@pytest.fixture(scope="module")
+def brute():
+    """Every drop set of chain6, executed on the meta device: (dropped, peak, extra FLOPs)."""
+    g = chain6()
+    out = []
+    for k in range(len(optimal.candidates(g)) + 1):
+        for dropped in itertools.combinations(optimal.candidates(g), k):
+            trace = measure.run(g, optimal.CONFIG, optimal.plan_for(g, dropped))
+            out.append((dropped, trace.peak_bytes, trace.extra_flops))
+    return g, out
+
+
+def test_brute_force_on_a_chain_agrees_with_the_solver(brute):
+    g, plans = brute
+    assert len(plans) == 2 ** 6
+    model = optimal.Model(g)
+    flops = sorted({f for _, _, f in plans})
+    for allowance in (None, 0, *flops[1:-1:max(1, len(flops) // 5)]):
+        best = min(p for _, p, f in plans if allowance is None or f <= allowance)
+        r = optimal.solve(g, allowance=allowance, model=model)
+        assert r.optimal and r.gap == 0.0
+        assert r.peak_bytes == best, allowance
+        assert measure.run(g, r.plan.config, r.plan).peak_bytes == best
+        # among the plans of that peak, the fewest extra FLOPs
+        assert r.extra_flops == min(f for _, p, f in plans if p == best and (allowance is None or f <= allowance))
+    peaks = sorted({p for _, p, _ in plans})
+    assert peaks[0] < peaks[-1]  # recomputation matters on this chain
+    for budget in peaks[::3]:
+        fewest = min(f for _, p, f in plans if p <= budget)
+        r = optimal.solve(g, "flops", budget=budget, model=model)
+        assert r.optimal and r.extra_flops == fewest and r.peak_bytes <= budget, budget
+    r = optimal.solve(g, "flops", budget=peaks[0] - 1024, model=model)
+    assert r.plan is None and r.status == "infeasible"
+    assert "no plan" in r.summary()
+
+
+@pytest.mark.parametrize("build", [chain6, mixed_net, lambda: lenet(16)], ids=["chain6", "mixed", "lenet"])
+def test_the_optimal_plan_runs_bit_identically_with_the_planned_peak(build):
+    g = build()
+    r = optimal.solve(g, count="paper")
+    assert r.optimal
+    dropped = r.dropped or tuple(optimal.candidates(g))  # LeNet: no drop lowers its peak; drop them all then
+    plan, peak = optimal.plan_for(g, dropped), optimal.Model(g, "paper").peak_of(dropped)
+    validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+    x, labels = data_for(g)
+    base = Model(g, MemoryConfig(), device="host")
+    model = Model(g, plan.config, device="host", plan=plan)
+    for program in model.programs.values():
+        check(program)
+    for _ in range(2):
+        loss0, loss1 = base.step(x, labels, lr=0.1, momentum=0.9), model.step(x, labels, lr=0.1, momentum=0.9)
+        assert loss0 == loss1
+    p0, p1 = base.params, model.params
+    assert all(np.array_equal(p0[k], p1[k]) for k in p0)
+    assert model.trace.recompute_count > 0
+    assert measure.run(g, plan.config.replace(count="paper"), plan).peak_bytes == peak
+
+
+def test_a_graph_too_big_for_the_time_limit_says_so():
+    from snlite.models import cifar_resnet
+
+    r = optimal.solve(cifar_resnet(8, 2), time_limit=0.05)
+    assert not r.optimal and r.status == "time limit"
+    assert "time limit" in r.summary()
+    if r.plan is not None:  # the best plan found, with its proven gap
+        assert r.gap is not None and r.gap > 0 and r.bound <= r.peak_bytes
+
+
+def test_bad_requests_say_what_to_do():
+    g = chain6()
+    with pytest.raises(ValueError, match="needs a byte budget"):
+        optimal.solve(g, "flops")
+    with pytest.raises(ValueError, match="choose among"):
+        optimal.plan_for(g, ["softmax"])
+    with pytest.raises(ValueError, match="unknown objective"):
+        optimal.solve(g, "speed")
