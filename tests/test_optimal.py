@@ -11,7 +11,7 @@ pytest.importorskip("scipy", reason="the exact planner needs scipy: pip install 
 from nets import data_for, mixed_net  # noqa: E402
 from snlite import Graph, MemoryConfig, Model, measure, optimal  # noqa: E402
 from snlite.checker import check  # noqa: E402
-from snlite.models import lenet  # noqa: E402
+from snlite.models import cifar_resnet, lenet  # noqa: E402
 from snlite.scheduler import validate  # noqa: E402
 
 
@@ -36,7 +36,8 @@ def _launch_slots(model, trace):
 
 
 @pytest.mark.parametrize("count", ["all", "paper"])
-@pytest.mark.parametrize("build", [mixed_net, chain6, lambda: lenet(8)], ids=["mixed", "chain6", "lenet"])
+@pytest.mark.parametrize("build", [mixed_net, chain6, lambda: lenet(8), lambda: cifar_resnet(8, 1)],
+                         ids=["mixed", "chain6", "lenet", "resnet8"])
 def test_the_program_counts_every_launch_as_the_trace_does(build, count):
     g = build()
     model = optimal.Model(g, count)
@@ -111,8 +112,6 @@ def test_the_optimal_plan_runs_bit_identically_with_the_planned_peak(build):
 
 
 def test_a_graph_too_big_for_the_time_limit_says_so():
-    from snlite.models import cifar_resnet
-
     r = optimal.solve(cifar_resnet(8, 2), time_limit=0.05)
     assert not r.optimal and r.status == "time limit"
     assert "time limit" in r.summary()
