@@ -33,6 +33,7 @@ seconds; the result says whether the plan is proven optimal, and its MIP gap, ne
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -178,7 +179,7 @@ class _Expr(dict):
         return self
 
 
-SCALE = 1024.0  # bytes per unit in the program: the pool's blocks are whole KiB, and HiGHS likes small numbers
+PRESOLVE = True
 
 
 class Model:
@@ -204,6 +205,11 @@ class Model:
             return block(max(spec.nbytes, 1))
 
         self.size = size
+        # every size is a whole number of grains (the pool's blocks under count "all"), so a budget is
+        # too, and half a grain of slack absorbs HiGHS's tolerances; the program counts in KiB (HiGHS
+        # is at its most accurate with numbers near 1; in bytes it returned suboptimal "optimal" answers)
+        self.grain = math.gcd(*{size(t) for t in tensors if t not in persistent}, 1024 if cats is None else 0)
+        self.unit = 1024.0
         self.persistent_bytes = 0 if cats else (
             sum(block(max(t.nbytes, 1)) for n, t in tensors.items() if n in persistent)
             + sum(block(t.nbytes) for t in optimizer_specs(graph).values()))
@@ -328,6 +334,8 @@ class Model:
                     self._row(_Expr(s).add(self.st(M, j), -1.0).add({self.d[L]: 1.0}, -1.0), -1.0, np.inf)
         self.flops = {L: self.graph.layers[L].flops() for L in self.cands}
         self.extra = _Expr()
+        self.fgcd = math.gcd(*self.flops.values(), 0) or 1
+        self.fscale = self.fgcd * max(1, max(self.flops.values(), default=1) // self.fgcd // 10**4)
         for L in self.cands:
             if self.starts[L]:
                 self.extra.add(self.st(L, nb - 1), float(self.flops[L]))
@@ -411,19 +419,20 @@ class Model:
             raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
         if objective == "flops" and budget is None:
             raise ValueError("objective 'flops' needs a byte budget on the peak (budget=...)")
-        fscale = max(1.0, max(self.flops.values(), default=1) / 1e3)  # FLOPs in units HiGHS handles well
+        fscale = self.fscale
         rows, lo, hi = list(self.rows), list(self.row_lo), list(self.row_hi)
         for mem in self.memory:  # mem - peak <= 0, or mem <= budget
-            e = {v: c / SCALE for v, c in mem.items() if v != -1}
-            k = mem.get(-1, 0.0) / SCALE
+            e = {v: c / self.unit for v, c in mem.items() if v != -1}
+            k = mem.get(-1, 0.0) / self.unit
             if objective == "peak":
                 e[self.peak] = -1.0
                 rows.append(e), lo.append(-np.inf), hi.append(-k)
             else:
-                rows.append(e), lo.append(-np.inf), hi.append(budget / SCALE - k)
-        if allowance is not None:
+                limit = (budget // self.grain + 0.5) * self.grain / self.unit
+                rows.append(e), lo.append(-np.inf), hi.append(limit - k)
+        if allowance is not None:  # plans' FLOPs are multiples of fgcd: half of it is slack for the tolerances
             rows.append({v: c / fscale for v, c in self.extra.items() if v != -1})
-            lo.append(-np.inf), hi.append(allowance / fscale)
+            lo.append(-np.inf), hi.append((allowance // self.fgcd + 0.5) * self.fgcd / fscale)
         n = len(self.names)
         data, ri, ci = [], [], []
         for r, e in enumerate(rows):
@@ -441,29 +450,34 @@ class Model:
             lb[self.d[L]] = ub[self.d[L]] = float(x)
         t0 = time.perf_counter()
         res = milp(c, integrality=np.array(self.integer), bounds=Bounds(lb, ub),
-                   constraints=LinearConstraint(A, lo, hi), options={"time_limit": time_limit, "disp": False})
+                   constraints=LinearConstraint(A, lo, hi), options={"time_limit": time_limit, "disp": False, "presolve": PRESOLVE})
         seconds = time.perf_counter() - t0
         dropped = None if res.x is None else tuple(L for L in self.cands if res.x[self.d[L]] > 0.5)
         self.size_info = {"variables": n, "binaries": self.binaries, "constraints": len(rows)}
         return res, dropped, seconds
 
     def peak_of(self, dropped) -> int:
-        """The program's peak for one fixed drop set, in bytes (what the trace must then measure)."""
-        res, _, _ = self.solve("peak", fixed={L: int(L in set(dropped)) for L in self.cands})
-        return int(round(res.fun * SCALE))
+        """The program's peak for one drop set, in bytes (what the trace must then measure)."""
+        return max(self.slot_bytes(dropped))
 
     def slot_bytes(self, dropped) -> list[int]:
-        """The bytes held at every slot for one drop set, each ``alive`` at its least (what the
-        runtime holds there): a forward or backward step's, or a re-run's, memory at its launch."""
-        res, _, _ = self.solve("peak", fixed={L: int(L in set(dropped)) for L in self.cands})
-        x = np.round(res.x).copy()
+        """The bytes held at every slot for one drop set, the program's expressions evaluated exactly
+        (integers, no solver): ``d`` and ``started`` from the drop set and the just-in-time rule, each
+        ``alive`` at its least, which is what the runtime holds at a launch there."""
+        x = np.zeros(len(self.names))
+        bpos = {s: j for j, s in enumerate(self.bstages)}
+        for L, s in recompute_stages(self.graph, tuple(dropped)).items():
+            x[self.d[L]] = 1.0
+            if s is not None:
+                for j, v in self.started[L].items():
+                    x[v] = float(j >= bpos[s])
 
         def val(e):
             return e.get(-1, 0.0) + sum(c * x[v] for v, c in e.items() if v != -1)
 
         for v, rs in self.reasons.items():
             x[v] = max(0.0, max(val(r) for r in rs))
-        return [int(round(val(m))) for m in self.memory]
+        return [int(val(m)) for m in self.memory]
 
     def extra_flops_of(self, dropped) -> int:
         """Extra FLOPs of the plan dropping ``dropped``: each layer it re-runs, once."""
@@ -471,7 +485,7 @@ class Model:
         return sum(self.flops[L] for L, s in stage.items() if s is not None)
 
 
-STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "solver error"}
+STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "solver error (tolerances)"}
 
 
 def solve(graph, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
@@ -487,21 +501,39 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
         raise ValueError(f"the extra-FLOP allowance must be >= 0, got {allowance}")
     t0 = time.perf_counter()
     model = model or Model(graph, count)
-    res, dropped, _ = model.solve(objective, allowance, budget, time_limit)
+    res, dropped = _solve_checked(model, objective, allowance, budget, time_limit)
     status = STATUS.get(res.status, f"status {res.status}")
     gap = getattr(res, "mip_gap", None)
     bound = getattr(res, "mip_dual_bound", None)
     if dropped is not None and objective == "peak" and res.status == 0:
-        # among plans of the least peak, the fewest extra FLOPs
-        best = int(round(res.fun * SCALE))
-        res2, dropped2, _ = model.solve("flops", None, best, time_limit)
-        if dropped2 is not None and model.extra_flops_of(dropped2) <= model.extra_flops_of(dropped):
+        # among plans of the least peak, the fewest extra FLOPs (within the allowance)
+        best = model.peak_of(dropped)
+        res2, dropped2 = _solve_checked(model, "flops", None, best, time_limit)
+        if dropped2 is not None and model.extra_flops_of(dropped2) < model.extra_flops_of(dropped):
             dropped = dropped2
     if dropped is None:
         return Result(graph.name, objective, (), None, None, None, None, gap, status,
-                      time.perf_counter() - t0, model.size_info, count)
-    scale = SCALE if objective == "peak" else max(1.0, max(model.flops.values(), default=1) / 1e3)
+                      time.perf_counter() - t0, model.size_info, model.count)
+    scale = model.unit if objective == "peak" else model.fscale
     return Result(graph.name, objective, dropped, plan_for(graph, dropped), model.peak_of(dropped),
                   model.extra_flops_of(dropped), None if bound is None else bound * scale,
                   gap if gap is not None else (0.0 if res.status == 0 else None), status,
-                  time.perf_counter() - t0, model.size_info, count)
+                  time.perf_counter() - t0, model.size_info, model.count)
+
+
+def _solve_checked(model, objective, allowance, budget, time_limit, tries: int = 4):
+    """HiGHS, then the answer checked exactly (:meth:`Model.slot_bytes`, :meth:`Model.extra_flops_of`):
+    HiGHS accepts constraints violated by up to its tolerance, which on a large network can be a few
+    bytes of a budget; such an answer is solved again under a limit tightened by the excess."""
+    for _ in range(tries):
+        res, dropped, _ = model.solve(objective, allowance, budget, time_limit)
+        if dropped is None:
+            return res, None
+        over_b = model.peak_of(dropped) - budget if budget is not None else 0
+        over_a = model.extra_flops_of(dropped) - allowance if allowance is not None else 0
+        if over_b <= 0 and over_a <= 0:
+            return res, dropped
+        budget = budget - max(over_b, 1) if over_b > 0 else budget
+        allowance = allowance - max(over_a, 1) if over_a > 0 else allowance
+    res.status = 4
+    return res, None

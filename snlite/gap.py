@@ -1,0 +1,100 @@
+"""How far from optimal: SuperNeurons' recomputation and sqrt(N) checkpointing against the exact planner.
+
+Plain data for ``snlite optimal`` and tutorial 08:
+
+    rows = gap_rows(get_model("alexnet", 8), count="paper")   # one Row per strategy, and the optimum
+    points = frontier(graph, count="paper")                   # the exact peak vs extra-FLOP frontier
+
+Every strategy runs with liveness on and nothing offloaded, so the rows differ only in what they
+recompute. For each heuristic, the exact planner answers two questions: what is the least peak for
+the extra FLOPs this heuristic spends (``best_peak_bytes``; the gap is how far above it the heuristic
+is), and what are the fewest extra FLOPs for the peak it reaches (``fewest_flops``). The exact planner
+searches plans that re-run each dropped layer once (:mod:`snlite.optimal`); memory-centric
+recomputation re-runs layers several times, so it can land below that space's frontier (a negative
+gap): the table says so rather than hide it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from snlite import measure, optimal
+from snlite.config import MemoryConfig
+
+HEURISTICS = {"liveness only": MemoryConfig(liveness=True),
+              "speed-centric": MemoryConfig(liveness=True, recompute="speed"),
+              "memory-centric": MemoryConfig(liveness=True, recompute="memory"),
+              "cost-aware (SuperNeurons)": MemoryConfig(liveness=True, recompute="cost_aware")}
+SQRT = "sqrt(N) checkpoints"
+OPTIMAL = "optimal"
+
+
+@dataclass
+class Row:
+    label: str
+    peak_bytes: int
+    extra_flops: int
+    moved_bytes: int
+    best_peak_bytes: int | None = None  # the least peak for at most these extra FLOPs
+    fewest_flops: int | None = None  # the fewest extra FLOPs for at most this peak
+    status: str = "optimal"  # the solver's, for the two answers above
+    gap: float | None = None  # the solver's MIP gap (0: proven)
+
+    @property
+    def gap_pct(self) -> float | None:
+        """How far the peak is above the least peak for the same extra FLOPs, in percent."""
+        if self.best_peak_bytes is None:
+            return None
+        return 100.0 * (self.peak_bytes - self.best_peak_bytes) / self.best_peak_bytes
+
+
+def _worst(a: optimal.Result, b: optimal.Result | None = None) -> tuple[str, float | None]:
+    """The status and gap of the least sure of two solver results."""
+    rs = [r for r in (a, b) if r is not None]
+    bad = [r for r in rs if not r.optimal]
+    r = bad[0] if bad else rs[0]
+    return r.status, r.gap
+
+
+def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: float = 60.0,
+             progress=measure.no_progress) -> list[Row]:
+    """One row per heuristic (liveness only, speed-, memory-centric, cost-aware, sqrt(N)), each
+    with the exact planner's answers for its FLOPs and its peak, then the optimum: the least peak
+    (or, under ``budget``, the fewest extra FLOPs with a peak of at most ``budget``)."""
+    model = optimal.Model(graph, count)
+    rows = []
+    plans = [(label, cfg, None) for label, cfg in HEURISTICS.items()]
+    plans.append((SQRT, optimal.CONFIG, measure.checkpoint_plan(graph)))
+    for i, (label, cfg, plan) in enumerate(plans, 1):
+        progress(f"{graph.name}: {label} ({i}/{len(plans) + 1})")
+        m = measure.measure(graph, cfg, label, plan)
+        trace = m.trace if count == "all" else m.paper
+        same_flops = optimal.solve(graph, allowance=trace.extra_flops, time_limit=time_limit, model=model)
+        same_peak = optimal.solve(graph, "flops", budget=trace.peak_bytes, time_limit=time_limit, model=model)
+        status, gap = _worst(same_flops, same_peak)
+        rows.append(Row(label, trace.peak_bytes, trace.extra_flops, m.moved_bytes, same_flops.peak_bytes,
+                        same_peak.extra_flops, status, gap))
+    progress(f"{graph.name}: {OPTIMAL} ({len(plans) + 1}/{len(plans) + 1})")
+    best = optimal.solve(graph, "flops" if budget else "peak", budget=budget, time_limit=time_limit, model=model)
+    if best.plan is None:
+        raise ValueError(f"no plan of {graph.name} has a peak of at most {measure.format_size(budget)} "
+                         f"({best.status}); the least peak is {measure.format_size(optimal.solve(graph, model=model).peak_bytes)}")
+    label = OPTIMAL + (f" (under {measure.format_size(budget)})" if budget else "")
+    rows.append(Row(label, best.peak_bytes, best.extra_flops, 0, best.peak_bytes, best.extra_flops, best.status,
+                    best.gap))
+    rows[-1].solve_s = best.solve_s
+    return rows
+
+
+def frontier(graph, count: str = "all", max_points: int = 12, time_limit: float = 60.0) -> list[optimal.Result]:
+    """The exact trade-off, cheapest first: the fewest extra FLOPs with no limit on the peak, then
+    repeatedly the fewest extra FLOPs for a peak at least one byte lower, until the least peak (or
+    ``max_points``). Each point is a proven optimum unless its ``status`` says otherwise."""
+    model = optimal.Model(graph, count)
+    points = [optimal.solve(graph, allowance=0, time_limit=time_limit, model=model)]
+    while len(points) < max_points:
+        nxt = optimal.solve(graph, "flops", budget=points[-1].peak_bytes - 1, time_limit=time_limit, model=model)
+        if nxt.plan is None:
+            break
+        # the least peak for those FLOPs: the frontier's corner
+        points.append(optimal.solve(graph, allowance=nxt.extra_flops, time_limit=time_limit, model=model))
+    return points
