@@ -18,6 +18,12 @@ from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _posi
 PAPER_GPU = "12 GB K40"
 
 
+def cmd_optimal(args) -> int:
+    from snlite.cli_optimal import cmd_optimal as run
+
+    return run(args)
+
+
 def add_planning_commands(sub) -> None:
     net_help = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
                 "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121")
@@ -92,6 +98,10 @@ def add_planning_commands(sub) -> None:
                        help="device memory (default 12GiB)")
         p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
         add_quiet_flag(p)
+
+    from snlite.cli_optimal import add_optimal_command
+
+    add_optimal_command(sub, net_help, batch_help, json_help)
 
     paper = sub.add_parser("paper", help="reproduce the paper's byte-accounting experiments; write a report",
                            description="Every experiment of the paper that needs no GPU, on the meta device: "
@@ -533,4 +543,4 @@ def cmd_bench(args) -> int:
 
 
 PLAN_COMMANDS = {"plan": cmd_plan, "compare": cmd_compare, "maxbatch": cmd_maxbatch, "maxdepth": cmd_maxdepth,
-                 "paper": cmd_paper, "bench": cmd_bench, "check": cmd_check}
+                 "paper": cmd_paper, "bench": cmd_bench, "check": cmd_check, "optimal": cmd_optimal}

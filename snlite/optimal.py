@@ -33,7 +33,10 @@ seconds; the result says whether the plan is proven optimal, and its MIP gap, ne
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -449,8 +452,9 @@ class Model:
         for L, x in (fixed or {}).items():
             lb[self.d[L]] = ub[self.d[L]] = float(x)
         t0 = time.perf_counter()
-        res = milp(c, integrality=np.array(self.integer), bounds=Bounds(lb, ub),
-                   constraints=LinearConstraint(A, lo, hi), options={"time_limit": time_limit, "disp": False, "presolve": PRESOLVE})
+        with _quiet_fd1():
+            res = milp(c, integrality=np.array(self.integer), bounds=Bounds(lb, ub), constraints=LinearConstraint(
+                A, lo, hi), options={"time_limit": time_limit, "disp": False, "presolve": PRESOLVE})
         seconds = time.perf_counter() - t0
         dropped = None if res.x is None else tuple(L for L in self.cands if res.x[self.d[L]] > 0.5)
         self.size_info = {"variables": n, "binaries": self.binaries, "constraints": len(rows)}
@@ -483,6 +487,25 @@ class Model:
         """Extra FLOPs of the plan dropping ``dropped``: each layer it re-runs, once."""
         stage = recompute_stages(self.graph, dropped)
         return sum(self.flops[L] for L, s in stage.items() if s is not None)
+
+
+@contextlib.contextmanager
+def _quiet_fd1():
+    """Some HiGHS builds print debugging lines ("...transformNewIntegerFeasibleSolution...") straight
+    to file descriptor 1, past Python: point it at /dev/null while the solver runs."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "solver error (tolerances)"}
