@@ -127,3 +127,35 @@ def test_bad_requests_say_what_to_do():
         optimal.plan_for(g, ["softmax"])
     with pytest.raises(ValueError, match="unknown objective"):
         optimal.solve(g, "speed")
+
+
+# ---------------------------------------------------------------- the gap table and the command
+def test_the_gap_rows_put_each_heuristic_against_the_exact_frontier():
+    from snlite import gap
+
+    g = chain6()
+    rows = gap.gap_rows(g, "paper")
+    assert [r.label for r in rows] == [*gap.HEURISTICS, gap.SQRT, gap.OPTIMAL]
+    best = rows[-1]
+    assert best.status == "optimal" and best.gap_pct == 0.0
+    for r in rows:
+        # nothing that re-runs each layer once beats the least peak for the same FLOPs
+        assert r.best_peak_bytes <= r.peak_bytes or r.label in ("memory-centric", "cost-aware (SuperNeurons)")
+        assert best.peak_bytes <= r.best_peak_bytes
+        assert r.moved_bytes == 0
+    points = gap.frontier(g, "paper")
+    assert points[0].extra_flops == 0 and points[-1].peak_bytes == best.peak_bytes
+    assert all(a.peak_bytes > b.peak_bytes and a.extra_flops < b.extra_flops for a, b in zip(points, points[1:]))
+
+
+def test_snlite_optimal_prints_the_table(capsys):
+    from snlite import cli
+
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "cost-aware (SuperNeurons)" in out and "sqrt(N) checkpoints" in out and "optimal" in out
+    assert "least peak, same FLOPs" in out and "proven" in out
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--budget", "1KiB"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "no plan of lenet has a peak of at most 1.0 KiB" in err and "the least peak is" in err
