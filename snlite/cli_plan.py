@@ -75,6 +75,9 @@ def add_planning_commands(sub) -> None:
     compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
     compare.add_argument("--gpu", default="H200", metavar="GPU", help=gpu_help)
     compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+    compare.add_argument("--optimal", action="store_true",
+                         help="add a row: the exact planner's least-peak recomputation plan, liveness on, nothing "
+                              "offloaded (snlite optimal NET says more; needs scipy)")
     add_quiet_flag(compare)
 
     for name, what in (("maxbatch", "the largest batch"), ("maxdepth", "the deepest ImageNet ResNet")):
@@ -371,6 +374,15 @@ def cmd_compare(args) -> int:
     t0 = time.perf_counter()
     status = Status("snlite compare", args.quiet)
     rows = measure.compare(graph, args.budget, progress=status)
+    if args.optimal:
+        from snlite import optimal
+
+        status(f"{graph.name}: the exact recomputation plan (snlite optimal)")
+        best = optimal.solve(graph)
+        if best.plan is None:
+            raise CliError(f"--optimal: {best.summary()}")
+        label = "optimal recompute" + ("" if best.optimal else f" ({best.status}, gap {100 * (best.gap or 0):.1f}%)")
+        rows.append(measure.measure(graph, best.plan.config.replace(budget_bytes=args.budget), label, best.plan))
     status(f"{graph.name}: the smallest budget of superneurons()")
     smallest = measure.min_budget(graph)
     status(f"{graph.name}: step times on the {args.gpu} profile")

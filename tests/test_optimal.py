@@ -159,3 +159,6 @@ def test_snlite_optimal_prints_the_table(capsys):
     code = cli.main(["optimal", "lenet", "--batch", "2", "--budget", "1KiB"])
     out, err = capsys.readouterr()
     assert code == 1 and "no plan of lenet has a peak of at most 1.0 KiB" in err and "the least peak is" in err
+    code = cli.main(["compare", "lenet", "--batch", "2", "--optimal"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "\noptimal recompute " in out, err
