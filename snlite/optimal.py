@@ -187,9 +187,10 @@ PRESOLVE = True
 
 class Model:
     """The integer program of one graph under :data:`CONFIG` (count "all" or "paper"), built once;
-    :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means."""
+    :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means.
+    ``allowed``: the layers it may drop (default: every candidate), e.g. only SuperNeurons' cheap ones."""
 
-    def __init__(self, graph, count: str = "all"):
+    def __init__(self, graph, count: str = "all", allowed=None):
         if count not in ("all", "paper"):
             raise ValueError(f"count must be 'all' or 'paper', got {count!r}")
         from snlite.placement import optimizer_specs
@@ -216,7 +217,7 @@ class Model:
         self.persistent_bytes = 0 if cats else (
             sum(block(max(t.nbytes, 1)) for n, t in tensors.items() if n in persistent)
             + sum(block(t.nbytes) for t in optimizer_specs(graph).values()))
-        self.cands = candidates(graph)
+        self.cands = [L for L in candidates(graph) if allowed is None or L in set(allowed)]  # what it may drop
         self.pos = {name: i for i, name in enumerate(self.cands)}
         fwd = {s.layer: s for s in steps if s.phase == "forward"}
         self.outs = {L: _outputs(graph, L, fwd[L]) for L in self.cands}
