@@ -167,7 +167,8 @@ class Result:
         if self.plan is None:
             return (f"{self.graph_name}: no plan found ({self.status}) after {self.solve_s:.1f} s "
                     f"({self.size.get('binaries', 0)} binaries)")
-        gap = "proven optimal" if self.optimal else f"{self.status}, gap {100 * (self.gap or 0):.1f}%"
+        gap = "proven optimal" if self.optimal else (
+            f"{self.status}, gap " + ("unknown (no bound)" if self.gap is None else f"{100 * self.gap:.1f}%"))
         return (f"{self.graph_name}: drop {len(self.dropped)} layers, peak {format_size(self.peak_bytes)} "
                 f"({self.count} count), +{self.extra_flops:,d} FLOPs; {gap}; {self.solve_s:.2f} s, "
                 f"{self.size.get('binaries', 0)} binaries, {self.size.get('constraints', 0)} constraints")
@@ -535,10 +536,16 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
         res2, dropped2 = _solve_checked(model, "flops", None, best, time_limit)
         if dropped2 is not None and model.extra_flops_of(dropped2) < model.extra_flops_of(dropped):
             dropped = dropped2
+    scale = model.unit if objective == "peak" else model.fscale
+    if dropped is None and res.status == 1:  # out of time before HiGHS found a plan: the best simple one
+        dropped = _fallback(model, objective, allowance, budget)
+        if dropped is not None and bound is not None and np.isfinite(bound):
+            value = model.peak_of(dropped) if objective == "peak" else model.extra_flops_of(dropped)
+            gap = (value - bound * scale) / value if value else 0.0
+        status = "time limit, no plan from the solver: " + ("a simple plan" if dropped is not None else "none found")
     if dropped is None:
         return Result(graph.name, objective, (), None, None, None, None, gap, status,
                       time.perf_counter() - t0, model.size_info, model.count)
-    scale = model.unit if objective == "peak" else model.fscale
     return Result(graph.name, objective, dropped, plan_for(graph, dropped), model.peak_of(dropped),
                   model.extra_flops_of(dropped), None if bound is None else bound * scale,
                   gap if gap is not None else (0.0 if res.status == 0 else None), status,
@@ -561,3 +568,15 @@ def _solve_checked(model, objective, allowance, budget, time_limit, tries: int =
         allowance = allowance - max(over_a, 1) if over_a > 0 else allowance
     res.status = 4
     return res, None
+
+
+def _fallback(model, objective, allowance, budget):
+    """The best of a few simple plans that keep within the limits (drop nothing, the cheap layers,
+    every layer), counted exactly: what a solve that ran out of time before finding a plan returns."""
+    cheap = tuple(L for L in model.cands if not model.graph.layers[L].checkpoint)
+    ok = []
+    for dropped in ((), cheap, tuple(model.cands)):
+        peak, flops = model.peak_of(dropped), model.extra_flops_of(dropped)
+        if (allowance is None or flops <= allowance) and (budget is None or peak <= budget):
+            ok.append(((peak, flops) if objective == "peak" else (flops, peak), dropped))
+    return min(ok)[1] if ok else None
