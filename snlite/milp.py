@@ -28,6 +28,7 @@ class _Expr(dict):
 
 
 PRESOLVE = True
+RERUNS = ("once", "any")  # each dropped layer re-run once, just in time; or as often as the solver likes
 
 
 class Model:
@@ -35,9 +36,12 @@ class Model:
     :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means.
     ``allowed``: the layers it may drop (default: every candidate), e.g. only SuperNeurons' cheap ones."""
 
-    def __init__(self, graph, count: str = "all", allowed=None):
+    def __init__(self, graph, count: str = "all", allowed=None, reruns: str = "once"):
         if count not in ("all", "paper"):
             raise ValueError(f"count must be 'all' or 'paper', got {count!r}")
+        if reruns not in RERUNS:
+            raise ValueError(f"reruns must be one of {RERUNS}, got {reruns!r}")
+        self.mode = reruns
         from snlite.placement import optimizer_specs
         from snlite.pool import TensorPool
 
@@ -83,10 +87,12 @@ class Model:
                     if u in producer:
                         bread.setdefault(u, []).append(bpos[s.index])
         fb = {L: min((j for u in self.outs[L] for j in bread.get(u, ())), default=None) for L in self.cands}
-        starts: dict[str, set[int]] = {}  # layer -> backward positions its re-run can come before
+        starts: dict[str, set[int]] = {}  # layer -> backward positions a re-run of it can come before
         for L in reversed(self.cands):
             opts = {x for M in self.cons[L] for x in starts[M]}
-            if fb[L] is not None:
+            if reruns == "any":  # wherever it, or a consumer's re-run, needs it
+                opts |= {j for u in self.outs[L] for j in bread.get(u, ())}
+            elif fb[L] is not None:  # once: just in time
                 opts = {x for x in opts if x < fb[L]} | {fb[L]}
             starts[L] = opts
         self.fb, self.starts = fb, starts
@@ -157,6 +163,62 @@ class Model:
         e = self.st(L, j - 1)
         return e.add(self.rec(L, j)) if self.pos[L] <= k else e
 
+    # "any": R[L, j] L is re-run before backward position j; C[u, j] the incarnation of u (an output of
+    # L) is carried into j (per tensor: liveness frees each after its own last use); F[L, j] some re-run
+    # of L comes at or after position j
+    def R(self, L, j) -> _Expr:
+        v = self.rv.get(L, {}).get(j)
+        return _Expr() if v is None else _Expr({v: 1.0})
+
+    def C(self, u, j) -> _Expr:
+        v = self.cv.get(u, {}).get(j)
+        return _Expr() if v is None else _Expr({v: 1.0})
+
+    def F(self, L, j) -> _Expr:
+        v = self.fv.get(L, {}).get(j)
+        return _Expr() if v is None else _Expr({v: 1.0})
+
+    def _reruns_from(self, M, j, k) -> list:
+        """Expressions, one of which is 1 when a re-run of M comes at or after slot (j, k)."""
+        if self.mode == "once":
+            return [self.after(M, j, k)]
+        return ([self.R(M, j)] if self.pos[M] >= k else []) + [self.F(M, j + 1)]
+
+    def _ever(self, M) -> _Expr:
+        """1 if M is re-run at all."""
+        return self.st(M, len(self.bstages) - 1) if self.mode == "once" else self.F(M, 0)
+
+    def _build_any(self) -> None:
+        """The re-runs of "any": binaries R and C, per layer over the positions it may need them."""
+        self.rv, self.cv, self.fv = {}, {}, {}
+        for L in self.cands:
+            S = self.starts[L]
+            if not S:
+                continue
+            lo, hi = min(S), max(S)
+            self.rv[L] = {j: self._var(f"R[{L},{j}]", integer=True) for j in sorted(S)}
+            self.fv[L] = {j: self._var(f"F[{L},{j}]") for j in range(0, hi + 1)}
+            dL = {self.d[L]: 1.0}
+            for u in self.outs[L]:
+                self.cv[u] = {j: self._var(f"C[{u},{j}]", integer=True) for j in range(lo + 1, hi + 1)}
+                need = set(self.bread.get(u, ()))
+                for j in range(lo, hi + 1):
+                    here = _Expr(self.C(u, j)).add(self.R(L, j))
+                    self._row(_Expr(here).add(dL, -1.0), -np.inf, 0.0)  # only if dropped; one incarnation at once
+                    if j > lo:  # what is carried into j existed at the end of j - 1
+                        self._row(_Expr(self.C(u, j)).add(self.C(u, j - 1), -1.0).add(self.R(L, j - 1), -1.0),
+                                  -np.inf, 0.0)
+                    if j in need:  # a backward step reads it: there
+                        self._row(_Expr(here).add(dL, -1.0), 0.0, np.inf)
+                    for M in self.readers.get(u, ()):  # a dropped consumer's re-run reads it
+                        if M != L and j in self.starts.get(M, ()):
+                            self._row(_Expr(here).add(self.R(M, j), -1.0).add(dL, -1.0), -1.0, np.inf)
+            for j in range(0, hi + 1):  # F[L, j] >= R[L, j], F[L, j + 1]
+                self._row(_Expr(self.F(L, j)).add(self.R(L, j), -1.0), 0.0, np.inf)
+                self._row(_Expr(self.F(L, j)).add(self.F(L, j + 1), -1.0), 0.0, np.inf)
+            for j in S:
+                self.extra.add(self.R(L, j), float(self.flops[L]))
+
     def _build(self) -> None:
         self.names, self.lb, self.ub, self.integer = [], [], [], []
         self.rows, self.row_lo, self.row_hi = [], [], []
@@ -164,9 +226,17 @@ class Model:
         nb = len(self.bstages)
         self.peak = self._var("peak", 0.0, np.inf)
         self.d = {L: self._var(f"d[{L}]", integer=True) for L in self.cands}
-        self.started = {L: {j: self._var(f"started[{L},{j}]", integer=True) for j in range(min(self.starts[L]), nb)}
-                        for L in self.cands if self.starts[L]}
-        for L in self.cands:  # the re-run times, pinned to the just-in-time rule
+        self.flops = {L: self.graph.layers[L].flops() for L in self.cands}
+        self.extra = _Expr()
+        self.fgcd = math.gcd(*self.flops.values(), 0) or 1
+        self.fscale = self.fgcd * max(1, max(self.flops.values(), default=1) // self.fgcd // 10**4)
+        self.started = {}
+        if self.mode == "any":
+            self._build_any()
+        else:
+            self.started = {L: {j: self._var(f"started[{L},{j}]", integer=True)
+                                for j in range(min(self.starts[L]), nb)} for L in self.cands if self.starts[L]}
+        for L in self.cands if self.mode == "once" else ():  # the re-run times, pinned to the just-in-time rule
             if not self.starts[L]:
                 continue
             for j in range(min(self.starts[L]), nb):
@@ -181,11 +251,7 @@ class Model:
                     self._row(e, -np.inf, 0.0)
                 for M in self.cons[L]:  # a dropped consumer's re-run needs it
                     self._row(_Expr(s).add(self.st(M, j), -1.0).add({self.d[L]: 1.0}, -1.0), -1.0, np.inf)
-        self.flops = {L: self.graph.layers[L].flops() for L in self.cands}
-        self.extra = _Expr()
-        self.fgcd = math.gcd(*self.flops.values(), 0) or 1
-        self.fscale = self.fgcd * max(1, max(self.flops.values(), default=1) // self.fgcd // 10**4)
-        for L in self.cands:
+        for L in self.cands if self.mode == "once" else ():
             if self.starts[L]:
                 self.extra.add(self.st(L, nb - 1), float(self.flops[L]))
         self.memory = [self._memory(i) for i in range(len(self.slots))]
@@ -220,8 +286,7 @@ class Model:
                 elif base:  # freed after its last forward use if dropped
                     mem.add({-1: 1.0, self.d[L]: -1.0}, n)
                 else:  # its last use was earlier, unless a re-run in backward reads it
-                    last = len(self.bstages) - 1
-                    rs = [self.st(M, last).add({self.d[L]: 1.0} if L else {}, -1.0)
+                    rs = [self._ever(M).add({self.d[L]: 1.0} if L else {}, -1.0)
                           for M in self.readers.get(u, ()) if M != L and self.starts.get(M)]
                     mem.add(self._alive(f"x[{u},{here}]", rs), n)
                 continue
@@ -229,18 +294,22 @@ class Model:
                 if base:
                     mem[-1] += n
                 elif self.first[u] <= here:
-                    mem.add(self._alive(f"x[{u},{here}]", [self.after(M, j, k) for M in self.readers.get(u, ())
-                                                           if self.starts.get(M) and max(self.starts[M]) >= j]), n)
+                    mem.add(self._alive(f"x[{u},{here}]", [r for M in self.readers.get(u, ())
+                                                           if self.starts.get(M) and max(self.starts[M]) >= j
+                                                           for r in self._reruns_from(M, j, k)]), n)
                 continue
             # the original: held in backward only if not dropped
             if base:
                 mem.add({-1: 1.0, self.d[L]: -1.0}, n)
             else:
-                rs = [self.after(M, j, k).add({self.d[L]: 1.0}, -1.0) for M in self.readers.get(u, ())
-                      if M != L and self.starts.get(M) and max(self.starts[M]) >= j]
+                rs = [r.add({self.d[L]: 1.0}, -1.0) for M in self.readers.get(u, ())
+                      if M != L and self.starts.get(M) and max(self.starts[M]) >= j for r in self._reruns_from(M, j, k)]
                 mem.add(self._alive(f"o[{u},{here}]", rs), n)
             # the incarnation: from its re-run to its last use
             if not self.starts[L] or j < min(self.starts[L]):
+                continue
+            if self.mode == "any":
+                mem.add(self._alive(f"i[{u},{here}]", self._incarnation_any(u, L, j, k, kind == "r" and L_at == L)), n)
                 continue
             a = self.alloc_by(L, j, k)
             rs = [_Expr(a)] if any(b >= j for b in self.bread.get(u, ())) else []
@@ -250,6 +319,18 @@ class Model:
                    if M != L and self.starts.get(M) and max(self.starts[M]) >= j]
             mem.add(self._alive(f"i[{u},{here}]", rs), n)
         return mem
+
+    def _incarnation_any(self, u, L, j, k, own) -> list:
+        """Why L's incarnation of u holds its block at slot (j, k) under "any": it exists there (carried
+        in, or re-run at or before the slot) and this incarnation is still to be read: by the step,
+        by a consumer's re-run later in the step, or carried on; or its own re-run writes it."""
+        e = _Expr(self.C(u, j)).add(self.R(L, j)) if self.pos[L] <= k else self.C(u, j)
+        rs = [_Expr(e)] if j in self.bread.get(u, ()) else []
+        rs += [self.R(L, j)] if own else []
+        rs += [_Expr(e).add(self.C(u, j + 1)).add({-1: 1.0}, -1.0)]
+        rs += [_Expr(e).add(self.R(M, j)).add({-1: 1.0}, -1.0) for M in self.readers.get(u, ())
+               if M != L and self.pos[M] >= k and j in self.starts.get(M, ())]
+        return rs
 
     # -------------------------------------------------------------- solving
     @property
@@ -302,25 +383,60 @@ class Model:
             res = milp(c, integrality=np.array(self.integer), bounds=Bounds(lb, ub), constraints=LinearConstraint(
                 A, lo, hi), options={"time_limit": time_limit, "disp": False, "presolve": PRESOLVE})
         seconds = time.perf_counter() - t0
-        dropped = None if res.x is None else tuple(L for L in self.cands if res.x[self.d[L]] > 0.5)
         self.size_info = {"variables": n, "binaries": self.binaries, "constraints": len(rows)}
-        return res, dropped, seconds
+        if res.x is None:
+            return res, None, seconds
+        dropped = tuple(L for L in self.cands if res.x[self.d[L]] > 0.5)
+        if self.mode == "once":
+            return res, self.choice(dropped), seconds
+        return res, {L: tuple(self.bstages[j] for j, v in self.rv.get(L, {}).items() if res.x[v] > 0.5)
+                     for L in dropped}, seconds
+
+    def choice(self, dropped) -> dict:
+        """Dropped layer -> the backward route steps it is re-run before (:func:`snlite.optimal.as_reruns`)."""
+        from snlite.optimal import as_reruns
+
+        return as_reruns(self.graph, dropped)
+
+    def _assign(self, reruns: dict) -> np.ndarray:
+        """The decision variables of one plan: ``d``, and ``started`` ("once") or R, C, F ("any")."""
+        x = np.zeros(len(self.names))
+        bpos = {s: j for j, s in enumerate(self.bstages)}
+        for L, when in reruns.items():
+            if L not in self.d:
+                raise ValueError(f"this program may not drop {L}")
+            x[self.d[L]] = 1.0
+            js = sorted(bpos[s] for s in when)
+            if self.mode == "once":
+                if len(js) > 1:
+                    raise ValueError(f"{L} is re-run {len(js)} times; a Model(reruns='once') re-runs each layer once")
+                for j, v in self.started.get(L, {}).items():
+                    x[v] = float(bool(js) and j >= js[0])
+                continue
+            for j in js:
+                if j not in self.rv.get(L, {}):
+                    raise ValueError(f"{L} is re-run before backward step {self.bstages[j]}, where nothing needs it")
+                x[self.rv[L][j]] = 1.0
+            for j, v in self.fv.get(L, {}).items():
+                x[v] = float(any(q >= j for q in js))
+            for u in self.outs[L]:
+                uses = set(self.bread.get(u, ())) | {bpos[s] for M in self.readers.get(u, ()) if M != L
+                                                     for s in reruns.get(M, ())}
+                for j, v in self.cv.get(u, {}).items():  # carried into j: re-run before, read from j on, before the next
+                    nxt = min((q for q in js if q >= j), default=np.inf)
+                    x[v] = float(any(q < j for q in js) and any(j <= t < nxt for t in uses))
+        return x
 
     def peak_of(self, dropped) -> int:
-        """The program's peak for one drop set, in bytes (what the trace must then measure)."""
+        """The program's peak for one plan (what :func:`snlite.optimal.plan_for` takes), in bytes: what
+        the trace must then measure."""
         return max(self.slot_bytes(dropped))
 
     def slot_bytes(self, dropped) -> list[int]:
-        """The bytes held at every slot for one drop set, the program's expressions evaluated exactly
-        (integers, no solver): ``d`` and ``started`` from the drop set and the just-in-time rule, each
-        ``alive`` at its least, which is what the runtime holds at a launch there."""
-        x = np.zeros(len(self.names))
-        bpos = {s: j for j, s in enumerate(self.bstages)}
-        for L, s in recompute_stages(self.graph, tuple(dropped)).items():
-            x[self.d[L]] = 1.0
-            if s is not None:
-                for j, v in self.started[L].items():
-                    x[v] = float(j >= bpos[s])
+        """The bytes held at every slot for one plan, the program's sums evaluated exactly (integers,
+        no solver): the decisions from the plan, each ``alive`` at its least, which is what the
+        runtime holds at a launch there."""
+        x = self._assign(self.choice(dropped))
 
         def val(e):
             return e.get(-1, 0.0) + sum(c * x[v] for v, c in e.items() if v != -1)
@@ -330,9 +446,8 @@ class Model:
         return [int(val(m)) for m in self.memory]
 
     def extra_flops_of(self, dropped) -> int:
-        """Extra FLOPs of the plan dropping ``dropped``: each layer it re-runs, once."""
-        stage = recompute_stages(self.graph, dropped)
-        return sum(self.flops[L] for L, s in stage.items() if s is not None)
+        """Extra FLOPs of one plan: each re-run of a layer, its forward FLOPs."""
+        return sum(self.flops[L] * len(when) for L, when in self.choice(dropped).items())
 
 
 @contextlib.contextmanager

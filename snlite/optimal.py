@@ -92,32 +92,46 @@ def recompute_stages(graph, dropped) -> dict[str, int | None]:
     return stage
 
 
-def plan_for(graph, dropped) -> Plan:
-    """The plan that drops ``dropped`` (layer names, any subset of :func:`candidates`) and re-runs
-    each just in time (:func:`recompute_stages`), liveness on: what the runtime executes."""
-    bad = set(dropped) - set(candidates(graph))
+def as_reruns(graph, dropped) -> dict[str, tuple[int, ...]]:
+    """Dropped layer -> the backward route steps before which it is re-run. ``dropped`` is either
+    that dict already (returned as is, checked) or the layers only: each is then re-run once, just in
+    time (:func:`recompute_stages`), or never if nothing needs it."""
+    if isinstance(dropped, dict):
+        out = {L: tuple(sorted(v)) for L, v in dropped.items()}
+    else:
+        out = {L: (() if s is None else (s,)) for L, s in recompute_stages(graph, tuple(dropped)).items()}
+    bad = set(out) - set(candidates(graph))
     if bad:
         raise ValueError(f"cannot drop {sorted(bad)}: not recomputable layers of {graph.name}; "
                          f"choose among snlite.optimal.candidates(graph)")
+    return out
+
+
+def plan_for(graph, dropped) -> Plan:
+    """The plan that drops ``dropped`` (layer names, any subset of :func:`candidates`, each re-run once
+    just in time; or a dict layer -> the backward steps to re-run it before, :func:`as_reruns`),
+    liveness on: what the runtime executes. Re-runs before one step go in forward order."""
+    reruns = as_reruns(graph, dropped)
     steps = graph.steps()
     order = {name: i for i, name in enumerate(graph.route()[0])}
     fwd = {s.layer: s for s in steps if s.phase == "forward"}
-    drop = {t: name for name in dropped for t in _outputs(graph, name, fwd[name])}
-    stage = recompute_stages(graph, dropped)
+    drop = {t: name for name in reruns for t in _outputs(graph, name, fwd[name])}
     at: dict[int, list[str]] = {}
-    for name, s in stage.items():
-        if s is not None:
+    for name, when in reruns.items():
+        for s in when:
             at.setdefault(s, []).append(name)
     info = RecomputeInfo("optimal", dropped=tuple(drop))
     ops: list[Op] = []
     current: dict[str, str] = {}  # dropped tensor -> its recomputed incarnation
+    serial = 0
     for s in steps:
         if s.phase == "backward":
             for layer in sorted(at.get(s.index, ()), key=order.get):
                 f = fwd[layer]
                 writes = [t for t in f.writes if t in drop]
                 for t in writes:
-                    current[t] = f"{t}#r{len(current) + 1}"
+                    serial += 1
+                    current[t] = f"{t}#r{serial}"
                 names = tuple((t, current[t]) for t in (*f.reads, *writes) if t in current)
                 ops.append(Op(len(ops), s.index, layer, "recompute", tuple(current.get(t, t) for t in f.reads),
                               tuple(current[t] for t in writes), names=names))
@@ -151,6 +165,7 @@ class Result:
     solve_s: float
     size: dict = field(default_factory=dict)  # variables, binaries, constraints
     count: str = "all"
+    reruns: dict = field(default_factory=dict)  # dropped layer -> the backward steps it is re-run before
 
     @property
     def optimal(self) -> bool:
@@ -173,7 +188,7 @@ STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "so
 
 
 def solve(graph, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
-          time_limit: float = 60.0, count: str = "all", model: Model | None = None) -> Result:
+          time_limit: float = 60.0, count: str = "all", model: Model | None = None, reruns: str = "once") -> Result:
     """The best plan of :func:`plan_for`'s kind for ``graph``: the least peak (with at most
     ``allowance`` extra FLOPs, if given; among plans of that peak, the fewest extra FLOPs), or
     (``objective="flops"``) the fewest extra FLOPs with a peak of at most ``budget`` bytes.
@@ -184,31 +199,30 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
     if allowance is not None and allowance < 0:
         raise ValueError(f"the extra-FLOP allowance must be >= 0, got {allowance}")
     t0 = time.perf_counter()
-    model = model or Model(graph, count)
-    res, dropped = _solve_checked(model, objective, allowance, budget, time_limit)
+    model = model or Model(graph, count, reruns=reruns)
+    res, choice = _solve_checked(model, objective, allowance, budget, time_limit)
     status = STATUS.get(res.status, f"status {res.status}")
     gap = getattr(res, "mip_gap", None)
     bound = getattr(res, "mip_dual_bound", None)
-    if dropped is not None and objective == "peak" and res.status == 0:
+    if choice is not None and objective == "peak" and res.status == 0:
         # among plans of the least peak, the fewest extra FLOPs (within the allowance)
-        best = model.peak_of(dropped)
-        res2, dropped2 = _solve_checked(model, "flops", None, best, time_limit)
-        if dropped2 is not None and model.extra_flops_of(dropped2) < model.extra_flops_of(dropped):
-            dropped = dropped2
+        res2, choice2 = _solve_checked(model, "flops", None, model.peak_of(choice), time_limit)
+        if choice2 is not None and model.extra_flops_of(choice2) < model.extra_flops_of(choice):
+            choice = choice2
     scale = model.unit if objective == "peak" else model.fscale
-    if dropped is None and res.status == 1:  # out of time before HiGHS found a plan: the best simple one
-        dropped = _fallback(model, objective, allowance, budget)
-        if dropped is not None and bound is not None and np.isfinite(bound):
-            value = model.peak_of(dropped) if objective == "peak" else model.extra_flops_of(dropped)
+    if choice is None and res.status == 1:  # out of time before HiGHS found a plan: the best simple one
+        choice = _fallback(model, objective, allowance, budget)
+        if choice is not None and bound is not None and np.isfinite(bound):
+            value = model.peak_of(choice) if objective == "peak" else model.extra_flops_of(choice)
             gap = (value - bound * scale) / value if value else 0.0
-        status = "time limit, no plan from the solver: " + ("a simple plan" if dropped is not None else "none found")
-    if dropped is None:
+        status = "time limit, no plan from the solver: " + ("a simple plan" if choice is not None else "none found")
+    if choice is None:
         return Result(graph.name, objective, (), None, None, None, None, gap, status,
                       time.perf_counter() - t0, model.size_info, model.count)
-    return Result(graph.name, objective, dropped, plan_for(graph, dropped), model.peak_of(dropped),
-                  model.extra_flops_of(dropped), None if bound is None else bound * scale,
+    return Result(graph.name, objective, tuple(L for L in model.cands if L in choice), plan_for(graph, choice),
+                  model.peak_of(choice), model.extra_flops_of(choice), None if bound is None else bound * scale,
                   gap if gap is not None else (0.0 if res.status == 0 else None), status,
-                  time.perf_counter() - t0, model.size_info, model.count)
+                  time.perf_counter() - t0, model.size_info, model.count, choice)
 
 
 def _solve_checked(model, objective, allowance, budget, time_limit, tries: int = 4):
@@ -216,13 +230,13 @@ def _solve_checked(model, objective, allowance, budget, time_limit, tries: int =
     HiGHS accepts constraints violated by up to its tolerance, which on a large network can be a few
     bytes of a budget; such an answer is solved again under a limit tightened by the excess."""
     for _ in range(tries):
-        res, dropped, _ = model.solve(objective, allowance, budget, time_limit)
-        if dropped is None:
+        res, choice, _ = model.solve(objective, allowance, budget, time_limit)
+        if choice is None:
             return res, None
-        over_b = model.peak_of(dropped) - budget if budget is not None else 0
-        over_a = model.extra_flops_of(dropped) - allowance if allowance is not None else 0
+        over_b = model.peak_of(choice) - budget if budget is not None else 0
+        over_a = model.extra_flops_of(choice) - allowance if allowance is not None else 0
         if over_b <= 0 and over_a <= 0:
-            return res, dropped
+            return res, choice
         budget = budget - max(over_b, 1) if over_b > 0 else budget
         allowance = allowance - max(over_a, 1) if over_a > 0 else allowance
     res.status = 4
@@ -231,14 +245,16 @@ def _solve_checked(model, objective, allowance, budget, time_limit, tries: int =
 
 def _fallback(model, objective, allowance, budget):
     """The best of a few simple plans that keep within the limits (drop nothing, the cheap layers,
-    every layer), counted exactly: what a solve that ran out of time before finding a plan returns."""
+    every layer, each re-run once just in time), counted exactly: what a solve that ran out of time
+    before finding a plan returns."""
     cheap = tuple(L for L in model.cands if not model.graph.layers[L].checkpoint)
     ok = []
     for dropped in ((), cheap, tuple(model.cands)):
-        peak, flops = model.peak_of(dropped), model.extra_flops_of(dropped)
+        choice = model.choice(dropped)
+        peak, flops = model.peak_of(choice), model.extra_flops_of(choice)
         if (allowance is None or flops <= allowance) and (budget is None or peak <= budget):
-            ok.append(((peak, flops) if objective == "peak" else (flops, peak), dropped))
-    return min(ok)[1] if ok else None
+            ok.append(((peak, flops) if objective == "peak" else (flops, peak), len(ok), choice))
+    return min(ok)[2] if ok else None
 
 
 from snlite.milp import Model  # noqa: E402  (it builds on the plans above)
