@@ -57,11 +57,11 @@ def _worst(a: optimal.Result, b: optimal.Result | None = None) -> tuple[str, flo
 
 
 def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: float = 60.0,
-             progress=measure.no_progress) -> list[Row]:
+             progress=measure.no_progress, reruns: str = "any") -> list[Row]:
     """One row per heuristic (liveness only, speed-, memory-centric, cost-aware, sqrt(N)), each
     with the exact planner's answers for its FLOPs and its peak, then the optimum: the least peak
     (or, under ``budget``, the fewest extra FLOPs with a peak of at most ``budget``)."""
-    model = optimal.Model(graph, count)
+    model = optimal.Model(graph, count, reruns=reruns)
     rows = []
     plans = [(label, cfg, None) for label, cfg in HEURISTICS.items()]
     plans.append((SQRT, optimal.CONFIG, measure.checkpoint_plan(graph)))
@@ -90,11 +90,12 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
     return rows
 
 
-def frontier(graph, count: str = "all", max_points: int = 12, time_limit: float = 60.0) -> list[optimal.Result]:
+def frontier(graph, count: str = "all", max_points: int = 12, time_limit: float = 60.0,
+             reruns: str = "any") -> list[optimal.Result]:
     """The exact trade-off, cheapest first: the fewest extra FLOPs with no limit on the peak, then
     repeatedly the fewest extra FLOPs for a peak at least one byte lower, until the least peak (or
     ``max_points``). Each point is a proven optimum unless its ``status`` says otherwise."""
-    model = optimal.Model(graph, count)
+    model = optimal.Model(graph, count, reruns=reruns)
     points = [optimal.solve(graph, allowance=0, time_limit=time_limit, model=model)]
     while len(points) < max_points:
         nxt = optimal.solve(graph, "flops", budget=points[-1].peak_bytes - 1, time_limit=time_limit, model=model)

@@ -191,16 +191,20 @@ class Model:
     def _build_any(self) -> None:
         """The re-runs of "any": binaries R and C, per layer over the positions it may need them."""
         self.rv, self.cv, self.fv = {}, {}, {}
+        for L in self.cands:  # every layer's variables first: the constraints tie producers to consumers
+            S = self.starts[L]
+            if S:
+                self.rv[L] = {j: self._var(f"R[{L},{j}]", integer=True) for j in sorted(S)}
+                self.fv[L] = {j: self._var(f"F[{L},{j}]") for j in range(0, max(S) + 1)}
+                for u in self.outs[L]:
+                    self.cv[u] = {j: self._var(f"C[{u},{j}]", integer=True) for j in range(min(S) + 1, max(S) + 1)}
         for L in self.cands:
             S = self.starts[L]
             if not S:
                 continue
             lo, hi = min(S), max(S)
-            self.rv[L] = {j: self._var(f"R[{L},{j}]", integer=True) for j in sorted(S)}
-            self.fv[L] = {j: self._var(f"F[{L},{j}]") for j in range(0, hi + 1)}
             dL = {self.d[L]: 1.0}
             for u in self.outs[L]:
-                self.cv[u] = {j: self._var(f"C[{u},{j}]", integer=True) for j in range(lo + 1, hi + 1)}
                 need = set(self.bread.get(u, ()))
                 for j in range(lo, hi + 1):
                     here = _Expr(self.C(u, j)).add(self.R(L, j))

@@ -24,6 +24,51 @@ def chain6(n=4):
     return g
 
 
+def chain4(n=2):
+    """Three layers a plan may drop (conv, relu, pool) before the fc: small enough to enumerate
+    every plan of the program that re-runs a layer as often as it likes."""
+    g = Graph(input_shape=(n, 2, 6, 6), num_classes=3, name="chain4")
+    x = g.relu(g.conv2d(g.input(), 3, 3, padding=1, name="conv1"), name="relu1")
+    g.softmax_loss(g.linear(g.flatten(g.maxpool(x, 2, name="pool1")), 3, name="fc1"))
+    return g
+
+
+def _needs(model, L, chosen):
+    """Backward positions where L's outputs must exist: read by a backward step, or by a chosen re-run."""
+    pos = {s: j for j, s in enumerate(model.bstages)}
+    return ({j for u in model.outs[L] for j in model.bread.get(u, ())}
+            | {pos[s] for M in model.cons[L] if M in chosen for s in chosen[M]})
+
+
+def _random_reruns(model, rng):
+    """A random plan of Model(reruns="any"): dropped layers re-run at their first need and at some later ones."""
+    chosen = {}
+    for L in reversed(model.cands):
+        if rng.random() < 0.5:
+            needs = sorted(_needs(model, L, chosen))
+            pick = needs[:1] + [j for j in needs[1:] if rng.random() < 0.5]
+            chosen[L] = tuple(model.bstages[j] for j in pick)
+    return chosen
+
+
+def _every_plan(model):
+    """Every plan of Model(reruns="any"): each layer kept, or dropped and re-run before any subset of the
+    steps it may be re-run at such that each read of its outputs finds an incarnation made by then."""
+    def walk(i, chosen):
+        if i < 0:
+            yield dict(chosen)
+            return
+        L = model.cands[i]
+        yield from walk(i - 1, chosen)
+        S, needs = sorted(model.starts[L]), _needs(model, L, chosen)
+        for sub in (c for r in range(len(S) + 1) for c in itertools.combinations(S, r)):
+            if all(any(q <= t for q in sub) for t in needs):
+                chosen[L] = tuple(model.bstages[j] for j in sub)
+                yield from walk(i - 1, chosen)
+                del chosen[L]
+    yield from walk(len(model.cands) - 1, {})
+
+
 def _launch_slots(model, trace):
     """The program's slot for every launch the trace recorded."""
     bpos = {s: j for j, s in enumerate(model.bstages)}
@@ -129,6 +174,58 @@ def test_bad_requests_say_what_to_do():
         optimal.plan_for(g, ["softmax"])
     with pytest.raises(ValueError, match="unknown objective"):
         optimal.solve(g, "speed")
+
+
+# ---------------------------------------------------------------- re-runs as often as the solver likes
+@pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
+def test_the_any_program_counts_every_launch_as_the_trace_does(build):
+    g = build()
+    rng = random.Random(3)
+    for count in ("all", "paper"):
+        model = optimal.Model(g, count, reruns="any")
+        for _ in range(3):
+            chosen = _random_reruns(model, rng)
+            plan = optimal.plan_for(g, chosen)
+            validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+            m = measure.measure(g, plan.config, plan=plan)
+            trace = m.trace if count == "all" else m.paper
+            held = model.slot_bytes(chosen)
+            assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps], chosen
+            assert model.extra_flops_of(chosen) == trace.extra_flops
+
+
+def test_brute_force_over_every_any_plan_of_a_chain_agrees_with_the_solver():
+    g = chain4()
+    model = optimal.Model(g, "paper", reruns="any")
+    plans = []
+    for chosen in _every_plan(model):
+        trace = measure.run(g, optimal.CONFIG.replace(count="paper"), optimal.plan_for(g, chosen))
+        plans.append((chosen, trace.peak_bytes, trace.extra_flops))
+    assert len(plans) > 100 and any(len(s) > 1 for c, _, _ in plans for s in c.values())
+    for allowance in (None, *sorted({f for _, _, f in plans})):
+        best = min(p for _, p, f in plans if allowance is None or f <= allowance)
+        r = optimal.solve(g, allowance=allowance, model=model)
+        assert r.optimal and r.peak_bytes == best, allowance
+        assert measure.run(g, r.plan.config.replace(count="paper"), r.plan).peak_bytes == best
+    for budget in sorted({p for _, p, _ in plans}):
+        r = optimal.solve(g, "flops", budget=budget, model=model)
+        assert r.extra_flops == min(f for _, p, f in plans if p <= budget), budget
+
+
+def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
+    from snlite import gap
+
+    g = mixed_net()
+    rows = gap.gap_rows(g, "paper", reruns="any")
+    assert all(r.gap_pct >= 0 for r in rows)  # memory-centric's plans are in this program's space
+    once = optimal.solve(g, count="paper")
+    best = optimal.solve(g, count="paper", reruns="any")
+    assert best.optimal and best.peak_bytes <= once.peak_bytes
+    assert measure.run(g, best.plan.config.replace(count="paper"), best.plan).peak_bytes == best.peak_bytes
+    x, labels = data_for(g)
+    base, model = Model(g, MemoryConfig(), device="host"), Model(g, best.plan.config, device="host", plan=best.plan)
+    assert base.step(x, labels, lr=0.1) == model.step(x, labels, lr=0.1)
+    assert all(np.array_equal(base.params[k], model.params[k]) for k in base.params)
 
 
 # ---------------------------------------------------------------- the gap table and the command
