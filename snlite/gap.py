@@ -93,12 +93,15 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
 def frontier(graph, count: str = "all", max_points: int = 12, time_limit: float = 60.0,
              reruns: str = "any") -> list[optimal.Result]:
     """The exact trade-off, cheapest first: the fewest extra FLOPs with no limit on the peak, then
-    repeatedly the fewest extra FLOPs for a peak at least one byte lower, until the least peak (or
-    ``max_points``). Each point is a proven optimum unless its ``status`` says otherwise."""
+    repeatedly the fewest extra FLOPs for a peak at least one byte lower (or one part in 500,000, HiGHS's
+    tolerance: :data:`snlite.optimal.TOLERANCE`), until the least peak (or ``max_points``). Each point
+    is a proven optimum unless its ``status`` says otherwise."""
     model = optimal.Model(graph, count, reruns=reruns)
     points = [optimal.solve(graph, allowance=0, time_limit=time_limit, model=model)]
     while len(points) < max_points:
-        nxt = optimal.solve(graph, "flops", budget=points[-1].peak_bytes - 1, time_limit=time_limit, model=model)
+        peak = points[-1].peak_bytes  # the next point's peak is lower by a byte, or by HiGHS's tolerance
+        nxt = optimal.solve(graph, "flops", budget=peak - max(1, int(peak * optimal.TOLERANCE)), time_limit=time_limit,
+                            model=model)
         if nxt.plan is None:
             break
         # the least peak for those FLOPs: the frontier's corner

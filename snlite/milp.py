@@ -28,7 +28,7 @@ class _Expr(dict):
 
 
 PRESOLVE = True
-RERUNS = ("once", "any")  # each dropped layer re-run once, just in time; or as often as the solver likes
+RERUNS = ("any", "once")  # re-run as often as the solver likes; or each dropped layer once, just in time
 
 
 class Model:
@@ -36,7 +36,7 @@ class Model:
     :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means.
     ``allowed``: the layers it may drop (default: every candidate), e.g. only SuperNeurons' cheap ones."""
 
-    def __init__(self, graph, count: str = "all", allowed=None, reruns: str = "once"):
+    def __init__(self, graph, count: str = "all", allowed=None, reruns: str = "any"):
         if count not in ("all", "paper"):
             raise ValueError(f"count must be 'all' or 'paper', got {count!r}")
         if reruns not in RERUNS:

@@ -9,23 +9,28 @@ that the same placement pass and executor run.
 The plans (the space the program searches, and the brute force of the tests enumerates):
 
 - every layer that writes activations (not the data layer, the loss, or a flatten) is a candidate;
-  a plan *drops* a set D of them: their outputs (and what their forward saves) are freed after
-  their last forward use;
-- in backward, a dropped layer is re-run once, just in time: before the first backward step that
-  reads one of its outputs, or before the re-run of a dropped consumer that needs them, whichever
-  comes first (re-runs of one step in forward order); its new incarnation lives until its last use;
-- liveness on, nothing offloaded, no workspace: :func:`plan_for` builds the plan of any D.
+  a plan *drops* some of them: their outputs (and what their forward saves) are freed after their
+  last forward use;
+- in backward a dropped layer is re-run before backward steps that need its outputs (re-runs before
+  one step in forward order, each reading the latest incarnation of its inputs); each incarnation is
+  freed after its last use, as liveness frees everything (:func:`plan_for`, liveness on, nothing
+  offloaded, no workspace);
+- ``reruns="any"`` (the default): re-run a layer before any step where it, or a dropped consumer's
+  re-run, needs it, as often as the solver likes, keeping each output between steps or not. This
+  holds SuperNeurons' speed- and memory-centric plans, so none of them can beat its optimum.
+  ``reruns="once"``: each dropped layer re-run once, just in time (:func:`recompute_stages`), and
+  kept until its last use: a smaller program, a decision per layer only.
 
-The program (:func:`solve`): binaries ``d[L]`` (layer L dropped) and ``started[L, s]`` (L's re-run
-has happened by backward step s); continuous ``alive`` variables say whether a tensor holds its
-block at each moment a launch can happen (every forward step, and in every backward step each
-possible re-run, in forward order, then the step itself). The memory at each such moment, counted
-as the trace counts it (the pool's blocks under count "all", the tensors' own bytes under "paper";
-weights, their gradients and momentum as the trace has them), is at most ``peak``. The re-run times
-are pinned exactly to the just-in-time rule (upper and lower bounds), and each ``alive`` has only
-lower bounds that are tight at the optimum (a tensor holds its block from its allocation to its last
-use), so the program's optimum is the executed peak of the plan, byte for byte: the tests run it.
-Only the pool's fragmentation is not modelled: the *arena* a program needs can exceed its peak.
+The program (:class:`snlite.milp.Model`): binaries ``d[L]`` (layer L dropped) and, per backward
+position j, ``R[L, j]`` (L re-run there) and ``C[u, j]`` (the incarnation of its output u carried into
+j), or under "once" ``started[L, j]`` (L's one re-run has happened by j); continuous ``alive``
+variables say whether a tensor holds its block at each moment a launch can happen (every forward step,
+and in every backward step each possible re-run, in forward order, then the step itself). The memory
+at each such moment, counted as the trace counts it (the pool's blocks under count "all", the tensors'
+own bytes under "paper"; weights, their gradients and momentum as the trace has them), is at most
+``peak``. Each ``alive`` has only lower bounds, tight at the optimum (a tensor holds its block from its
+allocation to its last use), so the program's optimum is the executed peak of its plan, byte for byte:
+the tests run it. Only the pool's fragmentation is not modelled: the *arena* can exceed the peak.
 
 Objectives: the least peak for an allowance of extra FLOPs (``objective="peak"``), or the fewest
 extra FLOPs under a byte budget on that peak (``objective="flops"``). HiGHS stops at ``time_limit``
@@ -188,8 +193,9 @@ STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "so
 
 
 def solve(graph, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
-          time_limit: float = 60.0, count: str = "all", model: Model | None = None, reruns: str = "once") -> Result:
-    """The best plan of :func:`plan_for`'s kind for ``graph``: the least peak (with at most
+          time_limit: float = 60.0, count: str = "all", model: Model | None = None, reruns: str = "any") -> Result:
+    """The best plan of :func:`plan_for`'s kind for ``graph`` (``reruns``: "any" or "once", see the module
+    docstring): the least peak (with at most
     ``allowance`` extra FLOPs, if given; among plans of that peak, the fewest extra FLOPs), or
     (``objective="flops"``) the fewest extra FLOPs with a peak of at most ``budget`` bytes.
     ``time_limit`` (seconds, per solver call) bounds the work: a graph too big to finish gets the
@@ -225,11 +231,17 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
                   time.perf_counter() - t0, model.size_info, model.count, choice)
 
 
-def _solve_checked(model, objective, allowance, budget, time_limit, tries: int = 4):
-    """HiGHS, then the answer checked exactly (:meth:`Model.slot_bytes`, :meth:`Model.extra_flops_of`):
-    HiGHS accepts constraints violated by up to its tolerance, which on a large network can be a few
-    bytes of a budget; such an answer is solved again under a limit tightened by the excess."""
-    for _ in range(tries):
+TOLERANCE = 2e-6  # relative: what HiGHS's integrality tolerance can hide in a sum (see _solve_checked)
+
+
+def _solve_checked(model, objective, allowance, budget, time_limit, tries: int = 6):
+    """HiGHS, then the answer checked exactly (:meth:`Model.slot_bytes`, :meth:`Model.extra_flops_of`).
+    HiGHS takes a binary within 1e-6 of 0 or 1 as that value (its integrality tolerance, which scipy does
+    not let us tighten), so a memory sum of B bytes can be off by about B * 1e-6, e.g. 60 bytes of a 60 MB
+    budget. An answer over its budget (or allowance) is solved again under one tightened by the excess,
+    at least by TOLERANCE of it, doubling: the plan returned always keeps within the limits, counted
+    exactly, and is optimal up to that tolerance."""
+    for attempt in range(tries):
         res, choice, _ = model.solve(objective, allowance, budget, time_limit)
         if choice is None:
             return res, None
@@ -237,8 +249,10 @@ def _solve_checked(model, objective, allowance, budget, time_limit, tries: int =
         over_a = model.extra_flops_of(choice) - allowance if allowance is not None else 0
         if over_b <= 0 and over_a <= 0:
             return res, choice
-        budget = budget - max(over_b, 1) if over_b > 0 else budget
-        allowance = allowance - max(over_a, 1) if over_a > 0 else allowance
+        if over_b > 0:
+            budget -= max(over_b, int(budget * TOLERANCE * 2 ** attempt) + 1)
+        if over_a > 0:
+            allowance -= max(over_a, int(allowance * TOLERANCE * 2 ** attempt) + 1)
     res.status = 4
     return res, None
 

@@ -85,7 +85,7 @@ def _launch_slots(model, trace):
                          ids=["mixed", "chain6", "lenet", "resnet8"])
 def test_the_program_counts_every_launch_as_the_trace_does(build, count):
     g = build()
-    model = optimal.Model(g, count)
+    model = optimal.Model(g, count, reruns="once")
     rng = random.Random(7)
     for _ in range(4):
         dropped = tuple(L for L in model.cands if rng.random() < 0.5)
@@ -113,7 +113,7 @@ def brute():
 def test_brute_force_on_a_chain_agrees_with_the_solver(brute):
     g, plans = brute
     assert len(plans) == 2 ** 6
-    model = optimal.Model(g)
+    model = optimal.Model(g, reruns="once")
     flops = sorted({f for _, _, f in plans})
     for allowance in (None, 0, *flops[1:-1:max(1, len(flops) // 5)]):
         best = min(p for _, p, f in plans if allowance is None or f <= allowance)
@@ -137,10 +137,10 @@ def test_brute_force_on_a_chain_agrees_with_the_solver(brute):
 @pytest.mark.parametrize("build", [chain6, mixed_net, lambda: lenet(16)], ids=["chain6", "mixed", "lenet"])
 def test_the_optimal_plan_runs_bit_identically_with_the_planned_peak(build):
     g = build()
-    r = optimal.solve(g, count="paper")
+    r = optimal.solve(g, count="paper", reruns="once")
     assert r.optimal
     dropped = r.dropped or tuple(optimal.candidates(g))  # LeNet: no drop lowers its peak; drop them all then
-    plan, peak = optimal.plan_for(g, dropped), optimal.Model(g, "paper").peak_of(dropped)
+    plan, peak = optimal.plan_for(g, dropped), optimal.Model(g, "paper", reruns="once").peak_of(dropped)
     validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
     x, labels = data_for(g)
     base = Model(g, MemoryConfig(), device="host")
@@ -218,8 +218,8 @@ def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
     g = mixed_net()
     rows = gap.gap_rows(g, "paper", reruns="any")
     assert all(r.gap_pct >= 0 for r in rows)  # memory-centric's plans are in this program's space
-    once = optimal.solve(g, count="paper")
-    best = optimal.solve(g, count="paper", reruns="any")
+    once = optimal.solve(g, count="paper", reruns="once")
+    best = optimal.solve(g, count="paper")
     assert best.optimal and best.peak_bytes <= once.peak_bytes
     assert measure.run(g, best.plan.config.replace(count="paper"), best.plan).peak_bytes == best.peak_bytes
     x, labels = data_for(g)
