@@ -90,20 +90,20 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
     return rows
 
 
-def frontier(graph, count: str = "all", max_points: int = 12, time_limit: float = 60.0,
+FRACTIONS = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # of a forward pass's FLOPs
+
+
+def frontier(graph, count: str = "all", fractions=FRACTIONS, time_limit: float = 60.0,
              reruns: str = "any") -> list[optimal.Result]:
-    """The exact trade-off, cheapest first: the fewest extra FLOPs with no limit on the peak, then
-    repeatedly the fewest extra FLOPs for a peak at least one byte lower (or one part in 500,000, HiGHS's
-    tolerance: :data:`snlite.optimal.TOLERANCE`), until the least peak (or ``max_points``). Each point
-    is a proven optimum unless its ``status`` says otherwise."""
+    """The exact trade-off, sampled: the least peak for at most each fraction of a forward pass in
+    extra FLOPs, then with no limit, each with the fewest extra FLOPs for that peak; a point that
+    does no better than the one before is left out, so peaks fall and FLOPs rise along the list.
+    Each point is a proven optimum unless its ``status`` says otherwise."""
     model = optimal.Model(graph, count, reruns=reruns)
-    points = [optimal.solve(graph, allowance=0, time_limit=time_limit, model=model)]
-    while len(points) < max_points:
-        peak = points[-1].peak_bytes  # the next point's peak is lower by a byte, or by HiGHS's tolerance
-        nxt = optimal.solve(graph, "flops", budget=peak - max(1, int(peak * optimal.TOLERANCE)), time_limit=time_limit,
-                            model=model)
-        if nxt.plan is None:
-            break
-        # the least peak for those FLOPs: the frontier's corner
-        points.append(optimal.solve(graph, allowance=nxt.extra_flops, time_limit=time_limit, model=model))
+    fwd = graph.flops()
+    points: list[optimal.Result] = []
+    for allowance in [int(f * fwd) for f in sorted(fractions)] + [None]:
+        p = optimal.solve(graph, allowance=allowance, time_limit=time_limit, model=model)
+        if p.plan is not None and (not points or p.peak_bytes < points[-1].peak_bytes):
+            points.append(p)
     return points

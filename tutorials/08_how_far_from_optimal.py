@@ -93,11 +93,12 @@ expect("the exact planner reaches a lower peak than any heuristic, by dropping c
 
 # %% [markdown]
 # ## The frontier
-# Walking the exact trade-off: the fewest extra FLOPs, then repeatedly the fewest extra FLOPs for a peak
-# one byte lower, each point a proven optimum. The heuristics are drawn as points against it.
+# The least peak for at most 0, 0.1%, 0.2%, ... 100% of a forward pass in extra FLOPs, each a proven
+# optimum (`gap.frontier`); the heuristics are drawn as points against it.
 
 # %%
-points = gap.frontier(net, "paper", max_points=6 if QUICK else 14)
+fractions = (0.0, 0.002, 0.005, 0.05, 0.5) if QUICK else gap.FRACTIONS
+points = gap.frontier(net, "paper", fractions=fractions)
 for p in points:
     print(f"peak {p.peak_bytes / MiB:6,.1f} MiB   +{p.extra_flops / fwd:6.1%}   drop {', '.join(p.dropped) or '-'}")
 expect("along the frontier the peak falls as the extra FLOPs rise, every point proven optimal",
