@@ -44,8 +44,8 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
                    help="per solver call (default 60); a call that stops there reports its gap")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
     p.add_argument("--plot", metavar="FILE.png",
-                   help="draw the exact peak vs extra-FLOP frontier (sampled at 0 to 100%% of a forward pass) with each "
-                        "heuristic as a point (needs matplotlib)")
+                   help="draw the exact peak vs extra-FLOP frontier (sampled at 0 to 100%% of a forward pass) with "
+                        "each heuristic as a point (needs matplotlib)")
     add_quiet_flag(p)
 
 

@@ -77,8 +77,9 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
     progress(f"{graph.name}: {OPTIMAL} ({len(plans) + 1}/{len(plans) + 1})")
     best = optimal.solve(graph, "flops" if budget else "peak", budget=budget, time_limit=time_limit, model=model)
     if best.plan is None:
+        least = optimal.solve(graph, model=model).peak_bytes
         raise ValueError(f"no plan of {graph.name} has a peak of at most {measure.format_size(budget)} "
-                         f"({best.status}); the least peak is {measure.format_size(optimal.solve(graph, model=model).peak_bytes)}")
+                         f"({best.status}); the least peak is {measure.format_size(least)}")
     if budget:  # the frontier's corner: the least peak for those fewest FLOPs
         corner = optimal.solve(graph, allowance=best.extra_flops, time_limit=time_limit, model=model)
         if corner.plan is not None and corner.peak_bytes <= best.peak_bytes:

@@ -426,7 +426,7 @@ class Model:
             for u in self.outs[L]:
                 uses = set(self.bread.get(u, ())) | {bpos[s] for M in self.readers.get(u, ()) if M != L
                                                      for s in reruns.get(M, ())}
-                for j, v in self.cv.get(u, {}).items():  # carried into j: re-run before, read from j on, before the next
+                for j, v in self.cv.get(u, {}).items():  # kept into j: re-run before, read from j on
                     nxt = min((q for q in js if q >= j), default=np.inf)
                     x[v] = float(any(q < j for q in js) and any(j <= t < nxt for t in uses))
         return x

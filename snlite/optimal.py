@@ -184,7 +184,9 @@ class Result:
                     f"({self.size.get('binaries', 0)} binaries)")
         gap = "proven optimal" if self.optimal else (
             f"{self.status}, gap " + ("unknown (no bound)" if self.gap is None else f"{100 * self.gap:.1f}%"))
-        return (f"{self.graph_name}: drop {len(self.dropped)} layers, peak {format_size(self.peak_bytes)} "
+        runs = sum(map(len, self.reruns.values()))
+        return (f"{self.graph_name}: drop {len(self.dropped)} layers ({runs} re-runs), "
+                f"peak {format_size(self.peak_bytes)} "
                 f"({self.count} count), +{self.extra_flops:,d} FLOPs; {gap}; {self.solve_s:.2f} s, "
                 f"{self.size.get('binaries', 0)} binaries, {self.size.get('constraints', 0)} constraints")
 

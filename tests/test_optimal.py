@@ -1,6 +1,7 @@
 """The exact planner (snlite.optimal): its integer program counts memory as the trace does, launch by
 launch; its optimum is the brute-force optimum on a chain; its plans run bit-identically."""
 import itertools
+import json
 import random
 
 import numpy as np
@@ -258,6 +259,11 @@ def test_snlite_optimal_prints_the_table(capsys):
     code = cli.main(["optimal", "lenet", "--batch", "2", "--budget", "1KiB"])
     out, err = capsys.readouterr()
     assert code == 1 and "no plan of lenet has a peak of at most 1.0 KiB" in err and "the least peak is" in err
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--reruns", "once", "--budget", "8MiB", "--json"])
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert code == 0 and data["reruns"] == "once", err
+    assert data["rows"][-1]["label"] == "optimal (under 8.0 MiB)" and data["rows"][-1]["peak_bytes"] <= 8 * 2**20
     code = cli.main(["compare", "lenet", "--batch", "2", "--optimal"])
     out, err = capsys.readouterr()
     assert code == 0 and "\noptimal recompute " in out, err
