@@ -101,7 +101,13 @@ def cmd_optimal(args) -> int:
              "gap is never negative)" if args.reruns == "any" else
              "re-runs each dropped layer once (memory-centric re-runs layers several times, so it can be below: a "
              "negative gap)")
+    unproven = [r.label for r in rows if r.status != "optimal"]
     print(f"gap: how far a peak is above the least peak of any plan that {space}, with at most the same extra FLOPs. "
           f"The optimum, {'proven' if best.status == 'optimal' else best.status}, took {best.solve_s:.1f} s; all "
           f"rows {seconds:.1f} s.")
+    if unproven:
+        print(f"not proven ({len(unproven)} of {len(rows)} rows): the solver stopped at --time-limit "
+              f"{args.time_limit:g} s; their least peaks and fewest FLOPs are the best plans found, not the optimum, "
+              f"and a gap there can be negative. A smaller batch does not help (the program's size depends on the "
+              f"layers); a longer --time-limit may.")
     return 0

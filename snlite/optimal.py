@@ -223,7 +223,7 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
         if choice is not None and bound is not None and np.isfinite(bound):
             value = model.peak_of(choice) if objective == "peak" else model.extra_flops_of(choice)
             gap = (value - bound * scale) / value if value else 0.0
-        status = "time limit, no plan from the solver: " + ("a simple plan" if choice is not None else "none found")
+        status = "time limit, no plan from the solver: " + ("the best known plan" if choice is not None else "none found")
     if choice is None:
         return Result(graph.name, objective, (), None, None, None, None, gap, status,
                       time.perf_counter() - t0, model.size_info, model.count)
@@ -259,15 +259,42 @@ def _solve_checked(model, objective, allowance, budget, time_limit, tries: int =
     return res, None
 
 
+def reruns_of(graph, plan) -> dict[str, tuple[int, ...]] | None:
+    """The re-runs of a recomputation plan (SuperNeurons' speed-, memory-centric or cost-aware, sqrt(N))
+    as :func:`plan_for` takes them, or None where it is not one of these plans (a layer it drops that
+    may not be dropped here, or re-run twice before one step)."""
+    fwd = {s.layer: s for s in graph.steps() if s.phase == "forward"}
+    dropped = set(plan.recompute.dropped)
+    out: dict[str, list[int]] = {L: [] for L in candidates(graph) if dropped.intersection(fwd[L].writes)}
+    for p in plan.ops:
+        if p.op.phase == "recompute":
+            if p.op.layer not in out or p.op.step in out[p.op.layer]:
+                return None
+            out[p.op.layer].append(p.op.step)
+    return {L: tuple(v) for L, v in out.items()}
+
+
 def _fallback(model, objective, allowance, budget):
-    """The best of a few simple plans that keep within the limits (drop nothing, the cheap layers,
-    every layer, each re-run once just in time), counted exactly: what a solve that ran out of time
-    before finding a plan returns."""
+    """The best plan that keeps within the limits among a few known ones, counted exactly: drop
+    nothing, the cheap layers, every layer (each re-run once, just in time), and, where the program
+    holds them, SuperNeurons' speed-, memory-centric and cost-aware plans and sqrt(N) checkpointing.
+    What a solve that ran out of time before HiGHS found a plan returns."""
+    from snlite.measure import checkpoint_plan
+
     cheap = tuple(L for L in model.cands if not model.graph.layers[L].checkpoint)
+    known = [model.choice(d) for d in ((), cheap, tuple(model.cands))]
+    if model.mode == "any":
+        plans = [Scheduler(model.graph, CONFIG.replace(recompute=r)).plan() for r in ("speed", "memory", "cost_aware")]
+        for plan in plans + [checkpoint_plan(model.graph)]:
+            choice = reruns_of(model.graph, plan)
+            if choice is not None and set(choice) <= set(model.cands):
+                known.append(choice)
     ok = []
-    for dropped in ((), cheap, tuple(model.cands)):
-        choice = model.choice(dropped)
-        peak, flops = model.peak_of(choice), model.extra_flops_of(choice)
+    for choice in known:
+        try:
+            peak, flops = model.peak_of(choice), model.extra_flops_of(choice)
+        except ValueError:  # a re-run where this program allows none
+            continue
         if (allowance is None or flops <= allowance) and (budget is None or peak <= budget):
             ok.append(((peak, flops) if objective == "peak" else (flops, peak), len(ok), choice))
     return min(ok)[2] if ok else None

@@ -213,6 +213,19 @@ def test_brute_force_over_every_any_plan_of_a_chain_agrees_with_the_solver():
         assert r.extra_flops == min(f for _, p, f in plans if p <= budget), budget
 
 
+@pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
+def test_superneurons_plans_are_plans_of_the_any_program_with_the_same_peak(build):
+    from snlite.scheduler import Scheduler
+
+    g = build()
+    model = optimal.Model(g, "paper")
+    for strategy in ("speed", "memory", "cost_aware"):
+        plan = Scheduler(g, optimal.CONFIG.replace(recompute=strategy)).plan()
+        chosen = optimal.reruns_of(g, plan)
+        trace = measure.run(g, optimal.CONFIG.replace(count="paper"), plan)
+        assert model.peak_of(chosen) == trace.peak_bytes and model.extra_flops_of(chosen) == trace.extra_flops
+
+
 def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
     from snlite import gap
 
