@@ -218,12 +218,21 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
         if choice2 is not None and model.extra_flops_of(choice2) < model.extra_flops_of(choice):
             choice = choice2
     scale = model.unit if objective == "peak" else model.fscale
-    if choice is None and res.status == 1:  # out of time before HiGHS found a plan: the best simple one
-        choice = _fallback(model, objective, allowance, budget)
+
+    def value(c):
+        return (model.peak_of(c), model.extra_flops_of(c)) if objective == "peak" else \
+            (model.extra_flops_of(c), model.peak_of(c))
+
+    if res.status == 1:  # out of time: the solver's plan, or a known one where that is better
+        known = _fallback(model, objective, allowance, budget)
+        if known is not None and (choice is None or value(known) < value(choice)):
+            status = "time limit: " + ("no plan from the solver, " if choice is None else "") + "the best known plan"
+            choice = known
         if choice is not None and bound is not None and np.isfinite(bound):
-            value = model.peak_of(choice) if objective == "peak" else model.extra_flops_of(choice)
-            gap = (value - bound * scale) / value if value else 0.0
-        status = "time limit, no plan from the solver: " + ("the best known plan" if choice is not None else "none found")
+            v = value(choice)[0]
+            gap = (v - bound * scale) / v if v else 0.0
+        if choice is None:
+            status = "time limit: no plan found"
     if choice is None:
         return Result(graph.name, objective, (), None, None, None, None, gap, status,
                       time.perf_counter() - t0, model.size_info, model.count)
