@@ -2,6 +2,13 @@
 
 :class:`Model` builds, for one graph, the program whose optimum is the best plan of
 :func:`snlite.optimal.plan_for`'s kind, with every memory sum counted as the trace counts it.
+
+Slots are the moments a launch can happen: each forward step, and per backward position j each
+possible re-run (in forward order) then the step itself. Per tensor and slot, ``_memory`` adds the
+tensor's bytes as a constant (held whatever the plan), as ``1 - d[L]`` (an original a drop frees),
+or as an ``alive`` variable bounded below by the reasons it must be held there (it exists there, and
+something at or after the slot still reads this copy of it). :meth:`Model.slot_bytes` evaluates the
+same sums for one plan without the solver; the tests compare it with the trace launch by launch.
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ import time
 
 import numpy as np
 
-from snlite.optimal import CONFIG, OBJECTIVES, _outputs, candidates, recompute_stages
+from snlite.optimal import CONFIG, OBJECTIVES, _outputs, candidates
 from snlite.scheduler import Scheduler
 from snlite.trace import KIND_CATEGORY, PAPER_CATEGORIES
 
@@ -27,7 +34,7 @@ class _Expr(dict):
         return self
 
 
-PRESOLVE = True
+PRESOLVE = True  # HiGHS's presolve (off: slower, for checking a suspicious answer)
 RERUNS = ("any", "once")  # re-run as often as the solver likes; or each dropped layer once, just in time
 
 
