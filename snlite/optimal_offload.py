@@ -127,11 +127,18 @@ class OffloadModel:
 
     def bytes_at(self, prefetch: dict) -> list[int]:
         """The bytes at every launched op for one choice (tensor -> prefetch op), exactly."""
-        x = np.zeros(len(self.names))
+        if not hasattr(self, "_dense"):
+            rows = [(k0, t) for (k0, t), ok in zip(self.memory(), self.launched) if ok]
+            A = np.zeros((len(rows), len(self.names)), dtype=np.int64)
+            for r, (_, t) in enumerate(rows):
+                for v, c in t.items():
+                    A[r, v] = int(c)
+            self._dense = (np.array([int(k0) for k0, _ in rows], dtype=np.int64), A)
+        x = np.zeros(len(self.names), dtype=np.int64)
         for u, k in prefetch.items():
-            x[self.o[u]], x[self.p[u][k]] = 1.0, 1.0
-        return [int(k0 + sum(c * x[v] for v, c in t.items())) for (k0, t), ok in zip(self.memory(), self.launched)
-                if ok]
+            x[self.o[u]], x[self.p[u][k]] = 1, 1
+        k0, A = self._dense
+        return [int(b) for b in k0 + A @ x]
 
     def solve(self, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
               time_limit: float = 60.0):

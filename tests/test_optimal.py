@@ -242,6 +242,65 @@ def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
     assert all(np.array_equal(base.params[k], model.params[k]) for k in base.params)
 
 
+# ---------------------------------------------------------------- the offload model
+def _every_offload(model):
+    """Every choice of the offload program: each candidate stays, or comes back before one of its ops."""
+    options = [[None, *model.p[u]] for u in model.cands]
+    for pick in itertools.product(*options):
+        yield {u: k for u, k in zip(model.cands, pick) if k is not None}
+
+
+@pytest.mark.parametrize("count", ["all", "paper"])
+def test_the_offload_program_counts_every_launch_and_runs_bit_identically(count):
+    from snlite import optimal_offload as oo
+
+    g = mixed_net()
+    model = oo.OffloadModel(g, count)
+    rng = random.Random(4)
+    for _ in range(4):
+        chosen = {u: rng.choice(list(model.p[u])) for u in model.cands if rng.random() < 0.5}
+        plan = oo.plan_for(g, chosen, model.base_plan)
+        m = measure.measure(g, plan.config, plan=plan)
+        trace = m.trace if count == "all" else m.paper
+        assert model.bytes_at(chosen) == [r.counted_bytes for r in trace.steps], chosen
+        assert m.moved_bytes == sum(2 * g.tensors()[u].nbytes for u in chosen)
+    r = oo.solve(g, count=count, model=model)
+    assert r.optimal and r.prefetch
+    x, labels = data_for(g)
+    base, run = Model(g, MemoryConfig(), device="host"), Model(g, r.plan.config, device="host", plan=r.plan)
+    for program in run.programs.values():
+        check(program)
+    assert base.step(x, labels, lr=0.1) == run.step(x, labels, lr=0.1)
+    assert all(np.array_equal(base.params[k], run.params[k]) for k in base.params)
+    trace = measure.run(g, r.plan.config.replace(count=count), r.plan)
+    assert trace.peak_bytes == r.peak_bytes and trace.d2h_bytes + trace.h2d_bytes == r.moved_bytes
+
+
+def test_brute_force_over_every_offload_plan_agrees_with_the_solver():
+    from snlite import optimal_offload as oo
+
+    g = chain4()  # every plan executed
+    model = oo.OffloadModel(g, "paper")
+    plans = []
+    for chosen in _every_offload(model):
+        m = measure.measure(g, oo.CONFIG, plan=oo.plan_for(g, chosen, model.base_plan))
+        plans.append((m.paper.peak_bytes, m.moved_bytes))
+    assert len(plans) == 90
+    for allowance in sorted({b for _, b in plans}):
+        r = oo.solve(g, allowance=allowance, count="paper", model=model)
+        assert r.peak_bytes == min(p for p, b in plans if b <= allowance), allowance
+    for budget in sorted({p for p, _ in plans}):
+        r = oo.solve(g, "moved", budget=budget, count="paper", model=model)
+        assert r.moved_bytes == min(b for p, b in plans if p <= budget), budget
+    g = chain6()  # its 5,040 plans counted by the program's own sums (checked against the trace above)
+    model = oo.OffloadModel(g, "all")
+    plans = [(max(model.bytes_at(c)), sum(2 * g.tensors()[u].nbytes for u in c)) for c in _every_offload(model)]
+    assert len(plans) == 5040
+    for allowance in sorted({b for _, b in plans})[::7]:
+        r = oo.solve(g, allowance=allowance, model=model)
+        assert r.peak_bytes == min(p for p, b in plans if b <= allowance), allowance
+
+
 # ---------------------------------------------------------------- the gap table and the command
 def test_the_gap_rows_put_each_heuristic_against_the_exact_frontier():
     from snlite import gap
