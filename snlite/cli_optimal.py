@@ -42,6 +42,9 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
                         "time, kept until its last use: a smaller program)")
     p.add_argument("--time-limit", type=_seconds, default=60.0, metavar="SECONDS",
                    help="per solver call (default 60); a call that stops there reports its gap")
+    p.add_argument("--offload", action="store_true",
+                   help="also the second exact model, offload only: SuperNeurons' offload of CONV outputs against "
+                        "the least peak for its bytes moved, and the offload optimum (any activation may go)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the exact peak vs extra-FLOP frontier (sampled at 0 to 100%% of a forward pass) with "
@@ -64,6 +67,10 @@ def cmd_optimal(args) -> int:
     status = Status("snlite optimal", args.quiet)
     t0 = time.perf_counter()
     rows = gap.gap_rows(graph, args.count, args.budget, args.time_limit, progress=status, reruns=args.reruns)
+    moves = []
+    if args.offload:
+        status(f"{graph.name}: the offload program")
+        moves = gap.offload_rows(graph, args.count, args.time_limit)
     points = []
     if args.plot:
         status(f"{graph.name}: the exact frontier")
@@ -76,6 +83,7 @@ def cmd_optimal(args) -> int:
                                 "budget_bytes": args.budget,
                                 "forward_flops": fwd, "seconds": seconds,
                                 "rows": [dict(vars(r), gap_pct=r.gap_pct) for r in rows],
+                                "offload_rows": [dict(vars(r), gap_pct=r.gap_pct) for r in moves],
                                 "frontier": [{"peak_bytes": p.peak_bytes, "extra_flops": p.extra_flops,
                                               "status": p.status} for p in points]})
     if args.plot:
@@ -101,12 +109,21 @@ def cmd_optimal(args) -> int:
              "gap is never negative)" if args.reruns == "any" else
              "re-runs each dropped layer once (memory-centric re-runs layers several times, so it can be below: a "
              "negative gap)")
-    unproven = [r.label for r in rows if r.status != "optimal"]
+    unproven = [r.label for r in rows + moves if r.status != "optimal"]
     print(f"gap: how far a peak is above the least peak of any plan that {space}, with at most the same extra FLOPs. "
           f"The optimum, {'proven' if best.status == 'optimal' else best.status}, took {best.solve_s:.1f} s; all "
           f"rows {seconds:.1f} s.")
+    if moves:
+        head = ["offload", "peak", "moved", "least peak, same bytes moved", "gap", "fewest bytes moved, same peak",
+                "solver"]
+        print()
+        print(_table(head, [[r.label, measure.format_size(r.peak_bytes), measure.format_size(r.moved_bytes),
+                             measure.format_size(r.best_peak_bytes), f"{r.gap_pct:+.1f}%",
+                             measure.format_size(r.fewest_moved), r.status] for r in moves]))
+        print("offload: nothing recomputed; the exact model may send any activation to the host (copied out right "
+              "after its write, released after its last forward read) and picks when each comes back.")
     if unproven:
-        print(f"not proven ({len(unproven)} of {len(rows)} rows): the solver stopped at --time-limit "
+        print(f"not proven ({len(unproven)} of {len(rows) + len(moves)} rows): the solver stopped at --time-limit "
               f"{args.time_limit:g} s; their least peaks and fewest FLOPs are the best plans found, not the optimum, "
               f"and a gap there can be negative. A smaller batch does not help (the program's size depends on the "
               f"layers); a longer --time-limit may.")

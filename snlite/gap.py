@@ -108,3 +108,45 @@ def frontier(graph, count: str = "all", fractions=FRACTIONS, time_limit: float =
         if p.plan is not None and (not points or p.peak_bytes < points[-1].peak_bytes):
             points.append(p)
     return points
+
+
+@dataclass
+class OffloadRow:
+    label: str
+    peak_bytes: int
+    moved_bytes: int
+    best_peak_bytes: int | None  # the least peak moving at most these bytes
+    fewest_moved: int | None  # the fewest bytes moved for at most this peak
+    status: str
+
+    @property
+    def gap_pct(self) -> float | None:
+        if self.best_peak_bytes is None:
+            return None
+        return 100.0 * (self.peak_bytes - self.best_peak_bytes) / self.best_peak_bytes
+
+
+def offload_rows(graph, count: str = "all", time_limit: float = 60.0) -> list[OffloadRow]:
+    """SuperNeurons' offload (CONV outputs, liveness on, nothing recomputed) against the exact
+    offload program (:mod:`snlite.optimal_offload`), then the offload optimum: least peak, and
+    among plans of that peak the fewest bytes moved."""
+    from snlite import optimal_offload as oo
+
+    model = oo.OffloadModel(graph, count)
+    m = measure.measure(graph, oo.CONFIG, "+ offload (SuperNeurons: CONV outputs)")
+    trace = m.trace if count == "all" else m.paper
+    same_moved = oo.solve(graph, allowance=m.moved_bytes, count=count, time_limit=time_limit, model=model)
+    same_peak = oo.solve(graph, "moved", budget=trace.peak_bytes, count=count, time_limit=time_limit, model=model)
+    rows = [OffloadRow(m.label, trace.peak_bytes, m.moved_bytes, same_moved.peak_bytes, same_peak.moved_bytes,
+                       _worst_status(same_moved, same_peak))]
+    best = oo.solve(graph, count=count, time_limit=time_limit, model=model)
+    if best.plan is not None:
+        tidy = oo.solve(graph, "moved", budget=best.peak_bytes, count=count, time_limit=time_limit, model=model)
+        best = tidy if tidy.plan is not None and tidy.moved_bytes <= best.moved_bytes else best
+        rows.append(OffloadRow("optimal offload", best.peak_bytes, best.moved_bytes, best.peak_bytes,
+                               best.moved_bytes, best.status))
+    return rows
+
+
+def _worst_status(*results) -> str:
+    return next((r.status for r in results if not r.optimal), "optimal")

@@ -336,6 +336,9 @@ def test_snlite_optimal_prints_the_table(capsys):
     data = json.loads(out)
     assert code == 0 and data["reruns"] == "once", err
     assert data["rows"][-1]["label"] == "optimal (under 8.0 MiB)" and data["rows"][-1]["peak_bytes"] <= 8 * 2**20
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper", "--offload"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "+ offload (SuperNeurons: CONV outputs)" in out and "\noptimal offload " in out, err
     code = cli.main(["compare", "lenet", "--batch", "2", "--optimal"])
     out, err = capsys.readouterr()
     assert code == 0 and "\noptimal recompute " in out, err
