@@ -136,3 +136,6 @@ expect("under the paper's checkpoint rule the exact planner reaches cost-aware's
 #    does the gap in percent shrink so much?
 # 4. Restrict the plans to one re-run per layer, kept until its last use: `gap.gap_rows(net, "paper",
 #    reruns="once")`. Which heuristics now have a negative gap, and why?
+# 5. The second exact model moves data instead of recomputing: `gap.offload_rows(net, "paper")` (or
+#    `snlite optimal alexnet --batch 8 --count paper --offload`). Which tensors does its optimum send to the
+#    host that SuperNeurons, which offloads only CONV outputs, keeps?
