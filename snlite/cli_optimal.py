@@ -32,7 +32,8 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
     p.add_argument("net", metavar="NET", help=net_help)
     p.add_argument("--batch", type=_positive_int, default=None, help=batch_help)
     p.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
-                   help="the optimum row: the fewest extra FLOPs with a peak of at most SIZE (default: the least peak)")
+                   help="the optimum row: the fewest extra FLOPs with a peak of at most SIZE (default: the least "
+                        "peak); the peak in --count, not the arena, which fragmentation can make larger")
     p.add_argument("--count", choices=("all", "paper"), default="all",
                    help="what a peak counts: all (every pool block, weights included; default) or paper "
                         "(activations and gradients at their own sizes)")
