@@ -10,6 +10,7 @@
     snlite plan lenet --preset superneurons --program            # the program: every alloc, copy, event, kernel
     snlite plan lenet --save-program p.json && snlite check p.json   # the race checker on a saved program
     snlite compare alexnet --batch 200                          # one row per strategy
+    snlite optimal alexnet --batch 32 --count paper             # the exact plan vs the heuristics (scipy)
     snlite maxbatch alexnet --budget 12GiB                      # the paper's Table 5, simulated
     snlite maxdepth --batch 16 --budget 12GiB                   # the paper's Table 4, simulated
     snlite paper --out paper-out                                # every GPU-free experiment -> report.md

@@ -18,6 +18,12 @@ from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _posi
 PAPER_GPU = "12 GB K40"
 
 
+def cmd_optimal(args) -> int:
+    from snlite.cli_optimal import cmd_optimal as run
+
+    return run(args)
+
+
 def add_planning_commands(sub) -> None:
     net_help = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
                 "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121")
@@ -69,6 +75,9 @@ def add_planning_commands(sub) -> None:
     compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
     compare.add_argument("--gpu", default="H200", metavar="GPU", help=gpu_help)
     compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+    compare.add_argument("--optimal", action="store_true",
+                         help="add a row: the exact planner's least-peak recomputation plan, liveness on, nothing "
+                              "offloaded (snlite optimal NET says more; needs scipy)")
     add_quiet_flag(compare)
 
     for name, what in (("maxbatch", "the largest batch"), ("maxdepth", "the deepest ImageNet ResNet")):
@@ -92,6 +101,10 @@ def add_planning_commands(sub) -> None:
                        help="device memory (default 12GiB)")
         p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
         add_quiet_flag(p)
+
+    from snlite.cli_optimal import add_optimal_command
+
+    add_optimal_command(sub, net_help, batch_help, json_help)
 
     paper = sub.add_parser("paper", help="reproduce the paper's byte-accounting experiments; write a report",
                            description="Every experiment of the paper that needs no GPU, on the meta device: "
@@ -387,6 +400,15 @@ def cmd_compare(args) -> int:
     t0 = time.perf_counter()
     status = Status("snlite compare", args.quiet)
     rows = measure.compare(graph, args.budget, progress=status)
+    if args.optimal:
+        from snlite import optimal
+
+        status(f"{graph.name}: the exact recomputation plan (snlite optimal)")
+        best = optimal.solve(graph)
+        if best.plan is None:
+            raise CliError(f"--optimal: {best.summary()}")
+        label = "optimal recompute" + ("" if best.optimal else f" ({best.status}, gap {100 * (best.gap or 0):.1f}%)")
+        rows.append(measure.measure(graph, best.plan.config.replace(budget_bytes=args.budget), label, best.plan))
     status(f"{graph.name}: the smallest budget of superneurons()")
     smallest = measure.min_budget(graph)
     status(f"{graph.name}: step times on the {args.gpu} profile")
@@ -563,4 +585,4 @@ def cmd_bench(args) -> int:
 
 
 PLAN_COMMANDS = {"plan": cmd_plan, "compare": cmd_compare, "maxbatch": cmd_maxbatch, "maxdepth": cmd_maxdepth,
-                 "paper": cmd_paper, "bench": cmd_bench, "check": cmd_check}
+                 "paper": cmd_paper, "bench": cmd_bench, "check": cmd_check, "optimal": cmd_optimal}

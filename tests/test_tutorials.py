@@ -46,6 +46,8 @@ KEY_LINES = {
                              r"at most 2 launches per chunk \(target <= 2\): True",
                              r"fewest waves [\d.]+ \(.*\) \(target >= 2 on the H200\): True"],
     "07_end_to_end.py": [r"\d+ steps x 2 models in", r"superneurons\s+ResNet-\d+"],
+    "08_how_far_from_optimal.py": [r"optimal plan: drop .*; peak [\d.]+ MiB.*optimal",
+                                   r"cost-aware \(SuperNeurons\)\s+[\d.]+\s+[\d.]+%\s+[\d.]+\s+\+0\.0%"],
 }
 
 # the plots each tutorial saves (checked where matplotlib is installed)
@@ -57,6 +59,7 @@ PLOTS = {
     "05_recompute.py": ["05_alexnet_recompute_tradeoff.png"],
     "06_conv_workspace.py": ["06_alexnet_workspace.png"],
     "07_end_to_end.py": ["07_digits_train_step.png"],
+    "08_how_far_from_optimal.py": ["08_alexnet_frontier.png"],
 }
 
 # tutorials whose script run hides optional extras, as on a machine without them (their notebook run has them)

@@ -1,0 +1,480 @@
+"""The integer program behind :mod:`snlite.optimal`: variables, memory sums, HiGHS.
+
+:class:`Model` builds, for one graph, the program whose optimum is the best plan of
+:func:`snlite.optimal.plan_for`'s kind, with every memory sum counted as the trace counts it.
+
+Slots are the moments a launch can happen: each forward step, and per backward position j each
+possible re-run (in forward order) then the step itself. Per tensor and slot, ``_memory`` adds the
+tensor's bytes as a constant (held whatever the plan), as ``1 - d[L]`` (an original a drop frees),
+or as an ``alive`` variable bounded below by the reasons it must be held there (it exists there, and
+something at or after the slot still reads this copy of it). :meth:`Model.slot_bytes` evaluates the
+same sums for one plan without the solver; the tests compare it with the trace launch by launch.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from snlite.optimal import CONFIG, OBJECTIVES, _outputs, candidates
+from snlite.scheduler import Scheduler
+from snlite.trace import KIND_CATEGORY, PAPER_CATEGORIES
+
+
+class _Expr(dict):
+    """A linear expression: variable index -> coefficient, and a constant under key -1."""
+
+    def add(self, other, k=1.0):
+        for v, c in other.items():
+            self[v] = self.get(v, 0.0) + k * c
+        return self
+
+
+PRESOLVE = True  # HiGHS's presolve (off: slower, for checking a suspicious answer)
+RERUNS = ("any", "once")  # re-run as often as the solver likes; or each dropped layer once, just in time
+
+
+class Model:
+    """The integer program of one graph under :data:`CONFIG` (count "all" or "paper"), built once;
+    :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means.
+    ``allowed``: the layers it may drop (default: every candidate), e.g. only SuperNeurons' cheap ones."""
+
+    def __init__(self, graph, count: str = "all", allowed=None, reruns: str = "any"):
+        if count not in ("all", "paper"):
+            raise ValueError(f"count must be 'all' or 'paper', got {count!r}")
+        if reruns not in RERUNS:
+            raise ValueError(f"reruns must be one of {RERUNS}, got {reruns!r}")
+        self.mode = reruns
+        from snlite.placement import optimizer_specs
+        from snlite.pool import TensorPool
+
+        self.graph, self.count = graph, count
+        steps, tensors = graph.steps(), graph.tensors()
+        block = TensorPool(1024).reserved_bytes
+        persistent = Scheduler(graph, CONFIG).persistent()
+        cats = PAPER_CATEGORIES if count == "paper" else None
+
+        def size(name):
+            spec = tensors[name]
+            if cats is not None:
+                return spec.nbytes if KIND_CATEGORY[spec.kind] in cats else 0
+            return block(max(spec.nbytes, 1))
+
+        self.size = size
+        # every size is a whole number of grains (the pool's blocks under count "all"), so a budget is
+        # too, and half a grain of slack absorbs HiGHS's tolerances; the program counts in KiB (HiGHS
+        # is at its most accurate with numbers near 1; in bytes it returned suboptimal "optimal" answers)
+        self.grain = math.gcd(*{size(t) for t in tensors if t not in persistent}, 1024 if cats is None else 0)
+        self.unit = 1024.0
+        self.persistent_bytes = 0 if cats else (
+            sum(block(max(t.nbytes, 1)) for n, t in tensors.items() if n in persistent)
+            + sum(block(t.nbytes) for t in optimizer_specs(graph).values()))
+        self.cands = [L for L in candidates(graph) if allowed is None or L in set(allowed)]  # what it may drop
+        self.pos = {name: i for i, name in enumerate(self.cands)}
+        fwd = {s.layer: s for s in steps if s.phase == "forward"}
+        self.outs = {L: _outputs(graph, L, fwd[L]) for L in self.cands}
+        producer = {u: L for L, us in self.outs.items() for u in us}
+        readers = {}  # tensor -> candidates whose forward reads it (a re-run reads it again)
+        for M in self.cands:
+            for u in fwd[M].reads:
+                if u not in persistent:
+                    readers.setdefault(u, []).append(M)
+        self.cons = {L: sorted({M for u in us for M in readers.get(u, ()) if M != L}, key=self.pos.get)
+                     for L, us in self.outs.items()}
+        self.bstages = [s.index for s in steps if s.phase == "backward"]
+        bpos = {s: j for j, s in enumerate(self.bstages)}
+        bread: dict[str, list[int]] = {}  # candidate output -> backward positions reading it
+        for s in steps:
+            if s.phase == "backward":
+                for u in s.reads:
+                    if u in producer:
+                        bread.setdefault(u, []).append(bpos[s.index])
+        fb = {L: min((j for u in self.outs[L] for j in bread.get(u, ())), default=None) for L in self.cands}
+        starts: dict[str, set[int]] = {}  # layer -> backward positions a re-run of it can come before
+        for L in reversed(self.cands):
+            opts = {x for M in self.cons[L] for x in starts[M]}
+            if reruns == "any":  # wherever it, or a consumer's re-run, needs it
+                opts |= {j for u in self.outs[L] for j in bread.get(u, ())}
+            elif fb[L] is not None:  # once: just in time
+                opts = {x for x in opts if x < fb[L]} | {fb[L]}
+            starts[L] = opts
+        self.fb, self.starts = fb, starts
+        # the moments a launch can happen: each forward step; per backward step, each possible re-run, then it
+        slots = [("f", s.index, None) for s in steps if s.phase == "forward"]
+        at = {}
+        for L in self.cands:
+            for j in starts[L]:
+                at.setdefault(j, []).append(L)
+        step_slot = {}
+        for j, s in enumerate(self.bstages):
+            for L in sorted(at.get(j, ()), key=self.pos.get):
+                slots.append(("r", j, L))
+            step_slot[s] = len(slots)
+            slots.append(("b", j, None))
+        for s in steps:
+            if s.phase == "forward":
+                step_slot[s.index] = s.index  # forward steps come first, one slot each
+        self.slots = slots
+        # every tensor of the route without recomputation: [first slot, last slot] it holds its block
+        first, last, lf = {}, {}, {}
+        for s in steps:
+            k = step_slot[s.index]
+            new = {n for n, _ in s.inplace}
+            for t in (*s.reads, *s.writes):
+                if t in persistent:
+                    continue
+                first.setdefault(t, k + 1 if t in new else k)  # written into another's buffer: one block
+                last[t] = k
+                if s.phase == "forward":
+                    lf[t] = k
+        self.first, self.last, self.lf = first, last, lf
+        self.producer, self.readers, self.bread = producer, readers, bread
+        self._build()
+
+    # -------------------------------------------------------------- variables and expressions
+    def _var(self, name, lb=0.0, ub=1.0, integer=False) -> int:
+        self.names.append(name)
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(1 if integer else 0)
+        return len(self.names) - 1
+
+    def _row(self, expr: dict, lo: float, hi: float) -> None:
+        """lo <= expr <= hi, with expr's constant (key -1) moved to the bounds."""
+        k = expr.get(-1, 0.0)
+        self.rows.append({v: c for v, c in expr.items() if v != -1 and c != 0.0})
+        self.row_lo.append(lo - k)
+        self.row_hi.append(hi - k)
+
+    def st(self, L, j) -> _Expr:
+        """started[L, j]: L's re-run has happened by backward position j (0 before the first)."""
+        if j < 0 or not self.starts[L] or j < min(self.starts[L]):
+            return _Expr()
+        return _Expr({self.started[L][j]: 1.0})
+
+    def rec(self, L, j) -> _Expr:
+        """1 if L is re-run right before backward position j."""
+        return self.st(L, j).add(self.st(L, j - 1), -1.0)
+
+    def after(self, M, j, k) -> _Expr:
+        """1 if M's re-run comes at or after the slot (j, k) (k: a forward position; inf for the step)."""
+        e = self.st(M, len(self.bstages) - 1).add(self.st(M, j), -1.0)
+        return e.add(self.rec(M, j)) if self.pos[M] >= k else e
+
+    def alloc_by(self, L, j, k) -> _Expr:
+        """1 if L's incarnation holds its block at slot (j, k), its re-run being at or before it."""
+        e = self.st(L, j - 1)
+        return e.add(self.rec(L, j)) if self.pos[L] <= k else e
+
+    # "any": R[L, j] L is re-run before backward position j; C[u, j] the incarnation of u (an output of
+    # L) is carried into j (per tensor: liveness frees each after its own last use); F[L, j] some re-run
+    # of L comes at or after position j
+    def R(self, L, j) -> _Expr:
+        v = self.rv.get(L, {}).get(j)
+        return _Expr() if v is None else _Expr({v: 1.0})
+
+    def C(self, u, j) -> _Expr:
+        v = self.cv.get(u, {}).get(j)
+        return _Expr() if v is None else _Expr({v: 1.0})
+
+    def F(self, L, j) -> _Expr:
+        v = self.fv.get(L, {}).get(j)
+        return _Expr() if v is None else _Expr({v: 1.0})
+
+    def _reruns_from(self, M, j, k) -> list:
+        """Expressions, one of which is 1 when a re-run of M comes at or after slot (j, k)."""
+        if self.mode == "once":
+            return [self.after(M, j, k)]
+        return ([self.R(M, j)] if self.pos[M] >= k else []) + [self.F(M, j + 1)]
+
+    def _ever(self, M) -> _Expr:
+        """1 if M is re-run at all."""
+        return self.st(M, len(self.bstages) - 1) if self.mode == "once" else self.F(M, 0)
+
+    def _build_any(self) -> None:
+        """The re-runs of "any": binaries R and C, per layer over the positions it may need them."""
+        self.rv, self.cv, self.fv = {}, {}, {}
+        for L in self.cands:  # every layer's variables first: the constraints tie producers to consumers
+            S = self.starts[L]
+            if S:
+                self.rv[L] = {j: self._var(f"R[{L},{j}]", integer=True) for j in sorted(S)}
+                self.fv[L] = {j: self._var(f"F[{L},{j}]") for j in range(0, max(S) + 1)}
+                for u in self.outs[L]:
+                    self.cv[u] = {j: self._var(f"C[{u},{j}]", integer=True) for j in range(min(S) + 1, max(S) + 1)}
+        for L in self.cands:
+            S = self.starts[L]
+            if not S:
+                continue
+            lo, hi = min(S), max(S)
+            dL = {self.d[L]: 1.0}
+            for u in self.outs[L]:
+                need = set(self.bread.get(u, ()))
+                for j in range(lo, hi + 1):
+                    here = _Expr(self.C(u, j)).add(self.R(L, j))
+                    self._row(_Expr(here).add(dL, -1.0), -np.inf, 0.0)  # only if dropped; one incarnation at once
+                    if j > lo:  # what is carried into j existed at the end of j - 1
+                        self._row(_Expr(self.C(u, j)).add(self.C(u, j - 1), -1.0).add(self.R(L, j - 1), -1.0),
+                                  -np.inf, 0.0)
+                    if j in need:  # a backward step reads it: there
+                        self._row(_Expr(here).add(dL, -1.0), 0.0, np.inf)
+                    for M in self.readers.get(u, ()):  # a dropped consumer's re-run reads it
+                        if M != L and j in self.starts.get(M, ()):
+                            self._row(_Expr(here).add(self.R(M, j), -1.0).add(dL, -1.0), -1.0, np.inf)
+            for j in range(0, hi + 1):  # F[L, j] >= R[L, j], F[L, j + 1]
+                self._row(_Expr(self.F(L, j)).add(self.R(L, j), -1.0), 0.0, np.inf)
+                self._row(_Expr(self.F(L, j)).add(self.F(L, j + 1), -1.0), 0.0, np.inf)
+            for j in S:
+                self.extra.add(self.R(L, j), float(self.flops[L]))
+
+    def _build(self) -> None:
+        self.names, self.lb, self.ub, self.integer = [], [], [], []
+        self.rows, self.row_lo, self.row_hi = [], [], []
+        self.reasons = {}  # alive variable -> the expressions it is at least
+        nb = len(self.bstages)
+        self.peak = self._var("peak", 0.0, np.inf)
+        self.d = {L: self._var(f"d[{L}]", integer=True) for L in self.cands}
+        self.flops = {L: self.graph.layers[L].flops() for L in self.cands}
+        self.extra = _Expr()
+        self.fgcd = math.gcd(*self.flops.values(), 0) or 1
+        self.fscale = self.fgcd * max(1, max(self.flops.values(), default=1) // self.fgcd // 10**4)
+        self.started = {}
+        if self.mode == "any":
+            self._build_any()
+        else:
+            self.started = {L: {j: self._var(f"started[{L},{j}]", integer=True)
+                                for j in range(min(self.starts[L]), nb)} for L in self.cands if self.starts[L]}
+        for L in self.cands if self.mode == "once" else ():  # the re-run times, pinned to the just-in-time rule
+            if not self.starts[L]:
+                continue
+            for j in range(min(self.starts[L]), nb):
+                s = self.st(L, j)
+                self._row(_Expr(s).add({self.d[L]: 1.0}, -1.0), -np.inf, 0.0)  # only a dropped layer re-runs
+                if self.fb[L] is not None and j >= self.fb[L]:
+                    self._row(_Expr(s).add({self.d[L]: 1.0}, -1.0), 0.0, np.inf)  # its own first need
+                else:  # ... or not before a consumer's re-run needs it
+                    e = _Expr(s)
+                    for M in self.cons[L]:
+                        e.add(self.st(M, j), -1.0)
+                    self._row(e, -np.inf, 0.0)
+                for M in self.cons[L]:  # a dropped consumer's re-run needs it
+                    self._row(_Expr(s).add(self.st(M, j), -1.0).add({self.d[L]: 1.0}, -1.0), -1.0, np.inf)
+        for L in self.cands if self.mode == "once" else ():
+            if self.starts[L]:
+                self.extra.add(self.st(L, nb - 1), float(self.flops[L]))
+        self.memory = [self._memory(i) for i in range(len(self.slots))]
+
+    def _alive(self, name, reasons) -> _Expr:
+        """A variable >= each reason (an expression that is 1 when the tensor must hold its block)."""
+        reasons = [r for r in reasons if any(v != -1 for v in r) or r.get(-1, 0.0) > 0]
+        if not reasons:
+            return _Expr()
+        v = self._var(name)
+        self.reasons[v] = reasons
+        for r in reasons:
+            self._row(_Expr({v: 1.0}).add(r, -1.0), 0.0, np.inf)
+        return _Expr({v: 1.0})
+
+    def _memory(self, here) -> _Expr:
+        """The bytes held at slot ``here`` (an index into ``slots``), as an expression."""
+        kind, j, L_at = self.slots[here]
+        mem = _Expr({-1: float(self.persistent_bytes)})
+        k = self.pos[L_at] if kind == "r" else (np.inf if kind == "b" else None)
+        for u in self.first:
+            n = self.size(u)
+            if n == 0:
+                continue
+            L = self.producer.get(u)
+            base = self.first[u] <= here <= self.last[u]
+            if kind == "f":
+                if self.first[u] > here:
+                    continue
+                if L is None and base or L is not None and here <= self.lf[u]:
+                    mem[-1] += n
+                elif base:  # freed after its last forward use if dropped
+                    mem.add({-1: 1.0, self.d[L]: -1.0}, n)
+                else:  # its last use was earlier, unless a re-run in backward reads it
+                    rs = [self._ever(M).add({self.d[L]: 1.0} if L else {}, -1.0)
+                          for M in self.readers.get(u, ()) if M != L and self.starts.get(M)]
+                    mem.add(self._alive(f"x[{u},{here}]", rs), n)
+                continue
+            if L is None:  # a tensor no plan drops: held as without recomputation, or longer for a re-run
+                if base:
+                    mem[-1] += n
+                elif self.first[u] <= here:
+                    mem.add(self._alive(f"x[{u},{here}]", [r for M in self.readers.get(u, ())
+                                                           if self.starts.get(M) and max(self.starts[M]) >= j
+                                                           for r in self._reruns_from(M, j, k)]), n)
+                continue
+            # the original: held in backward only if not dropped
+            if base:
+                mem.add({-1: 1.0, self.d[L]: -1.0}, n)
+            else:
+                rs = [r.add({self.d[L]: 1.0}, -1.0) for M in self.readers.get(u, ())
+                      if M != L and self.starts.get(M) and max(self.starts[M]) >= j for r in self._reruns_from(M, j, k)]
+                mem.add(self._alive(f"o[{u},{here}]", rs), n)
+            # the incarnation: from its re-run to its last use
+            if not self.starts[L] or j < min(self.starts[L]):
+                continue
+            if self.mode == "any":
+                mem.add(self._alive(f"i[{u},{here}]", self._incarnation_any(u, L, j, k, kind == "r" and L_at == L)), n)
+                continue
+            a = self.alloc_by(L, j, k)
+            rs = [_Expr(a)] if any(b >= j for b in self.bread.get(u, ())) else []
+            if kind == "r" and L_at == L:  # the re-run writes it, even where nothing reads it later
+                rs.append(self.rec(L, j))
+            rs += [_Expr(a).add(self.after(M, j, k)).add({-1: 1.0}, -1.0) for M in self.readers.get(u, ())
+                   if M != L and self.starts.get(M) and max(self.starts[M]) >= j]
+            mem.add(self._alive(f"i[{u},{here}]", rs), n)
+        return mem
+
+    def _incarnation_any(self, u, L, j, k, own) -> list:
+        """Why L's incarnation of u holds its block at slot (j, k) under "any": it exists there (carried
+        in, or re-run at or before the slot) and this incarnation is still to be read: by the step,
+        by a consumer's re-run later in the step, or carried on; or its own re-run writes it."""
+        e = _Expr(self.C(u, j)).add(self.R(L, j)) if self.pos[L] <= k else self.C(u, j)
+        rs = [_Expr(e)] if j in self.bread.get(u, ()) else []
+        rs += [self.R(L, j)] if own else []
+        rs += [_Expr(e).add(self.C(u, j + 1)).add({-1: 1.0}, -1.0)]
+        rs += [_Expr(e).add(self.R(M, j)).add({-1: 1.0}, -1.0) for M in self.readers.get(u, ())
+               if M != L and self.pos[M] >= k and j in self.starts.get(M, ())]
+        return rs
+
+    # -------------------------------------------------------------- solving
+    @property
+    def binaries(self) -> int:
+        return sum(self.integer)
+
+    def solve(self, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
+              time_limit: float = 60.0, fixed: dict | None = None):
+        """HiGHS on the program: the least peak (bytes, under ``allowance`` extra FLOPs if given) or
+        the fewest extra FLOPs (under ``budget`` bytes of peak). ``fixed``: layer -> 0/1 pins ``d``.
+        Returns (scipy's result, the dropped layers or None, seconds)."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+        if objective == "flops" and budget is None:
+            raise ValueError("objective 'flops' needs a byte budget on the peak (budget=...)")
+        fscale = self.fscale
+        rows, lo, hi = list(self.rows), list(self.row_lo), list(self.row_hi)
+        for mem in self.memory:  # mem - peak <= 0, or mem <= budget
+            e = {v: c / self.unit for v, c in mem.items() if v != -1}
+            k = mem.get(-1, 0.0) / self.unit
+            if objective == "peak":
+                e[self.peak] = -1.0
+                rows.append(e), lo.append(-np.inf), hi.append(-k)
+            else:
+                limit = (budget // self.grain + 0.5) * self.grain / self.unit
+                rows.append(e), lo.append(-np.inf), hi.append(limit - k)
+        if allowance is not None:  # plans' FLOPs are multiples of fgcd: half of it is slack for the tolerances
+            rows.append({v: c / fscale for v, c in self.extra.items() if v != -1})
+            lo.append(-np.inf), hi.append((allowance // self.fgcd + 0.5) * self.fgcd / fscale)
+        n = len(self.names)
+        data, ri, ci = [], [], []
+        for r, e in enumerate(rows):
+            for v, c in e.items():
+                data.append(c), ri.append(r), ci.append(v)
+        A = csr_array((data, (ri, ci)), shape=(len(rows), n))
+        c = np.zeros(n)
+        if objective == "peak":
+            c[self.peak] = 1.0
+        else:
+            for v, k in self.extra.items():
+                c[v] = k / fscale
+        lb, ub = np.array(self.lb, float), np.array(self.ub, float)
+        for L, x in (fixed or {}).items():
+            lb[self.d[L]] = ub[self.d[L]] = float(x)
+        t0 = time.perf_counter()
+        with _quiet_fd1():
+            res = milp(c, integrality=np.array(self.integer), bounds=Bounds(lb, ub), constraints=LinearConstraint(
+                A, lo, hi), options={"time_limit": time_limit, "disp": False, "presolve": PRESOLVE})
+        seconds = time.perf_counter() - t0
+        self.size_info = {"variables": n, "binaries": self.binaries, "constraints": len(rows)}
+        if res.x is None:
+            return res, None, seconds
+        dropped = tuple(L for L in self.cands if res.x[self.d[L]] > 0.5)
+        if self.mode == "once":
+            return res, self.choice(dropped), seconds
+        return res, {L: tuple(self.bstages[j] for j, v in self.rv.get(L, {}).items() if res.x[v] > 0.5)
+                     for L in dropped}, seconds
+
+    def choice(self, dropped) -> dict:
+        """Dropped layer -> the backward route steps it is re-run before (:func:`snlite.optimal.as_reruns`)."""
+        from snlite.optimal import as_reruns
+
+        return as_reruns(self.graph, dropped)
+
+    def _assign(self, reruns: dict) -> np.ndarray:
+        """The decision variables of one plan: ``d``, and ``started`` ("once") or R, C, F ("any")."""
+        x = np.zeros(len(self.names))
+        bpos = {s: j for j, s in enumerate(self.bstages)}
+        for L, when in reruns.items():
+            if L not in self.d:
+                raise ValueError(f"this program may not drop {L}")
+            x[self.d[L]] = 1.0
+            js = sorted(bpos[s] for s in when)
+            if self.mode == "once":
+                if len(js) > 1:
+                    raise ValueError(f"{L} is re-run {len(js)} times; a Model(reruns='once') re-runs each layer once")
+                for j, v in self.started.get(L, {}).items():
+                    x[v] = float(bool(js) and j >= js[0])
+                continue
+            for j in js:
+                if j not in self.rv.get(L, {}):
+                    raise ValueError(f"{L} is re-run before backward step {self.bstages[j]}, where nothing needs it")
+                x[self.rv[L][j]] = 1.0
+            for j, v in self.fv.get(L, {}).items():
+                x[v] = float(any(q >= j for q in js))
+            for u in self.outs[L]:
+                uses = set(self.bread.get(u, ())) | {bpos[s] for M in self.readers.get(u, ()) if M != L
+                                                     for s in reruns.get(M, ())}
+                for j, v in self.cv.get(u, {}).items():  # kept into j: re-run before, read from j on
+                    nxt = min((q for q in js if q >= j), default=np.inf)
+                    x[v] = float(any(q < j for q in js) and any(j <= t < nxt for t in uses))
+        return x
+
+    def peak_of(self, dropped) -> int:
+        """The program's peak for one plan (what :func:`snlite.optimal.plan_for` takes), in bytes: what
+        the trace must then measure."""
+        return max(self.slot_bytes(dropped))
+
+    def slot_bytes(self, dropped) -> list[int]:
+        """The bytes held at every slot for one plan, the program's sums evaluated exactly (integers,
+        no solver): the decisions from the plan, each ``alive`` at its least, which is what the
+        runtime holds at a launch there."""
+        x = self._assign(self.choice(dropped))
+
+        def val(e):
+            return e.get(-1, 0.0) + sum(c * x[v] for v, c in e.items() if v != -1)
+
+        for v, rs in self.reasons.items():
+            x[v] = max(0.0, max(val(r) for r in rs))
+        return [int(val(m)) for m in self.memory]
+
+    def extra_flops_of(self, dropped) -> int:
+        """Extra FLOPs of one plan: each re-run of a layer, its forward FLOPs."""
+        return sum(self.flops[L] * len(when) for L, when in self.choice(dropped).items())
+
+
+@contextlib.contextmanager
+def _quiet_fd1():
+    """Some HiGHS builds print debugging lines ("...transformNewIntegerFeasibleSolution...") straight
+    to file descriptor 1, past Python: point it at /dev/null while the solver runs."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -1,0 +1,312 @@
+"""Exact recomputation plans for small networks: how far from optimal are the heuristics?
+
+SuperNeurons' recomputation is a rule (cheap layers dropped, segments chosen by a threshold), and
+sqrt(N) checkpointing is another. This module answers, for one network and batch, what the *best*
+plan of the same kind is, with an integer program solved by HiGHS (``scipy.optimize.milp``; scipy is
+the optional extra ``snlite[optimal]``), and returns it as an ordinary :class:`~snlite.scheduler.Plan`
+that the same placement pass and executor run.
+
+The plans (the space the program searches, and the brute force of the tests enumerates):
+
+- every layer that writes activations (not the data layer, the loss, or a flatten) is a candidate;
+  a plan *drops* some of them: their outputs (and what their forward saves) are freed after their
+  last forward use;
+- in backward a dropped layer is re-run before backward steps that need its outputs (re-runs before
+  one step in forward order, each reading the latest incarnation of its inputs); each incarnation is
+  freed after its last use, as liveness frees everything (:func:`plan_for`, liveness on, nothing
+  offloaded, no workspace);
+- ``reruns="any"`` (the default): re-run a layer before any step where it, or a dropped consumer's
+  re-run, needs it, as often as the solver likes, keeping each output between steps or not. This
+  holds SuperNeurons' speed- and memory-centric plans, so none of them can beat its optimum.
+  ``reruns="once"``: each dropped layer re-run once, just in time (:func:`recompute_stages`), and
+  kept until its last use: a smaller program, a decision per layer only.
+
+The program (:class:`snlite.milp.Model`): binaries ``d[L]`` (layer L dropped) and, per backward
+position j, ``R[L, j]`` (L re-run there) and ``C[u, j]`` (the incarnation of its output u carried into
+j), or under "once" ``started[L, j]`` (L's one re-run has happened by j); continuous ``alive``
+variables say whether a tensor holds its block at each moment a launch can happen (every forward step,
+and in every backward step each possible re-run, in forward order, then the step itself). The memory
+at each such moment, counted as the trace counts it (the pool's blocks under count "all", the tensors'
+own bytes under "paper"; weights, their gradients and momentum as the trace has them), is at most
+``peak``. Each ``alive`` has only lower bounds, tight at the optimum (a tensor holds its block from its
+allocation to its last use), so the program's optimum is the executed peak of its plan, byte for byte:
+the tests run it. Only the pool's fragmentation is not modelled: the *arena* can exceed the peak.
+
+Objectives: the least peak for an allowance of extra FLOPs (``objective="peak"``), or the fewest
+extra FLOPs under a byte budget on that peak (``objective="flops"``). HiGHS stops at ``time_limit``
+seconds; the result says whether the plan is proven optimal, and its MIP gap, never hidden.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from snlite.config import MemoryConfig
+from snlite.recompute import Op, RecomputeInfo
+from snlite.scheduler import LivenessStage, Plan, PlannedOp, Scheduler
+
+CONFIG = MemoryConfig(liveness=True)  # the runtime configuration every plan here runs under
+OBJECTIVES = ("peak", "flops")
+
+
+def candidates(graph) -> list[str]:
+    """The layers a plan may drop, in forward order: every one whose forward writes activations,
+    except the data layer, the loss (its output is the loss) and flatten (it only renames)."""
+    fwd = {s.layer: s for s in graph.steps() if s.phase == "forward"}
+    tensors = graph.tensors()
+    out = []
+    for name in graph.route()[0]:
+        layer = graph.layers[name]
+        if layer.kind == "data" or name == graph.loss_layer or layer.alias_input:
+            continue
+        if any(tensors[t].kind == "activation" for t in fwd[name].writes):
+            out.append(name)
+    return out
+
+
+def _outputs(graph, layer, fwd_step) -> list[str]:
+    """The activations a layer's forward writes (its output and what it saves), not buffers."""
+    tensors = graph.tensors()
+    return [t for t in fwd_step.writes if tensors[t].kind == "activation"]
+
+
+def recompute_stages(graph, dropped) -> dict[str, int | None]:
+    """Dropped layer -> the backward route step before which it is re-run (None: never needed).
+    Just in time: the first backward step reading one of its outputs, or the re-run of a dropped
+    consumer that reads them, whichever is earlier."""
+    steps = graph.steps()
+    fwd = {s.layer: s for s in steps if s.phase == "forward"}
+    producer = {t: name for name in dropped for t in _outputs(graph, name, fwd[name])}
+    first: dict[str, int] = {}
+    for s in steps:
+        if s.phase == "backward":
+            for t in s.reads:
+                if t in producer:
+                    first.setdefault(producer[t], s.index)
+    stage = {}
+    for name in reversed(graph.route()[0]):  # consumers before producers
+        if name not in producer.values() and name not in dropped:
+            continue
+        needs = [first.get(name)]
+        outs = set(_outputs(graph, name, fwd[name]))
+        needs += [stage[m] for m in dropped if m in stage and outs.intersection(fwd[m].reads)]
+        needs = [n for n in needs if n is not None]
+        stage[name] = min(needs) if needs else None
+    return stage
+
+
+def as_reruns(graph, dropped) -> dict[str, tuple[int, ...]]:
+    """Dropped layer -> the backward route steps before which it is re-run. ``dropped`` is either
+    that dict already (returned as is, checked) or the layers only: each is then re-run once, just in
+    time (:func:`recompute_stages`), or never if nothing needs it."""
+    if isinstance(dropped, dict):
+        out = {L: tuple(sorted(v)) for L, v in dropped.items()}
+    else:
+        out = {L: (() if s is None else (s,)) for L, s in recompute_stages(graph, tuple(dropped)).items()}
+    bad = set(out) - set(candidates(graph))
+    if bad:
+        raise ValueError(f"cannot drop {sorted(bad)}: not recomputable layers of {graph.name}; "
+                         f"choose among snlite.optimal.candidates(graph)")
+    return out
+
+
+def plan_for(graph, dropped) -> Plan:
+    """The plan that drops ``dropped`` (layer names, any subset of :func:`candidates`, each re-run once
+    just in time; or a dict layer -> the backward steps to re-run it before, :func:`as_reruns`),
+    liveness on: what the runtime executes. Re-runs before one step go in forward order."""
+    reruns = as_reruns(graph, dropped)
+    steps = graph.steps()
+    order = {name: i for i, name in enumerate(graph.route()[0])}
+    fwd = {s.layer: s for s in steps if s.phase == "forward"}
+    drop = {t: name for name in reruns for t in _outputs(graph, name, fwd[name])}
+    at: dict[int, list[str]] = {}
+    for name, when in reruns.items():
+        for s in when:
+            at.setdefault(s, []).append(name)
+    info = RecomputeInfo("optimal", dropped=tuple(drop))
+    ops: list[Op] = []
+    current: dict[str, str] = {}  # dropped tensor -> its recomputed incarnation
+    serial = 0
+    for s in steps:
+        if s.phase == "backward":
+            for layer in sorted(at.get(s.index, ()), key=order.get):
+                f = fwd[layer]
+                writes = [t for t in f.writes if t in drop]
+                for t in writes:
+                    serial += 1
+                    current[t] = f"{t}#r{serial}"
+                names = tuple((t, current[t]) for t in (*f.reads, *writes) if t in current)
+                ops.append(Op(len(ops), s.index, layer, "recompute", tuple(current.get(t, t) for t in f.reads),
+                              tuple(current[t] for t in writes), names=names))
+                info.count += 1
+                info.extra_flops += graph.layers[layer].flops()
+            names = tuple((t, current[t]) for t in (*s.reads, *s.writes) if t in current)
+            ops.append(Op(len(ops), s.index, s.layer, s.phase, tuple(current.get(t, t) for t in s.reads),
+                          s.writes, s.inplace, s.accumulate, names))
+        else:
+            ops.append(Op(len(ops), s.index, s.layer, s.phase, s.reads, s.writes, s.inplace, s.accumulate))
+    persistent = Scheduler(graph, CONFIG).persistent()
+    frees = LivenessStage(True).apply(ops, persistent, set(drop))
+    return Plan(CONFIG, [PlannedOp(op, frees=tuple(frees.get(i, ()))) for i, op in enumerate(ops)], info,
+                persistent=frozenset(persistent))
+
+
+# ---------------------------------------------------------------------------- the integer program
+@dataclass
+class Result:
+    """What :func:`solve` found: the plan, and how sure the solver is about it."""
+
+    graph_name: str
+    objective: str  # "peak" or "flops"
+    dropped: tuple[str, ...]  # the layers the plan drops
+    plan: Plan | None  # None when no feasible plan was found
+    peak_bytes: int | None  # the plan's peak as the program counts it (the trace's, byte for byte)
+    extra_flops: int | None
+    bound: float | None  # the solver's proven bound on the objective (bytes or FLOPs)
+    gap: float | None  # relative MIP gap (0.0: proven optimal)
+    status: str  # "optimal", "time limit", "infeasible", ...
+    solve_s: float
+    size: dict = field(default_factory=dict)  # variables, binaries, constraints
+    count: str = "all"
+    reruns: dict = field(default_factory=dict)  # dropped layer -> the backward steps it is re-run before
+
+    @property
+    def optimal(self) -> bool:
+        return self.status == "optimal"
+
+    def summary(self) -> str:
+        from snlite.measure import format_size
+
+        if self.plan is None:
+            return (f"{self.graph_name}: no plan found ({self.status}) after {self.solve_s:.1f} s "
+                    f"({self.size.get('binaries', 0)} binaries)")
+        gap = "proven optimal" if self.optimal else (
+            f"{self.status}, gap " + ("unknown (no bound)" if self.gap is None else f"{100 * self.gap:.1f}%"))
+        runs = sum(map(len, self.reruns.values()))
+        return (f"{self.graph_name}: drop {len(self.dropped)} layers ({runs} re-runs), "
+                f"peak {format_size(self.peak_bytes)} "
+                f"({self.count} count), +{self.extra_flops:,d} FLOPs; {gap}; {self.solve_s:.2f} s, "
+                f"{self.size.get('binaries', 0)} binaries, {self.size.get('constraints', 0)} constraints")
+
+
+STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "solver error (tolerances)"}
+
+
+def solve(graph, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
+          time_limit: float = 60.0, count: str = "all", model: Model | None = None, reruns: str = "any") -> Result:
+    """The best plan of :func:`plan_for`'s kind for ``graph`` (``reruns``: "any" or "once", see the module
+    docstring): the least peak (with at most
+    ``allowance`` extra FLOPs, if given; among plans of that peak, the fewest extra FLOPs), or
+    (``objective="flops"``) the fewest extra FLOPs with a peak of at most ``budget`` bytes.
+    ``time_limit`` (seconds, per solver call) bounds the work: a graph too big to finish gets the
+    best plan found, its proven bound and gap, and ``status`` "time limit"."""
+    if objective == "peak" and budget is not None:
+        raise ValueError("budget applies to objective 'flops'; for the least peak give an allowance")
+    if allowance is not None and allowance < 0:
+        raise ValueError(f"the extra-FLOP allowance must be >= 0, got {allowance}")
+    t0 = time.perf_counter()
+    model = model or Model(graph, count, reruns=reruns)
+    res, choice = _solve_checked(model, objective, allowance, budget, time_limit)
+    status = STATUS.get(res.status, f"status {res.status}")
+    gap = getattr(res, "mip_gap", None)
+    bound = getattr(res, "mip_dual_bound", None)
+    if choice is not None and objective == "peak" and res.status == 0:
+        # among plans of the least peak, the fewest extra FLOPs (within the allowance)
+        res2, choice2 = _solve_checked(model, "flops", None, model.peak_of(choice), time_limit)
+        if choice2 is not None and model.extra_flops_of(choice2) < model.extra_flops_of(choice):
+            choice = choice2
+    scale = model.unit if objective == "peak" else model.fscale
+
+    def value(c):
+        return (model.peak_of(c), model.extra_flops_of(c)) if objective == "peak" else \
+            (model.extra_flops_of(c), model.peak_of(c))
+
+    if res.status == 1:  # out of time: the solver's plan, or a known one where that is better
+        known = _fallback(model, objective, allowance, budget)
+        if known is not None and (choice is None or value(known) < value(choice)):
+            status = "time limit: " + ("no plan from the solver, " if choice is None else "") + "the best known plan"
+            choice = known
+        if choice is not None and bound is not None and np.isfinite(bound):
+            v = value(choice)[0]
+            gap = (v - bound * scale) / v if v else 0.0
+        if choice is None:
+            status = "time limit: no plan found"
+    if choice is None:
+        return Result(graph.name, objective, (), None, None, None, None, gap, status,
+                      time.perf_counter() - t0, model.size_info, model.count)
+    return Result(graph.name, objective, tuple(L for L in model.cands if L in choice), plan_for(graph, choice),
+                  model.peak_of(choice), model.extra_flops_of(choice), None if bound is None else bound * scale,
+                  gap if gap is not None else (0.0 if res.status == 0 else None), status,
+                  time.perf_counter() - t0, model.size_info, model.count, choice)
+
+
+TOLERANCE = 2e-6  # relative: what HiGHS's integrality tolerance can hide in a sum (see _solve_checked)
+
+
+def _solve_checked(model, objective, allowance, budget, time_limit, tries: int = 6):
+    """HiGHS, then the answer checked exactly (:meth:`Model.slot_bytes`, :meth:`Model.extra_flops_of`).
+    HiGHS takes a binary within 1e-6 of 0 or 1 as that value (its integrality tolerance, which scipy does
+    not let us tighten), so a memory sum of B bytes can be off by about B * 1e-6, e.g. 60 bytes of a 60 MB
+    budget. An answer over its budget (or allowance) is solved again under one tightened by the excess,
+    at least by TOLERANCE of it, doubling: the plan returned always keeps within the limits, counted
+    exactly, and is optimal up to that tolerance."""
+    for attempt in range(tries):
+        res, choice, _ = model.solve(objective, allowance, budget, time_limit)
+        if choice is None:
+            return res, None
+        over_b = model.peak_of(choice) - budget if budget is not None else 0
+        over_a = model.extra_flops_of(choice) - allowance if allowance is not None else 0
+        if over_b <= 0 and over_a <= 0:
+            return res, choice
+        if over_b > 0:
+            budget -= max(over_b, int(budget * TOLERANCE * 2 ** attempt) + 1)
+        if over_a > 0:
+            allowance -= max(over_a, int(allowance * TOLERANCE * 2 ** attempt) + 1)
+    res.status = 4
+    return res, None
+
+
+def reruns_of(graph, plan) -> dict[str, tuple[int, ...]] | None:
+    """The re-runs of a recomputation plan (SuperNeurons' speed-, memory-centric or cost-aware, sqrt(N))
+    as :func:`plan_for` takes them, or None where it is not one of these plans (a layer it drops that
+    may not be dropped here, or re-run twice before one step)."""
+    fwd = {s.layer: s for s in graph.steps() if s.phase == "forward"}
+    dropped = set(plan.recompute.dropped)
+    out: dict[str, list[int]] = {L: [] for L in candidates(graph) if dropped.intersection(fwd[L].writes)}
+    for p in plan.ops:
+        if p.op.phase == "recompute":
+            if p.op.layer not in out or p.op.step in out[p.op.layer]:
+                return None
+            out[p.op.layer].append(p.op.step)
+    return {L: tuple(v) for L, v in out.items()}
+
+
+def _fallback(model, objective, allowance, budget):
+    """The best plan that keeps within the limits among a few known ones, counted exactly: drop
+    nothing, the cheap layers, every layer (each re-run once, just in time), and, where the program
+    holds them, SuperNeurons' speed-, memory-centric and cost-aware plans and sqrt(N) checkpointing.
+    What a solve that ran out of time before HiGHS found a plan returns."""
+    from snlite.measure import checkpoint_plan
+
+    cheap = tuple(L for L in model.cands if not model.graph.layers[L].checkpoint)
+    known = [model.choice(d) for d in ((), cheap, tuple(model.cands))]
+    if model.mode == "any":
+        plans = [Scheduler(model.graph, CONFIG.replace(recompute=r)).plan() for r in ("speed", "memory", "cost_aware")]
+        for plan in plans + [checkpoint_plan(model.graph)]:
+            choice = reruns_of(model.graph, plan)
+            if choice is not None and set(choice) <= set(model.cands):
+                known.append(choice)
+    ok = []
+    for choice in known:
+        try:
+            peak, flops = model.peak_of(choice), model.extra_flops_of(choice)
+        except ValueError:  # a re-run where this program allows none
+            continue
+        if (allowance is None or flops <= allowance) and (budget is None or peak <= budget):
+            ok.append(((peak, flops) if objective == "peak" else (flops, peak), len(ok), choice))
+    return min(ok)[2] if ok else None
+
+
+from snlite.milp import Model  # noqa: E402  (it builds on the plans above)

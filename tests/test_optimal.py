@@ -1,0 +1,344 @@
+"""The exact planner (snlite.optimal): its integer program counts memory as the trace does, launch by
+launch; its optimum is the brute-force optimum on a chain; its plans run bit-identically."""
+import itertools
+import json
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("scipy", reason="the exact planner needs scipy: pip install -e '.[optimal]'")
+
+from nets import data_for, mixed_net  # noqa: E402
+from snlite import Graph, MemoryConfig, Model, measure, optimal  # noqa: E402
+from snlite.checker import check  # noqa: E402
+from snlite.models import cifar_resnet, lenet  # noqa: E402
+from snlite.scheduler import validate  # noqa: E402
+
+
+def chain6(n=4):
+    """Six layers a plan may drop, in a chain: conv, relu, conv, relu, pool, fc (and the loss)."""
+    g = Graph(input_shape=(n, 2, 8, 8), num_classes=3, name="chain6")
+    x = g.relu(g.conv2d(g.input(), 4, 3, padding=1, name="conv1"), name="relu1")
+    x = g.relu(g.conv2d(x, 6, 3, padding=1, name="conv2"), name="relu2")
+    g.softmax_loss(g.linear(g.flatten(g.maxpool(x, 2, name="pool1")), 3, name="fc1"))
+    return g
+
+
+def chain4(n=2):
+    """Three layers a plan may drop (conv, relu, pool) before the fc: small enough to enumerate
+    every plan of the program that re-runs a layer as often as it likes."""
+    g = Graph(input_shape=(n, 2, 6, 6), num_classes=3, name="chain4")
+    x = g.relu(g.conv2d(g.input(), 3, 3, padding=1, name="conv1"), name="relu1")
+    g.softmax_loss(g.linear(g.flatten(g.maxpool(x, 2, name="pool1")), 3, name="fc1"))
+    return g
+
+
+def _needs(model, L, chosen):
+    """Backward positions where L's outputs must exist: read by a backward step, or by a chosen re-run."""
+    pos = {s: j for j, s in enumerate(model.bstages)}
+    return ({j for u in model.outs[L] for j in model.bread.get(u, ())}
+            | {pos[s] for M in model.cons[L] if M in chosen for s in chosen[M]})
+
+
+def _random_reruns(model, rng):
+    """A random plan of Model(reruns="any"): dropped layers re-run at their first need and at some later ones."""
+    chosen = {}
+    for L in reversed(model.cands):
+        if rng.random() < 0.5:
+            needs = sorted(_needs(model, L, chosen))
+            pick = needs[:1] + [j for j in needs[1:] if rng.random() < 0.5]
+            chosen[L] = tuple(model.bstages[j] for j in pick)
+    return chosen
+
+
+def _every_plan(model):
+    """Every plan of Model(reruns="any"): each layer kept, or dropped and re-run before any subset of the
+    steps it may be re-run at such that each read of its outputs finds an incarnation made by then."""
+    def walk(i, chosen):
+        if i < 0:
+            yield dict(chosen)
+            return
+        L = model.cands[i]
+        yield from walk(i - 1, chosen)
+        S, needs = sorted(model.starts[L]), _needs(model, L, chosen)
+        for sub in (c for r in range(len(S) + 1) for c in itertools.combinations(S, r)):
+            if all(any(q <= t for q in sub) for t in needs):
+                chosen[L] = tuple(model.bstages[j] for j in sub)
+                yield from walk(i - 1, chosen)
+                del chosen[L]
+    yield from walk(len(model.cands) - 1, {})
+
+
+def _launch_slots(model, trace):
+    """The program's slot for every launch the trace recorded."""
+    bpos = {s: j for j, s in enumerate(model.bstages)}
+    index = {s: i for i, s in enumerate(model.slots)}
+    out = []
+    for r in trace.steps:
+        kind = {"forward": "f", "recompute": "r"}.get(r.phase, "b")
+        out.append(index[(kind, r.step if kind == "f" else bpos[r.step], r.layer if kind == "r" else None)])
+    return out
+
+
+@pytest.mark.parametrize("count", ["all", "paper"])
+@pytest.mark.parametrize("build", [mixed_net, chain6, lambda: lenet(8), lambda: cifar_resnet(8, 1)],
+                         ids=["mixed", "chain6", "lenet", "resnet8"])
+def test_the_program_counts_every_launch_as_the_trace_does(build, count):
+    g = build()
+    model = optimal.Model(g, count, reruns="once")
+    rng = random.Random(7)
+    for _ in range(4):
+        dropped = tuple(L for L in model.cands if rng.random() < 0.5)
+        plan = optimal.plan_for(g, dropped)
+        m = measure.measure(g, plan.config, plan=plan)
+        trace = m.trace if count == "all" else m.paper
+        held = model.slot_bytes(dropped)
+        assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps], dropped
+        assert model.peak_of(dropped) == trace.peak_bytes
+        assert model.extra_flops_of(dropped) == trace.extra_flops
+
+
+@pytest.fixture(scope="module")
+def brute():
+    """Every drop set of chain6, executed on the meta device: (dropped, peak, extra FLOPs)."""
+    g = chain6()
+    out = []
+    for k in range(len(optimal.candidates(g)) + 1):
+        for dropped in itertools.combinations(optimal.candidates(g), k):
+            trace = measure.run(g, optimal.CONFIG, optimal.plan_for(g, dropped))
+            out.append((dropped, trace.peak_bytes, trace.extra_flops))
+    return g, out
+
+
+def test_brute_force_on_a_chain_agrees_with_the_solver(brute):
+    g, plans = brute
+    assert len(plans) == 2 ** 6
+    model = optimal.Model(g, reruns="once")
+    flops = sorted({f for _, _, f in plans})
+    for allowance in (None, 0, *flops[1:-1:max(1, len(flops) // 5)]):
+        best = min(p for _, p, f in plans if allowance is None or f <= allowance)
+        r = optimal.solve(g, allowance=allowance, model=model)
+        assert r.optimal and r.gap == 0.0
+        assert r.peak_bytes == best, allowance
+        assert measure.run(g, r.plan.config, r.plan).peak_bytes == best
+        # among the plans of that peak, the fewest extra FLOPs
+        assert r.extra_flops == min(f for _, p, f in plans if p == best and (allowance is None or f <= allowance))
+    peaks = sorted({p for _, p, _ in plans})
+    assert peaks[0] < peaks[-1]  # recomputation matters on this chain
+    for budget in peaks[::3]:
+        fewest = min(f for _, p, f in plans if p <= budget)
+        r = optimal.solve(g, "flops", budget=budget, model=model)
+        assert r.optimal and r.extra_flops == fewest and r.peak_bytes <= budget, budget
+    r = optimal.solve(g, "flops", budget=peaks[0] - 1024, model=model)
+    assert r.plan is None and r.status == "infeasible"
+    assert "no plan" in r.summary()
+
+
+@pytest.mark.parametrize("build", [chain6, mixed_net, lambda: lenet(16)], ids=["chain6", "mixed", "lenet"])
+def test_the_optimal_plan_runs_bit_identically_with_the_planned_peak(build):
+    g = build()
+    r = optimal.solve(g, count="paper", reruns="once")
+    assert r.optimal
+    dropped = r.dropped or tuple(optimal.candidates(g))  # LeNet: no drop lowers its peak; drop them all then
+    plan, peak = optimal.plan_for(g, dropped), optimal.Model(g, "paper", reruns="once").peak_of(dropped)
+    validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+    x, labels = data_for(g)
+    base = Model(g, MemoryConfig(), device="host")
+    model = Model(g, plan.config, device="host", plan=plan)
+    for program in model.programs.values():
+        check(program)
+    for _ in range(2):
+        loss0, loss1 = base.step(x, labels, lr=0.1, momentum=0.9), model.step(x, labels, lr=0.1, momentum=0.9)
+        assert loss0 == loss1
+    p0, p1 = base.params, model.params
+    assert all(np.array_equal(p0[k], p1[k]) for k in p0)
+    assert model.trace.recompute_count > 0
+    assert measure.run(g, plan.config.replace(count="paper"), plan).peak_bytes == peak
+
+
+def test_a_graph_too_big_for_the_time_limit_says_so():
+    g = cifar_resnet(8, 2)
+    r = optimal.solve(g, time_limit=0.05)
+    assert not r.optimal and r.status.startswith("time limit") and "time limit" in r.summary()
+    # the best plan found (by the solver, or the best simple one), with its gap where there is a bound
+    assert r.plan is not None and (r.gap is None or r.gap >= 0)
+    assert r.gap is None or r.bound <= r.peak_bytes
+    assert measure.run(g, r.plan.config, r.plan).peak_bytes == r.peak_bytes
+
+
+def test_bad_requests_say_what_to_do():
+    g = chain6()
+    with pytest.raises(ValueError, match="needs a byte budget"):
+        optimal.solve(g, "flops")
+    with pytest.raises(ValueError, match="choose among"):
+        optimal.plan_for(g, ["softmax"])
+    with pytest.raises(ValueError, match="unknown objective"):
+        optimal.solve(g, "speed")
+
+
+# ---------------------------------------------------------------- re-runs as often as the solver likes
+@pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
+def test_the_any_program_counts_every_launch_as_the_trace_does(build):
+    g = build()
+    rng = random.Random(3)
+    for count in ("all", "paper"):
+        model = optimal.Model(g, count, reruns="any")
+        for _ in range(3):
+            chosen = _random_reruns(model, rng)
+            plan = optimal.plan_for(g, chosen)
+            validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+            m = measure.measure(g, plan.config, plan=plan)
+            trace = m.trace if count == "all" else m.paper
+            held = model.slot_bytes(chosen)
+            assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps], chosen
+            assert model.extra_flops_of(chosen) == trace.extra_flops
+
+
+def test_brute_force_over_every_any_plan_of_a_chain_agrees_with_the_solver():
+    g = chain4()
+    model = optimal.Model(g, "paper", reruns="any")
+    plans = []
+    for chosen in _every_plan(model):
+        trace = measure.run(g, optimal.CONFIG.replace(count="paper"), optimal.plan_for(g, chosen))
+        plans.append((chosen, trace.peak_bytes, trace.extra_flops))
+    assert len(plans) > 100 and any(len(s) > 1 for c, _, _ in plans for s in c.values())
+    for allowance in (None, *sorted({f for _, _, f in plans})):
+        best = min(p for _, p, f in plans if allowance is None or f <= allowance)
+        r = optimal.solve(g, allowance=allowance, model=model)
+        assert r.optimal and r.peak_bytes == best, allowance
+        assert measure.run(g, r.plan.config.replace(count="paper"), r.plan).peak_bytes == best
+    for budget in sorted({p for _, p, _ in plans}):
+        r = optimal.solve(g, "flops", budget=budget, model=model)
+        assert r.extra_flops == min(f for _, p, f in plans if p <= budget), budget
+
+
+@pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
+def test_superneurons_plans_are_plans_of_the_any_program_with_the_same_peak(build):
+    from snlite.scheduler import Scheduler
+
+    g = build()
+    model = optimal.Model(g, "paper")
+    for strategy in ("speed", "memory", "cost_aware"):
+        plan = Scheduler(g, optimal.CONFIG.replace(recompute=strategy)).plan()
+        chosen = optimal.reruns_of(g, plan)
+        trace = measure.run(g, optimal.CONFIG.replace(count="paper"), plan)
+        assert model.peak_of(chosen) == trace.peak_bytes and model.extra_flops_of(chosen) == trace.extra_flops
+
+
+def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
+    from snlite import gap
+
+    g = mixed_net()
+    rows = gap.gap_rows(g, "paper", reruns="any")
+    assert all(r.gap_pct >= 0 for r in rows)  # memory-centric's plans are in this program's space
+    once = optimal.solve(g, count="paper", reruns="once")
+    best = optimal.solve(g, count="paper")
+    assert best.optimal and best.peak_bytes <= once.peak_bytes
+    assert measure.run(g, best.plan.config.replace(count="paper"), best.plan).peak_bytes == best.peak_bytes
+    x, labels = data_for(g)
+    base, model = Model(g, MemoryConfig(), device="host"), Model(g, best.plan.config, device="host", plan=best.plan)
+    assert base.step(x, labels, lr=0.1) == model.step(x, labels, lr=0.1)
+    assert all(np.array_equal(base.params[k], model.params[k]) for k in base.params)
+
+
+# ---------------------------------------------------------------- the offload model
+def _every_offload(model):
+    """Every choice of the offload program: each candidate stays, or comes back before one of its ops."""
+    options = [[None, *model.p[u]] for u in model.cands]
+    for pick in itertools.product(*options):
+        yield {u: k for u, k in zip(model.cands, pick) if k is not None}
+
+
+@pytest.mark.parametrize("count", ["all", "paper"])
+def test_the_offload_program_counts_every_launch_and_runs_bit_identically(count):
+    from snlite import optimal_offload as oo
+
+    g = mixed_net()
+    model = oo.OffloadModel(g, count)
+    rng = random.Random(4)
+    for _ in range(4):
+        chosen = {u: rng.choice(list(model.p[u])) for u in model.cands if rng.random() < 0.5}
+        plan = oo.plan_for(g, chosen, model.base_plan)
+        m = measure.measure(g, plan.config, plan=plan)
+        trace = m.trace if count == "all" else m.paper
+        assert model.bytes_at(chosen) == [r.counted_bytes for r in trace.steps], chosen
+        assert m.moved_bytes == sum(2 * g.tensors()[u].nbytes for u in chosen)
+    r = oo.solve(g, count=count, model=model)
+    assert r.optimal and r.prefetch
+    x, labels = data_for(g)
+    base, run = Model(g, MemoryConfig(), device="host"), Model(g, r.plan.config, device="host", plan=r.plan)
+    for program in run.programs.values():
+        check(program)
+    assert base.step(x, labels, lr=0.1) == run.step(x, labels, lr=0.1)
+    assert all(np.array_equal(base.params[k], run.params[k]) for k in base.params)
+    trace = measure.run(g, r.plan.config.replace(count=count), r.plan)
+    assert trace.peak_bytes == r.peak_bytes and trace.d2h_bytes + trace.h2d_bytes == r.moved_bytes
+
+
+def test_brute_force_over_every_offload_plan_agrees_with_the_solver():
+    from snlite import optimal_offload as oo
+
+    g = chain4()  # every plan executed
+    model = oo.OffloadModel(g, "paper")
+    plans = []
+    for chosen in _every_offload(model):
+        m = measure.measure(g, oo.CONFIG, plan=oo.plan_for(g, chosen, model.base_plan))
+        plans.append((m.paper.peak_bytes, m.moved_bytes))
+    assert len(plans) == 90
+    for allowance in sorted({b for _, b in plans}):
+        r = oo.solve(g, allowance=allowance, count="paper", model=model)
+        assert r.peak_bytes == min(p for p, b in plans if b <= allowance), allowance
+    for budget in sorted({p for p, _ in plans}):
+        r = oo.solve(g, "moved", budget=budget, count="paper", model=model)
+        assert r.moved_bytes == min(b for p, b in plans if p <= budget), budget
+    g = chain6()  # its 5,040 plans counted by the program's own sums (checked against the trace above)
+    model = oo.OffloadModel(g, "all")
+    plans = [(max(model.bytes_at(c)), sum(2 * g.tensors()[u].nbytes for u in c)) for c in _every_offload(model)]
+    assert len(plans) == 5040
+    for allowance in sorted({b for _, b in plans})[::7]:
+        r = oo.solve(g, allowance=allowance, model=model)
+        assert r.peak_bytes == min(p for p, b in plans if b <= allowance), allowance
+
+
+# ---------------------------------------------------------------- the gap table and the command
+def test_the_gap_rows_put_each_heuristic_against_the_exact_frontier():
+    from snlite import gap
+
+    g = chain6()
+    rows = gap.gap_rows(g, "paper")
+    assert [r.label for r in rows] == [*gap.HEURISTICS, gap.SQRT, gap.OPTIMAL]
+    best = rows[-1]
+    assert best.status == "optimal" and best.gap_pct == 0.0
+    for r in rows:
+        # nothing that re-runs each layer once beats the least peak for the same FLOPs
+        assert r.best_peak_bytes <= r.peak_bytes or r.label in ("memory-centric", "cost-aware (SuperNeurons)")
+        assert best.peak_bytes <= r.best_peak_bytes
+        assert r.moved_bytes == 0
+    points = gap.frontier(g, "paper")
+    assert points[0].extra_flops == 0 and points[-1].peak_bytes == best.peak_bytes
+    assert all(a.peak_bytes > b.peak_bytes and a.extra_flops < b.extra_flops for a, b in zip(points, points[1:]))
+
+
+def test_snlite_optimal_prints_the_table(capsys):
+    from snlite import cli
+
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "cost-aware (SuperNeurons)" in out and "sqrt(N) checkpoints" in out and "optimal" in out
+    assert "least peak, same FLOPs" in out and "proven" in out
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--budget", "1KiB"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "no plan of lenet has a peak of at most 1.0 KiB" in err and "the least peak is" in err
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--reruns", "once", "--budget", "8MiB", "--json"])
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert code == 0 and data["reruns"] == "once", err
+    assert data["rows"][-1]["label"] == "optimal (under 8.0 MiB)" and data["rows"][-1]["peak_bytes"] <= 8 * 2**20
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper", "--offload"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "+ offload (SuperNeurons: CONV outputs)" in out and "\noptimal offload " in out, err
+    code = cli.main(["compare", "lenet", "--batch", "2", "--optimal"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "\noptimal recompute " in out, err
