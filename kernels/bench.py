@@ -65,6 +65,7 @@ PLAN_FULL = {
     "copy_bytes": 256 << 20,
     "launches": 5000,
     "reps": 7,
+    "warmup": 1,  # untimed calls before each row (0 on the simulator, whose times mean nothing)
     "row_budget_ms": 1500.0,
     "section_budget_s": 50.0,
 }
@@ -226,7 +227,7 @@ def bench_gemm(plan: dict) -> list[dict]:
                     gemm(d_a, d_b, d_c, trans_a=ta, trans_b=tb, version=version, block=block)
 
                 def row(run=run):
-                    t = time_ms(run, reps=plan["reps"], budget_ms=plan["row_budget_ms"])
+                    t = time_ms(run, reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
                     got = d_c.copy_to_host()
                     nonlocal first
                     first = got if first is None else first
@@ -252,7 +253,7 @@ def _gemm_reference(cp, a, b, d_a, d_b, ta, tb, plan, rows, size, layout):
             ca, cb = cp.asarray(d_a), cp.asarray(d_b)
             ca, cb = (ca.T if ta else ca), (cb.T if tb else cb)
             cc = cp.empty((m, n), dtype=cp.float32)
-            t = time_ms(lambda: cp.matmul(ca, cb, out=cc), reps=plan["reps"], budget_ms=plan["row_budget_ms"])
+            t = time_ms(lambda: cp.matmul(ca, cb, out=cc), reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
             rows.append({**label, **t, "gflops": gflops(gemm_flops(m, n, k), t["ms"]), "pct_of_cublas": 100.0})
             return cp.asnumpy(cc), t["ms"]
         except Exception as e:  # e.g. a CuPy built for another CUDA
@@ -288,7 +289,7 @@ def bench_batched(plan: dict) -> list[dict]:
         for impl, fn, launches in (("batched", batched, 1), ("one per matrix", per_matrix, batch)):
             def row(fn=fn, launches=launches):
                 nonlocal first
-                t = time_ms(fn, reps=plan["reps"], budget_ms=plan["row_budget_ms"])
+                t = time_ms(fn, reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
                 got = d_c.copy_to_host()
                 first = got if first is None else first
                 return {**t, "launches": launches, "gflops": gflops(batch * gemm_flops(m, n, k), t["ms"]),
@@ -335,7 +336,8 @@ def bench_conv(plan: dict) -> list[dict]:
                         ws = cuda.device_array(max(1, -(-nbytes // 4)), np.float32) if nbytes else None
                         arrays = [d[a] for a in args[op]]
                         t = time_ms(lambda: fn(*arrays, stride=stride, padding=padding, algo=algo, workspace=ws,
-                                               chunk=chunk), reps=plan["reps"], budget_ms=plan["row_budget_ms"])
+                                               chunk=chunk), reps=plan["reps"], warmup=plan.get("warmup", 1),
+                                      budget_ms=plan["row_budget_ms"])
                         got = arrays[2].copy_to_host()
                         first = got if first is None else first
                         n_launches = len(conv.launches(op, algo, x_shape, w_shape, stride, padding, chunk))
@@ -360,7 +362,7 @@ def bench_copy(plan: dict) -> list[dict]:
         for direction, fn in (("host->device", lambda h=host: dev.copy_to_device(h)),
                               ("device->host", lambda h=host: dev.copy_to_host(h))):
             def row(fn=fn):
-                t = time_ms(fn, reps=plan["reps"], budget_ms=plan["row_budget_ms"])
+                t = time_ms(fn, reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
                 return {**t, "GB/s": gbytes_per_s(nbytes, t["ms"])}
 
             _guard(rows, {"memory": kind, "direction": direction, "MiB": nbytes >> 20}, row)

@@ -476,7 +476,7 @@ FULL = dict(recompute=[("alexnet", 200), ("resnet50", 32), ("resnet101", 32)],
             speed=[("alexnet", 1024), ("vgg16", 224), ("inception_v4", 240), ("resnet50", 384), ("resnet101", 256),
                    ("resnet152", 176)], suffices=[("alexnet", 200), ("resnet50", 64)])
 QUICK = dict(recompute=[("alexnet", 200), ("resnet50", 32)], sweep=[("alexnet", (50, 400)), ("resnet50", (16, 32))],
-             traffic=[256, 1024], depth=["baseline", "liveness"], width=["alexnet", "resnet50"],
+             traffic=[256, 1024], depth=["baseline", "liveness"], width=["alexnet"],
              min_budget=[("alexnet", 200), ("resnet50", 32)], speed=[("alexnet", 1024)], suffices=[("alexnet", 200)])
 
 

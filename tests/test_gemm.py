@@ -260,7 +260,8 @@ def test_bench_runs_end_to_end_on_the_simulator(tmp_path, monkeypatch):
                 batched=[("nn", (5, 7, 3), 3, False, False, False), ("tn", (6, 5, 4), 2, True, False, False),
                          ("reduce", (4, 6, 5), 3, False, True, True)],
                 conv_layers=[("tiny", (3, 2, 5, 4), (3, 2, 3, 3), 1, 1)], conv_chunks=[1, 2],
-                copy_bytes=4096, launches=2, reps=1, section_budget_s=600.0)  # the simulator is slow: no cut
+                copy_bytes=4096, launches=2, reps=1, warmup=0,
+                section_budget_s=600.0)  # the simulator is slow: no warm-up, no cut
     bench.run(str(tmp_path), plan)
     record = json.loads((tmp_path / "bench.json").read_text())
     assert {"environment", "plan", "gemm", "batched", "conv", "copy", "launch"} <= set(record)

@@ -46,7 +46,7 @@ def test_paper_shows_its_progress_on_a_terminal(quick):
     for pattern in (r"section 1/8 \(trajectory\): AlexNet: baseline", r"section 2/8 \(recomputation\): resnet50 "
                     r"\(32\): recompute cost_aware", r"section 3/8 \(traffic\): AlexNet, batch 1,024",
                     r"section 4/8 \(Table 4, depth\): liveness: probe \d+, depth [0-9,]+ \([0-9,]+ units\)",
-                    r"section 5/8 \(Table 5, width\): resnet50: superneurons: probe \d+, batch [0-9,]+ "
+                    r"section 5/8 \(Table 5, width\): alexnet: superneurons: probe \d+, batch [0-9,]+ "
                     r"\[strategy 5/5\]", r"section 6/8 \(trade-off\): alexnet: superneurons\(\)",
                     r"section 7/8 \(min budget\): resnet50 \(32\): the smallest budget",
                     r"section 8/8 \(speed\): alexnet, batch 200: offload when memory suffices"):

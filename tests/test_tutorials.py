@@ -10,8 +10,9 @@ must display inline. Both run in quick mode (``SNLITE_TUTORIAL_QUICK=1``), plots
 folder (``SNLITE_TUTORIAL_OUT``). Tutorial 07's script runs without matplotlib and scikit-learn
 (hidden), so the lessons are seen to finish without the optional extras.
 
-Cost: 16 runs, about 48 s on the project's 2-core machine while three other jobs kept it busy
-(load average 4 to 11); 07 and 00 are most of it, and each notebook starts a kernel (about 1.5 s).
+The notebook runs are in tests/test_tutorials_notebooks.py, so that pytest-xdist (one file per worker)
+can run the two halves side by side. Cost: 18 runs, about 75 s of CPU time on the project's 2-core
+machine; 07, 08 and 00 are most of it, and each notebook starts a kernel (about 1.5 s).
 """
 import importlib.util
 import os
@@ -143,27 +144,3 @@ def test_tutorial_as_a_script(name, tmp_path):
             assert not (tmp_path / "out" / png).exists()
     if "sklearn" in hidden:
         assert "using synthetic 8x8 images instead" in output
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_tutorial_as_a_notebook(name, tmp_path):
-    jupytext = pytest.importorskip("jupytext", reason="the notebook runs need the test extra: pip install -e '.[test]'")
-    nbclient = pytest.importorskip("nbclient", reason="the notebook runs need the test extra: pip install -e '.[test]'")
-    pytest.importorskip("ipykernel", reason="the notebook runs need the test extra: pip install -e '.[test]'")
-    nb = jupytext.read(TUTORIALS / name)
-    code_cells = [c for c in nb.cells if c.cell_type == "code"]
-    assert len(code_cells) >= 3 and any(c.cell_type == "markdown" for c in nb.cells), \
-        f"jupytext read {name} as {len(code_cells)} code cells: are its '# %%' markers intact?"
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(TUTORIALS)}})
-    client.execute(env=tutorial_env(name, tmp_path))  # a cell that raises (a claim not shown) fails here
-    outputs = [o for c in code_cells for o in c.get("outputs", [])]
-    text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
-    check_claims(name, text)
-    assert not [o for o in outputs if o["output_type"] == "execute_result"], \
-        f"{name}: a cell ends in a bare value the notebook displays (a stray True?)"
-    if HAS_MATPLOTLIB:
-        shown = sum("image/png" in o.get("data", {}) for o in outputs if o["output_type"] == "display_data")
-        assert shown == len(PLOTS.get(name, [])), f"{name}: {shown} plots shown inline, expected {PLOTS.get(name)}"
-        for png in PLOTS.get(name, []):
-            assert (tmp_path / png).stat().st_size > 0, f"{name} did not save {png} from the notebook"

@@ -28,16 +28,20 @@ IN_BACKWARD = {
 }
 
 
-def tiny_resnet(n=2, hw=4, units=2, bn=True):
+def tiny_resnet(n=2, hw=4, units=2, bn=True, channels=3):
     """A stem and residual units (conv-BN-ReLU-conv-BN, add, ReLU), then a linear layer: the
-    smallest ResNet (one unit without BN is small enough for the simulator)."""
+    smallest ResNet. ``units=0``: the stem's ReLU and one conv added back to it (two convolutions in
+    all, small enough for the simulator)."""
     g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="tiny_resnet")
-    x = g.relu(g.conv2d(g.input(), 3, 3, padding=1, name="stem"), name="stem_relu")
+    x = g.relu(g.conv2d(g.input(), channels, 3, padding=1, name="stem"), name="stem_relu")
     norm = (lambda y, name: g.batchnorm(y, name=name)) if bn else (lambda y, name: y)
     for u in range(1, units + 1):
-        y = g.relu(norm(g.conv2d(x, 3, 3, padding=1, bias=not bn, name=f"u{u}c1"), f"u{u}bn1"), name=f"u{u}r1")
-        y = norm(g.conv2d(y, 3, 3, padding=1, bias=not bn, name=f"u{u}c2"), f"u{u}bn2")
+        y = g.relu(norm(g.conv2d(x, channels, 3, padding=1, bias=not bn, name=f"u{u}c1"), f"u{u}bn1"),
+                   name=f"u{u}r1")
+        y = norm(g.conv2d(y, channels, 3, padding=1, bias=not bn, name=f"u{u}c2"), f"u{u}bn2")
         x = g.relu(g.add(y, x, name=f"u{u}add"), name=f"u{u}out")
+    if not units:
+        x = g.relu(g.add(g.conv2d(x, channels, 3, padding=1, name="c1"), x, name="add"), name="out")
     g.softmax_loss(g.linear(g.flatten(x, name="flat"), 3, name="fc"))
     return g
 
@@ -74,7 +78,7 @@ def test_updating_in_backward_gives_the_baselines_weights_and_momentum_step_by_s
 def test_on_the_simulator_too():
     """The CUDA kernels (SGD with its loss guard, reading momentum brought back from pinned memory):
     two steps of the smallest ResNet, bit-identical to the simulator's baseline."""
-    g = tiny_resnet(n=1, hw=2, units=1, bn=False)
+    g = tiny_resnet(n=1, hw=2, units=0, bn=False, channels=2)
     base = _train(g, MemoryConfig(), CudaDevice(), steps=2)
     run = _train(g, IN_BACKWARD["in backward, momentum on the host"], CudaDevice(), steps=2)
     assert run[2].executor.host_views, "the momentum must really wait in the slab"
