@@ -253,7 +253,8 @@ def _gemm_reference(cp, a, b, d_a, d_b, ta, tb, plan, rows, size, layout):
             ca, cb = cp.asarray(d_a), cp.asarray(d_b)
             ca, cb = (ca.T if ta else ca), (cb.T if tb else cb)
             cc = cp.empty((m, n), dtype=cp.float32)
-            t = time_ms(lambda: cp.matmul(ca, cb, out=cc), reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
+            t = time_ms(lambda: cp.matmul(ca, cb, out=cc), reps=plan["reps"], warmup=plan.get("warmup", 1),
+                        budget_ms=plan["row_budget_ms"])
             rows.append({**label, **t, "gflops": gflops(gemm_flops(m, n, k), t["ms"]), "pct_of_cublas": 100.0})
             return cp.asnumpy(cc), t["ms"]
         except Exception as e:  # e.g. a CuPy built for another CUDA

@@ -336,12 +336,13 @@ def compare(graph, budget_bytes: int | None = None, progress=no_progress) -> lis
 def largest(n: int, ok, start: int = 0) -> int | None:
     """The largest index i < n with ``ok(i)``, for ``ok`` True then False along 0..n-1 (None if
     ``ok(0)`` is False). Gallops from ``start`` (steps 1, 2, 4, ...) to bracket the edge, then
-    bisects, so a guess off by d costs about 2 log2(d) + 1 probes. Fitting a budget is taken to be monotone in the
-    size; the pool's fragmentation can bend that a little, so what a search guarantees is that its
-    result fits and the next candidate does not (both simulated)."""
+    bisects, so a guess off by d costs about 2 log2(d) + 1 probes. Fitting a budget is taken to be
+    monotone in the size; the pool's fragmentation can bend that (more since weight gradients and
+    momentum come and go in backward), so what a search guarantees is that its result fits and the
+    next candidate does not (both simulated)."""
     start = min(max(start, 0), n - 1)
 
-    def steps():  # 1, 2, 4, ...: a guess that is off by d costs about 2 log2(d) probes
+    def steps():
         s = 1
         while True:
             yield s

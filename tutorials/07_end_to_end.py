@@ -244,7 +244,8 @@ expect("at the peak the weights fill nearly all of the device (over 90%), their 
        why="each gradient lives from its layer's backward step to the update right after it, and the "
            "momentum comes to the device only for its layer's update.")
 per_gib = found.value * (12 * GiB / headline_budget)  # quick mode's half GiB, scaled to the paper's 12
-expect("as deep per GiB as the paper's 7,502 layers in 12 GB, or deeper" + (" (scaled from half a GiB)" if QUICK else ""),
+expect("as deep per GiB as the paper's 7,502 layers in 12 GB, or deeper"
+       + (" (scaled from half a GiB)" if QUICK else ""),
        per_gib >= measure.PAPER_DEPTH_AT_BATCH[1],
        why="the weights are all that stays: snlite's bottleneck units have about 1.1 M parameters each, so "
            "12 GiB holds about 2,860 of them.")
