@@ -7,7 +7,8 @@ The lesson in four prints:
 2. the scheduler's stages under ``MemoryConfig.superneurons()``, and the first ops of its plan;
 3. peak memory of one training iteration as the optimizations are added one by one, planned on
    the meta device (``snlite.simulate``): liveness frees tensors after their last use, offload
-   parks CONV outputs on the host, recomputation drops cheap layers' outputs and rebuilds them;
+   parks CONV outputs on the host, recomputation drops cheap layers' outputs and rebuilds them,
+   updating in backward frees each weight gradient as soon as its layer's SGD step has run;
 4. training on the host device under the baseline and under SuperNeurons side by side: the
    losses and weights are bit-identical, and each run's peak equals what was planned.
 
@@ -31,6 +32,8 @@ LADDER = [
     ("+ liveness", MemoryConfig(liveness=True)),
     ("+ offload", MemoryConfig(liveness=True, offload=True)),
     ("+ recompute", MemoryConfig(liveness=True, offload=True, recompute="cost_aware")),
+    ("+ update in backward", MemoryConfig(liveness=True, offload=True, recompute="cost_aware",
+                                          update_in_backward=True)),
 ]
 
 
@@ -44,11 +47,11 @@ def small_cnn(batch: int = 8, shape=(1, 8, 8), classes: int = 4) -> Graph:
 
 
 def ladder_table(graph: Graph) -> str:
-    rows = [f"{'configuration':14} {'peak':>10} {'l_peak':>10} {'peak/l_peak':>12} {'recomputed':>11} "
+    rows = [f"{'configuration':20} {'peak':>10} {'l_peak':>10} {'peak/l_peak':>12} {'recomputed':>11} "
             f"{'to host':>10}"]
     for label, cfg in LADDER:
         tr = simulate(graph, cfg)
-        rows.append(f"{label:14} {tr.peak_bytes:10,d} {tr.l_peak_bytes:10,d} {tr.ratio:12.2f} "
+        rows.append(f"{label:20} {tr.peak_bytes:10,d} {tr.l_peak_bytes:10,d} {tr.ratio:12.2f} "
                     f"{tr.recompute_count:11d} {tr.d2h_bytes:10,d}")
     return "\n".join(rows)
 
@@ -57,7 +60,8 @@ def run(device="host", steps: int = 30, batch: int = 8, lr: float = 0.02, moment
         out=print) -> dict:
     """The demo; returns the losses of both runs, whether they are bit-identical, and accuracies."""
     graph = small_cnn(batch)
-    sn = MemoryConfig(liveness=True, offload=True, recompute="cost_aware", workspace="dynamic")
+    sn = MemoryConfig(liveness=True, offload=True, recompute="cost_aware", workspace="dynamic",
+                      update_in_backward=True)
     out(f"snlite demo: {graph.name}, batch {batch}\n")
     out(graph.summary() + "\n")
     sched = Scheduler(graph, sn)
