@@ -396,10 +396,12 @@ class Found:
         return self.trace.host_peak_bytes if self.trace is not None else None
 
 
-def _search(label, config, candidates, build, guess_from, progress=no_progress, what=str) -> Found:
+def _search(label, config, candidates, build, guess_from, progress=no_progress, what=str,
+            further: bool = False) -> Found:
     """Largest candidate x with ``build(x)`` fitting ``config`` (count "all"), starting near the
-    estimate of :func:`_estimate` over the two sample points ``guess_from``. ``progress(text)`` is
-    told each probe, the candidate written by ``what``."""
+    estimate of :func:`_estimate` over the two sample points ``guess_from`` (drawn ``further`` out
+    where they measure mostly fixed costs). ``progress(text)`` is told each probe, the candidate
+    written by ``what``."""
     t0 = time.perf_counter()
     config = config.replace(count="all")
     traces: dict[int, bool] = {}  # candidate index -> fits
@@ -421,7 +423,7 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
 
     if guess_from:
         progress(f"{label}: estimating from {what(guess_from[0])} and {what(guess_from[1])}")
-    guess = _estimate(build, config, guess_from)
+    guess = _estimate(build, config, guess_from, further)
     start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
     i = largest(len(candidates), ok, start)
     nxt = candidates[i + 1] if i is not None and i + 1 < len(candidates) else (candidates[0] if i is None else None)
@@ -435,23 +437,39 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
                  len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1)
 
 
-def _estimate(build, config, xs) -> float | None:
+def _estimate(build, config, xs, further: bool = False) -> float | None:
     """Where the peak crosses the budget, by a straight line through the peaks at two sizes
     under ``config`` without the budget, the cache or workspaces (a guess to start from). With
-    ``optimizer_state="auto"`` the guess is for momentum on the host (a search's answer is where
-    memory runs short, which is where auto sends it there)."""
+    ``further``, where the line lands more than 8 times beyond the larger size, what it measured is
+    mostly a fixed cost (AlexNet's largest step at batch 32 is a fully connected layer's update,
+    whatever the batch), so it is drawn again through sizes further out, at most twice (a batch
+    search asks for it; a ResNet's depth scales every step alike). With ``optimizer_state="auto"``
+    the guess is for momentum on the host (a search's answer is where memory runs short, which is
+    where auto sends it there)."""
     if not xs:
         return None
     state = "host" if config.optimizer_state == "auto" else config.optimizer_state
     cfg = config.replace(budget_bytes=None, cache=False, workspace="none", optimizer_state=state)
-    (x0, x1) = xs
     # with the cache, what must fit is roughly the largest step's working set (everything else can
     # wait on the host); without it, the peak
     need = (lambda t: t.l_peak_bytes) if config.cache else (lambda t: t.peak_bytes)
-    p0, p1 = (need(run(build(x), cfg)) for x in (x0, x1))
-    if p1 <= p0:
-        return None
-    return x0 + (config.budget_bytes - p0) * (x1 - x0) / (p1 - p0)
+    seen: dict = {}
+
+    def at(x):
+        if x not in seen:
+            seen[x] = need(run(build(x), cfg))
+        return seen[x]
+
+    (x0, x1) = xs
+    for _ in range(3):
+        p0, p1 = at(x0), at(x1)
+        if p1 <= p0:
+            return None
+        guess = x0 + (config.budget_bytes - p0) * (x1 - x0) / (p1 - p0)
+        if not further or guess <= 8 * x1:
+            break
+        x0, x1 = x1, 8 * x1
+    return guess
 
 
 MAX_BATCH = 1 << 16
@@ -476,7 +494,7 @@ def max_batch(build, config: MemoryConfig, label: str = "", lo: int = 1, hi: int
         raise ValueError("max_batch needs a budget (config.budget_bytes)")
     sample = (8, 32) if hi >= 32 else None
     return _search(label or config.describe(), config, range(lo, hi + 1), build, sample, progress,
-                   lambda b: f"batch {b:,d}")
+                   lambda b: f"batch {b:,d}", further=True)
 
 
 MIN_UNITS = 16  # ResNet-50's residual units: the shallowest ImageNet ResNet
