@@ -273,6 +273,21 @@ def test_maxbatch_result_fits_and_one_more_does_not(capsys):
     assert rows["superneurons"]["batch"] >= rows["baseline"]["batch"]
 
 
+def test_a_batch_search_draws_its_line_past_fixed_costs():
+    """AlexNet under superneurons(): at batches 8 and 32 the largest step is fc6's update (its weights,
+    gradient and momentum, whatever the batch), so a line through them all but misses the batch's
+    cost; drawn again further out it lands next to the answer, and the search needs few probes."""
+    def build(b):
+        return get_model("alexnet", b)
+
+    config = MemoryConfig.superneurons(budget_bytes=12 * 2**30, count="all")
+    near = measure._estimate(build, config, (8, 32))
+    far = measure._estimate(build, config, (8, 32), further=True)
+    found = measure.max_batch(build, config)
+    assert abs(far - found.value) <= 0.02 * found.value < abs(near - found.value)
+    assert found.probes <= 4
+
+
 def test_maxbatch_shows_the_papers_figures(capsys):
     code, out, _ = run(capsys, "maxbatch", "alexnet", "--budget", "2GiB")
     assert code == 0 and "SuperNeurons 1,792; the best other framework 1,408" in out
