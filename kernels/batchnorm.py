@@ -61,6 +61,15 @@ def batchnorm_forward_train_ref(x, gamma, beta, y, running_mean, running_var, sa
     m2 = ((x - _per_channel(mean, x)) ** 2).sum(axis=_axes(x))
     invstd = t(1) / np.sqrt(m2 / t(n) + t(eps))
     y[...] = (x - _per_channel(mean, x)) * _per_channel(invstd, x) * _per_channel(gamma, x) + _per_channel(beta, x)
+    save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var, momentum, update_running)
+
+
+def save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var, momentum,
+                    update_running):
+    """What a training forward keeps: the batch's mean and 1/std for backward, and (unless
+    ``update_running`` is False, as in a recomputed forward) the running statistics moved by
+    ``momentum``, the variance unbiased (PyTorch's rule). Shared by every NumPy version."""
+    t = mean.dtype.type
     save_mean[...] = mean
     save_invstd[...] = invstd
     if update_running:

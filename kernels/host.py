@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.batchnorm import save_statistics
 from kernels.conv import _geometry
 from kernels.pooling import _params
 
@@ -199,12 +200,7 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var, save_m
     invstd = t(1) / np.sqrt(m2 / t(n) + t(eps))
     np.multiply(d, (invstd * gamma)[:, None], out=y3)
     y3 += beta[:, None]
-    save_mean[...] = mean
-    save_invstd[...] = invstd
-    if update_running:
-        m = t(momentum)
-        running_mean[...] = (t(1) - m) * running_mean + m * mean
-        running_var[...] = (t(1) - m) * running_var + m * (m2 / t(n - 1))
+    save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var, momentum, update_running)
 
 
 @fast("batchnorm_backward")
