@@ -1,7 +1,8 @@
 """The host device against PyTorch on the CPU: ``python -m snlite.bench host``.
 
 Trains LeNet (batch 64, 1x28x28) and a small CIFAR ResNet (ResNet-8, batch 32, 3x32x32) on the
-host device, under the baseline and under ``superneurons()``, and the same networks in PyTorch on
+host device, under the baseline, under ``superneurons()`` and under ``superneurons()`` with the
+cheap layers measured too slow to re-run on the host kept (``snlite.costs``), and the same networks in PyTorch on
 the CPU when it is installed (an optional import: PyTorch is no dependency of snlite), with the
 same weights (``Model.params`` are PyTorch ``state_dict`` names) and the same batch; the first
 step's losses are printed side by side as the check that both run the same network.
@@ -22,7 +23,9 @@ import time
 import numpy as np
 
 from snlite.config import MemoryConfig
+from snlite.costs import measure_layer_costs
 from snlite.models import cifar_resnet, lenet
+from snlite.recompute import expensive_layers
 from snlite.train import Model
 
 NETS = {"lenet": (lambda: lenet(batch=64)), "resnet8": (lambda: cifar_resnet(8, batch=32))}
@@ -131,8 +134,10 @@ def host(nets=tuple(NETS), repeats=5, steps=3, threads=None, torch_too=True) -> 
         labels = rng.integers(0, g.num_classes, g.input_shape[0]).astype(np.int32)
         for n in threads:
             with _threads(n, torch):
+                keep = expensive_layers(g, measure_layer_costs(g, "host"))  # too slow to re-run here
                 runs = {"baseline": Model(g, MemoryConfig(), device="host", seed=0),
-                        "superneurons": Model(g, MemoryConfig.superneurons(), device="host", seed=0)}
+                        "superneurons": Model(g, MemoryConfig.superneurons(), device="host", seed=0),
+                        "measured": Model(g, MemoryConfig.superneurons(recompute_keep=keep), device="host", seed=0)}
                 params = runs["baseline"].params
                 if torch is not None:
                     runs["pytorch"] = _Torch(torch, name, params, x, labels)
@@ -145,20 +150,23 @@ def host(nets=tuple(NETS), repeats=5, steps=3, threads=None, torch_too=True) -> 
                             m.step(x, labels, lr=LR, momentum=MOMENTUM)
                         times[k].append(time.perf_counter() - t0)
             ips = {k: g.input_shape[0] * steps / statistics.median(v) for k, v in times.items()}
-            rows.append({"net": name, "batch": g.input_shape[0], "threads": n, "img_s": ips, "first_loss": first})
+            rows.append({"net": name, "batch": g.input_shape[0], "threads": n, "img_s": ips, "first_loss": first,
+                         "kept": keep})
     return rows
 
 
 def table(rows) -> str:
     """Markdown: img/s per contender and the ratios the issue's goals are stated in."""
     torch_here = any("pytorch" in r["img_s"] for r in rows)
-    head = "| net (batch) | threads | snlite baseline | snlite superneurons() | sn / baseline |"
+    head = ("| net (batch) | threads | snlite baseline | snlite superneurons() | sn / baseline "
+            "| sn, measured costs / baseline (layers kept) |")
     head += " PyTorch | snlite / PyTorch | first loss (snlite, PyTorch) |" if torch_here else ""
     out = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
         ips, loss = r["img_s"], r["first_loss"]
         cells = [f"{r['net']} ({r['batch']})", str(r["threads"]), f"{ips['baseline']:,.0f}",
-                 f"{ips['superneurons']:,.0f}", f"{ips['superneurons'] / ips['baseline']:.2f}"]
+                 f"{ips['superneurons']:,.0f}", f"{ips['superneurons'] / ips['baseline']:.2f}",
+                 f"{ips['measured'] / ips['baseline']:.2f} ({', '.join(r['kept']) or 'none'})"]
         if torch_here:
             cells += [f"{ips['pytorch']:,.0f}", f"{ips['baseline'] / ips['pytorch']:.2f}",
                       f"{loss['baseline']:.5f}, {loss['pytorch']:.5f}"]

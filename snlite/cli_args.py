@@ -126,7 +126,14 @@ def join_negative_values(argv: list[str]) -> list[str]:
 
 # ---------------------------------------------------------------- the memory flags (one place)
 MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count", "schedule",
-                "update_in_backward", "optimizer_state")
+                "update_in_backward", "optimizer_state", "recompute_keep")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected layer names separated by commas, got {text!r}")
+    return names
 
 
 def add_memory_flags(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +161,9 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
              "releases and prefetches moved in time so copies hide behind compute on that GPU (snlite.overlap)"}
     for name, text in helps.items():
         g.add_argument(f"--{name.replace('_', '-')}", choices=CHOICES[name], default=None, help=text, dest=name)
+    g.add_argument("--recompute-keep", type=_names, metavar="LAYER,...", default=None, dest="recompute_keep",
+                   help="cheap layers recomputation keeps, as checkpoints (e.g. the ones too slow to re-run on your "
+                        "device: snlite.recompute.expensive_layers)")
     g.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="device memory budget, e.g. 12GiB, 1.5GB, 500MB, 4096 (default: unlimited)")
     g.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,

@@ -10,6 +10,8 @@
 | offload      | bool                                     | CONV outputs wait on the host           | host RAM, PCIe traffic         |
 | cache        | bool                                     | moves data only when memory runs short  | (offload becomes lazy)         |
 | recompute    | off, speed, memory, cost_aware           | drops cheap layers' outputs             | extra forward FLOPs            |
+| recompute_keep | cheap layers' names (a tuple)          | (the re-runs of layers too slow to      | their outputs stay, as a       |
+|              |                                          | repeat on this device: measured)        | checkpoint's do                |
 | workspace    | none, fastest, dynamic                   | (none: no conv workspace at all)        | (none: the slowest conv)       |
 | allocator    | pool, raw                                | pool: no malloc/free per tensor         | raw: one allocation per tensor |
 | fit          | first, best                              | best: less fragmentation                | a longer search                |
@@ -58,8 +60,13 @@ class MemoryConfig:
     schedule: str = "paper"
     update_in_backward: bool = False
     optimizer_state: str = "device"
+    recompute_keep: tuple[str, ...] = ()  # cheap layers kept like checkpoints (snlite.recompute.expensive_layers)
 
     def __post_init__(self):
+        keep = self.recompute_keep
+        if isinstance(keep, str) or not isinstance(keep, (tuple, list)) or not all(isinstance(k, str) for k in keep):
+            raise ValueError(f"MemoryConfig.recompute_keep must be a tuple of layer names, got {keep!r}")
+        object.__setattr__(self, "recompute_keep", tuple(sorted(set(keep))))  # hashable, one order
         for name in ("liveness", "offload", "cache", "update_in_backward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"MemoryConfig.{name} must be True or False, got {getattr(self, name)!r}")
@@ -102,6 +109,8 @@ class MemoryConfig:
         parts = [n for n in ("liveness", "offload", "cache", "update_in_backward") if getattr(self, n)]
         parts += [f"{n}={getattr(self, n)}" for n in ("recompute", "workspace", "schedule", "optimizer_state")
                   if getattr(self, n) not in ("off", "none", "paper", "device")]
+        if self.recompute_keep:
+            parts.append(f"recompute_keep={','.join(self.recompute_keep)}")
         return " + ".join(parts) or "baseline"
 
 

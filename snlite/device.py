@@ -127,6 +127,20 @@ class NullEvent:
         return 0.0
 
 
+class WallEvent(NullEvent):
+    """A timing event on the host, where work runs as it is issued: ``elapsed_ms`` is the wall-clock
+    time between the two records."""
+
+    def __init__(self):
+        self.wall = None
+
+    def record(self, stream=None) -> None:
+        self.wall = time.perf_counter()
+
+    def elapsed_ms(self, end: "WallEvent") -> float:
+        return (end.wall - self.wall) * 1e3
+
+
 class CudaStream:
     def __init__(self, raw, name: str = "default"):
         self.raw, self.name = raw, name
@@ -265,6 +279,9 @@ class HostDevice(Device):
     up as NaN, as it could on a GPU."""
 
     name = "host"
+
+    def event(self, timing: bool = False):
+        return WallEvent() if timing else NullEvent()
 
     def _alloc(self, nbytes, pinned, stream):
         return np.full(nbytes, 0xFF, dtype=np.uint8)

@@ -226,8 +226,9 @@ class Executor:
                             stream=stream, guard=guard, **self.sgd)
 
     def _span(self, stream_name: str, stream, label: str):
-        """With ``profile`` on a CUDA device, bracket the work enqueued inside with timing events."""
-        if not (self.profile and self.device.name == "cuda"):
+        """With ``profile`` on, bracket the work enqueued inside with timing events (on the host,
+        wall-clock: work runs as it is issued, one step after another)."""
+        if not (self.profile and self.device.name in ("cuda", "host")):
             return _NULL_SPAN
         return _Span(self, stream_name, stream, label)
 

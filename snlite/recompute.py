@@ -66,12 +66,13 @@ class RecomputeInfo:
     extra_flops: int = 0
 
 
-def segments(graph) -> dict[str, str]:
-    """Non-checkpoint layer -> the checkpoint its chain starts from."""
+def segments(graph, keep=()) -> dict[str, str]:
+    """Non-checkpoint layer -> the checkpoint its chain starts from. ``keep``: cheap layers that
+    count as checkpoints here (``MemoryConfig.recompute_keep``): their outputs stay."""
     root: dict[str, str] = {}
     for name in graph.route()[0]:
         layer = graph.layers[name]
-        if not layer.checkpoint:
+        if not (layer.checkpoint or name in keep):
             (src,) = graph.inputs[name]  # cheap layers have exactly one input
             root[name] = root.get(src, src)
     return root
@@ -86,28 +87,30 @@ def step_bytes(steps, tensors, persistent) -> list[int]:
             for s in steps]
 
 
-def droppable(graph) -> dict[str, str]:
-    """Tensor -> the cheap layer whose forward writes it (outputs and saved tensors)."""
+def droppable(graph, keep=()) -> dict[str, str]:
+    """Tensor -> the cheap layer whose forward writes it (outputs and saved tensors); none of a
+    layer in ``keep``."""
     out = {}
     for step in graph.steps():
         layer = graph.layers[step.layer]
-        if step.phase == "forward" and not layer.checkpoint and not layer.alias_input:
+        if step.phase == "forward" and not (layer.checkpoint or step.layer in keep) and not layer.alias_input:
             for t in step.writes:
                 if graph.tensors()[t].kind == "activation":
                     out[t] = step.layer
     return out
 
 
-def choose_strategies(graph, strategy: str, persistent) -> dict[str, str]:
+def choose_strategies(graph, strategy: str, persistent, keep=()) -> dict[str, str]:
     """checkpoint -> "speed" | "memory" for every segment, per ``strategy``.
 
     Assignment 5 (cost-aware recomputation). A segment is a checkpoint and the chain of cheap
     layers that starts from it (:func:`segments` maps each cheap layer to its checkpoint); its
     tensors are those its cheap layers' forward steps read and write (the checkpoint's output,
     their outputs and what they save; never persistent ones), and :func:`droppable` says which
-    of them recomputation drops. Requirements (``pytest -m a5`` checks all but the cost):
+    of them recomputation drops. ``keep``: cheap layers that count as checkpoints (hand it to
+    both). Requirements (``pytest -m a5`` checks all but the cost):
 
-    - one entry per segment: the keys are exactly ``set(segments(graph).values())``;
+    - one entry per segment: the keys are exactly ``set(segments(graph, keep).values())``;
     - ``strategy`` "speed" or "memory": every segment gets that strategy;
     - ``strategy`` "cost_aware", the paper's rule (docs/paper.md section 5), sizes counted once: a
       segment is "speed" if its speed-centric peak is at most l_peak, else "memory", where
@@ -126,14 +129,14 @@ def choose_strategies(graph, strategy: str, persistent) -> dict[str, str]:
       backward use, never a rescan of the whole route per segment.
     """
     # BEGIN ASSIGNMENT 5: cost-aware recomputation
-    roots = segments(graph)
+    roots = segments(graph, keep)
     if strategy in ("speed", "memory"):
         return {r: strategy for r in set(roots.values())}
     steps, tensors = graph.steps(), graph.tensors()
     sizes = step_bytes(steps, tensors, persistent)
     l_peak = max(sizes)
     _, last = first_and_last_use(steps, persistent)
-    drop = droppable(graph)
+    drop = droppable(graph, keep)
     first_read: dict[str, int] = {}  # dropped tensor -> the first backward step that reads it
     for s in steps:
         if s.phase == "backward":
@@ -168,10 +171,52 @@ def choose_strategies(graph, strategy: str, persistent) -> dict[str, str]:
     # END ASSIGNMENT 5
 
 
-def expand(graph, strategy: str, persistent=frozenset()) -> tuple[list[Op], RecomputeInfo]:
-    """The route as ops, with the recompute ops the strategy needs inserted before backward steps."""
+def cheap_layers(graph) -> list[str]:
+    """The layers recomputation may drop the outputs of, in route order (not checkpoints, not flatten)."""
+    return [n for n in graph.route()[0] if not graph.layers[n].checkpoint and not graph.layers[n].alias_input]
+
+
+def check_keep(graph, keep) -> None:
+    """ValueError unless every name in ``keep`` is a cheap layer of ``graph``."""
+    cheap = cheap_layers(graph)
+    wrong = [k for k in keep if k not in cheap]
+    if wrong:
+        what = ", ".join(f"{k!r} ({'a checkpoint: its output stays anyway' if k in graph.layers else 'no such layer'})"
+                         for k in wrong)
+        raise ValueError(f"recompute_keep names {what}; it takes cheap layers of {graph.name}: {', '.join(cheap)}")
+
+
+def expensive_layers(graph, forward_ms: dict, ratio: float = 0.5) -> tuple[str, ...]:
+    """The cheap layers too slow to re-run on the device ``forward_ms`` was measured on: those whose
+    forward takes more than ``ratio`` times the mean forward of the network's conv and linear
+    layers (the work a checkpoint's output stands for). The paper recomputes by layer kind because
+    on a GPU a ReLU, a pooling or a BN costs a few percent of a conv; on another device the same
+    kinds need not be cheap, and this says which are not, from times measured there
+    (:func:`snlite.costs.measure_layer_costs`). Hand the result to ``MemoryConfig.recompute_keep``.
+    With no such layer the paper's rule stands unchanged."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+        raise ValueError(f"expensive_layers: ratio must be a number > 0, got {ratio!r}")
+    heavy = [n for n, l in graph.layers.items() if l.kind in ("conv2d", "linear")]
+    cheap = cheap_layers(graph)
+    missing = [n for n in heavy + cheap if n not in forward_ms]
+    if missing:
+        raise ValueError(f"expensive_layers: no time for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                         f"measure every layer of {graph.name} (snlite.costs.measure_layer_costs)")
+    bad = {n: forward_ms[n] for n in heavy + cheap if not (forward_ms[n] >= 0)}
+    if bad:
+        raise ValueError(f"expensive_layers: times must be milliseconds >= 0, got {bad}")
+    if not heavy:
+        return ()
+    limit = ratio * sum(forward_ms[n] for n in heavy) / len(heavy)
+    return tuple(n for n in cheap if forward_ms[n] > limit)
+
+
+def expand(graph, strategy: str, persistent=frozenset(), keep=()) -> tuple[list[Op], RecomputeInfo]:
+    """The route as ops, with the recompute ops the strategy needs inserted before backward steps;
+    the cheap layers in ``keep`` keep their outputs, as checkpoints do."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown recompute strategy {strategy!r}; choose one of {STRATEGIES}")
+    check_keep(graph, keep)
     steps = graph.steps()
     info = RecomputeInfo(strategy)
     ops: list[Op] = []
@@ -184,9 +229,9 @@ def expand(graph, strategy: str, persistent=frozenset()) -> tuple[list[Op], Reco
         for s in steps:
             add(s.index, s.layer, s.phase, s.reads, s.writes, s.inplace, s.accumulate)
         return ops, info
-    drop = droppable(graph)
-    roots = segments(graph)
-    per_segment = choose_strategies(graph, strategy, persistent)
+    drop = droppable(graph, keep)
+    roots = segments(graph, keep)
+    per_segment = choose_strategies(graph, strategy, persistent, keep)
     info.dropped, info.segment_strategy = tuple(drop), per_segment
     fwd_step = {s.layer: s for s in steps if s.phase == "forward"}
     order = {name: i for i, name in enumerate(graph.route()[0])}

@@ -110,16 +110,17 @@ class Stage:
 class RecomputeStage(Stage):
     name = "recompute"
 
-    def __init__(self, strategy: str):
+    def __init__(self, strategy: str, keep=()):
         super().__init__(strategy != "off")
-        self.strategy = strategy
+        self.strategy, self.keep = strategy, tuple(keep)
 
     def apply(self, graph, persistent):
-        ops, info = recompute.expand(graph, self.strategy, persistent)
+        ops, info = recompute.expand(graph, self.strategy, persistent, self.keep)
         if self.enabled:
             kinds = sorted(set(info.segment_strategy.values()))
             self.summary = (f"{self.strategy}: {len(info.dropped)} tensors dropped, {info.count} forward re-runs "
-                            f"({', '.join(kinds)}-centric segments), +{info.extra_flops:,d} FLOPs")
+                            f"({', '.join(kinds)}-centric segments), +{info.extra_flops:,d} FLOPs"
+                            + (f"; kept (too slow to re-run): {', '.join(self.keep)}" if self.keep else ""))
         return ops, info
 
 
@@ -222,7 +223,7 @@ class Scheduler:
         self.graph = graph
         self.config = config or MemoryConfig()
         c = self.config
-        self.recompute = RecomputeStage(c.recompute)
+        self.recompute = RecomputeStage(c.recompute, c.recompute_keep)
         self.liveness = LivenessStage(c.liveness)
         self.offload = OffloadStage(c.offload, lazy=c.cache)
         self.cache = CacheStage(c.cache, conv_first=c.offload)

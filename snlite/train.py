@@ -244,7 +244,8 @@ class Model:
 
     @property
     def profile(self) -> bool:
-        """On a CUDA device: time every kernel step and copy of the next iterations, per stream."""
+        """Time every kernel step and copy of the next iterations, per stream: on a CUDA device with
+        its events, on the host by the wall clock (there the streams run one after another)."""
         return self.executor.profile
 
     @profile.setter

@@ -11,8 +11,10 @@ from snlite.train import Model
 
 def test_the_table_without_pytorch_times_snlite_alone():
     rows = bench_host.host(("lenet",), repeats=1, steps=1, threads=[1], torch_too=False)
-    assert [(r["net"], r["threads"], sorted(r["img_s"])) for r in rows] == [("lenet", 1, ["baseline", "superneurons"])]
+    assert [(r["net"], r["threads"], sorted(r["img_s"])) for r in rows] == [("lenet", 1, ["baseline", "measured",
+                                                                                         "superneurons"])]
     lines = bench_host.table(rows).splitlines()
+    assert f"({', '.join(rows[0]['kept']) or 'none'}) |" in lines[2]  # the layers measured too slow to re-run
     assert "PyTorch" not in lines[0] and lines[2].startswith("| lenet (64) | 1 | ")
     assert len(lines[0].split("|")) == len(lines[1].split("|")) == len(lines[2].split("|"))
 

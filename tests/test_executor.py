@@ -221,9 +221,13 @@ def test_profiling_times_every_kernel_and_copy_per_stream_on_cuda():
     assert sum(e["stream"] == "compute" for e in events) >= len(g.layers)
     assert all(e["end_ms"] >= e["start_ms"] >= 0 for e in events)
     host = Model(g, MemoryConfig(liveness=True, offload=True), device="host")
+    host.forward_backward(x, labels)
+    assert host.stream_events == []  # not profiled
     host.profile = True
     host.forward_backward(x, labels)
-    assert host.stream_events == []  # the host has no streams to time
+    timed = host.stream_events  # the same steps and copies, by the wall clock, one after another
+    assert [(e["stream"], e["label"]) for e in timed] == [(e["stream"], e["label"]) for e in events]
+    assert all(b["start_ms"] >= a["end_ms"] >= a["start_ms"] >= 0 for a, b in zip(timed, timed[1:]))
 
 
 def test_measured_conv_costs_drive_the_choice_and_plan_the_same_on_meta():

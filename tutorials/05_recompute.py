@@ -8,7 +8,8 @@
 # - the three strategies: speed-centric (rebuild a segment once, keep it), memory-centric (rebuild only
 #   what each backward step needs, and keep it only while the next backward step reads it too),
 #   cost-aware (per segment, speed-centric when it fits under l_peak, else memory-centric);
-# - what each costs (forward re-runs, extra FLOPs) and saves (peak), for AlexNet and a ResNet.
+# - what each costs (forward re-runs, extra FLOPs) and saves (peak), for AlexNet and a ResNet;
+# - which layers are cheap is a property of the device: measure them, and keep the ones that are not.
 #
 # Run it: `python tutorials/05_recompute.py` from the repository root (after `pip install -e .`), or cell
 # by cell (`# %%` cells in VS Code or Jupyter). About 2 s; no GPU.
@@ -156,8 +157,41 @@ save_plot("plot_tradeoff", rows, "05_alexnet_recompute_tradeoff.png",
           title=f"AlexNet batch {batch}: peak (paper count) against recomputation")
 
 # %% [markdown]
+# ## Cheap on a GPU, but here?
+# The paper picks the layers to recompute by kind, because on a GPU a ReLU, a pooling or a BN costs a few
+# percent of a convolution. That is a property of the GPU. On this laptop's host device the same layers run
+# as NumPy code, and before snlite's host kernels were made fast, LeNet's max pooling took longer than the
+# convolution before it: re-running it cost a quarter of a training step. So a device can be asked:
+# `snlite.costs.measure_layer_costs` times every layer's forward there, `snlite.recompute.expensive_layers`
+# names the cheap layers slower than half the mean conv or linear layer, and
+# `MemoryConfig(recompute_keep=...)` keeps their outputs, as a checkpoint's are kept. The paper's rule is
+# the default; the times are measured, so your run may name different layers (or none).
+
+# %%
+from snlite.costs import cost_table, measure_layer_costs
+from snlite.recompute import expensive_layers
+
+le = snlite.models.lenet(batch=64)
+ms = measure_layer_costs(le, "host")
+keep = expensive_layers(le, ms)
+print(cost_table(le, ms, keep))
+print(f"kept by the measured rule on this machine: {', '.join(keep) or 'none'}")
+# what the host looked like before its fast pooling: keep pool1 and see what it costs in memory
+cheap_rule = simulate(le, MemoryConfig(liveness=True, recompute="cost_aware"))
+pool_kept = simulate(le, MemoryConfig(liveness=True, recompute="cost_aware", recompute_keep=("pool1",)))
+print(f"cost-aware: {cheap_rule.recompute_count} re-runs, peak {cheap_rule.peak_bytes / MiB:.2f} MiB; "
+      f"keeping pool1: {pool_kept.recompute_count} re-runs, peak {pool_kept.peak_bytes / MiB:.2f} MiB")
+expect(f"keeping pool1 saves its re-run ({cheap_rule.recompute_count} -> {pool_kept.recompute_count} re-runs) "
+       f"and never lowers the peak ({cheap_rule.peak_bytes / MiB:.2f} -> {pool_kept.peak_bytes / MiB:.2f} MiB)",
+       pool_kept.recompute_count == cheap_rule.recompute_count - 1 and pool_kept.peak_bytes >= cheap_rule.peak_bytes,
+       why="pool1's output now stays from its forward to its backward, as conv1's does; whether that raises the "
+           "peak depends on where the peak is (run `snlite plan lenet --recompute cost_aware` to see the step)")
+
+# %% [markdown]
 # ## Exercise
 # 1. In the plan cell, change `== "conv1"` to `== "conv5"`. Now cost-aware's re-runs equal which strategy's,
 #    and why? (Look at conv5's row in the first table.) Then try `== "conv2"`.
 # 2. Set `batch = 20` at the top of the segments cell and run again. Do the per-segment choices change?
 #    Every activation scales with the batch; explain why the comparison with l_peak does not depend on it.
+# 3. In the last cell, measure `snlite.models.cifar_resnet(8, batch=32)` instead of LeNet. Which kinds does
+#    the rule keep on your machine, and what does `expensive_layers(..., ratio=0.25)` add?
