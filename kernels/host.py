@@ -221,14 +221,13 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta):
     n_, c = x.shape[:2]
     n = x.size // c
     x3, dy3, dx3 = x.reshape(n_, c, -1), dy.reshape(n_, c, -1), dx.reshape(n_, c, -1)
-    xhat = x3 - save_mean[:, None]
-    xhat *= save_invstd[:, None]
+    d = np.subtract(x3, save_mean[:, None])  # x - mean; xhat = d * invstd, never formed
     db = _sum_nc(dy3)
-    dg = np.einsum("ncs,ncs->c", dy3, xhat)
+    dg = np.einsum("ncs,ncs->c", dy3, d) * save_invstd
     scale = gamma * save_invstd / t(n)
-    xhat *= (scale * dg)[:, None]
+    d *= (scale * dg * save_invstd)[:, None]  # xhat * dgamma * scale
     np.multiply(dy3, (scale * t(n))[:, None], out=dx3)  # dx may alias dy: both sums are taken
-    dx3 -= xhat
+    dx3 -= d
     dx3 -= (scale * db)[:, None]
     dgamma[...] = dg
     dbeta[...] = db
