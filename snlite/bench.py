@@ -14,7 +14,7 @@ import argparse
 import time
 
 from snlite.config import MemoryConfig
-from snlite.measure import min_budget
+from snlite.search import min_budget
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.placement import place, simulate
 from snlite.trace import trace_program
@@ -63,7 +63,7 @@ def deep(units: int = 2500, batch: int = 1, scaling=SCALING) -> dict:
 def zoo_table(batch: int | None = None, count: str = "paper") -> str:
     """Markdown: peak MiB and peak / l_peak per model and preset (unlimited budget, under ``count``),
     then the smallest budget under which superneurons() runs, divided by l_peak plus the weights,
-    their gradients and momentum (:func:`snlite.measure.min_budget`)."""
+    their gradients and momentum (:func:`snlite.search.min_budget`)."""
     head = "| model (batch) | " + " | ".join(PRESETS) + " | superneurons() min budget (ratio) |"
     rows = [head, "|---" * (len(PRESETS) + 2) + "|"]
     for name in ZOO:

@@ -1,5 +1,5 @@
 """The planning subcommands of ``snlite`` (plan, compare, maxbatch, maxdepth, paper, bench): they
-run the scheduler on the meta device and print what :mod:`snlite.measure` computes."""
+run the scheduler on the meta device and print what :mod:`snlite.measure` and :mod:`snlite.search` compute."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from snlite import measure, timing
+from snlite import measure, search, timing
 
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, add_memory_flags,
                              add_quiet_flag, memory_config)
@@ -90,12 +90,12 @@ def add_planning_commands(sub) -> None:
                                        f"({PAPER_GPU}) are shown alongside.")
         if name == "maxbatch":
             p.add_argument("net", metavar="NET", help=net_help)
-            p.add_argument("--max-batch", type=_positive_int, default=measure.MAX_BATCH,
-                           help=f"search no further (default {measure.MAX_BATCH})")
+            p.add_argument("--max-batch", type=_positive_int, default=search.MAX_BATCH,
+                           help=f"search no further (default {search.MAX_BATCH})")
         else:
             p.add_argument("--batch", type=_positive_int, default=16, help="images per step (default 16, the paper's)")
             p.add_argument("--max-units", type=_max_units, default=10_000,
-                           help=f"search no deeper than this many residual units (at least {measure.MIN_UNITS}, "
+                           help=f"search no deeper than this many residual units (at least {search.MIN_UNITS}, "
                                 f"ResNet-50's; default 10000: depth 30002)")
         p.add_argument("--budget", type=_budget, metavar="SIZE", default=measure.parse_size("12GiB"),
                        help="device memory (default 12GiB)")
@@ -131,8 +131,8 @@ def add_planning_commands(sub) -> None:
 
 def _max_units(text: str) -> int:
     value = _positive_int(text)
-    if value < measure.MIN_UNITS:
-        raise argparse.ArgumentTypeError(f"expected at least {measure.MIN_UNITS} (ResNet-50's residual units, the "
+    if value < search.MIN_UNITS:
+        raise argparse.ArgumentTypeError(f"expected at least {search.MIN_UNITS} (ResNet-50's residual units, the "
                                          f"shallowest ImageNet ResNet), got {value}")
     return value
 
@@ -225,7 +225,7 @@ def cmd_plan(args) -> int:
     config = memory_config(args)
     build, graph, batch = _graph(args)
     if config.budget_bytes is not None:
-        ex = measure.explain_budget(build, batch, config)
+        ex = search.explain_budget(build, batch, config)
         if not ex.fits:
             if args.json:
                 _write_json(args.json, {"net": args.net, "batch": batch, "fits": False,
@@ -410,7 +410,7 @@ def cmd_compare(args) -> int:
         label = "optimal recompute" + ("" if best.optimal else f" ({best.status}, gap {100 * (best.gap or 0):.1f}%)")
         rows.append(measure.measure(graph, best.plan.config.replace(budget_bytes=args.budget), label, best.plan))
     status(f"{graph.name}: the smallest budget of superneurons()")
-    smallest = measure.min_budget(graph)
+    smallest = search.min_budget(graph)
     status(f"{graph.name}: step times on the {args.gpu} profile")
     prof = timing.profile(args.gpu)
     timelines = [r.timeline(prof) for r in rows]
@@ -459,7 +459,7 @@ def cmd_compare(args) -> int:
     print(f"\nsuperneurons() runs in {measure.format_size(smallest.budget_bytes)} at the least, {smallest.ratio:.2f} x "
           f"(l_peak {measure.format_size(smallest.l_peak_bytes)} + what it holds all iteration "
           f"{measure.format_size(smallest.persistent_bytes)}): the paper's \"peak about l_peak\", as a budget "
-          f"(snlite.measure.min_budget)")
+          f"(snlite.search.min_budget)")
     if not fits:
         print(f"\nno strategy fits {measure.format_size(args.budget)}: see why, and what would, with "
               f"snlite plan {args.net} --batch {batch} --budget {args.budget}")
@@ -483,7 +483,7 @@ def cmd_maxbatch(args) -> int:
     build(1)  # an unknown name fails here, before the search
     t0 = time.perf_counter()
     status = Status("snlite maxbatch", args.quiet)
-    rows = measure.max_batch_table(build, args.budget, args.max_batch, progress=status)
+    rows = search.max_batch_table(build, args.budget, args.max_batch, progress=status)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
@@ -492,8 +492,8 @@ def cmd_maxbatch(args) -> int:
                                 "rows": _found_json(rows, "batch"), "seconds": seconds})
         if args.json == "-":
             return status_code
-    paper = measure.PAPER_BATCH.get(args.net.lower())
-    other = measure.PAPER_BEST_OTHER_BATCH.get(args.net.lower())
+    paper = search.PAPER_BATCH.get(args.net.lower())
+    other = search.PAPER_BEST_OTHER_BATCH.get(args.net.lower())
     print(f"largest batch of {args.net} in {measure.format_size(args.budget)}, simulated on the meta device "
           f"(count all: weights, gradients, momentum, the batch, activations and workspace all on the device)")
     head = ["strategy", "batch", "peak", "host memory", "probes"] + (["paper"] if paper else [])
@@ -514,7 +514,7 @@ def cmd_maxbatch(args) -> int:
 def cmd_maxdepth(args) -> int:
     t0 = time.perf_counter()
     status = Status("snlite maxdepth", args.quiet)
-    rows = measure.max_depth_table(args.batch, args.budget, args.max_units, progress=status)
+    rows = search.max_depth_table(args.batch, args.budget, args.max_units, progress=status)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
@@ -526,7 +526,7 @@ def cmd_maxdepth(args) -> int:
     print(f"deepest ImageNet ResNet (depth = 3 * residual units + 2) at batch {args.batch} in "
           f"{measure.format_size(args.budget)}, simulated on the meta device (count all: weights, gradients, "
           f"momentum, the batch, activations and workspace all on the device)")
-    paper = measure.PAPER_DEPTH_AT_BATCH.get(args.batch)
+    paper = search.PAPER_DEPTH_AT_BATCH.get(args.batch)
     head = ["strategy", "depth", "units", "peak", "host memory", "probes", "time"] + (["paper"] if paper else [])
     table = [[r.label, _found_cell(r), "-" if r.value is None else f"{(r.value - 2) // 3:,d}",
               measure.format_size(r.trace.peak_bytes if r.trace else None), measure.format_size(r.host_peak_bytes),
@@ -537,8 +537,8 @@ def cmd_maxdepth(args) -> int:
     if any(r.capped for r in rows):
         print(f">=: still fits at --max-units {args.max_units}; the search stopped there")
     print(f"paper ({PAPER_GPU}, docs/paper.md section 7): at batch 16 "
-          + ", ".join(f"{k} {v:,d}" for k, v in measure.PAPER_DEPTH.items())
-          + f"; at batch 1 SuperNeurons {measure.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")
+          + ", ".join(f"{k} {v:,d}" for k, v in search.PAPER_DEPTH.items())
+          + f"; at batch 1 SuperNeurons {search.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")
     if status_code:
         print(f"not even ResNet-50 fits {measure.format_size(args.budget)} at batch {args.batch} under any strategy")
     print(f"took {seconds:.1f} s")

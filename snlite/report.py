@@ -5,7 +5,7 @@
     rep.sections[0].tables[0].rows                       # the numbers, as plain data
 
 Each experiment is one function that returns a :class:`Section` (its tables, notes and figures);
-every number comes from :mod:`snlite.measure` (``measure``, ``compare``, ``max_batch``,
+every number comes from :mod:`snlite.measure` and :mod:`snlite.search` (``measure``, ``compare``, ``max_batch``,
 ``max_depth``), which runs :func:`snlite.simulate` on the meta device. The paper's figures
 (docs/paper.md section 7) are shown alongside as references, not as targets: the paper counted activations and
 gradients on its own runtime (cuDNN, a 12 GB K40); snlite counts its own pool, byte for byte.
@@ -18,7 +18,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 
-from snlite import __version__, measure, timing
+from snlite import __version__, measure, search, timing
 from snlite.config import MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model
 
@@ -121,7 +121,7 @@ def trajectory(batch: int = 200, progress=measure.no_progress) -> tuple[Section,
     and ``{label: Measurement}`` for the figures."""
     graph = get_model("alexnet", batch)
     progress("AlexNet: the smallest budget of superneurons()")
-    tight = measure.min_budget(graph).budget_bytes
+    tight = search.min_budget(graph).budget_bytes
     configs = {label: measure.COMPARE[label] for label in
                ("baseline", "liveness", "+ offload", "+ offload + recompute cost_aware")}
     configs["superneurons(), no budget"] = MemoryConfig.superneurons()
@@ -148,7 +148,7 @@ def trajectory(batch: int = 200, progress=measure.no_progress) -> tuple[Section,
             f"backward) and the tensors resident there. The LRU cache only moves data when an allocation would "
             f"fail, so without a budget (or with 12 GiB, far more than AlexNet at batch {batch} needs) "
             f"superneurons() moves nothing; in its smallest budget ({tight:,d} bytes, found by "
-            f"snlite.measure.min_budget) the cache has to evict. In the paper's count the first four rows are "
+            f"snlite.search.min_budget) the cache has to evict. In the paper's count the first four rows are "
             f"the paper's Fig. 10 (tests/test_recompute.py derives each peak, its step and its live tensors from "
             f"the layer shapes): every layer's output and every gradient as cuDNN's steps give them, each at its "
             f"own size.")
@@ -266,14 +266,14 @@ def min_budgets(nets, progress=measure.no_progress) -> Section:
     rows = []
     for name, batch in nets:
         progress(f"{name} ({batch:,d}): the smallest budget of superneurons()")
-        m = measure.min_budget(get_model(name, batch))
+        m = search.min_budget(get_model(name, batch))
         rows.append([f"{name} ({batch:,d})", measure.format_size(m.budget_bytes), measure.format_size(m.l_peak_bytes),
                      measure.format_size(m.persistent_bytes), f"{m.ratio:.2f}", f"{m.seconds:.1f} s"])
     text = ("The paper's claim is that SuperNeurons brings the peak down to about l_peak, the largest working set of "
             "one step. On a GPU the question is whether it fits, so here is the smallest budget under which "
             "superneurons() (liveness, offload with the LRU cache, cost-aware recomputation, dynamic workspace) "
             "runs one training iteration, divided by l_peak plus what every budget must also hold: the weights, "
-            "their gradients and momentum (snlite.measure.min_budget: it gallops up from that sum, the least any "
+            "their gradients and momentum (snlite.search.min_budget: it gallops up from that sum, the least any "
             "budget can be, to the first budget that fits, then bisects to the pool's 1 KiB block).")
     table = Table("min budget: everything on the device (count all), whole 1 KiB blocks; l_peak: activations and "
                   "gradients of the busiest step, each once; ratio: min budget / (l_peak + weights, their gradients "
@@ -385,23 +385,23 @@ def speed(nets, suffices, progress=measure.no_progress) -> Section:
 
 def depth(batch: int, labels, progress=measure.no_progress) -> Section:
     """The paper's Table 4: the deepest ImageNet ResNet at ``batch`` in 12 GiB, per strategy."""
-    if list(labels) == list(measure.SEARCH):
-        found = measure.max_depth_table(batch, BUDGET, progress=progress)  # shares the graphs between strategies
+    if list(labels) == list(search.SEARCH):
+        found = search.max_depth_table(batch, BUDGET, progress=progress)  # shares the graphs between strategies
     else:
-        found = [measure.max_depth(batch, measure.SEARCH[label].replace(budget_bytes=BUDGET), label,
+        found = [search.max_depth(batch, search.SEARCH[label].replace(budget_bytes=BUDGET), label,
                                    progress=progress) for label in labels]
     rows = [[f.label, f.config.describe(), _found(f), "-" if f.value is None else f"{(f.value - 2) // 3:,d}",
              measure.format_size(f.trace.peak_bytes if f.trace else None), measure.format_size(f.host_peak_bytes),
              f.probes, f"{f.seconds:.1f} s"] for f in found]
     ours = Table(f"deepest ImageNet ResNet (depth = 3 x residual units + 2) at batch {batch} that runs in a 12 GiB "
                  f"pool; peak and host memory there, {ALL_COUNT}; probes: iterations simulated by the search "
-                 f"(snlite.measure.max_depth)", ["strategy", "config", "depth", "residual units", "peak (all)",
+                 f"(snlite.search.max_depth)", ["strategy", "config", "depth", "residual units", "peak (all)",
                                                  "host memory", "probes", "time"], rows, "<<>>>>>>")
     paper = Table("the paper's Table 4 (docs/paper.md section 7): deepest ResNet at batch 16 on a 12 GB K40",
-                  ["framework", "depth"], [[k, f"{v:,d}"] for k, v in measure.PAPER_DEPTH.items()])
+                  ["framework", "depth"], [[k, f"{v:,d}"] for k, v in search.PAPER_DEPTH.items()])
     text = ("The paper's Table 4. Each strategy's search gallops from a straight-line estimate and bisects, every "
             "probe a full simulated iteration; the depth found fits, the next valid depth does not.")
-    notes = [f"At batch 1 the paper reached {measure.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units); "
+    notes = [f"At batch 1 the paper reached {search.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units); "
              f"`snlite maxdepth --batch 1` searches that (about a minute for the five strategies, so not part of this "
              f"report; README: the parameters, not the activations, fill the GPU there)."]
     return Section("4. Table 4: depth", text, [ours, paper], notes)
@@ -411,15 +411,15 @@ def width(nets, progress=measure.no_progress) -> Section:
     """The paper's Table 5: the largest batch in 12 GiB per network and strategy."""
     rows = []
     for net in nets:
-        found = measure.max_batch_table(lambda b, n=net: get_model(n, b), BUDGET,
+        found = search.max_batch_table(lambda b, n=net: get_model(n, b), BUDGET,
                                         progress=lambda text, n=net: progress(f"{n}: {text}"))
         rows.append([net] + [_found(f) for f in found]
-                    + [f"{measure.PAPER_BATCH[net]:,d}", f"{measure.PAPER_BEST_OTHER_BATCH[net]:,d}"])
-    head = ["network"] + list(measure.SEARCH) + ["paper: SuperNeurons", "paper: best other"]
-    table = Table(f"largest batch that runs in a 12 GiB pool ({ALL_COUNT}; snlite.measure.max_batch); last two "
+                    + [f"{search.PAPER_BATCH[net]:,d}", f"{search.PAPER_BEST_OTHER_BATCH[net]:,d}"])
+    head = ["network"] + list(search.SEARCH) + ["paper: SuperNeurons", "paper: best other"]
+    table = Table(f"largest batch that runs in a 12 GiB pool ({ALL_COUNT}; snlite.search.max_batch); last two "
                   f"columns: the paper's Table 5 (docs/paper.md section 7, 12 GB K40)", head, rows)
     text = ("The paper's Table 5, per strategy: " + "; ".join(f"{k} = {v.describe()}" for k, v in
-                                                               measure.SEARCH.items()) + ".")
+                                                               search.SEARCH.items()) + ".")
     return Section("5. Table 5: width", text, [table])
 
 
@@ -470,7 +470,7 @@ FULL = dict(recompute=[("alexnet", 200), ("resnet50", 32), ("resnet101", 32)],
             sweep=[("alexnet", (50, 100, 400)), ("resnet50", (8, 16, 32, 64, 128)),
                    ("resnet101", (8, 16, 32, 64, 128))],
             traffic=[256, 512, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560],
-            depth=list(measure.SEARCH), width=["alexnet", "vgg16", "inception_v4", "resnet50", "resnet101",
+            depth=list(search.SEARCH), width=["alexnet", "vgg16", "inception_v4", "resnet50", "resnet101",
                                                "resnet152"],
             min_budget=[(n, DEFAULT_BATCH[n]) for n in ZOO] + [("resnet50", 32)],
             speed=[("alexnet", 1024), ("vgg16", 224), ("inception_v4", 240), ("resnet50", 384), ("resnet101", 256),

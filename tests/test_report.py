@@ -7,7 +7,7 @@ from unittest import mock
 
 import pytest
 
-from snlite import __version__, cli, measure, report
+from snlite import __version__, cli, measure, report, search
 from snlite.config import MemoryConfig
 from snlite.models import get_model
 from snlite.placement import simulate
@@ -93,11 +93,11 @@ def test_numbers_are_those_of_simulate(quick):
     assert base[5] == measure.format_size(simulate(graph, MemoryConfig()).peak_bytes)
     cost_aware = _row(text, "## 2.", "alexnet (200)")  # first alexnet row: liveness only
     assert cost_aware[4] == measure.format_size(simulate(graph, MemoryConfig(liveness=True, count="paper")).peak_bytes)
-    found = measure.max_batch(lambda b: get_model("alexnet", b), MemoryConfig(budget_bytes=report.BUDGET))
+    found = search.max_batch(lambda b: get_model("alexnet", b), MemoryConfig(budget_bytes=report.BUDGET))
     assert _row(text, "## 5.", "alexnet")[1] == f"{found.value:,d}"
     trace = simulate(get_model("alexnet", 256), MemoryConfig.superneurons(cache=False, budget_bytes=report.BUDGET))
     assert _row(text, "## 3.", "256")[1] == f"{trace.d2h_bytes / 1e9:.2f} GB"
-    smallest = measure.min_budget(get_model("resnet50", 32))
+    smallest = search.min_budget(get_model("resnet50", 32))
     assert _row(text, "## 7.", "resnet50 (32)")[1:5] == [
         measure.format_size(smallest.budget_bytes), measure.format_size(smallest.l_peak_bytes),
         measure.format_size(smallest.persistent_bytes), f"{smallest.ratio:.2f}"]

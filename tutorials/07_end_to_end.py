@@ -222,15 +222,15 @@ if sn_units and results["superneurons"] != cap:
 # has been applied, and the momentum somewhere else. superneurons() does both: each layer's SGD step runs
 # inside backward, right after that layer's gradient is complete, and frees it (`update_in_backward`); and
 # where memory runs short the momentum waits in pinned host memory between updates, prefetched on a copy
-# stream before the update that needs it (`optimizer_state="auto"`). `measure.max_depth` runs the
+# stream before the update that needs it (`optimizer_state="auto"`). `search.max_depth` runs the
 # search: a straight-line guess, then probes that place one iteration without running it.
 
 # %%
-from snlite import measure  # noqa: E402
+from snlite import search  # noqa: E402
 
 headline_budget = GiB // 2 if QUICK else 12 * GiB  # quick mode: the same story in a 24th of the memory
 t0 = time.perf_counter()
-found = measure.max_depth(1, MemoryConfig.superneurons(budget_bytes=headline_budget))
+found = search.max_depth(1, MemoryConfig.superneurons(budget_bytes=headline_budget))
 print(f"batch 1 in {headline_budget / GiB:g} GiB: ResNet-{found.value:,d} ({(found.value - 2) // 3:,d} units) "
       f"fits, ResNet-{found.next_value:,d} does not; {found.probes} probes, {time.perf_counter() - t0:.1f} s "
       f"(the paper: ResNet-7,502 in 12 GB)")
@@ -246,7 +246,7 @@ expect("at the peak the weights fill nearly all of the device (over 90%), their 
 per_gib = found.value * (12 * GiB / headline_budget)  # quick mode's half GiB, scaled to the paper's 12
 expect("as deep per GiB as the paper's 7,502 layers in 12 GB, or deeper"
        + (" (scaled from half a GiB)" if QUICK else ""),
-       per_gib >= measure.PAPER_DEPTH_AT_BATCH[1],
+       per_gib >= search.PAPER_DEPTH_AT_BATCH[1],
        why="the weights are all that stays: snlite's bottleneck units have about 1.1 M parameters each, so "
            "12 GiB holds about 2,860 of them.")
 

@@ -1,0 +1,411 @@
+"""Will it fit? The largest batch, the deepest network and the smallest budget under a
+configuration, and what would make a plan fit that does not: searches on the meta device.
+
+    max_batch(lambda b: get_model("alexnet", b), cfg)    # largest batch under cfg.budget_bytes
+    max_depth(16, cfg)                                   # deepest ImageNet ResNet under it
+    max_batch_table(build, 12 * 2**30)                   # every strategy of SEARCH (the paper's Table 5)
+    min_budget(graph)                                    # superneurons()'s smallest budget / l_peak
+    explain_budget(build, 200, cfg)                      # why not, and the changes that would fit
+
+"Fits" always means: the program was placed under ``budget_bytes`` (:func:`snlite.placement.fits`),
+never a comparison of peaks, since fragmentation, the LRU cache and the dynamic workspace all
+depend on the budget. Each probe is one placement of the meta device, so a search is counted in
+probes and seconds (``Found.probes``, ``Found.seconds``). :mod:`snlite.measure` holds what one run
+costs; this module asks how far runs go.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from snlite.config import MemoryConfig
+from snlite.measure import _LO, Measurement, fits, measure, no_progress, run
+from snlite.models import PAPER_WIDTH_BATCH, resnet
+from snlite.placement import BudgetError, place
+from snlite.trace import Trace, trace_program
+
+
+# ---------------------------------------------------------------------------- how close to l_peak
+@dataclass
+class MinBudget:
+    """The smallest budget under which ``config`` runs one iteration, against l_peak: the paper's
+    claim that SuperNeurons' peak is about l_peak, put the way a GPU decides it (does it fit?).
+    ``l_peak_bytes`` is the largest working set of one route step (activations and gradients, each
+    once, an in-place dx in dy's buffer once); ``persistent_bytes`` what is held all iteration (the
+    weights, and their gradients and momentum unless they are updated in backward and wait on the
+    host), which any budget must hold too, so ``ratio`` adds them to l_peak."""
+
+    label: str
+    config: MemoryConfig
+    budget_bytes: int  # the smallest budget, a whole number of the pool's 1 KiB blocks
+    l_peak_bytes: int
+    persistent_bytes: int
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        """budget / (l_peak + what is held all iteration): 1 is the paper's ideal."""
+        return self.budget_bytes / (self.l_peak_bytes + self.persistent_bytes)
+
+
+def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneurons()") -> MinBudget:
+    """The smallest ``budget_bytes`` (a whole number of 1 KiB blocks) under which ``config`` (default
+    ``superneurons()``) places one training iteration of ``graph``. No budget below l_peak plus the
+    persistent tensors can work; the search gallops up from there (+0.1%, +0.2%, +0.4%...) to the
+    first budget that fits, then bisects down to the block. It searches from the bottom because
+    fitting is not quite monotone in the budget (the dynamic workspace and the cache decide by what
+    is free, so a larger pool can fragment where a smaller one did not)."""
+    from snlite.placement import fits
+
+    t0 = time.perf_counter()
+    config = (config or MemoryConfig.superneurons()).replace(budget_bytes=None, count="all")
+    # the bound must hold for every placement the search may meet: with optimizer_state "auto" a
+    # tight budget sends the momentum to the host, so count it where it weighs least
+    lowest = config.replace(optimizer_state="host") if config.optimizer_state == "auto" else config
+    program = place(graph, lowest)
+    at_start = trace_program(program, "all").steps[0].device_bytes
+    persistent = at_start["weights"] + at_start["weight_grads"] + at_start["optimizer"]
+    l_peak = trace_program(program, "paper").l_peak_bytes
+    block = 1024
+    lo = (l_peak + persistent - 1) // block  # in blocks; never fits: one byte short of the busiest step
+    step = max(1, lo // 1024)
+    while not fits(graph, config.replace(budget_bytes=(lo + step) * block)):
+        lo, step = lo + step, 2 * step
+    hi = lo + step  # fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(graph, config.replace(budget_bytes=mid * block)):
+            hi = mid
+        else:
+            lo = mid
+    return MinBudget(label, config, hi * block, l_peak, persistent, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------- searching
+def largest(n: int, ok, start: int = 0) -> int | None:
+    """The largest index i < n with ``ok(i)``, for ``ok`` True then False along 0..n-1 (None if
+    ``ok(0)`` is False). Gallops from ``start`` (steps 1, 2, 4, ...) to bracket the edge, then
+    bisects, so a guess off by d costs about 2 log2(d) + 1 probes. Fitting a budget is taken to be
+    monotone in the size; the pool's fragmentation can bend that (more since weight gradients and
+    momentum come and go in backward), so what a search guarantees is that its result fits and the
+    next candidate does not (both simulated)."""
+    start = min(max(start, 0), n - 1)
+
+    def steps():
+        s = 1
+        while True:
+            yield s
+            s *= 2
+
+    if ok(start):
+        lo = start
+        for step in steps():
+            if lo == n - 1:
+                return lo
+            probe = min(lo + step, n - 1)
+            if not ok(probe):
+                hi = probe
+                break
+            lo = probe
+    else:
+        hi = start
+        for step in steps():
+            if hi == 0:
+                return None
+            probe = max(hi - step, 0)
+            if ok(probe):
+                lo = probe
+                break
+            hi = probe
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass
+class Found:
+    """What a search found: ``value`` (a batch or a depth; None if even the smallest fails),
+    the trace there, the next candidate (which does not fit; None where the cap was reached)."""
+
+    label: str
+    config: MemoryConfig
+    value: int | None
+    trace: Trace | None
+    next_value: int | None
+    probes: int
+    seconds: float
+    capped: bool = False
+
+    @property
+    def host_peak_bytes(self) -> int | None:
+        return self.trace.host_peak_bytes if self.trace is not None else None
+
+
+def _search(label, config, candidates, build, guess_from, progress=no_progress, what=str,
+            further: bool = False) -> Found:
+    """Largest candidate x with ``build(x)`` fitting ``config`` (count "all"), starting near the
+    estimate of :func:`_estimate` over the two sample points ``guess_from`` (drawn ``further`` out
+    where they measure mostly fixed costs). ``progress(text)`` is told each probe, the candidate
+    written by ``what``."""
+    t0 = time.perf_counter()
+    config = config.replace(count="all")
+    traces: dict[int, bool] = {}  # candidate index -> fits
+    kept: dict[int, Trace] = {}  # the full traces of probes that settled the answer
+
+    def ok(i):
+        if i not in traces:
+            progress(f"{label}: probe {len(traces) + 1}, {what(candidates[i])}")
+            if traces.get(i + 1) is False or i == len(candidates) - 1:
+                # if this one fits it is the answer: place it in full now rather than twice
+                try:
+                    kept[i] = run(build(candidates[i]), config)
+                    traces[i] = True
+                except BudgetError:
+                    traces[i] = False
+            else:
+                traces[i] = fits(build(candidates[i]), config)
+        return traces[i]
+
+    if guess_from:
+        progress(f"{label}: estimating from {what(guess_from[0])} and {what(guess_from[1])}")
+    guess = _estimate(build, config, guess_from, further)
+    start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
+    i = largest(len(candidates), ok, start)
+    nxt = candidates[i + 1] if i is not None and i + 1 < len(candidates) else (candidates[0] if i is None else None)
+    trace = None
+    if i is not None:
+        trace = kept.get(i)
+        if trace is None:
+            progress(f"{label}: the trace of {what(candidates[i])}")
+            trace = run(build(candidates[i]), config)
+    return Found(label, config, None if i is None else candidates[i], trace, nxt,
+                 len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1)
+
+
+def _estimate(build, config, xs, further: bool = False) -> float | None:
+    """Where the peak crosses the budget, by a straight line through the peaks at two sizes
+    under ``config`` without the budget, the cache or workspaces (a guess to start from). With
+    ``further``, where the line lands more than 8 times beyond the larger size, what it measured is
+    mostly a fixed cost (AlexNet's largest step at batch 32 is a fully connected layer's update,
+    whatever the batch), so it is drawn again through sizes further out, at most twice (a batch
+    search asks for it; a ResNet's depth scales every step alike). With ``optimizer_state="auto"``
+    the guess is for momentum on the host (a search's answer is where memory runs short, which is
+    where auto sends it there)."""
+    if not xs:
+        return None
+    state = "host" if config.optimizer_state == "auto" else config.optimizer_state
+    cfg = config.replace(budget_bytes=None, cache=False, workspace="none", optimizer_state=state)
+    # with the cache, what must fit is roughly the largest step's working set (everything else can
+    # wait on the host); without it, the peak
+    need = (lambda t: t.l_peak_bytes) if config.cache else (lambda t: t.peak_bytes)
+    seen: dict = {}
+
+    def at(x):
+        if x not in seen:
+            seen[x] = need(run(build(x), cfg))
+        return seen[x]
+
+    (x0, x1) = xs
+    for _ in range(3):
+        p0, p1 = at(x0), at(x1)
+        if p1 <= p0:
+            return None
+        guess = x0 + (config.budget_bytes - p0) * (x1 - x0) / (p1 - p0)
+        if not further or guess <= 8 * x1:
+            break
+        x0, x1 = x1, 8 * x1
+    return guess
+
+
+MAX_BATCH = 1 << 16
+SEARCH = {
+    "baseline": MemoryConfig(),
+    "liveness": MemoryConfig(liveness=True),
+    "+ offload": MemoryConfig(**_LO),
+    "+ recompute": MemoryConfig(**_LO, recompute="cost_aware"),
+    "superneurons": MemoryConfig.superneurons(),
+}
+PAPER_BEST_OTHER_BATCH = {"alexnet": 1408, "vgg16": 80, "inception_v4": 64, "resnet50": 128, "resnet101": 80,
+                          "resnet152": 48}  # docs/paper.md section 7, the best other framework
+PAPER_DEPTH = {"Caffe": 148, "Torch": 152, "MXNet": 480, "TensorFlow": 592, "SuperNeurons": 1920}  # batch 16
+PAPER_DEPTH_AT_BATCH = {16: 1920, 1: 3 * 2500 + 2}  # SuperNeurons' deepest ResNet (docs/paper.md section 7)
+PAPER_BATCH = PAPER_WIDTH_BATCH
+
+
+def max_batch(build, config: MemoryConfig, label: str = "", lo: int = 1, hi: int = MAX_BATCH,
+              progress=no_progress) -> Found:
+    """The largest batch in [lo, hi] for which ``build(batch)`` fits ``config.budget_bytes``."""
+    if config.budget_bytes is None:
+        raise ValueError("max_batch needs a budget (config.budget_bytes)")
+    sample = (8, 32) if hi >= 32 else None
+    return _search(label or config.describe(), config, range(lo, hi + 1), build, sample, progress,
+                   lambda b: f"batch {b:,d}", further=True)
+
+
+MIN_UNITS = 16  # ResNet-50's residual units: the shallowest ImageNet ResNet
+
+
+def resnet_units(max_units: int = 10_000) -> list[int]:
+    """Residual units of every valid ImageNet ResNet depth (depth = 3 * units + 2) up to
+    ``max_units``: 50 and 101 (16 and 33 units), then 152, 155, ... (50, 51, ... units)."""
+    if max_units < MIN_UNITS:
+        raise ValueError(f"max_units must be at least {MIN_UNITS} (ResNet-50, the shallowest ImageNet ResNet), "
+                         f"got {max_units}")
+    return [u for u in (16, 33) if u <= max_units] + list(range(50, max_units + 1))
+
+
+def _depth(units: int) -> str:
+    return f"depth {3 * units + 2:,d} ({units:,d} units)"
+
+
+def max_depth(batch: int, config: MemoryConfig, label: str = "", max_units: int = 10_000,
+              build=None, progress=no_progress) -> Found:
+    """The deepest ImageNet ResNet (:func:`resnet_units`) that fits ``config.budget_bytes`` at
+    ``batch``; ``value`` is the depth. Starts from a straight-line estimate through 50 and 100
+    units, so a search costs about five simulations of the size it ends at."""
+    if config.budget_bytes is None:
+        raise ValueError("max_depth needs a budget (config.budget_bytes)")
+    build = build or _resnet_builder(batch)
+    units = resnet_units(max_units)
+    guess_from = (50, 100) if max_units >= 100 else None
+    found = _search(label or config.describe(), config, units, build, guess_from, progress, _depth)
+    found.value = None if found.value is None else 3 * found.value + 2
+    found.next_value = None if found.next_value is None else 3 * found.next_value + 2
+    return found
+
+
+def _resnet_builder(batch: int):
+    @lru_cache(maxsize=8)
+    def build(units: int):
+        return resnet(3 * units + 2, batch)
+    return build
+
+
+def _numbered(progress, i: int, n: int):
+    return lambda text: progress(f"{text} [strategy {i}/{n}]")
+
+
+def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH, progress=no_progress) -> list[Found]:
+    """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5)."""
+    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes), label, hi=hi,
+                      progress=_numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
+
+
+def max_depth_table(batch: int, budget_bytes: int, max_units: int = 10_000, progress=no_progress) -> list[Found]:
+    """:func:`max_depth` under every strategy of ``SEARCH`` (the paper's Table 4), sharing the graphs."""
+    build = _resnet_builder(batch)
+    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes), label, max_units, build,
+                      _numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
+
+
+# ---------------------------------------------------------------------------- why it does not fit
+COSTS = ("nothing", "bytes moved", "slower convolutions", "extra FLOPs", "a smaller batch")
+
+
+@dataclass
+class Suggestion:
+    """A change to the configuration (or the batch), simulated under the same budget. ``peak_bytes``
+    is the peak of that run where it fits, else of the run without a budget (what it would need)."""
+
+    change: str  # as flags: "--liveness", "--recompute cost_aware", "--batch 96"
+    what: str
+    config: MemoryConfig
+    batch: int
+    fits: bool
+    peak_bytes: int | None
+    saved_bytes: int | None
+    extra_flops: int = 0
+    forward_flops: int = 0
+    moved_bytes: int = 0
+    host_peak_bytes: int = 0
+    cost: str = "nothing"  # one of COSTS
+
+    @property
+    def extra_pct(self) -> float:
+        return 100.0 * self.extra_flops / self.forward_flops if self.forward_flops else 0.0
+
+    def rank_key(self):
+        return (not self.fits, COSTS.index(self.cost), self.extra_flops, self.moved_bytes, self.peak_bytes or 0)
+
+
+@dataclass
+class Explanation:
+    """Whether ``batch`` fits ``config``; if not, the runtime's account of where it failed, the run
+    without a budget (``need``: its peak, the step and the tensors live there) and the ranked changes."""
+
+    net: str
+    batch: int
+    config: MemoryConfig
+    fits: bool
+    message: str = ""
+    need: Measurement | None = None
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+
+def _changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
+    out = []
+    if not c.liveness:
+        out.append(("--liveness", "turn on liveness analysis", {"liveness": True}))
+    if not c.offload:
+        out.append(("--offload", "offload CONV outputs to the host", {"offload": True}))
+    if not c.cache:
+        out.append(("--cache", "turn on the LRU tensor cache", {"cache": True}))
+    if c.recompute not in ("cost_aware", "memory"):
+        out.append(("--recompute cost_aware", "cost-aware recomputation", {"recompute": "cost_aware"}))
+    if c.recompute != "memory":
+        out.append(("--recompute memory", "memory-centric recomputation", {"recompute": "memory"}))
+    if c.workspace != "none":
+        out.append(("--workspace none", "no convolution workspace", {"workspace": "none"}))
+    return out
+
+
+def _cost(m: Measurement, changes: dict) -> str:
+    """What a change costs, by what it turns on (offload and the cache cost nothing if they moved nothing)."""
+    moved = 1 if m.moved_bytes else 0
+    rank = {"liveness": 0, "offload": moved, "cache": moved, "workspace": 2, "recompute": 3}
+    return COSTS[max(rank[k] for k in changes)]
+
+
+def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
+    """Does ``build(batch)`` fit ``config.budget_bytes``? If not: why (the runtime's message, and
+    the run without a budget), and every change not already on, each simulated under the same
+    budget (liveness, offload, the cache, cost-aware or memory-centric recomputation, no
+    workspace, all of them together, and the largest batch that fits as it is), ranked: those
+    that fit first; then by what they cost: nothing < bytes moved < slower convolutions < extra
+    FLOPs < a smaller batch; then fewer extra FLOPs, fewer bytes moved, a lower peak."""
+    if config.budget_bytes is None:
+        raise ValueError("explain_budget needs a budget (config.budget_bytes)")
+    config = config.replace(count="all")
+    graph = build(batch)
+    try:
+        run(graph, config)
+        return Explanation(graph.name, batch, config, True)
+    except BudgetError as e:
+        message = str(e)
+    need = measure(graph, config.replace(budget_bytes=None))
+    changes = _changes(config)
+    together = [c for c in changes if c[0] != "--recompute memory" or config.recompute == "cost_aware"]
+    if len(together) > 1:
+        changes.append((" ".join(flag for flag, _, _ in together), "all of the above together",
+                        {k: v for _, _, kw in together for k, v in kw.items()}))
+    suggestions = []
+    for flag, what, kw in changes:
+        m = measure(graph, config.replace(**kw))
+        suggestions.append(Suggestion(flag, what, config.replace(**kw), batch, bool(m.fits), m.peak_bytes,
+                                      need.peak_bytes - m.peak_bytes, m.trace.extra_flops, m.forward_flops,
+                                      m.moved_bytes, m.trace.host_peak_bytes, _cost(m, kw)))
+    if batch > 1:
+        found = max_batch(build, config, lo=1, hi=batch - 1)
+        if found.value is not None:
+            t = found.trace
+            suggestions.append(Suggestion(f"--batch {found.value}", "the largest batch that fits as configured",
+                                          config, found.value, True, t.peak_bytes, need.peak_bytes - t.peak_bytes,
+                                          t.extra_flops, build(found.value).flops(), t.d2h_bytes + t.h2d_bytes,
+                                          t.host_peak_bytes, "a smaller batch"))
+    suggestions.sort(key=Suggestion.rank_key)
+    return Explanation(graph.name, batch, config, False, message, need, suggestions)
