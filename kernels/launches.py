@@ -1,8 +1,8 @@
 """The launch report: what one training iteration launches, and how well each launch fills a GPU,
 worked out on the CPU (no GPU, no data):
 
-    python -m kernels.launches alexnet --batch 200               # per layer and op, on an H200
-    python -m kernels.launches resnet50 --batch 384 --gpu T4 --workspace none --conv
+    snlite launches alexnet --batch 200                           # per layer and op, on an H200
+    snlite launches resnet50 --batch 384 --gpu T4 --workspace none --conv
     python -m kernels.launches --registers                        # re-measure kernels/registers.json
 
 Every registered kernel records its launches instead of running inside
@@ -19,8 +19,9 @@ into ``kernels/registers.json`` (``--registers``; ``tests/test_ptx.py`` checks t
 ptxas where ptxas is installed) and read from there, or measured now with ``--ptxas``.
 
 :func:`launch_ms` turns a launch's work into an estimated time on a GPU (the convolution cost
-model of ``snlite.workspace`` uses it). This module never imports snlite, except to build the
-network in ``main`` (the command line needs the model zoo and ``snlite.simulate``).
+model of ``snlite.workspace`` uses it). This module never imports snlite: the network and its conv
+choices come in as arguments (duck-typed), and ``snlite launches`` (:mod:`snlite.cli_launches`)
+builds them.
 """
 from __future__ import annotations
 
@@ -429,38 +430,16 @@ def format_report(rows, gpu: Gpu, measured=None, conv_only: bool = False) -> str
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.launches", description=__doc__.split("\n")[0])
-    parser.add_argument("net", nargs="?", help="a model of the zoo (snlite.models), e.g. alexnet, resnet50")
-    parser.add_argument("--batch", type=int, help="batch size (default: the model's)")
-    parser.add_argument("--gpu", choices=sorted(GPUS), default="H200", help="the GPU to count waves on")
-    parser.add_argument("--workspace", choices=("none", "fastest", "dynamic"), default="dynamic",
-                        help="conv workspace policy for snlite.simulate (default dynamic; unlimited = fastest)")
-    parser.add_argument("--budget", type=int, help="device memory budget in bytes (default: unlimited)")
-    parser.add_argument("--conv", action="store_true", help="only the convolutions' rows")
-    parser.add_argument("--ptxas", action="store_true", help="measure registers with ptxas now, not from the table")
+    parser = argparse.ArgumentParser(prog="python -m kernels.launches",
+                                     description="Re-measure kernels/registers.json with ptxas. The launch report "
+                                                 "of a network is `snlite launches NET` (it needs the model zoo).")
     parser.add_argument("--registers", action="store_true", help=f"re-measure {REGISTERS_FILE.name} with ptxas")
     args = parser.parse_args(argv)
-    if args.registers:
-        table = write_registers()
-        print(f"wrote {REGISTERS_FILE} ({len(table['kernels'])} kernels, {table['ptxas']})")
-        return 0
-    if not args.net:
-        parser.error("name a network (e.g. alexnet), or pass --registers")
-    import snlite  # the network and its conv choices: the one use of snlite in kernels/
-    from snlite import MemoryConfig
-
-    try:
-        graph = snlite.models.get_model(args.net, batch=args.batch)
-    except ValueError as e:
-        parser.error(str(e))
-    config = MemoryConfig(liveness=True, workspace=args.workspace, budget_bytes=args.budget)
-    trace = snlite.simulate(graph, config)
-    rows = network_launches(graph, trace.conv_choices)
-    used = {l.kernel for r in rows for l in r.launches}
-    measured = measure_resources(used, (GPUS[args.gpu].arch,)) if args.ptxas else None
-    print(f"launch report: {graph.name}, batch {graph.input_shape[0]}, one training iteration (forward, backward, "
-          f"SGD); conv algorithms as snlite.simulate chose them under {config.describe()}")
-    print(format_report(rows, GPUS[args.gpu], measured, conv_only=args.conv))
+    if not args.registers:
+        parser.error("pass --registers (the launch report of a network is `snlite launches NET`, e.g. "
+                     "`snlite launches alexnet --batch 200`)")
+    table = write_registers()
+    print(f"wrote {REGISTERS_FILE} ({len(table['kernels'])} kernels, {table['ptxas']})")
     return 0
 
 

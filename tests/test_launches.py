@@ -4,6 +4,7 @@ runs a kernel: launches are recorded from the launchers themselves on shape-only
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -214,21 +215,29 @@ def test_report_marks_unmeasured_kernels(monkeypatch):
     assert "(not measured: an upper bound)" in L.format_report(rows, H200)
 
 
-def test_the_readme_command():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-m", "kernels.launches", "alexnet", "--batch", "200", "--conv"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+def test_the_readme_command(capsys):
+    from snlite import cli
+
+    assert cli.main(["launches", "alexnet", "--batch", "200", "--conv"]) == 0
+    out = capsys.readouterr().out
     readme = open(os.path.join(ROOT, "README.md")).read()
-    shown = readme.split("```\n$ python -m kernels.launches alexnet --batch 200 --conv\n", 1)[1].split("\n```", 1)[0]
+    shown = readme.split("```\n$ snlite launches alexnet --batch 200 --conv\n", 1)[1].split("\n```", 1)[0]
     assert shown == out.rstrip("\n"), "the README's launch report is not what the command prints now"
     assert "launch report: alexnet, batch 200" in out and "gemm._gemm_v3_16x16_8x8_nn" in out
     assert "at most 2 launches per chunk (target <= 2): True" in out
     assert "(target >= 2 on the H200): True" in out
-    bad = subprocess.run([sys.executable, "-m", "kernels.launches", "nosuchnet"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300)
-    assert bad.returncode == 2 and "unknown model 'nosuchnet'" in bad.stderr
+    assert cli.main(["launches", "nosuchnet"]) == 1 and "unknown model 'nosuchnet'" in capsys.readouterr().err
+
+
+def test_kernels_launches_only_remeasures_registers_and_points_at_the_report():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    bad = subprocess.run([sys.executable, "-m", "kernels.launches"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert bad.returncode == 2 and "snlite launches NET" in bad.stderr
+    folder = os.path.join(ROOT, "kernels")
+    importing = [f for f in sorted(os.listdir(folder)) if f.endswith(".py")
+                 and re.search(r"^\s*(import snlite|from snlite)", open(os.path.join(folder, f)).read(), re.M)]
+    assert importing == [], "kernels/ never imports snlite"
 
 
 def _ptxas_or_skip():
