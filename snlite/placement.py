@@ -181,8 +181,12 @@ def fits(graph, config: MemoryConfig, plan=None, costs=None, optimizer: bool = T
 def smallest_budget(graph, config: MemoryConfig, lo: int = 0, hi: int | None = None, block: int | None = None,
                     costs=None, optimizer: bool = True, host: bool = False) -> int:
     """The smallest ``budget_bytes`` (``host``: ``host_budget_bytes``), a multiple of ``block``
-    (default: the pool's block, 1024 or 256), under which ``config`` places one training iteration
-    (a binary search over placements)."""
+    (default: the pool's block, 1024 or 256), under which ``config`` places one training iteration,
+    by a binary search over placements between ``lo`` and ``hi``. The answer always fits (it was
+    placed). Fitting is not quite monotone in the budget, though (the dynamic workspace and the
+    cache decide by what is free, and a larger arena can fragment where a smaller one did not), so
+    a smaller budget the bisection skipped over can fit too: :func:`snlite.search.min_budget`
+    searches up from the lower bound instead, for the paper's "peak / l_peak" figure."""
     field = "host_budget_bytes" if host else "budget_bytes"
     block = block or (256 if host else 1024)
     if hi is None:
