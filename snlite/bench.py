@@ -5,6 +5,7 @@
                                                  # smallest budget of superneurons() / l_peak (Markdown)
     python -m snlite.bench host [--repeats 5]    # training img/s on the host device against PyTorch's
                                                  # CPU (when installed), 1 and all threads (Markdown)
+    python -m snlite.bench host --breakdown      # where a host step's time goes, by layer kind and phase
 
 Figures are printed, never asserted: timing belongs in benchmarks, not in unit tests.
 """
@@ -93,9 +94,16 @@ def main(argv=None) -> int:
     h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
     h.add_argument("--nets", nargs="+", choices=("lenet", "resnet8"), default=["lenet", "resnet8"])
     h.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all)")
+    h.add_argument("--breakdown", action="store_true", help="instead: where one baseline step of each net goes, "
+                   "by layer kind and phase, and its BLAS share (one thread unless --threads)")
     args = p.parse_args(argv)
     if args.what == "host":
         from snlite import bench_host
+
+        if args.breakdown:
+            for net in args.nets:
+                print(bench_host.breakdown_table(bench_host.breakdown(net, threads=(args.threads or [1])[0])))
+            return 0
 
         print(f"Host training speed, median of {args.repeats} interleaved repeats of {args.steps} steps "
               f"({bench_host.describe_threads()}):")

@@ -182,3 +182,65 @@ def describe_threads() -> str:
         threads = os.environ.get("OPENBLAS_NUM_THREADS")
         how = f"threadpoolctl not installed: NumPy's BLAS uses OPENBLAS_NUM_THREADS={threads}"
     return f"{how}; PyTorch with torch.set_num_threads; {os.cpu_count()} CPU cores"
+
+
+def breakdown(name: str = "resnet8", steps: int = 5, threads: int = 1) -> dict:
+    """Where one host training step of ``NETS[name]`` goes, under the baseline: milliseconds per step
+    by layer kind and phase (the executor's wall-clock profile, the fastest of ``steps`` steps), and
+    how much of it is BLAS matrix products (every product of :mod:`kernels.host`, timed as it runs).
+    The rest of a convolution is copying: columns, padding, transposes, col2im."""
+    import kernels.host as fast
+
+    g = NETS[name]()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(g.input_shape).astype(np.float32)
+    labels = rng.integers(0, g.num_classes, g.input_shape[0]).astype(np.int32)
+    blas = [0.0]
+    real = fast.matmul
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        out = real(*a, **k)
+        blas[0] += time.perf_counter() - t0
+        return out
+
+    with blas_threads(threads):
+        model = Model(g, MemoryConfig(), device="host", seed=0)
+        model.step(x, labels, lr=LR, momentum=MOMENTUM)  # warm-up
+        model.profile = True
+        best = None
+        fast.matmul = timed
+        try:
+            for _ in range(steps):
+                blas[0] = 0.0
+                t0 = time.perf_counter()
+                model.step(x, labels, lr=LR, momentum=MOMENTUM)
+                total = time.perf_counter() - t0
+                if best is None or total < best[0]:
+                    best = (total, model.stream_events, blas[0])
+        finally:
+            fast.matmul = real
+            model.profile = False
+    total, events, blas_s = best
+    by: dict = {}
+    for e in events:
+        if " to " in e["label"]:  # a copy: "<tensor> to device" or "<tensor> to host"
+            kind, phase = "copy", "to " + e["label"].rsplit(" to ", 1)[1]
+        else:
+            layer, _, phase = e["label"].rpartition(" ")
+            kind = g.layers[layer].kind
+        by[(kind, phase)] = by.get((kind, phase), 0.0) + e["end_ms"] - e["start_ms"]
+    return {"net": name, "batch": g.input_shape[0], "threads": threads, "step_ms": 1e3 * total,
+            "blas_ms": 1e3 * blas_s, "by_kind": dict(sorted(by.items(), key=lambda kv: -kv[1]))}
+
+
+def breakdown_table(b: dict) -> str:
+    """The breakdown as text: the step, then each (layer kind, phase) with its share."""
+    conv = sum(ms for (kind, _), ms in b["by_kind"].items() if kind == "conv2d")
+    lines = [f"{b['net']} (batch {b['batch']}), {b['threads']} thread(s): one baseline step {b['step_ms']:.1f} ms; "
+             f"convolutions {conv:.1f} ms, of which BLAS products {b['blas_ms']:.1f} ms (the rest is copying: "
+             f"columns, padding, transposes)",
+             f"{'layer kind':14} {'phase':9} {'ms/step':>8} {'share':>6}"]
+    for (kind, phase), ms in b["by_kind"].items():
+        lines.append(f"{kind:14} {phase:9} {ms:8.2f} {100 * ms / b['step_ms']:5.1f}%")
+    return "\n".join(lines)

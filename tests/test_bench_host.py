@@ -30,3 +30,18 @@ def test_the_pytorch_twin_is_the_same_network(name, graph):
     for _ in range(2):  # the first losses, then the losses after one identical SGD step
         kw = {"lr": bench_host.LR, "momentum": bench_host.MOMENTUM}
         assert twin.step() == pytest.approx(model.step(x, labels, **kw), rel=1e-4)
+
+
+def test_the_breakdown_accounts_for_the_step_and_times_the_blas_products():
+    import kernels.host as fast
+
+    b = bench_host.breakdown("lenet", steps=1)
+    kinds = b["by_kind"]
+    conv = kinds[("conv2d", "forward")] + kinds[("conv2d", "backward")]
+    assert {("maxpool", "forward"), ("linear", "update"), ("copy", "to device")} <= set(kinds)
+    assert 0 < b["blas_ms"] < conv  # the products of kernels.host are the convolutions'
+    assert sum(kinds.values()) <= b["step_ms"]  # the spans lie inside the step
+    assert fast.matmul is np.matmul  # the timing wrapper is gone again
+    table = bench_host.breakdown_table(b).splitlines()
+    assert table[0].startswith("lenet (batch 64), 1 thread(s): one baseline step") and "BLAS products" in table[0]
+    assert len(table) == 2 + len(kinds)
