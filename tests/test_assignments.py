@@ -669,6 +669,21 @@ def test_a5_cost_aware_follows_the_papers_rule(name):
 
 
 @pytest.mark.a5
+def test_a5_a_kept_cheap_layer_starts_a_segment_of_its_own():
+    """MemoryConfig.recompute_keep: a cheap layer in ``keep`` counts as a checkpoint, so relu1 of
+    AlexNet, kept, heads the segment of norm1 and pool1, and conv1's segment is gone."""
+    from snlite.recompute import choose_strategies, segments
+
+    g = net5("alexnet")
+    persistent = persistent_of(g)
+    keep = ("relu1",)
+    got = choose_strategies(g, "cost_aware", persistent, keep)
+    assert set(got) == set(segments(g, keep).values()), "one entry per segment of the kept layers' graph"
+    assert "relu1" in got and "conv1" not in got
+    assert choose_strategies(g, "memory", persistent, keep) == dict.fromkeys(got, "memory")
+
+
+@pytest.mark.a5
 def test_a5_a_segment_that_needs_exactly_l_peak_is_speed_centric():
     from snlite.recompute import choose_strategies
 
