@@ -44,7 +44,7 @@ from snlite.placement import BudgetError
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, _bytes, _float_in, _positive_int, _seed,
                              add_memory_flags, join_negative_values, memory_config)
-from snlite.cli_launches import add_launches_command, cmd_launches
+from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
 from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
 
 DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), "
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_memory_flags(train)
     add_planning_commands(sub)
     add_launches_command(sub)
+    add_costs_command(sub)
     return parser
 
 
@@ -341,7 +342,7 @@ def load_params(file: str, model) -> int:
     return len(params)
 
 
-COMMANDS = {"demo": cmd_demo, "train": cmd_train, **PLAN_COMMANDS, "launches": cmd_launches}
+COMMANDS = {"demo": cmd_demo, "train": cmd_train, **PLAN_COMMANDS, "launches": cmd_launches, "costs": cmd_costs}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ be asked instead:
 
 The times are a measurement, so two runs can name different layers; the plan is then decided by
 ``recompute_keep``, which is plain data: the meta device plans the same bytes from the same tuple.
-(Convolution algorithms are measured the same way on a real GPU: :func:`snlite.workspace.measure_conv_costs`.)
+On the command line: ``snlite costs NET --device host``. (Convolution algorithms are measured the
+same way on a real GPU: :func:`snlite.workspace.measure_conv_costs`.)
 """
 from __future__ import annotations
 

@@ -93,3 +93,15 @@ def test_the_cli_flag_keeps_layers_and_refuses_a_checkpoint(capsys):
     assert "recompute_keep=pool1,relu1" in out and "kept (too slow to re-run): pool1, relu1" in out
     assert cli.main(["plan", "lenet", "--recompute", "speed", "--recompute-keep", "conv1"]) == 1
     assert "recompute_keep names 'conv1' (a checkpoint" in capsys.readouterr().err
+
+
+def test_snlite_costs_prints_every_layer_and_the_flag_that_keeps_the_slow_ones(capsys):
+    from snlite import cli
+
+    assert cli.main(["costs", "lenet", "--batch", "4", "--reps", "1", "--ratio", "1e-9"]) == 0
+    out = capsys.readouterr().out
+    assert "lenet, batch 4: forward times on the host device" in out
+    assert all(f"\n{name} " in out for name in ("conv1", "pool1", "ip2", "softmax"))
+    assert "--recompute-keep pool1,pool2,relu1" in out  # at a tiny ratio every cheap layer is too slow
+    assert cli.main(["costs", "lenet", "--batch", "4", "--reps", "1", "--ratio", "1e9"]) == 0
+    assert "the paper's rule stands" in capsys.readouterr().out
