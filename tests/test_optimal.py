@@ -12,7 +12,7 @@ pytest.importorskip("scipy", reason="the exact planner needs scipy: pip install 
 from nets import data_for, mixed_net  # noqa: E402
 from snlite import Graph, MemoryConfig, Model, measure, optimal  # noqa: E402
 from snlite.checker import check  # noqa: E402
-from snlite.models import cifar_resnet, lenet  # noqa: E402
+from snlite.models import cifar_resnet, lenet, mini_inception  # noqa: E402
 from snlite.scheduler import validate  # noqa: E402
 
 
@@ -82,8 +82,8 @@ def _launch_slots(model, trace):
 
 
 @pytest.mark.parametrize("count", ["all", "paper"])
-@pytest.mark.parametrize("build", [mixed_net, chain6, lambda: lenet(8), lambda: cifar_resnet(8, 1)],
-                         ids=["mixed", "chain6", "lenet", "resnet8"])
+@pytest.mark.parametrize("build", [mixed_net, chain6, lambda: lenet(8), lambda: cifar_resnet(8, 1),
+                                   lambda: mini_inception(2)], ids=["mixed", "chain6", "lenet", "resnet8", "inception"])
 def test_the_program_counts_every_launch_as_the_trace_does(build, count):
     g = build()
     model = optimal.Model(g, count, reruns="once")
@@ -135,7 +135,8 @@ def test_brute_force_on_a_chain_agrees_with_the_solver(brute):
     assert "no plan" in r.summary()
 
 
-@pytest.mark.parametrize("build", [chain6, mixed_net, lambda: lenet(16)], ids=["chain6", "mixed", "lenet"])
+@pytest.mark.parametrize("build", [chain6, mixed_net, lambda: lenet(16), lambda: mini_inception(2)],
+                         ids=["chain6", "mixed", "lenet", "inception"])
 def test_the_optimal_plan_runs_bit_identically_with_the_planned_peak(build):
     g = build()
     r = optimal.solve(g, count="paper", reruns="once")
@@ -178,7 +179,8 @@ def test_bad_requests_say_what_to_do():
 
 
 # ---------------------------------------------------------------- re-runs as often as the solver likes
-@pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
+@pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1), lambda: mini_inception(2)],
+                         ids=["mixed", "resnet8", "inception"])
 def test_the_any_program_counts_every_launch_as_the_trace_does(build):
     g = build()
     rng = random.Random(3)
@@ -342,3 +344,14 @@ def test_snlite_optimal_prints_the_table(capsys):
     code = cli.main(["compare", "lenet", "--batch", "2", "--optimal"])
     out, err = capsys.readouterr()
     assert code == 0 and "\noptimal recompute " in out, err
+
+
+def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objective():
+    g = mini_inception(2)  # four branches read each block's input; a concat joins them
+    model = optimal.Model(g, "paper")
+    res, chosen, _ = model.solve("peak")
+    assert res.status == 0 and 0 < len(chosen) < len(model.cands)
+    trace = measure.run(g, optimal.CONFIG.replace(count="paper"), optimal.plan_for(g, chosen))
+    assert trace.peak_bytes == model.peak_of(chosen)
+    assert abs(res.fun * model.unit - trace.peak_bytes) < model.grain / 2  # the objective is the executed peak
+    assert trace.peak_bytes < measure.run(g, optimal.CONFIG.replace(count="paper")).peak_bytes
