@@ -391,10 +391,11 @@ class Model:
         return self._mats
 
     def solve(self, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
-              time_limit: float = 60.0, fixed: dict | None = None):
+              time_limit: float = 60.0, fixed: dict | None = None, cutoff: float | None = None):
         """HiGHS on the program: the least peak (bytes, under ``allowance`` extra FLOPs if given) or
         the fewest extra FLOPs (under ``budget`` bytes of peak). ``fixed``: layer -> 0/1 pins ``d``.
-        Returns (scipy's result, the plan's re-runs or None, seconds)."""
+        ``cutoff``: the objective of a plan known to keep the limits (bytes or FLOPs), an upper bound
+        that lets HiGHS prune from the start. Returns (scipy's result, the plan's re-runs or None, seconds)."""
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_array, vstack
 
@@ -410,9 +411,10 @@ class Model:
         else:  # mem <= budget
             limit = (budget // self.grain + 0.5) * self.grain / self.unit - k
         parts, lo, hi = [m["A"], mem], [m["lo"], np.full(len(k), -np.inf)], [m["hi"], limit]
-        if allowance is not None:  # plans' FLOPs are multiples of fgcd: half of it is slack for the tolerances
+        flops = [a for a in (allowance, cutoff if objective == "flops" else None) if a is not None]
+        if flops:  # plans' FLOPs are multiples of fgcd: half of it is slack for the tolerances
             parts.append(m["e"] / self.fscale)
-            lo.append([-np.inf]), hi.append([(allowance // self.fgcd + 0.5) * self.fgcd / self.fscale])
+            lo.append([-np.inf]), hi.append([(int(min(flops)) // self.fgcd + 0.5) * self.fgcd / self.fscale])
         A = vstack(parts, format="csr")
         c = np.zeros(n)
         if objective == "peak":
@@ -420,6 +422,8 @@ class Model:
         else:
             c = m["e"].toarray()[0] / self.fscale
         lb, ub = np.array(self.lb, float), np.array(self.ub, float)
+        if cutoff is not None and objective == "peak":
+            ub[self.peak] = (int(cutoff) // self.grain + 0.5) * self.grain / self.unit
         for L, x in (fixed or {}).items():
             lb[self.d[L]] = ub[self.d[L]] = float(x)
         t0 = time.perf_counter()
