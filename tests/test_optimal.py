@@ -450,3 +450,31 @@ def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objectiv
     assert trace.peak_bytes == model.peak_of(chosen)
     assert abs(res.fun * model.unit - trace.peak_bytes) < model.grain / 2  # the objective is the executed peak
     assert trace.peak_bytes < measure.run(g, optimal.CONFIG.replace(count="paper")).peak_bytes
+
+
+@pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
+def test_every_layer_re_run_at_every_need_is_a_plan_counted_as_the_trace_does(build):
+    g = build()
+    model = optimal.Model(g, "paper")
+    chosen = optimal.every_need(model)
+    assert set(chosen) == set(model.cands) and any(len(w) > 1 for w in chosen.values())
+    plan = optimal.plan_for(g, chosen)
+    validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+    trace = measure.measure(g, plan.config, plan=plan).paper
+    assert [model.slot_bytes(chosen)[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps]
+    assert chosen in optimal._known_plans(model)  # what the solver is given as an upper bound
+
+
+def test_a_known_plan_bounds_the_solver_and_a_cutoff_too_low_is_dropped():
+    g = chain6()
+    model = optimal.Model(g, "paper")
+    best = optimal.solve(g, model=model)
+    res, chosen, _ = model.solve("peak", cutoff=best.peak_bytes)  # the optimum itself: still found
+    assert res.status == 0 and model.peak_of(chosen) == best.peak_bytes
+    res, chosen, _ = model.solve("peak", cutoff=best.peak_bytes - model.grain)  # below it: no plan
+    assert res.status == 2 and chosen is None
+    res, chosen = optimal._solve_checked(model, "peak", None, None, 60.0, cutoff=best.peak_bytes - model.grain)
+    assert res.status == 0 and model.peak_of(chosen) == best.peak_bytes  # solved again without it
+    fewest = optimal.solve(g, "flops", budget=best.peak_bytes, model=model)
+    res, chosen, _ = model.solve("flops", budget=best.peak_bytes, cutoff=fewest.extra_flops - 1)
+    assert res.status == 2
