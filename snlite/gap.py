@@ -86,7 +86,8 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
             corner.solve_s += best.solve_s
             best = corner
     label = OPTIMAL + (f" (under {measure.format_size(budget)})" if budget else "")
-    rows.append(Row(label, best.peak_bytes, best.extra_flops, 0, best.peak_bytes, best.extra_flops, best.status,
+    status = best.status if best.flops_proven else f"{best.status}; its FLOPs: time limit"
+    rows.append(Row(label, best.peak_bytes, best.extra_flops, 0, best.peak_bytes, best.extra_flops, status,
                     best.gap, best.solve_s))
     return rows
 

@@ -29,7 +29,7 @@ from snlite.graph import Graph
 PAPER_WIDTH_BATCH = {"alexnet": 1792, "vgg16": 224, "inception_v4": 240, "resnet50": 384, "resnet101": 256,
                      "resnet152": 176}  # docs/paper.md section 7: largest batch SuperNeurons fits in 12 GB
 DEPTH_BATCH = 16  # docs/paper.md section 7: the depth experiment's batch
-DEFAULT_BATCH = dict(PAPER_WIDTH_BATCH, alexnet=200, lenet=64, cifar_resnet=128, densenet121=64)
+DEFAULT_BATCH = dict(PAPER_WIDTH_BATCH, alexnet=200, lenet=64, cifar_resnet=128, densenet121=64, mini_inception=128)
 
 
 # ----------------------------------------------------------------------------- LeNet, AlexNet, VGG
@@ -274,6 +274,40 @@ def inception_v4(batch=DEFAULT_BATCH["inception_v4"], num_classes=1000, dropout=
     return g
 
 
+def _mini_block(g, x, widths, n):
+    """One inception-style block of :func:`mini_inception`: four branches over the same input, joined
+    by a concat: 1x1; 1x1 -> 3x3; 1x1 -> 3x3 -> 3x3; 3x3 max pool (stride 1) -> 1x1. Each conv has
+    a bias and a ReLU after it, no BN (GoogLeNet's v1 block, with the 5x5 split into two 3x3)."""
+    w0, (r1, w1), (r2, w2), w3 = widths
+
+    def conv(y, out, k, name):
+        return g.relu(g.conv2d(y, out, k, padding=k // 2, name=f"{name}.conv"), name=f"{name}.relu")
+
+    b0 = conv(x, w0, 1, f"{n}.branch0")
+    b1 = conv(conv(x, r1, 1, f"{n}.branch1.0"), w1, 3, f"{n}.branch1.1")
+    b2 = conv(conv(conv(x, r2, 1, f"{n}.branch2.0"), w2, 3, f"{n}.branch2.1"), w2, 3, f"{n}.branch2.2")
+    b3 = conv(g.maxpool(x, 3, stride=1, padding=1, name=f"{n}.branch3.pool"), w3, 1, f"{n}.branch3.1")
+    return g.concat([b0, b1, b2, b3], name=n)
+
+
+def mini_inception(batch=DEFAULT_BATCH["mini_inception"], num_classes=10) -> Graph:
+    """A small Inception-like fork/concat net at 3x32x32 (CIFAR-sized), for the exact planner
+    (:mod:`snlite.optimal`) and teaching: it is not a published model. Stem: conv 3x3 16 + ReLU,
+    2x2 max pool (16x16); two inception-style blocks (:func:`_mini_block`, 32 then 64 channels out)
+    with a 2x2 max pool between them (8x8); global average pool, fc. 41 layers (38 the exact planner may
+    drop), 10,348 parameters with 10 classes: small enough that the integer program over its forks and
+    concats solves in seconds."""
+    g = Graph((batch, 3, 32, 32), num_classes, name="mini_inception")
+    x = g.relu(g.conv2d(g.input(), 16, 3, padding=1, name="stem.conv"), name="stem.relu")
+    x = g.maxpool(x, 2, name="stem.pool")
+    x = _mini_block(g, x, (8, (8, 12), (4, 6), 6), "block1")
+    x = g.maxpool(x, 2, name="pool1")
+    x = _mini_block(g, x, (16, (16, 24), (8, 12), 12), "block2")
+    x = g.avgpool(x, x.shape[2], name="avgpool")
+    g.softmax_loss(g.linear(g.flatten(x, name="flatten"), num_classes, name="fc"))
+    return g
+
+
 # ----------------------------------------------------------------------------- DenseNet
 def densenet121(batch=DEFAULT_BATCH["densenet121"], num_classes=1000, growth=32, blocks=(6, 12, 24, 16),
                 bn_size=4) -> Graph:
@@ -319,6 +353,7 @@ MODELS = {
     "inception_v4": inception_v4,
     "densenet121": densenet121,
     "cifar_resnet20": functools.partial(cifar_resnet, 20),
+    "mini_inception": mini_inception,
 }
 
 

@@ -43,6 +43,21 @@ def test_cifar_resnet20_is_option_b():
     assert get_model("cifar_resnet20", batch=1).param_count() == option_a + 2752
 
 
+def test_mini_inception_forks_four_ways_and_concats():
+    g = get_model("mini_inception", batch=2)
+    conv = {"stem": 3 * 16 * 9 + 16}  # each conv's weights and bias, by hand
+    for n, cin, (w0, (r1, w1), (r2, w2), w3) in (("block1", 16, (8, (8, 12), (4, 6), 6)),
+                                                  ("block2", 32, (16, (16, 24), (8, 12), 12))):
+        conv[n] = (cin * w0 + w0 + cin * r1 + r1 + r1 * w1 * 9 + w1 + cin * r2 + r2 + r2 * w2 * 9 + w2
+                   + w2 * w2 * 9 + w2 + cin * w3 + w3)
+    assert g.param_count() == sum(conv.values()) + 64 * 10 + 10
+    tensors = g.tensors()
+    assert tensors["block1"].shape == (2, 32, 16, 16) and tensors["block2"].shape == (2, 64, 8, 8)
+    fwd = {s.layer: s for s in g.steps() if s.phase == "forward"}
+    readers = [L for L, s in fwd.items() if "pool1" in s.reads]
+    assert len(readers) == 4  # block2's input forks into its four branches
+
+
 @pytest.mark.parametrize("name,shapes", [
     ("alexnet", {"pool1": (2, 96, 27, 27), "pool2": (2, 256, 13, 13), "pool5": (2, 256, 6, 6), "fc6": (2, 4096)}),
     ("vgg16", {"features.30": (2, 512, 7, 7), "classifier.0": (2, 4096)}),

@@ -25,12 +25,14 @@ from snlite.lesson import MiB, QUICK, expect, save_plot
 # dropped, convolutions included; SuperNeurons drops only the cheap ones. Its speed-centric segments
 # (re-run once, keep) and memory-centric ones (re-run for each step, free at once) are plans of this kind.
 #
-# The variables, all 0 or 1: `d[L]` layer L is dropped; `R[L,j]` L is re-run before backward step j;
-# `C[u,j]` the incarnation of L's output u is kept from step j - 1 into step j. Linear constraints say
+# The decisions, 0 or 1: `d[L]` layer L is dropped; `R[L,j]` L is re-run before backward step j. And
+# `C[u,j]`: the incarnation of L's output u is kept from step j - 1 into step j. Linear constraints say
 # that a step (or a re-run) that reads u finds it (`C[u,j] + R[L,j] >= d[L]`), and that only what
-# existed can be kept. At every moment a launch can happen (each forward step, each possible re-run,
-# each backward step) a variable `i[u,slot]` says whether an incarnation of u holds its block there. The
-# memory at each such moment is a linear sum, at most `peak`, which the program minimises. Here is that
+# existed can be kept (so C, though the solver may treat it as any number from 0 to 1, is 1 exactly
+# where it must be). At every moment a launch can happen (each forward step, each possible re-run,
+# each backward step) a variable `i[u,slot]` says whether an incarnation of u holds its block there (one
+# variable serves every moment and tensor with the same reasons to be held, so its name gives the
+# first). The memory at each such moment is a linear sum, at most `peak`, which the program minimises. Here is that
 # sum at the busiest moment of AlexNet's optimal plan, in the paper's count (activations and gradients
 # at their own sizes).
 
