@@ -29,7 +29,8 @@ from snlite.graph import Graph
 PAPER_WIDTH_BATCH = {"alexnet": 1792, "vgg16": 224, "inception_v4": 240, "resnet50": 384, "resnet101": 256,
                      "resnet152": 176}  # docs/paper.md section 7: largest batch SuperNeurons fits in 12 GB
 DEPTH_BATCH = 16  # docs/paper.md section 7: the depth experiment's batch
-DEFAULT_BATCH = dict(PAPER_WIDTH_BATCH, alexnet=200, lenet=64, cifar_resnet=128, densenet121=64, mini_inception=128)
+DEFAULT_BATCH = dict(PAPER_WIDTH_BATCH, alexnet=200, lenet=64, cifar_resnet=128, densenet121=64, mini_inception=128,
+                     vgg11=64)
 
 
 # ----------------------------------------------------------------------------- LeNet, AlexNet, VGG
@@ -75,16 +76,29 @@ def alexnet(batch=DEFAULT_BATCH["alexnet"], num_classes=1000) -> Graph:
     return g
 
 
-VGG16_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+VGG_CONFIGS = {  # torchvision's configurations: A (VGG-11) and D (VGG-16); numbers are conv widths, "M" a max pool
+    "vgg11": (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),
+    "vgg16": (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"),
+}
 
 
 def vgg16(batch=DEFAULT_BATCH["vgg16"], num_classes=1000) -> Graph:
     """VGG-16 (Simonyan & Zisserman 2015, configuration D, no BN) at 3x224x224, named as torchvision's
     ``vgg16`` (features.0 ... features.30, classifier.0 ... classifier.6; its adaptive 7x7 average pool
     is the identity at 224x224 and is left out). 138,357,544 parameters."""
-    g = Graph((batch, 3, 224, 224), num_classes, name="vgg16")
+    return _vgg("vgg16", batch, num_classes)
+
+
+def vgg11(batch=DEFAULT_BATCH["vgg11"], num_classes=1000) -> Graph:
+    """VGG-11 (configuration A, no BN), named as torchvision's ``vgg11``: 8 convs instead of 13, the
+    same classifier. 132,863,336 parameters. A smaller VGG for the exact planner (snlite optimal)."""
+    return _vgg("vgg11", batch, num_classes)
+
+
+def _vgg(name, batch, num_classes) -> Graph:
+    g = Graph((batch, 3, 224, 224), num_classes, name=name)
     x, i = g.input(), 0
-    for v in VGG16_CONFIG:
+    for v in VGG_CONFIGS[name]:
         if v == "M":
             x, i = g.maxpool(x, 2, name=f"features.{i}"), i + 1
         else:
@@ -346,6 +360,7 @@ def densenet121(batch=DEFAULT_BATCH["densenet121"], num_classes=1000, growth=32,
 MODELS = {
     "lenet": lenet,
     "alexnet": alexnet,
+    "vgg11": vgg11,
     "vgg16": vgg16,
     "resnet50": functools.partial(resnet, 50),
     "resnet101": functools.partial(resnet, 101),

@@ -4,9 +4,10 @@ import pytest
 from snlite.models import (DEFAULT_BATCH, MODELS, PAPER_WIDTH_BATCH, alexnet, cifar_resnet, densenet121, get_model,
                            inception_v4, lenet, resnet, vgg16)
 
-# Published counts: Caffe's LeNet and BVLC AlexNet (groups removed), torchvision (vgg16, resnet*,
+# Published counts: Caffe's LeNet and BVLC AlexNet (groups removed), torchvision (vgg11, vgg16, resnet*,
 # densenet121), pretrainedmodels / timm (inceptionv4 with 1000 classes).
-PUBLISHED_PARAMS = {"lenet": 431_080, "alexnet": 62_378_344, "vgg16": 138_357_544, "resnet50": 25_557_032,
+PUBLISHED_PARAMS = {"lenet": 431_080, "alexnet": 62_378_344, "vgg11": 132_863_336, "vgg16": 138_357_544,
+                    "resnet50": 25_557_032,
                     "resnet101": 44_549_160, "resnet152": 60_192_808, "inception_v4": 42_679_816,
                     "densenet121": 7_978_856}
 
@@ -153,7 +154,7 @@ def test_get_model():
     assert get_model("alexnet").input_shape[0] == DEFAULT_BATCH["alexnet"] == 200
     assert get_model("resnet101").input_shape[0] == PAPER_WIDTH_BATCH["resnet101"]
     assert resnet(155).input_shape[0] == 16  # the paper's depth-experiment batch
-    with pytest.raises(ValueError, match="unknown model 'googlenet'; known: lenet, alexnet, vgg16"):
+    with pytest.raises(ValueError, match="unknown model 'googlenet'; known: lenet, alexnet, vgg11, vgg16"):
         get_model("googlenet")
     with pytest.raises(ValueError, match="depth 51"):
         get_model("resnet51")
