@@ -323,7 +323,8 @@ def _known_plans(model) -> list[dict]:
         cheap = tuple(L for L in model.cands if not model.graph.layers[L].checkpoint)
         known = [model.choice(d) for d in ((), cheap, tuple(model.cands))]
         if model.mode == "any":
-            plans = [Scheduler(model.graph, CONFIG.replace(recompute=r)).plan() for r in ("speed", "memory", "cost_aware")]
+            plans = [Scheduler(model.graph, CONFIG.replace(recompute=r)).plan()
+                     for r in ("speed", "memory", "cost_aware")]
             for plan in plans + [checkpoint_plan(model.graph)]:
                 choice = reruns_of(model.graph, plan)
                 if choice is not None and set(choice) <= set(model.cands):
