@@ -441,8 +441,9 @@ def test_snlite_optimal_prints_the_table(capsys):
     assert code == 0 and "\noptimal recompute " in out, err
 
 
-def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objective():
-    g = mini_inception(2)  # four branches read each block's input; a concat joins them
+@pytest.mark.parametrize("build", [lambda: mini_inception(2), lambda: cifar_resnet(8, 1)], ids=["inception", "resnet8"])
+def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objective(build):
+    g = build()  # four branches read each block's input and a concat joins them; or residual forks and adds
     model = optimal.Model(g, "paper")
     res, chosen, _ = model.solve("peak")
     assert res.status == 0 and 0 < len(chosen) < len(model.cands)
