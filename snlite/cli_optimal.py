@@ -27,7 +27,8 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
                                    "speed-/memory-centric and cost-aware recomputation and sqrt(N) checkpointing "
                                    "(liveness on, nothing offloaded): each one's peak, extra FLOPs, bytes moved, "
                                    "the least peak any plan reaches with the same extra FLOPs, and the gap. "
-                                   "Practical for small networks (LeNet, AlexNet, VGG-16 at a small batch); "
+                                   "Practical for small networks (LeNet, AlexNet, VGG-16, mini_inception at a small batch; "
+                                   "CIFAR ResNet-20's least peak in seconds, its FLOP-limited questions not); "
                                    "a larger one stops at --time-limit with the best plan found and its gap.")
     p.add_argument("net", metavar="NET", help=net_help)
     p.add_argument("--batch", type=_positive_int, default=None, help=batch_help)

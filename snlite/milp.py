@@ -211,7 +211,8 @@ class Model:
                 self.rv[L] = {j: self._var(f"R[{L},{j}]", integer=True) for j in sorted(S)}
                 self.fv[L] = {j: self._var(f"F[{L},{j}]") for j in range(0, max(S) + 1)}
                 for u in self.outs[L]:
-                    self.cv[u] = {j: self._var(f"C[{u},{j}]", integer=CARRY_INTEGER) for j in range(min(S) + 1, max(S) + 1)}
+                    self.cv[u] = {j: self._var(f"C[{u},{j}]", integer=CARRY_INTEGER)
+                                  for j in range(min(S) + 1, max(S) + 1)}
         for L in self.cands:
             S = self.starts[L]
             if not S:

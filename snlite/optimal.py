@@ -23,7 +23,8 @@ The plans (the space the program searches, and the brute force of the tests enum
 
 The program (:class:`snlite.milp.Model`): binaries ``d[L]`` (layer L dropped) and, per backward
 position j, ``R[L, j]`` (L re-run there) and ``C[u, j]`` (the incarnation of its output u carried into
-j), or under "once" ``started[L, j]`` (L's one re-run has happened by j); continuous ``alive``
+j; continuous, the constraints make its least value whole), or under "once" ``started[L, j]`` (L's one
+re-run has happened by j); continuous ``alive``
 variables say whether a tensor holds its block at each moment a launch can happen (every forward step,
 and in every backward step each possible re-run, in forward order, then the step itself). The memory
 at each such moment, counted as the trace counts it (the pool's blocks under count "all", the tensors'
@@ -323,7 +324,8 @@ def _known_plans(model) -> list[dict]:
         cheap = tuple(L for L in model.cands if not model.graph.layers[L].checkpoint)
         known = [model.choice(d) for d in ((), cheap, tuple(model.cands))]
         if model.mode == "any":
-            plans = [Scheduler(model.graph, CONFIG.replace(recompute=r)).plan() for r in ("speed", "memory", "cost_aware")]
+            plans = [Scheduler(model.graph, CONFIG.replace(recompute=r)).plan()
+                     for r in ("speed", "memory", "cost_aware")]
             for plan in plans + [checkpoint_plan(model.graph)]:
                 choice = reruns_of(model.graph, plan)
                 if choice is not None and set(choice) <= set(model.cands):

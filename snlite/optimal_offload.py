@@ -16,7 +16,11 @@ launch is the liveness-only plan's, read off its trace, plus for each u that goe
   in flight as gone), plus its bytes from its prefetch on.
 
 Objectives: the least peak under an allowance of bytes moved (to the host and back), or the fewest
-bytes moved under a budget on the peak. The executed peak equals the program's (tests/test_optimal.py).
+bytes moved under a budget on the peak, or the least transfer time under that budget: each tensor that
+goes costs two copies as the time model counts them (:func:`snlite.timing.copy_ms`: a fixed latency,
+then the bytes over the profile's pinned bandwidth), so many small tensors cost more than their bytes
+say. That is the copies' own time (``Timeline.transfer_ms``), not how much of it compute hides. The
+executed peak equals the program's (tests/test_optimal.py).
 """
 from __future__ import annotations
 
@@ -46,10 +50,14 @@ class OffloadResult:
     gap: float | None
     solve_s: float
     size: dict = field(default_factory=dict)
+    transfer_ms: float | None = None  # the copies' time on ``gpu`` (snlite.timing), both ways
 
     @property
     def optimal(self) -> bool:
         return self.status == "optimal"
+
+
+OBJECTIVES = ("peak", "moved", "time")
 
 
 class OffloadModel:
@@ -125,6 +133,19 @@ class OffloadModel:
     def moved(self) -> dict[int, float]:
         return {self.o[u]: 2.0 * self.graph.tensors()[u].nbytes for u in self.cands}
 
+    def transfer(self, gpu="H200") -> dict[int, float]:
+        """Per ``o[u]``: the milliseconds of its two copies (to the host and back) on ``gpu``."""
+        from snlite.timing import copy_ms, profile
+
+        prof = profile(gpu)
+        return {self.o[u]: copy_ms(prof, self.graph.tensors()[u].nbytes, True)
+                + copy_ms(prof, self.graph.tensors()[u].nbytes, False) for u in self.cands}
+
+    def transfer_ms(self, prefetch: dict, gpu="H200") -> float:
+        """The copies' time of one choice (tensor -> prefetch op) on ``gpu``."""
+        ms = self.transfer(gpu)
+        return sum(ms[self.o[u]] for u in prefetch)
+
     def bytes_at(self, prefetch: dict) -> list[int]:
         """The bytes at every launched op for one choice (tensor -> prefetch op), exactly."""
         if not hasattr(self, "_dense"):
@@ -141,7 +162,7 @@ class OffloadModel:
         return [int(b) for b in k0 + A @ x]
 
     def solve(self, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
-              time_limit: float = 60.0):
+              time_limit: float = 60.0, gpu="H200"):
         from scipy.optimize import Bounds, LinearConstraint, milp
 
         from snlite.milp import _quiet_fd1
@@ -175,8 +196,11 @@ class OffloadModel:
         c = np.zeros(nv)
         if objective == "peak":
             c[peak] = 1.0
-        else:
+        elif objective == "moved":
             c = mv
+        else:  # in microseconds, nearer 1 than milliseconds, as HiGHS likes
+            for v, ms in self.transfer(gpu).items():
+                c[v] = 1e3 * ms
         integrality = np.ones(nv)
         integrality[peak] = 0
         ub = np.ones(nv)
@@ -211,21 +235,23 @@ def plan_for(graph, prefetch: dict, base_plan=None):
 
 
 def solve(graph, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
-          count: str = "all", time_limit: float = 60.0, model: OffloadModel | None = None) -> OffloadResult:
+          count: str = "all", time_limit: float = 60.0, model: OffloadModel | None = None,
+          gpu="H200") -> OffloadResult:
     """The best offload plan: the least peak (with at most ``allowance`` bytes moved), or the fewest
-    bytes moved with a peak of at most ``budget``."""
+    bytes moved (``objective="moved"``) or least transfer time on ``gpu`` (``"time"``) with a peak of
+    at most ``budget``."""
     from snlite.optimal import STATUS
 
-    if objective not in ("peak", "moved"):
-        raise ValueError(f"unknown objective {objective!r}; choose 'peak' or 'moved'")
-    if objective == "moved" and budget is None:
-        raise ValueError("objective 'moved' needs a byte budget on the peak (budget=...)")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+    if objective != "peak" and budget is None:
+        raise ValueError(f"objective {objective!r} needs a byte budget on the peak (budget=...)")
     model = model or OffloadModel(graph, count)
-    res, choice, seconds = model.solve(objective, allowance, budget, time_limit)
+    res, choice, seconds = model.solve(objective, allowance, budget, time_limit, gpu)
     status = STATUS.get(res.status, f"status {res.status}")
     size = {"variables": len(model.names) + 1, "binaries": len(model.names)}
     if choice is None:
         return OffloadResult(graph.name, {}, None, None, None, status, None, seconds, size)
     moved = int(sum(2 * graph.tensors()[u].nbytes for u in choice))
     return OffloadResult(graph.name, choice, plan_for(graph, choice, model.base_plan), max(model.bytes_at(choice)),
-                         moved, status, getattr(res, "mip_gap", None), seconds, size)
+                         moved, status, getattr(res, "mip_gap", None), seconds, size, model.transfer_ms(choice, gpu))

@@ -108,6 +108,12 @@ class Timeline:
                 f"moves {self.transfer_ms:,.2f} ms, exposed {self.exposed_ms:,.2f} ms, overlap {self.overlap:.0%}")
 
 
+def copy_ms(prof: Profile, nbytes: int, to_host: bool) -> float:
+    """One copy's time on its stream: the fixed latency, then the bytes over the pinned bandwidth."""
+    bw = prof.d2h_gbs if to_host else prof.h2d_gbs
+    return prof.copy_latency_us * 1e-3 + nbytes / (bw * 1e6)
+
+
 def estimate(program, graph, gpu="H200", kernel_ms=None) -> Timeline:
     """The timeline of ``program`` (of ``graph``) on the profile ``gpu`` (see the module docstring).
     ``kernel_ms``: a function of a Launch instruction giving (milliseconds, kernel launches), in place
@@ -141,8 +147,7 @@ def _replay(program, prof: Profile, costs: "_Costs", moving_copies: bool) -> Tim
                 tl.memory.append((start, in_use))
         elif t is Copy:
             host += prof.copy_us * 1e-3
-            bw = prof.d2h_gbs if ins.to_host else prof.h2d_gbs
-            ms = prof.copy_latency_us * 1e-3 + ins.nbytes / (bw * 1e6)
+            ms = copy_ms(prof, ins.nbytes, ins.to_host)
             if ins.why in MOVING:
                 tl.transfer_ms += ms
                 if not moving_copies:

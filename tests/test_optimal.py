@@ -441,8 +441,9 @@ def test_snlite_optimal_prints_the_table(capsys):
     assert code == 0 and "\noptimal recompute " in out, err
 
 
-def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objective():
-    g = mini_inception(2)  # four branches read each block's input; a concat joins them
+@pytest.mark.parametrize("build", [lambda: mini_inception(2), lambda: cifar_resnet(8, 1)], ids=["inception", "resnet8"])
+def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objective(build):
+    g = build()  # four branches read each block's input and a concat joins them; or residual forks and adds
     model = optimal.Model(g, "paper")
     res, chosen, _ = model.solve("peak")
     assert res.status == 0 and 0 < len(chosen) < len(model.cands)
@@ -478,3 +479,25 @@ def test_a_known_plan_bounds_the_solver_and_a_cutoff_too_low_is_dropped():
     fewest = optimal.solve(g, "flops", budget=best.peak_bytes, model=model)
     res, chosen, _ = model.solve("flops", budget=best.peak_bytes, cutoff=fewest.extra_flops - 1)
     assert res.status == 2
+
+
+def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_time_models():
+    from snlite import optimal_offload as oo
+    from snlite.placement import place
+    from snlite.timing import estimate
+
+    g = chain6()
+    model = oo.OffloadModel(g, "all")
+    plans = [(max(model.bytes_at(c)), model.transfer_ms(c, "K40"), sum(2 * g.tensors()[u].nbytes for u in c), c)
+             for c in _every_offload(model)]
+    moved = 0
+    for budget in sorted({p for p, *_ in plans}):
+        fastest = min(ms for p, ms, _, _ in plans if p <= budget)
+        r = oo.solve(g, "time", budget=budget, model=model, gpu="K40")
+        assert r.peak_bytes <= budget and fastest <= r.transfer_ms <= fastest * (1 + 1e-4), budget  # HiGHS: 0.01%
+        program = place(g, r.plan.config, plan=r.plan)  # the copies' time as the time model replays the program
+        assert estimate(program, g, "K40").transfer_ms == pytest.approx(r.transfer_ms, rel=1e-12)
+        moved += len(r.prefetch)
+    assert moved > 0
+    with pytest.raises(ValueError, match="needs a byte budget"):
+        oo.solve(g, "time", model=model)
