@@ -210,6 +210,8 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
     if allowance is not None and allowance < 0:
         raise ValueError(f"the extra-FLOP allowance must be >= 0, got {allowance}")
     t0 = time.perf_counter()
+    from snlite.milp import Model
+
     model = model or Model(graph, count, reruns=reruns)
     flops_proven = True
 
@@ -347,4 +349,11 @@ def every_need(model) -> dict[str, tuple[int, ...]]:
     return chosen
 
 
-from snlite.milp import Model  # noqa: E402  (it builds on the plans above)
+def __getattr__(name):
+    """``optimal.Model`` is :class:`snlite.milp.Model`, imported when first asked for: milp builds on the
+    plans above, so importing it here at the top would make ``import snlite.milp`` circular."""
+    if name == "Model":
+        from snlite.milp import Model
+
+        return Model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -501,3 +501,14 @@ def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_t
     assert moved > 0
     with pytest.raises(ValueError, match="needs a byte budget"):
         oo.solve(g, "time", model=model)
+
+
+def test_the_integer_program_imports_on_its_own():
+    """``from snlite.milp import Model`` first (not through snlite.optimal) must work: the two modules
+    build on each other, and optimal.Model is resolved when asked for."""
+    import subprocess
+    import sys
+
+    code = "from snlite.milp import Model; from snlite import optimal; assert optimal.Model is Model"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
