@@ -12,9 +12,9 @@ How they are fast, and what they keep:
   the column buffer is laid out (K, N*P) (K = C*KH*KW, P = OH*OW), so forward is ``w (Cout x K) @
   col``, backward-filter ``(col @ dy^T)^T`` for dy as (Cout x N*P) (the sum over images and
   positions inside the BLAS reduction) and backward-data ``w^T @ dy`` followed by col2im's gather
-  in (kh, kw) order. The
-  results agree with the references within the conv tolerance (rtol 1e-4, atol 1e-5): a BLAS sums
-  in its own order, so the bits can differ from the reference's. With stride 1 and a kernel of at
+  in (kh, kw) order; the buffers' rows are one cache line longer than their width (:func:`_rows`).
+  The results agree with the references within the conv tolerance (rtol 1e-4, atol 1e-5): a BLAS
+  sums in its own order, so the bits can differ from the reference's. With stride 1 and a kernel of at
   most 3x3 and at least as many input as output channels, backward-data is instead the forward
   conv of dy with the flipped, transposed filter (a copy into columns beats col2im's scatter-add;
   a 5x5 kernel's columns, or a first layer's Cout x 9 rows against its 3 x 9, grow too large to pay).
