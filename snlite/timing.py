@@ -37,7 +37,7 @@ import dataclasses
 import types
 from dataclasses import dataclass, field
 
-from snlite.program import COMPUTE, COPY_IN, COPY_OUT, STREAMS, Alloc, Copy, Free, HostRead, HostWait, HostWrite, \
+from snlite.program import COMPUTE, STREAMS, Alloc, Copy, Free, HostRead, HostWait, HostWrite, \
     Launch, Record, Wait, without_cycle_collection
 
 MOVING = ("offload", "evict", "prefetch", "fetch", "state")  # copies that exist because memory is short
