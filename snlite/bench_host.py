@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from snlite.config import MemoryConfig
-from snlite.costs import measure_layer_costs
+from snlite.costs import measure_layer_costs, span_of
 from snlite.models import cifar_resnet, lenet
 from snlite.recompute import expensive_layers
 from snlite.train import Model
@@ -224,11 +224,8 @@ def breakdown(name: str = "resnet8", steps: int = 5, threads: int = 1) -> dict:
     total, events, blas_s = best
     by: dict = {}
     for e in events:
-        if " to " in e["label"]:  # a copy: "<tensor> to device" or "<tensor> to host"
-            kind, phase = "copy", "to " + e["label"].rsplit(" to ", 1)[1]
-        else:
-            layer, _, phase = e["label"].rpartition(" ")
-            kind = g.layers[layer].kind
+        layer, phase = span_of(e["label"])
+        kind = g.layers[layer].kind if layer in g.layers else layer  # "copy"
         by[(kind, phase)] = by.get((kind, phase), 0.0) + e["end_ms"] - e["start_ms"]
     return {"net": name, "batch": g.input_shape[0], "threads": threads, "step_ms": 1e3 * total,
             "blas_ms": 1e3 * blas_s, "by_kind": dict(sorted(by.items(), key=lambda kv: -kv[1]))}

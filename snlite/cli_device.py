@@ -13,6 +13,21 @@ from snlite.cli_args import EXIT_OK, CliError, _budget, _float_in, _positive_int
 from snlite.device import DEVICE_NAMES
 
 
+def _add_network(p, examples: str) -> None:
+    p.add_argument("net", metavar="NET", help=f"a model of the zoo (snlite.models), e.g. {examples}")
+    p.add_argument("--batch", type=_positive_int, help="batch size (default: the model's)")
+
+
+def _network(args):
+    """The zoo model NET at --batch; an unknown name is a one-line error."""
+    from snlite.models import get_model
+
+    try:
+        return get_model(args.net, batch=args.batch)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def add_launches_command(sub) -> None:
     p = sub.add_parser("launches", help="what one training iteration launches on a GPU, and how well each launch "
                                         "fills it (on the CPU: no GPU, no data)",
@@ -20,8 +35,7 @@ def add_launches_command(sub) -> None:
                                    "run) with the conv algorithms snlite.simulate chooses, then count blocks, "
                                    "occupancy and waves on a GPU. Registers come from kernels/registers.json "
                                    "(re-measure it with python -m kernels.launches --registers).")
-    p.add_argument("net", metavar="NET", help="a model of the zoo (snlite.models), e.g. alexnet, resnet50")
-    p.add_argument("--batch", type=_positive_int, help="batch size (default: the model's)")
+    _add_network(p, "alexnet, resnet50")
     p.add_argument("--gpu", choices=sorted(L.GPUS), default="H200", help="the GPU to count waves on")
     p.add_argument("--workspace", choices=("none", "fastest", "dynamic"), default="dynamic",
                    help="conv workspace policy for snlite.simulate (default dynamic; unlimited = fastest)")
@@ -34,10 +48,7 @@ def cmd_launches(args) -> int:
     import snlite
     from snlite import MemoryConfig
 
-    try:
-        graph = snlite.models.get_model(args.net, batch=args.batch)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    graph = _network(args)
     config = MemoryConfig(liveness=True, workspace=args.workspace, budget_bytes=args.budget)
     trace = snlite.simulate(graph, config)
     rows = L.network_launches(graph, trace.conv_choices)
@@ -56,8 +67,7 @@ def add_costs_command(sub) -> None:
                                    "--reps), then name the cheap layers (ReLU, pooling, BN, LRN, dropout) slower than "
                                    "--ratio times the mean conv or linear layer: recomputing them there costs more "
                                    "than the paper assumed. Prints the --recompute-keep flag that keeps them.")
-    p.add_argument("net", metavar="NET", help="a model of the zoo (snlite.models), e.g. lenet, cifar_resnet20")
-    p.add_argument("--batch", type=_positive_int, help="batch size (default: the model's)")
+    _add_network(p, "lenet, cifar_resnet20")
     p.add_argument("--device", choices=[d for d in DEVICE_NAMES if d != "meta"], default="host",
                    help="where to measure (default host)")
     p.add_argument("--reps", type=_positive_int, default=3, help="profiled steps; the median is shown (default 3)")
@@ -66,14 +76,10 @@ def add_costs_command(sub) -> None:
 
 
 def cmd_costs(args) -> int:
-    import snlite
     from snlite.costs import cost_table, measure_layer_costs
     from snlite.recompute import expensive_layers
 
-    try:
-        graph = snlite.models.get_model(args.net, batch=args.batch)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    graph = _network(args)
     ms = measure_layer_costs(graph, args.device, reps=args.reps)
     keep = expensive_layers(graph, ms, args.ratio)
     print(f"{graph.name}, batch {graph.input_shape[0]}: forward times on the {args.device} device, median of "

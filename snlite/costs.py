@@ -25,6 +25,15 @@ import numpy as np
 from snlite.config import MemoryConfig
 
 
+def span_of(label: str) -> tuple[str, str]:
+    """(layer, phase) of a profiled span (``Model.stream_events``): "conv1 forward" -> ("conv1",
+    "forward"); a copy, "conv1 to host", -> ("copy", "to host")."""
+    if " to " in label:
+        return "copy", "to " + label.rsplit(" to ", 1)[1]
+    layer, _, phase = label.rpartition(" ")
+    return layer, phase
+
+
 def measure_layer_costs(graph, device="host", reps: int = 3, seed: int = 0) -> dict[str, float]:
     """Milliseconds of every layer's forward step on ``device`` ("host", "cuda" or a Device): the
     median over ``reps`` profiled forward-and-backward passes of the baseline (each layer's forward
@@ -50,7 +59,7 @@ def measure_layer_costs(graph, device="host", reps: int = 3, seed: int = 0) -> d
     for _ in range(reps):
         model.forward_backward(x, labels)
         for e in model.stream_events:
-            layer, _, phase = e["label"].rpartition(" ")
+            layer, phase = span_of(e["label"])
             if phase == "forward" and layer in runs:
                 runs[layer].append(e["end_ms"] - e["start_ms"])
     model.profile = False

@@ -105,3 +105,11 @@ def test_snlite_costs_prints_every_layer_and_the_flag_that_keeps_the_slow_ones(c
     assert "--recompute-keep pool1,pool2,relu1" in out  # at a tiny ratio every cheap layer is too slow
     assert cli.main(["costs", "lenet", "--batch", "4", "--reps", "1", "--ratio", "1e9"]) == 0
     assert "the paper's rule stands" in capsys.readouterr().out
+
+
+def test_a_span_names_its_layer_and_phase_or_a_copy():
+    from snlite.costs import span_of
+
+    assert span_of("layer1.0.conv1 forward") == ("layer1.0.conv1", "forward")
+    assert span_of("fc update") == ("fc", "update")
+    assert span_of("softmax.loss to host") == ("copy", "to host")
