@@ -164,3 +164,63 @@ def test_batchnorm_matches_the_reference(rng, shape):
         for g, w, what in zip(run(H.batchnorm_backward), run(OPS["batchnorm_backward"].reference),
                               ("dx", "dgamma", "dbeta")):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"{what}, alias={alias}")
+
+
+def test_batchnorm_keeps_its_two_passes_far_from_zero(rng):
+    """A mean 1000 standard deviations from zero: the variance of x - mean, not E[x^2] - mean^2
+    (which cancels to noise in float32), against the statistics in float64."""
+    x = (rng.standard_normal((4, 3, 6, 5)) + 1000.0).astype(np.float32)
+    c = x.shape[1]
+    mean, invstd = np.empty(c, np.float32), np.empty(c, np.float32)
+    H.batchnorm_forward_train(x, np.ones(c, np.float32), np.zeros(c, np.float32), np.empty_like(x),
+                              np.zeros(c, np.float32), np.ones(c, np.float32), mean, invstd)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(invstd, 1 / np.sqrt(x64.var(axis=(0, 2, 3)) + 1e-5), rtol=1e-4)
+    np.testing.assert_allclose(mean, x64.mean(axis=(0, 2, 3)), rtol=1e-6)
+
+
+def test_batchnorm_leaves_what_its_loops_do_not_take_to_the_reference(rng):
+    """Float64, or a view that is not contiguous: the reference's own bits."""
+    x = rng.standard_normal((3, 2, 4, 8))
+    for arr, what in ((x, "float64"), (x.astype(np.float32)[..., ::2], "a strided view")):
+        c = arr.shape[1]
+        args = (arr, np.ones(c, arr.dtype), np.zeros(c, arr.dtype), np.empty(arr.shape, arr.dtype),
+                np.zeros(c, arr.dtype), np.ones(c, arr.dtype), np.empty(c, arr.dtype), np.empty(c, arr.dtype))
+        want, got = ([arr] + [a.copy() for a in args[1:]] for _ in range(2))  # x itself: a copy is contiguous
+        OPS["batchnorm_forward_train"].reference(*want)
+        H.batchnorm_forward_train(*got)
+        for g, w in zip(got[3:], want[3:]):
+            assert np.array_equal(g, w), what
+
+
+def test_conv_backward_data_reuses_the_filter_columns_only_for_the_same_dy(rng, monkeypatch):
+    """Backward-filter leaves dy's columns for the backward-data that follows it (a layer's
+    backward runs them in that order): the same bits as columns made afresh, made once, and never
+    used for a dy that has changed in between, even in the same array."""
+    x = rng.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)  # stride 1, 3x3, C >= Cout: the transposed conv
+    dy = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    hp = {"stride": 1, "padding": 1}
+
+    def data(d):
+        dx = np.empty_like(x)
+        H.conv2d_backward_data(d, w, dx, **hp)
+        return dx
+
+    fresh = data(dy)  # no backward-filter before it: columns made here
+    made, original = [], H._dy_columns
+    monkeypatch.setattr(H, "_dy_columns", lambda *a: made.append(1) or original(*a))
+    H.conv2d_backward_filter(x, dy, np.empty_like(w), **hp)
+    _bits_equal(data(dy), fresh, "dx from backward-filter's columns")
+    assert len(made) == 1, "backward-data made the columns again"
+    H.conv2d_backward_filter(x, dy, np.empty_like(w), **hp)
+    dy[1, 2, 3, 4] += 1.0  # changed in place: the columns left behind are stale
+    changed = data(dy)
+    H._DY.clear()
+    _bits_equal(changed, data(dy), "dx after dy changed")
+    assert not np.array_equal(changed, fresh)
+    H.conv2d_backward_filter(x, dy, np.empty_like(w), **hp)
+    H.conv2d_backward_data(dy, w, np.empty_like(x), **hp)
+    made.clear()
+    data(dy)  # the columns are used once: a second backward-data makes its own
+    assert made == [1]
