@@ -224,3 +224,21 @@ def test_conv_backward_data_reuses_the_filter_columns_only_for_the_same_dy(rng, 
     made.clear()
     data(dy)  # the columns are used once: a second backward-data makes its own
     assert made == [1]
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("shape,hp", POOL_CASES + [((2, 3, 8, 8), {"kernel": 8})])  # ResNet's global pool too
+def test_avgpool_matches_the_reference_bit_for_bit(rng, shape, hp, count_include_pad):
+    x = _pool_inputs(rng, shape, "special")
+    hp = dict(hp, count_include_pad=count_include_pad)
+    oshape = P.pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0))
+    with np.errstate(invalid="ignore"):  # inf + -inf in a window: NaN, as the reference says
+        want = _run(P.avgpool2d_forward_ref, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
+    got = _run(H.avgpool2d_forward, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    _bits_equal(np.nan_to_num(got), np.nan_to_num(want), "avgpool forward")
+    dy = rng.standard_normal(oshape).astype(np.float32)
+    dy.flat[::4] = -0.0
+    args = (dy, np.full(shape, 7.0, np.float32))
+    _bits_equal(_run(H.avgpool2d_backward, args, 1, **hp), _run(P.avgpool2d_backward_ref, args, 1, **hp),
+                "avgpool backward")
