@@ -345,7 +345,7 @@ def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_
         from kernels.pooling import avgpool2d_backward_ref
         return avgpool2d_backward_ref(dy, dx, kernel=kernel, stride=stride, padding=padding,
                                       count_include_pad=count_include_pad)
-    _avg_pool_grad(dy, *p, div, dx)
+    _avg_pool_grad(np.ascontiguousarray(dy / div), *p, dx)  # dy / divisor, as the reference divides
 
 
 # Average pooling: as NumPy, one small array operation per window offset (64 for ResNet's global
@@ -373,23 +373,26 @@ def _avg_pool(x, kh, kw, sh, sw, ph, pw, div, y):
 
 
 @compiled
-def _avg_pool_grad(dy, kh, kw, sh, sw, ph, pw, div, dx):
+def _avg_pool_grad(g, kh, kw, sh, sw, ph, pw, dx):
+    """dx = the sum of g over the windows that hold each element, in the reference's order: by
+    window offset (a, b) ascending, which is windows (r, q) DESCENDING, the order taken here."""
     n, c, h, w = dx.shape
-    oh, ow = dy.shape[2], dy.shape[3]
+    oh, ow = g.shape[2], g.shape[3]
     dx[...] = 0.0
     for ni in range(n):
         for ci in range(c):
-            dyc, dxc = dy[ni, ci], dx[ni, ci]
-            for a in range(kh):
-                for b in range(kw):
-                    for r in range(oh):
+            gc, dxc = g[ni, ci], dx[ni, ci]
+            for r in range(oh - 1, -1, -1):
+                for q in range(ow - 1, -1, -1):
+                    v = gc[r, q]
+                    for a in range(kh):
                         i = r * sh + a - ph
                         if i < 0 or i >= h:
                             continue
-                        for q in range(ow):
+                        for b in range(kw):
                             j = q * sw + b - pw
                             if 0 <= j < w:
-                                dxc[i, j] += dyc[r, q] / div[r, q]
+                                dxc[i, j] += v
 
 
 # ---------------------------------------------------------------- batch normalization
