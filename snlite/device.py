@@ -5,7 +5,7 @@ Three devices, one interface:
 
 - :class:`CudaDevice`: Numba CUDA on a real NVIDIA GPU, or on the CUDA simulator when the
   environment variable ``NUMBA_ENABLE_CUDASIM=1`` was set before numba was first imported.
-- :class:`HostDevice`: NumPy arrays, and each kernel's fast NumPy version (:mod:`kernels.host`),
+- :class:`HostDevice`: NumPy arrays, and each kernel's fast CPU version (:mod:`kernels.host`),
   else its NumPy reference: the fast CPU path.
 - :class:`MetaDevice`: no storage and no compute, only shapes and byte counts, so the scheduler
   can plan a network of thousands of layers in seconds.
