@@ -52,7 +52,8 @@ from numba import njit
 
 from kernels.batchnorm import batchnorm_backward_ref, batchnorm_forward_train_ref, save_statistics
 from kernels.conv import _geometry
-from kernels.pooling import _avg_divisors, _params
+from kernels.pooling import (_avg_divisors, _params, avgpool2d_backward_ref, avgpool2d_forward_ref,
+                             maxpool2d_backward_ref)
 
 FAST: dict = {}  # op name -> fast host function
 # The loops compiled for the CPU: cached on disk beside this file (compiling them all takes about
@@ -285,7 +286,6 @@ def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0):
     (oh, ow), in (kh, kw) order, where x == y; each input element sums its windows' gradients in
     (oh, ow) ascending order from 0.0 (:func:`_maxpool_grad`)."""
     if np.isnan(y).any():  # a NaN window's gradient goes to its last NaN: the reference knows how
-        from kernels.pooling import maxpool2d_backward_ref
         maxpool2d_backward_ref(x, y, dy, dx, kernel=kernel, stride=stride, padding=padding)
         return
     kh, kw, sh, sw, ph, pw = _params(kernel, stride, padding)
@@ -327,25 +327,27 @@ def _maxpool_grad(x, y, dy, kh, kw, sh, sw, ph, pw, dx):
 @fast("avgpool2d_forward")
 def avgpool2d_forward(x, y, *, kernel, stride=None, padding=0, count_include_pad=True):
     """The reference's bits: each window's sum in (kh, kw) order from 0.0, divided by its divisor."""
-    p = _params(kernel, stride, padding)
-    div = _avg_divisors(*x.shape[2:], *y.shape[2:], *p, count_include_pad).astype(x.dtype)
+    hp = dict(kernel=kernel, stride=stride, padding=padding, count_include_pad=count_include_pad)
     if not _compiled_takes(x, y):
-        from kernels.pooling import avgpool2d_forward_ref
-        return avgpool2d_forward_ref(x, y, kernel=kernel, stride=stride, padding=padding,
-                                     count_include_pad=count_include_pad)
+        return avgpool2d_forward_ref(x, y, **hp)
+    p, div = _avg_params(x.shape, y.shape, **hp)
     _avg_pool(x, *p, div, y)
 
 
 @fast("avgpool2d_backward")
 def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True):
     """The reference's bits: dy / divisor added onto 0.0 window offset by window offset, in (kh, kw) order."""
-    p = _params(kernel, stride, padding)
-    div = _avg_divisors(*dx.shape[2:], *dy.shape[2:], *p, count_include_pad).astype(dy.dtype)
+    hp = dict(kernel=kernel, stride=stride, padding=padding, count_include_pad=count_include_pad)
     if not _compiled_takes(dy, dx):
-        from kernels.pooling import avgpool2d_backward_ref
-        return avgpool2d_backward_ref(dy, dx, kernel=kernel, stride=stride, padding=padding,
-                                      count_include_pad=count_include_pad)
+        return avgpool2d_backward_ref(dy, dx, **hp)
+    p, div = _avg_params(dx.shape, dy.shape, **hp)
     _avg_pool_grad(np.ascontiguousarray(dy / div), *p, dx)  # dy / divisor, as the reference divides
+
+
+def _avg_params(x_shape, y_shape, *, kernel, stride, padding, count_include_pad):
+    """(kh, kw, sh, sw, ph, pw) and each window's float32 divisor, (OH, OW)."""
+    p = _params(kernel, stride, padding)
+    return p, _avg_divisors(*x_shape[2:], *y_shape[2:], *p, count_include_pad).astype(np.float32)
 
 
 # Average pooling: as NumPy, one small array operation per window offset (64 for ResNet's global
