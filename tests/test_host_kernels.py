@@ -1,4 +1,4 @@
-"""The host device's fast kernels (kernels/host.py) against the references, on random shapes.
+"""The host device's fast kernels (kernels/host/) against the references, on random shapes.
 
 Convolution sums in BLAS's order, so it agrees with the reference within the conv tolerance of
 tests/test_conv.py (rtol 1e-4, atol 1e-5); max pooling and ReLU must give the reference's bits
@@ -9,6 +9,7 @@ import pytest
 
 from kernels import all_ops, conv
 from kernels import host as H
+from kernels.host import conv as host_conv
 from kernels import pooling as P
 from snlite.device import HostDevice
 
@@ -208,15 +209,15 @@ def test_conv_backward_data_reuses_the_filter_columns_only_for_the_same_dy(rng, 
         return dx
 
     fresh = data(dy)  # no backward-filter before it: columns made here
-    made, original = [], H._dy_columns
-    monkeypatch.setattr(H, "_dy_columns", lambda *a: made.append(1) or original(*a))
+    made, original = [], host_conv._dy_columns
+    monkeypatch.setattr(host_conv, "_dy_columns", lambda *a: made.append(1) or original(*a))
     H.conv2d_backward_filter(x, dy, np.empty_like(w), **hp)
     _bits_equal(data(dy), fresh, "dx from backward-filter's columns")
     assert len(made) == 1, "backward-data made the columns again"
     H.conv2d_backward_filter(x, dy, np.empty_like(w), **hp)
     dy[1, 2, 3, 4] += 1.0  # changed in place: the columns left behind are stale
     changed = data(dy)
-    H._DY.clear()
+    host_conv._DY.clear()
     _bits_equal(changed, data(dy), "dx after dy changed")
     assert not np.array_equal(changed, fresh)
     H.conv2d_backward_filter(x, dy, np.empty_like(w), **hp)
