@@ -16,11 +16,11 @@ from snlite.models import cifar_resnet, get_model, lenet, mini_inception  # noqa
 from snlite.scheduler import validate  # noqa: E402
 
 
-def chain6(n=4):
+def chain6(n=4, channels=(4, 6)):
     """Six layers a plan may drop, in a chain: conv, relu, conv, relu, pool, fc (and the loss)."""
     g = Graph(input_shape=(n, 2, 8, 8), num_classes=3, name="chain6")
-    x = g.relu(g.conv2d(g.input(), 4, 3, padding=1, name="conv1"), name="relu1")
-    x = g.relu(g.conv2d(x, 6, 3, padding=1, name="conv2"), name="relu2")
+    x = g.relu(g.conv2d(g.input(), channels[0], 3, padding=1, name="conv1"), name="relu1")
+    x = g.relu(g.conv2d(x, channels[1], 3, padding=1, name="conv2"), name="relu2")
     g.softmax_loss(g.linear(g.flatten(g.maxpool(x, 2, name="pool1")), 3, name="fc1"))
     return g
 
@@ -483,24 +483,30 @@ def test_a_known_plan_bounds_the_solver_and_a_cutoff_too_low_is_dropped():
     assert res.status == 2
 
 
-def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_time_models():
+@pytest.mark.parametrize("channels", [(4, 6), (1, 8)])
+def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_time_models(channels):
+    """On chain6 least time and least bytes pick the same plans; with a thin first conv they part:
+    under some budget the fewest bytes take more copies, each with its fixed latency, than the
+    fastest plan (which a solver that counted bytes would miss)."""
     from snlite import optimal_offload as oo
     from snlite.placement import place
     from snlite.timing import estimate
 
-    g = chain6()
+    g = chain6(channels=channels)
     model = oo.OffloadModel(g, "all")
-    plans = [(max(model.bytes_at(c)), model.transfer_ms(c, "K40"), sum(2 * g.tensors()[u].nbytes for u in c), c)
-             for c in _every_offload(model)]
-    moved = 0
-    for budget in sorted({p for p, *_ in plans}):
-        fastest = min(ms for p, ms, _, _ in plans if p <= budget)
+    plans = [(max(model.bytes_at(c)), model.transfer_ms(c, "K40")) for c in _every_offload(model)]
+    moved, parted = 0, 0
+    for budget in sorted({p for p, _ in plans}):
+        fastest = min(ms for p, ms in plans if p <= budget)
         r = oo.solve(g, "time", budget=budget, model=model, gpu="K40")
         assert r.peak_bytes <= budget and fastest <= r.transfer_ms <= fastest * (1 + 1e-4), budget  # HiGHS: 0.01%
         program = place(g, r.plan.config, plan=r.plan)  # the copies' time as the time model replays the program
         assert estimate(program, g, "K40").transfer_ms == pytest.approx(r.transfer_ms, rel=1e-12)
         moved += len(r.prefetch)
+        fewest_bytes = oo.solve(g, "moved", budget=budget, model=model)
+        parted += model.transfer_ms(fewest_bytes.prefetch, "K40") > r.transfer_ms * (1 + 1e-3)
     assert moved > 0
+    assert (parted > 0) == (channels == (1, 8)), parted
     with pytest.raises(ValueError, match="needs a byte budget"):
         oo.solve(g, "time", model=model)
 
