@@ -123,6 +123,10 @@ def test_relu_matches_the_reference_bit_for_bit_and_may_work_in_place(rng):
     in_place = dy.copy()
     H.relu_backward(x, y_want, in_place, in_place)  # dx aliases dy, as the runtime may arrange
     _bits_equal(in_place, dx_want, "relu backward in place")
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)  # not the compiled loop's: the mask, 64 bits wide
+    want64 = _run(OPS["relu_backward"].reference, (x64, x64, dy64, np.empty_like(x64)), 3)
+    got64 = _run(H.relu_backward, (x64, x64, dy64, np.empty_like(x64)), 3)
+    assert np.array_equal(got64.view(np.uint64), want64.view(np.uint64)), "relu backward, float64"
 
 
 def test_every_fast_kernel_is_a_known_op_and_the_host_device_runs_it(rng):

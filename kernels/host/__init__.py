@@ -72,22 +72,6 @@ def host_kernel(op):
     return FAST.get(op.name, op.reference)
 
 
-def _padded(x, ph, pw, fill=0.0):
-    """x with ph rows and pw columns of ``fill`` on each side (x itself when there is no padding)."""
-    if not (ph or pw):
-        return x
-    n, c, h, w = x.shape
-    xp = np.empty((n, c, h + 2 * ph, w + 2 * pw), x.dtype)
-    if ph:
-        xp[:, :, :ph] = fill
-        xp[:, :, ph + h:] = fill
-    if pw:
-        xp[:, :, ph:ph + h, :pw] = fill
-        xp[:, :, ph:ph + h, pw + w:] = fill
-    xp[:, :, ph:ph + h, pw:pw + w] = x
-    return xp
-
-
 def _compiled_takes(*arrays):
     """Whether the compiled loops take these arrays: C-contiguous float32 (else the reference does)."""
     return all(a.flags.c_contiguous and a.dtype == np.float32 for a in arrays)

@@ -50,8 +50,10 @@ def _same_memory(a, b):
 
 def _keep(a, keep, out=None):
     """``a`` where ``keep``, else +0.0, bit for bit as ``np.where(keep, a, 0)`` (a masked copy is
-    ten times slower than this: the float bits ANDed with an all-ones or all-zeros mask)."""
-    mask = np.multiply(keep, np.uint32(0xFFFFFFFF), dtype=np.uint32)
+    ten times slower than this: the float bits ANDed with an all-ones or all-zeros mask, of the
+    unsigned type as wide as a's floats)."""
+    bits = np.dtype(f"u{a.dtype.itemsize}")
+    mask = np.multiply(keep, np.iinfo(bits).max, dtype=bits)
     out = np.empty(a.shape, a.dtype) if out is None else out
-    np.bitwise_and(a.view(np.uint32), mask, out=out.view(np.uint32))
+    np.bitwise_and(a.view(bits), mask, out=out.view(bits))
     return out

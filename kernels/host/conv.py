@@ -7,7 +7,7 @@ import numpy as np
 
 from kernels import host
 from kernels.conv import _geometry
-from kernels.host import _padded, compiled, fast
+from kernels.host import compiled, fast
 
 
 def _rows(k, n, dtype):
@@ -18,19 +18,13 @@ def _rows(k, n, dtype):
     return np.empty((k, n + 16), dtype)[:, :n]
 
 
-def _col(x, g, xp=None):
+def _col(x, g):
     """The column buffer of x as (K, N*P): row k = (c*KH + kh)*KW + kw, column n*P + oh*OW + ow.
     Each tap copies the part of x it sees and zeroes the padding's share (no padded copy of x,
-    up to twice as fast at stride 2), or copies from ``xp``, x already padded."""
+    up to twice as fast at stride 2)."""
     (sh, sw), (ph, pw) = g.stride, g.padding
     col = _rows(g.k, g.n * g.p, x.dtype)
     taps = col.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)  # a view: the row stride splits, the rows do not move
-    if xp is not None:
-        xt = xp.transpose(1, 0, 2, 3)  # (C, N, H', W'): a view
-        for a in range(g.kh):
-            for b in range(g.kw):
-                taps[:, a, b] = xt[:, :, a:a + sh * (g.oh - 1) + 1:sh, b:b + sw * (g.ow - 1) + 1:sw]
-        return col
     xt = x.transpose(1, 0, 2, 3)
     for a in range(g.kh):
         r0, r1 = _inside(a, sh, ph, g.oh, g.h)
@@ -81,13 +75,11 @@ def _transposed(g):
 
 
 def _dy_columns(dy, g):
-    """The column buffer of dy for the transposed conv, (Cout*KH*KW, N*H*W), and a copy of dy's bits
-    as they were (the padded copy's interior): backward-filter makes both, backward-data uses the
-    columns if dy has not changed since (see ``_DY``)."""
-    ph, pw = g.kh - 1 - g.padding[0], g.kw - 1 - g.padding[1]
-    gt = _geometry(dy.shape, (g.c, g.co, g.kh, g.kw), 1, (ph, pw))
-    dyp = _padded(dy, ph, pw) if (ph or pw) else dy.copy()
-    return _col(dy, gt, dyp), dyp[:, :, ph:ph + g.oh, pw:pw + g.ow]
+    """The column buffer of dy for the transposed conv, (Cout*KH*KW, N*H*W), and a copy of dy as
+    it was: backward-filter makes both, backward-data uses the columns if dy has not changed since
+    (see ``_DY``)."""
+    gt = _geometry(dy.shape, (g.c, g.co, g.kh, g.kw), 1, (g.kh - 1 - g.padding[0], g.kw - 1 - g.padding[1]))
+    return _col(dy, gt), dy.copy()
 
 
 # "last": (dy's columns, dy's bits, geometry), left by the last backward-filter for the
