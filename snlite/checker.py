@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from snlite.dataflow import DataflowError, check_dataflow
 from snlite.program import HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
     Record, Wait, stream_of, without_cycle_collection
 
@@ -103,10 +104,15 @@ class Race:
 
 
 def check(program, iterations: int = 2) -> None:
-    """Raise :class:`RaceError` if the program can race, :class:`ProgramError` if it is malformed."""
+    """Raise :class:`RaceError` if the program can race, :class:`ProgramError` if it is malformed or
+    reads a value it never wrote (:mod:`snlite.dataflow`, checked once no race is left)."""
     races = find_races(program, iterations)
     if races:
         raise RaceError(races, program)
+    try:
+        check_dataflow(program, iterations)
+    except DataflowError as e:
+        raise ProgramError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------- where each tensor is
