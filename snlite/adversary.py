@@ -14,6 +14,13 @@ stream until the recorded mark has run, and nothing else orders two streams.
   offload copy that should have waited for the kernel producing its tensor copies stale bytes).
 - ``order="random"`` (with ``seed``): any legal interleaving, for fuzzing.
 
+``copies`` breaks the ties ``late`` and ``early`` leave between the two copy streams, both ready
+at once: ``"out_first"`` (the default; before this option it was the only rule) runs the
+``copy_out`` stream's next entry (an offload or an eviction) before ``copy_in``'s (a prefetch or a
+fetch), ``"in_first"`` the other way round, ``"random"`` either, drawn from ``seed``. An eviction
+and a fetch of the same bytes that forgot to wait for each other give the right numbers under one
+rule and wrong ones under the other, so the mutation tests run every rule.
+
 Any of these orders is one a GPU may choose, so a correct program trains bit-identically to the
 host device under every one of them (the tests check all flag combinations), and removing a needed
 wait changes the numbers (the mutation tests check the release and prefetch waits)::
@@ -28,8 +35,10 @@ from collections import deque
 import numpy as np
 
 from snlite.device import HostDevice
+from snlite.program import COMPUTE, COPY_IN, COPY_OUT
 
 ORDERS = ("late", "early", "random")
+COPY_TIES = ("out_first", "in_first", "random")  # which copy stream goes first when both could
 
 
 class QueueStream:
@@ -71,15 +80,19 @@ class QueueEvent:
 
 class AdversarialDevice(HostDevice):
     """NumPy arrays and references (as :class:`~snlite.device.HostDevice`), with queued streams
-    drained in ``order`` (see the module docstring)."""
+    drained in ``order``, ties between the copy streams broken by ``copies`` (see the module
+    docstring); ``seed`` drives ``order="random"`` and ``copies="random"``."""
 
     name = "adversarial"
 
-    def __init__(self, order: str = "late", seed: int = 0):
+    def __init__(self, order: str = "late", seed: int = 0, copies: str = "out_first"):
         super().__init__()
         if order not in ORDERS:
             raise ValueError(f"unknown order {order!r}; choose one of {ORDERS}")
-        self.order, self.rng = order, random.Random(seed)
+        if copies not in COPY_TIES:
+            raise ValueError(f"unknown copies {copies!r}: how ties between the copy streams break; choose one of "
+                             f"{COPY_TIES}")
+        self.order, self.copies, self.rng = order, copies, random.Random(seed)
         self.streams: list[QueueStream] = []
         self.deferred = 0  # operations that waited in a queue: how much reordering was possible
 
@@ -101,8 +114,20 @@ class AdversarialDevice(HostDevice):
             stream.queue.append(("work", work))
 
     def _rank(self, s: QueueStream) -> int:
-        compute = s.name == "compute"
+        compute = s.name == COMPUTE
         return (not compute) if self.order == "late" else compute
+
+    def _pick(self, ready: list[QueueStream]) -> QueueStream:
+        """The stream whose next entry runs: by ``order``, then, between copy streams, ``copies``."""
+        if self.order == "random":
+            return self.rng.choice(ready)
+        best = min(map(self._rank, ready))
+        tied = [s for s in ready if self._rank(s) == best]
+        if len(tied) == 1 or self.copies == "out_first":
+            return min(tied, key=lambda s: s.name != COPY_OUT)  # then creation order, the rule before ``copies``
+        if self.copies == "in_first":
+            return min(tied, key=lambda s: s.name != COPY_IN)
+        return self.rng.choice(tied)
 
     def drain(self, until=None) -> None:
         """Run queued work, one entry at a time, until ``until()`` holds (or every queue is empty)."""
@@ -115,7 +140,7 @@ class AdversarialDevice(HostDevice):
                 if until is not None:
                     raise RuntimeError("the host waits for an event that was never recorded on any stream")
                 return
-            s = self.rng.choice(ready) if self.order == "random" else min(ready, key=self._rank)
+            s = self._pick(ready)
             entry = s.queue.popleft()
             if entry[0] == "work":
                 entry[1]()

@@ -76,11 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data", default="digits", help=DATA_HELP + " (default digits)")
     train.add_argument("--batch", type=_positive_int, default=32, help="images per step (default 32)")
     train.add_argument("--epochs", type=_positive_int, default=6, help="passes over the training set (default 6)")
-    train.add_argument("--lr", type=_float_in(0.0, None, low_open=True, what="a learning rate > 0"), default=0.05,
+    train.add_argument("--lr", type=_float_in(0.0, None, low_open=True, what="a learning rate > 0", float32=True),
+                       default=0.05,
                        help="learning rate (default 0.05)")
-    train.add_argument("--momentum", type=_float_in(0.0, 1.0, what="a momentum in [0, 1)"), default=0.9,
+    train.add_argument("--momentum", type=_float_in(0.0, 1.0, what="a momentum in [0, 1)", float32=True), default=0.9,
                        help="SGD momentum (default 0.9)")
-    train.add_argument("--weight-decay", type=_float_in(0.0, None, what="a weight decay >= 0"), default=5e-4,
+    train.add_argument("--weight-decay", type=_float_in(0.0, None, what="a weight decay >= 0", float32=True),
+                       default=5e-4,
                        help="L2 weight decay (default 5e-4)")
     train.add_argument("--device", choices=DEVICE_NAMES, default="auto",
                        help="host (NumPy), cuda, or auto (cuda if a GPU is present, else host; the default)")
@@ -325,16 +327,21 @@ def read_params(file: str) -> dict[str, np.ndarray]:
 
 def load_params(file: str, model) -> int:
     """Set ``model``'s parameters from a .npz file written by ``--save``; returns how many tensors.
-    Every name, shape and value is checked (a NaN or infinite weight is refused, naming it) before
-    anything is written."""
+    Every name, shape, dtype and value is checked before anything is written, and a refusal names
+    the tensor: float32 only (another dtype is refused, not cast), finite, a BatchNorm running_var
+    >= 0 (:func:`snlite.train.param_problem`, as ``Model.set_params``)."""
+    from snlite.train import param_problem
+
     params = read_params(file)
     for name, value in params.items():
         if value.dtype.kind not in "biuf":
             raise CliError(f"--load {file}: {name} holds {value.dtype}, not numbers")
-        with np.errstate(over="ignore"):
-            bad = describe(value.astype(np.float32))
+        bad = describe(value) if value.dtype == np.float32 else None
         if bad:
             raise CliError(f"--load {file}: {name} is not finite ({bad}); refusing to train from it")
+        problem = param_problem(model.graph, name, value)
+        if problem:
+            raise CliError(f"--load {file}: {problem}; refusing to train from it")
     try:
         model.set_params(params)
     except ValueError as e:

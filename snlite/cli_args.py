@@ -12,6 +12,7 @@ import numpy as np
 
 from snlite import measure
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
+from snlite.graph import check_number
 
 # Exit statuses (the README's table): 0 done; 1 any other error (one line on stderr); 2 a usage
 # error (argparse: a wrong flag or value); 3 the network does not fit its --budget; 130 interrupted
@@ -68,7 +69,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _float_in(low, high, low_open=False, what="a number"):
+def _float_in(low, high, low_open=False, what="a number", float32=False):
+    """An argparse type: a finite number in [low, high) (low excluded with ``low_open``); with
+    ``float32``, in that range in float32 too (SGD's hyper-parameters: 1e39 is inf there, 1e-50 is 0,
+    0.99999999 is 1), checked by :func:`snlite.graph.check_number`."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -76,6 +80,12 @@ def _float_in(low, high, low_open=False, what="a number"):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not np.isfinite(value) or value < low or (low_open and value == low) or (high is not None and value >= high):
             raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        if float32:
+            try:
+                check_number(value, f"expected {what}; the value", low, high, open_low=low_open,
+                             open_high=high is not None, float32=True)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
         return value
     return parse
 

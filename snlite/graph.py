@@ -360,20 +360,32 @@ def _pair(v, what, minimum=1) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def check_number(v, what, low=None, high=None, open_low=False, open_high=False) -> float:
+def check_number(v, what, low=None, high=None, open_low=False, open_high=False, float32=False) -> float:
     """``v`` as a float if it is a finite real number (not a bool, not a string) in the given range,
-    else a ValueError naming ``what``; the builder and :meth:`snlite.train.Model.step` use it."""
-    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) \
-        and math.isfinite(v) and (low is None or v > low or (v == low and not open_low)) \
-        and (high is None or v < high or (v == high and not open_high))
+    else a ValueError naming ``what``; the builder and :meth:`snlite.train.Model.step` use it.
+    ``float32``: the number is used in float32 (SGD's hyper-parameters), so it must also be in the
+    range there: 1e39 is inf in float32, 1e-50 is 0 and 0.99999999 is 1. The float returned is
+    ``v`` itself either way (the device rounds it as before)."""
+    def fits(x) -> bool:
+        return math.isfinite(x) and (low is None or x > low or (x == low and not open_low)) \
+            and (high is None or x < high or (x == high and not open_high))
+
+    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and fits(v)
+    if ok and not float32:
+        return float(v)
+    if low is not None and high is not None:
+        rng = f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+    elif low is not None:
+        rng = f"a finite number {'>' if open_low else '>='} {low:g}"
+    else:
+        rng = "a finite number"
     if not ok:
-        if low is not None and high is not None:
-            rng = f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-        elif low is not None:
-            rng = f"a finite number {'>' if open_low else '>='} {low:g}"
-        else:
-            rng = "a finite number"
         raise ValueError(f"{what} must be {rng}, got {v!r}")
+    with np.errstate(over="ignore", under="ignore"):
+        v32 = float(np.float32(v))
+    if not fits(v32):
+        raise ValueError(f"{what} must be {rng} in float32, the precision training runs in; got {v!r}, which "
+                         f"float32 rounds to {v32!r}: use a number float32 holds in that range")
     return float(v)
 
 

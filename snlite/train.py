@@ -158,8 +158,9 @@ class Model:
         return {n: self._read(n) for n in self.state_names}
 
     def set_params(self, params: dict) -> None:
-        """Replace weights and buffers; names, shapes, types and finiteness are checked before
-        anything is written (a NaN or infinite weight is refused, naming the tensor)."""
+        """Replace weights and buffers; names, shapes, types and values are checked before anything
+        is written, and a refusal names the tensor: each must be a float32 array (an int32, float64 or
+        bool one is refused, not cast), finite, and a BatchNorm ``running_var`` >= 0."""
         if not isinstance(params, dict):
             raise ValueError(f"params must be a dict of arrays by name, got {type(params).__name__}")
         tensors = self.graph.tensors()
@@ -175,17 +176,17 @@ class Model:
             a = np.asarray(v)
             if a.dtype.kind not in "biuf":
                 raise ValueError(f"parameter {n} must hold numbers, got dtype {a.dtype}")
-            with np.errstate(over="ignore"):
-                values[n] = a.astype(np.float32)
-            bad = anomaly.describe(values[n])
-            if bad:
-                raise ValueError(f"parameter {n} is not finite: {bad} (in float32); nothing was set")
+            problem = param_problem(self.graph, n, a)
+            if problem:
+                raise ValueError(f"parameter {problem}; nothing was set")
+            values[n] = a
         self._write(values)
 
     # training -------------------------------------------------------------------
     def forward_backward(self, x, labels) -> tuple[float, dict[str, np.ndarray]]:
         """One training forward and backward; returns the loss and every weight's gradient.
         A non-finite loss raises NonFiniteError (see the module docstring)."""
+        self._needs_data("forward_backward")
         loss, _ = self._train_iteration(x, labels, "grads")
         return loss, {n: self._read(f"{n}.grad") for n in self.learnable}
 
@@ -193,10 +194,12 @@ class Model:
              return_logits: bool = False):
         """forward_backward, then SGD (torch.optim.SGD's rule) on every weight. Returns the loss, or
         ``(loss, logits)`` with ``return_logits`` (the logits copied out as the forward made them).
-        ``lr`` is a finite number > 0, ``momentum`` in [0, 1), ``weight_decay`` finite and >= 0."""
-        lr = check_number(lr, "step: lr", 0.0, open_low=True)
-        momentum = check_number(momentum, "step: momentum", 0.0, 1.0, open_high=True)
-        weight_decay = check_number(weight_decay, "step: weight_decay", 0.0)
+        ``lr`` is a finite number > 0, ``momentum`` in [0, 1), ``weight_decay`` finite and >= 0, each
+        also in float32, the precision of the update (1e39 is inf there, 1e-50 is 0, 0.99999999 is 1)."""
+        self._needs_data("step")
+        lr = check_number(lr, "step: lr", 0.0, open_low=True, float32=True)
+        momentum = check_number(momentum, "step: momentum", 0.0, 1.0, open_high=True, float32=True)
+        weight_decay = check_number(weight_decay, "step: weight_decay", 0.0, float32=True)
         sgd = dict(lr=lr, momentum=momentum, weight_decay=weight_decay)
         if self.in_backward:  # the updates run inside backward; a non-finite loss skips them on the device
             loss, logits = self._train_iteration(x, labels, "train", sgd)
@@ -206,21 +209,21 @@ class Model:
         return (loss, logits) if return_logits else loss
 
     def predict(self, x) -> np.ndarray:
-        """Logits in inference mode, for any number of samples (run in batches of the graph's N).
+        """Logits in inference mode, for one or more samples (run in batches of the graph's N).
         A NaN or an infinity in ``x`` or in the weights shows in the logits, as in PyTorch."""
+        self._needs_data("predict")
         x = _samples(self.graph, x, "predict")
-        if not self.device.has_data:
-            raise ValueError(f"predict: the {self.device.name} device holds no data (shapes and bytes only)")
         n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
         out = []
         for start in range(0, len(x), n):
             results = self._run("infer", {"data": _padded(x[start:start + n], n, shape)})
             out.append(results[self.logits][:len(x[start:start + n])])
-        return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
+        return np.concatenate(out)
 
     def evaluate(self, x, labels) -> float:
         """Accuracy of ``predict`` on (x, labels): one integer label in [0, classes) per sample.
         Logits that are not finite raise NonFiniteError (an argmax over NaN means nothing)."""
+        self._needs_data("evaluate")
         x = _samples(self.graph, x, "evaluate")
         labels = _labels(labels, len(x), self.graph.num_classes, "evaluate")
         logits = self.predict(x)
@@ -234,9 +237,16 @@ class Model:
             raise NonFiniteError(f"evaluate: the logits of {int(bad.sum()):,d} of {len(x):,d} samples are not "
                                  f"finite (the first: sample {i}); the first non-finite values appear in "
                                  f"{where or 'no layer of a host re-run (the device and the references disagree)'}")
-        return float(np.mean(logits.argmax(axis=1) == labels)) if len(x) else float("nan")
+        return float(np.mean(logits.argmax(axis=1) == labels))
 
     # internals ------------------------------------------------------------------
+    def _needs_data(self, who: str) -> None:
+        """A ValueError if the device computes nothing (the meta device: shapes and bytes only)."""
+        if not self.device.has_data:
+            raise ValueError(f"{who}: the {self.device.name} device holds no data (shapes and bytes only), so it "
+                             f"computes nothing; train and predict on device='host' (NumPy) or 'cuda', and use the "
+                             f"meta device for memory only (model.trace, model.programs)")
+
     @property
     def logits(self) -> str:
         """The name of the logits tensor (the loss layer's input)."""
@@ -325,6 +335,25 @@ class Model:
 
 
 # ---------------------------------------------------------------- checks at the public API
+def param_problem(graph, name: str, a: np.ndarray) -> str | None:
+    """What is wrong with ``a`` (an array of numbers) as the parameter ``name`` of ``graph``, or None:
+    it must be float32 (another dtype is refused, never cast: float64 may overflow or round, int32 or
+    bool is likely the wrong array), finite, and a BatchNorm ``running_var`` >= 0 (a negative variance
+    makes ``predict`` NaN). ``set_params`` and ``snlite train --load`` share it."""
+    if a.dtype != np.float32:
+        return (f"{name} has dtype {a.dtype}, but parameters are float32: convert it first, "
+                f"value.astype(np.float32)")
+    bad = anomaly.describe(a)
+    if bad:
+        return f"{name} is not finite: {bad}"
+    layer, _, local = name.rpartition(".")
+    if local == "running_var" and getattr(graph.layers.get(layer), "kind", None) == "batchnorm" and (a < 0).any():
+        i = np.unravel_index(int(np.argmax(a < 0)), a.shape)
+        return (f"{name} is a BatchNorm variance, which cannot be negative: {int((a < 0).sum()):,d} of {a.size:,d} "
+                f"values are (the first at {tuple(map(int, i))}: {a[i].item()!r})")
+    return None
+
+
 def _numbers(x, who: str) -> np.ndarray:
     """``x`` as a float32 array; a ValueError if it is not an array of numbers."""
     try:
@@ -343,6 +372,8 @@ def _samples(graph, x, who: str) -> np.ndarray:
     shape = graph.input_shape[1:]
     if a.shape[1:] != shape or a.ndim != len(graph.input_shape):
         raise ValueError(f"{who}: expected samples of shape (any, {', '.join(map(str, shape))}), got shape {a.shape}")
+    if not len(a):
+        raise ValueError(f"{who}: got no samples (shape {a.shape}); pass at least one sample of shape {shape}")
     return a
 
 
@@ -377,6 +408,9 @@ def _check_batch(graph, x, labels) -> tuple[np.ndarray, np.ndarray]:
     """(x as float32, labels as int32) if ``x`` is one batch of the graph's shape and ``labels`` one
     valid class index per sample; else a ValueError saying what is wrong."""
     x = _numbers(x, "input batch")
+    if x.ndim and not len(x):
+        raise ValueError(f"input batch is empty (shape {x.shape}); a training step takes one batch of the graph's "
+                         f"{graph.input_shape}")
     if x.shape != graph.input_shape:
         raise ValueError(f"input batch has shape {x.shape}, the graph expects {graph.input_shape}")
     return x, _labels(labels, graph.input_shape[0], graph.num_classes, "training batch")

@@ -232,6 +232,34 @@ def test_load_refuses_weights_that_are_not_finite(tmp_path, capsys):
     assert "conv2.bias is not finite (1 NaN of 50 values (the first at (3,): nan)); refusing to train from it" in err
 
 
+def test_load_refuses_another_dtype_naming_the_tensor_and_the_fix(tmp_path, capsys):
+    """A float64, int32 or bool file was cast to float32 without a word."""
+    params = _saved(tmp_path, capsys)
+    for dtype in (np.float64, np.int32, bool):
+        np.savez(tmp_path / "cast.npz", **{**params, "ip1.bias": params["ip1.bias"].astype(dtype)})
+        code, out, err = run(capsys, *TRAIN, "--load", str(tmp_path / "cast.npz"))
+        assert code == 1 and "epoch" not in out and len(err.strip().splitlines()) == 1, err
+        assert (f"--load {tmp_path / 'cast.npz'}: ip1.bias has dtype {np.dtype(dtype)}, but parameters are float32: "
+                f"convert it first, value.astype(np.float32); refusing to train from it") in err, err
+
+
+def test_load_refuses_a_negative_batchnorm_variance(tmp_path):
+    """It was loaded, and predict then gave NaN."""
+    from snlite.graph import Graph
+
+    g = Graph(input_shape=(2, 1, 4, 4), num_classes=2)
+    g.softmax_loss(g.linear(g.flatten(g.batchnorm(g.conv2d(g.input(), 2, 3, padding=1, name="c1"), name="bn")), 2))
+    model = Model(g, device="host")
+    before = model.params
+    bad = {**before, "bn.running_var": np.array([1.0, -1.0], np.float32)}
+    np.savez(tmp_path / "bad.npz", **bad)
+    with pytest.raises(cli.CliError, match=r"bn.running_var is a BatchNorm variance, which cannot be negative: 1 of "
+                                           r"2 values are \(the first at \(1,\): -1.0\); refusing to train from it"):
+        cli.load_params(str(tmp_path / "bad.npz"), model)
+    for name, value in model.params.items():
+        np.testing.assert_array_equal(value, before[name])
+
+
 def test_save_never_writes_weights_that_are_not_finite(tmp_path):
     with pytest.raises(cli.CliError, match=r"--save .*: w is not finite \(1 \+inf of 3 values.*nothing was written"):
         cli.save_params(str(tmp_path / "w.npz"), {"v": np.zeros(2, np.float32), "w": np.array([0, np.inf, 1])})
@@ -268,6 +296,13 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
     (["train", "lenet", "--seed", "-1"], r"argument --seed: expected an integer in \[0, 4294967295\], got '-1'"),
     (["demo", "--seed", "2.5"], r"argument --seed: expected an integer"),
     (["train", "lenet", "--lr", "-0.1"], r"argument --lr: expected a learning rate > 0, got -0.1"),
+    # finite as a Python float, not in float32 (the update's precision): inf, 0 and 1 there
+    (["train", "lenet", "--lr", "1e39"], r"argument --lr: expected a learning rate > 0; the value must be a finite "
+                                         r"number > 0 in float32, .*got 1e\+39, which float32 rounds to inf"),
+    (["train", "lenet", "--lr", "1e-50"], r"argument --lr: .* in float32, .*got 1e-50, which float32 rounds to 0.0"),
+    (["train", "lenet", "--momentum", "0.99999999"], r"argument --momentum: .*in \[0, 1\) in float32, .*rounds to "
+                                                     r"1.0"),
+    (["train", "lenet", "--weight-decay", "1e39"], r"argument --weight-decay: .* in float32, .*rounds to inf"),
     (["train", "lenet", "--budget", "-5GiB"], r"argument --budget: a size must be positive, got '-5GiB'"),
     (["train", "lenet", "--budget", "1.5"], r"argument --budget: '1.5' is not a size in whole bytes \(1.5 B\)"),
     (["train", "lenet", "--budget", "1000"], r"argument --budget: a budget must be at least 1,024 bytes"),

@@ -6,7 +6,7 @@ import pytest
 
 from nets import data_for, mixed_net
 from snlite import models, timing
-from snlite.adversary import AdversarialDevice
+from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.config import MemoryConfig
 from snlite.placement import place, simulate
 from snlite.program import Alloc, Copy, Free, HostWait, Launch, Program, Record, Wait
@@ -113,8 +113,9 @@ def test_write_behind_starts_eviction_copies_early_and_keeps_peak_and_traffic():
     assert timing.estimate(timed, g).exposed_ms < timing.estimate(paper, g).exposed_ms
 
 
+@pytest.mark.parametrize("copies", COPY_TIES)
 @pytest.mark.parametrize("order", ["late", "early"])
-def test_time_aware_schedules_train_bit_identically_on_the_adversarial_device(order):
+def test_time_aware_schedules_train_bit_identically_on_the_adversarial_device(order, copies):
     g = mixed_net(n=4)
     x, labels = data_for(g)
     relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
@@ -124,6 +125,6 @@ def test_time_aware_schedules_train_bit_identically_on_the_adversarial_device(or
     base = Model(g, MemoryConfig(), device="host", seed=4)
     want = [base.step(x, labels, lr=0.1, momentum=0.9) for _ in range(2)]
     for config in configs:
-        model = Model(g, config, device=AdversarialDevice(order), seed=4)
+        model = Model(g, config, device=AdversarialDevice(order, seed=4, copies=copies), seed=4)
         assert [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(2)] == want, config.describe()
         assert all(np.array_equal(model.params[n], v) for n, v in base.params.items())

@@ -257,8 +257,30 @@ def test_anomaly_mode_finds_what_never_reaches_the_loss():
     (lambda m, x, y: m.evaluate(np.repeat(x[:1], 10, 0), y[:1]), r"evaluate: labels must be 10 integers .*; got "
                                                                   r"shape \(1,\)"),
     (lambda m, x, y: m.predict(x[0]), r"predict: expected samples of shape \(any, 2, 6, 6\), got shape \(2, 6, 6\)"),
-    (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([1, np.inf, 0])}),
+    (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([1, np.inf, 0], np.float32)}),
      r"parameter fc1.bias is not finite: 1 \+inf of 3 values"),
+    # float32 is what the update computes in: 1e39 is inf there, 1e-50 is 0, 0.99999999 is 1
+    (lambda m, x, y: m.step(x, y, lr=1e39), r"step: lr must be a finite number > 0 in float32, .*got 1e\+39, which "
+                                            r"float32 rounds to inf"),
+    (lambda m, x, y: m.step(x, y, lr=1e-50), r"step: lr must be a finite number > 0 in float32, .*rounds to 0.0"),
+    (lambda m, x, y: m.step(x, y, momentum=0.99999999), r"step: momentum must be in \[0, 1\) in float32, .*got "
+                                                         r"0.99999999, which float32 rounds to 1.0"),
+    (lambda m, x, y: m.step(x, y, weight_decay=1e39), r"step: weight_decay must be a finite number >= 0 in float32"),
+    # an empty batch: no nan accuracy, no empty logits
+    (lambda m, x, y: m.evaluate(x[:0], y[:0]), r"evaluate: got no samples \(shape \(0, 2, 6, 6\)\); pass at least one"),
+    (lambda m, x, y: m.predict(x[:0]), r"predict: got no samples"),
+    (lambda m, x, y: m.step(x[:0], y[:0]), r"input batch is empty \(shape \(0, 2, 6, 6\)\)"),
+    # parameters are float32: another dtype is refused, naming it, not cast; a negative variance too
+    (lambda m, x, y: m.set_params({**m.params, "conv1.weight": m.params["conv1.weight"].astype(np.float64) + 1}),
+     r"parameter conv1.weight has dtype float64, but parameters are float32: convert it first, "
+     r"value.astype\(np.float32\); nothing was set"),
+    (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([1, 2, 3], np.int32)}),
+     r"parameter fc1.bias has dtype int32, .*astype\(np.float32\)"),
+    (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([True, False, True])}),
+     r"parameter fc1.bias has dtype bool, .*astype\(np.float32\)"),
+    (lambda m, x, y: m.set_params({**m.params, "bn1.running_var": np.array([1, -0.5, 2], np.float32)}),
+     r"parameter bn1.running_var is a BatchNorm variance, which cannot be negative: 1 of 3 values are \(the first "
+     r"at \(1,\): -0.5\); nothing was set"),
 ])
 def test_bad_arguments_are_clear_value_errors(call, match):
     """Each used to be a traceback from inside NumPy, a silent wrong answer (2.7 became class 2,
@@ -287,7 +309,15 @@ def test_seed_must_be_a_non_negative_integer():
         Model(fork_join_net(), device="host", seed=-1)
 
 
-def test_predict_on_the_meta_device_says_it_holds_no_data():
+@pytest.mark.parametrize("who", ["step", "forward_backward", "predict", "evaluate"])
+def test_the_meta_device_computes_nothing_and_says_what_to_use(who):
+    """step returned nan and evaluate nan: the meta device holds shapes and bytes, no values."""
     g = fork_join_net()
-    with pytest.raises(ValueError, match="predict: the meta device holds no data"):
-        Model(g, device="meta").predict(np.zeros(g.input_shape, np.float32))
+    model = Model(g, device="meta")
+    x, labels = _data(g)
+    call = {"step": lambda: model.step(x, labels), "forward_backward": lambda: model.forward_backward(x, labels),
+            "predict": lambda: model.predict(x), "evaluate": lambda: model.evaluate(x, labels)}[who]
+    with pytest.raises(ValueError, match=rf"^{who}: the meta device holds no data \(shapes and bytes only\), so it "
+                                         r"computes nothing; train and predict on device='host' \(NumPy\) or 'cuda'"):
+        call()
+    assert model.iteration == 0

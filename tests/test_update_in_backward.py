@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nets import data_for, mixed_net
-from snlite.adversary import AdversarialDevice
+from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.anomaly import NonFiniteError
 from snlite.checker import ProgramError, RaceError, check, find_races, races_by_definition
 from snlite.config import MemoryConfig
@@ -85,11 +85,13 @@ def test_on_the_simulator_too():
     _same(base, run)
 
 
+@pytest.mark.parametrize("copies", COPY_TIES)
 @pytest.mark.parametrize("order", ["late", "early"])
-def test_on_the_adversarial_device_with_momentum_on_the_host(order):
+def test_on_the_adversarial_device_with_momentum_on_the_host(order, copies):
     g = mixed_net()
     base = _train(g, MemoryConfig())
-    _same(base, _train(g, IN_BACKWARD["superneurons(), momentum on the host"], AdversarialDevice(order)))
+    _same(base, _train(g, IN_BACKWARD["superneurons(), momentum on the host"],
+                       AdversarialDevice(order, seed=5, copies=copies)))
 
 
 def test_forward_backward_still_returns_every_gradient_and_updates_nothing():
@@ -174,19 +176,19 @@ def test_the_adversarial_device_turns_a_missing_momentum_wait_into_wrong_numbers
     assert landed
     for i in landed[:3]:
         changed = []
-        for order in ("late", "early"):
-            model = Model(g, config, device=AdversarialDevice(order), seed=3)
+        for order, copies in [(o, c) for o in ("late", "early") for c in COPY_TIES]:
+            model = Model(g, config, device=AdversarialDevice(order, seed=i, copies=copies), seed=3)
             model.programs["train"] = program.without(i)
             x, labels = data_for(g)
             try:
                 losses = [model.step(x, labels, **SGD) for _ in range(2)]
             except (ValueError, FloatingPointError, NonFiniteError) as e:
-                changed.append(f"{order}: {type(e).__name__}")
+                changed.append(f"{order}, {copies}: {type(e).__name__}")
                 continue
             state = _state(model)
             if losses != base[0] or any(not np.array_equal(state[n], v) for n, v in base[1].items()):
-                changed.append(order)
-        assert changed, f"without #{i} ({program.body[i]}) both orders still give the right numbers"
+                changed.append(f"{order}, {copies}")
+        assert changed, f"without #{i} ({program.body[i]}) every order still gives the right numbers"
 
 
 def test_a_gradient_freed_before_its_update_is_refused():

@@ -1,0 +1,78 @@
+"""The adversarial device's copy-stream ties: ``copies`` decides which copy stream runs first when
+both could, and an eviction and a fetch of the same bytes that forgot to wait for each other give
+the right numbers under the old rule (copy_out first) and wrong ones under the other."""
+import numpy as np
+import pytest
+
+from nets import data_for, mixed_net
+from snlite.adversary import COPY_TIES, AdversarialDevice
+from snlite.anomaly import NonFiniteError
+from snlite.checker import find_races
+from snlite.config import MemoryConfig
+from snlite.placement import place, simulate
+from snlite.program import COPY_IN, COPY_OUT, Copy, Wait
+from snlite.train import Model
+
+
+def _train(g, config, device, program=None, steps=2):
+    x, labels = data_for(g)
+    model = Model(g, config, device=device, seed=4)
+    if program is not None:
+        model.programs["grads"] = program
+    losses = [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(steps)]
+    return losses, model.params
+
+
+def _right(run, base) -> bool:
+    return run[0] == base[0] and all(np.array_equal(run[1][n], v) for n, v in base[1].items())
+
+
+def _evict_fetch_race(program) -> bool:
+    """Whether ``program`` lets an eviction (copy_out) and a fetch (copy_in) of the same bytes race."""
+    for r in find_races(program):
+        ends = [program.body[a.at[1]] for a in (r.first, r.second)]
+        if r.on_data and {a.stream for a in (r.first, r.second)} == {COPY_OUT, COPY_IN} \
+                and all(type(e) is Copy for e in ends) and {e.why for e in ends} == {"evict", "fetch"}:
+            return True
+    return False
+
+
+def test_an_eviction_and_a_fetch_that_race_give_wrong_numbers_only_when_the_fetch_goes_first():
+    """The cache under a tight budget evicts tensors to the pinned slab and fetches them back; a
+    fetch waits for the eviction of the same bytes. Without that wait, the late order (compute first,
+    copies as late as the events allow) leaves the two copies both ready: copy_out first (the only
+    rule before ``copies``) evicts, then fetches, and the numbers are right; copy_in first fetches the
+    slab's stale bytes, and they are wrong."""
+    g = mixed_net(n=4)
+    relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
+    config = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    program = place(g, config, "grads")
+    base = _train(g, config, "host")
+    targets = [i for i, ins in enumerate(program.body) if type(ins) is Wait and _evict_fetch_race(program.without(i))]
+    assert targets, "the tight cache must evict and fetch the same bytes behind a wait"
+    hidden = []
+    for i in targets:
+        mutant = program.without(i)
+        if _right(_train(g, config, AdversarialDevice("late", copies="out_first"), mutant), base):
+            hidden.append(i)
+        try:
+            wrong = not _right(_train(g, config, AdversarialDevice("late", copies="in_first"), mutant), base)
+        except (ValueError, FloatingPointError, NonFiniteError):  # NaN bytes fetched: also a wrong result
+            wrong = True
+        assert wrong, f"without #{i} ({program.body[i]}) the fetch ran first and still gave the right numbers"
+    assert hidden, "the old tie rule (copy_out first) should hide at least one of these races"
+
+
+def test_every_tie_rule_trains_a_correct_program_bit_identically():
+    g = mixed_net(n=4)
+    relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
+    config = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    base = _train(g, MemoryConfig(), "host")
+    for copies in COPY_TIES:
+        assert _right(_train(g, config, AdversarialDevice("late", seed=1, copies=copies)), base), copies
+
+
+def test_an_unknown_tie_rule_is_refused():
+    with pytest.raises(ValueError, match=r"unknown copies 'both': how ties between the copy streams break; choose "
+                                         r"one of \('out_first', 'in_first', 'random'\)"):
+        AdversarialDevice("late", copies="both")
