@@ -19,7 +19,8 @@ iteration is checked against the next.
         print(race)                 # the two instructions, the tensor, the wait that is missing
 
 A :class:`ProgramError` is a placement bug rather than a race: two live tensors overlap, an op
-touches a freed tensor, a wait names an event never recorded.
+touches a freed tensor, a wait names an event never recorded, or a number of the program contradicts
+the rest of it (:mod:`snlite.validate`, run first: the search trusts no size or offset it has not checked).
 """
 from __future__ import annotations
 
@@ -29,12 +30,9 @@ from dataclasses import dataclass
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.program import HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
     Record, Wait, stream_of, without_cycle_collection
+from snlite.validate import ProgramError, validate
 
 ALL_STREAMS = (*STREAMS, HOST)
-
-
-class ProgramError(ValueError):
-    """The program is malformed: overlapping allocations, use after free, an unrecorded event."""
 
 
 class RaceError(AssertionError):
@@ -103,10 +101,12 @@ class Race:
                 f"#{self.first.at[1]} on {self.first.stream} vs #{self.second.at[1]} on {self.second.stream}")
 
 
-def check(program, iterations: int = 2) -> None:
-    """Raise :class:`RaceError` if the program can race, :class:`ProgramError` if it is malformed or
-    reads a value it never wrote (:mod:`snlite.dataflow`, checked once no race is left)."""
-    races = find_races(program, iterations)
+def check(program, iterations: int = 2, *, graph=None) -> None:
+    """Raise :class:`RaceError` if the program can race, :class:`ProgramError` if it is malformed (a
+    number that contradicts the rest of it, or ``graph``, the net it was planned for, when given:
+    :mod:`snlite.validate`) or reads a value it never wrote (:mod:`snlite.dataflow`, checked once no
+    race is left)."""
+    races = find_races(program, iterations, graph=graph)
     if races:
         raise RaceError(races, program)
     try:
@@ -238,9 +238,11 @@ class _Ranges:
             self.segs[a:b] = [(acc, {}, None)]
 
 
-def find_races(program, iterations: int = 2) -> list[Race]:
-    """Every race of ``program`` run ``iterations`` times in a row (see the module docstring)."""
+def find_races(program, iterations: int = 2, *, graph=None) -> list[Race]:
+    """Every race of ``program`` run ``iterations`` times in a row (see the module docstring), once
+    :func:`snlite.validate.validate` has found its numbers consistent (with ``graph``: with the net's)."""
     with without_cycle_collection():
+        validate(program, graph)
         return _find_races(program, iterations)
 
 
@@ -317,6 +319,7 @@ def races_by_definition(program, iterations: int = 2) -> list[tuple]:
     computed from the definition: build the happens-before graph explicitly (program order per
     stream, record -> wait, host -> everything enqueued after), take its transitive closure, and test
     every pair of conflicting accesses. Quadratic: for checking the checker on small programs."""
+    validate(program)
     nodes, pred = [], []  # per instruction: (at, stream, accesses); bitset of instructions ordered before it
     last = {}  # stream -> its latest node
     recorded = {}
