@@ -19,22 +19,21 @@ iteration is checked against the next.
         print(race)                 # the two instructions, the tensor, the wait that is missing
 
 A :class:`ProgramError` is a placement bug rather than a race: two live tensors overlap, an op
-touches a freed tensor, a wait names an event never recorded.
+touches a freed tensor, a wait names an event never recorded, or a number of the program contradicts
+the rest of it (:mod:`snlite.validate`, run first: the search trusts no size or offset it has not checked).
 """
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 
 from snlite.dataflow import DataflowError, check_dataflow
-from snlite.program import HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
-    Record, Wait, stream_of, without_cycle_collection
+from snlite.program import COMPUTE, HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
+    Program, Record, Wait, stream_of, without_cycle_collection
+from snlite.validate import ProgramError, validate
 
 ALL_STREAMS = (*STREAMS, HOST)
-
-
-class ProgramError(ValueError):
-    """The program is malformed: overlapping allocations, use after free, an unrecorded event."""
 
 
 class RaceError(AssertionError):
@@ -103,16 +102,74 @@ class Race:
                 f"#{self.first.at[1]} on {self.first.stream} vs #{self.second.at[1]} on {self.second.stream}")
 
 
-def check(program, iterations: int = 2) -> None:
-    """Raise :class:`RaceError` if the program can race, :class:`ProgramError` if it is malformed or
-    reads a value it never wrote (:mod:`snlite.dataflow`, checked once no race is left)."""
-    races = find_races(program, iterations)
+def check(program, iterations: int = 2, *, graph=None) -> None:
+    """Raise :class:`RaceError` if the program can race, :class:`ProgramError` if it is malformed (a
+    number that contradicts the rest of it, or ``graph``, the net it was planned for, when given:
+    :mod:`snlite.validate`) or reads a value it never wrote (:mod:`snlite.dataflow`, checked once no
+    race is left)."""
+    races = find_races(program, iterations, graph=graph)
     if races:
         raise RaceError(races, program)
     try:
         check_dataflow(program, iterations)
     except DataflowError as e:
         raise ProgramError(str(e)) from None
+
+
+def check_together(programs, *, graph=None) -> None:
+    """Raise :class:`RaceError` if programs that share an executor (a :class:`~snlite.train.Model`'s
+    "grads", "update", "infer"...) can race when run one after another: work one leaves running (a
+    copy not waited for) against the next one's. For each ordered pair (a, b), the sequences a, a, b, b
+    and a, b, a, b are checked as one program (:func:`together`), each with its own events; each
+    program alone is :func:`check`'s business. Linear in the programs' length (times 8 per pair)."""
+    programs = list(programs.values() if isinstance(programs, dict) else programs)
+    for a in programs:
+        for b in programs:
+            if a is b:
+                continue
+            for seq in ((a, a, b, b), (a, b, a, b)):
+                combined = together(seq)
+                races = find_races(combined, 1, graph=graph)
+                if races:
+                    raise RaceError(races, combined)
+
+
+def together(seq) -> "Program":
+    """The programs of ``seq`` run one after another on one executor, as one program. The setups are
+    installed once, up front, as a :class:`~snlite.train.Model` installs them (a tensor two of them
+    place must be placed alike); the bodies follow one another, each with its own events (``2.e17``:
+    body 2's e17). A tensor another program installed but this one does not place (the weight
+    gradients a "grads" program keeps, to an "infer" program) is free memory to it: its block is
+    freed (a write on compute) before this body and placed again after it."""
+    first = seq[0]
+    tensors, installed = {}, {}
+    for k, program in enumerate(seq):
+        if program.allocator != first.allocator or program.net != first.net:
+            raise ProgramError(f"program {k + 1} is for {program.net} with the {program.allocator} allocator, the "
+                               f"first for {first.net} with the {first.allocator} allocator: they cannot share an "
+                               f"executor")
+        for name, spec in program.tensors.items():
+            if tensors.setdefault(name, spec) != spec:
+                raise ProgramError(f"program {k + 1} gives {name} the spec {spec}, an earlier one {tensors[name]}")
+        for ins in program.setup:
+            if installed.setdefault(ins.tensor, ins) != ins:
+                raise ProgramError(f"program {k + 1} places {ins.tensor} elsewhere than an earlier one ({ins}, not "
+                                   f"{installed[ins.tensor]}): programs that share an executor place it alike")
+    body = []
+    for k, program in enumerate(seq):
+        own = {ins.tensor for ins in program.setup}
+        foreign = [ins for name, ins in installed.items() if name not in own]
+        body += [Free(i.tensor, i.space, i.offset, i.nbytes, COMPUTE) for i in foreign]
+        for ins in program.body:
+            t = type(ins)
+            if t is Record or t is Wait or t is HostWait:
+                ins = dataclasses.replace(ins, event=f"{k + 1}.{ins.event}")
+            body.append(ins)
+        body += foreign
+    runs = " -> ".join(p.mode for p in seq)
+    return Program(first.net, f"{first.config}; {runs}", first.mode, first.allocator, tensors,
+                   tuple(installed.values()), tuple(body), max(p.arena_bytes for p in seq),
+                   max(p.slab_bytes for p in seq))
 
 
 # ---------------------------------------------------------------------------- where each tensor is
@@ -238,9 +295,11 @@ class _Ranges:
             self.segs[a:b] = [(acc, {}, None)]
 
 
-def find_races(program, iterations: int = 2) -> list[Race]:
-    """Every race of ``program`` run ``iterations`` times in a row (see the module docstring)."""
+def find_races(program, iterations: int = 2, *, graph=None) -> list[Race]:
+    """Every race of ``program`` run ``iterations`` times in a row (see the module docstring), once
+    :func:`snlite.validate.validate` has found its numbers consistent (with ``graph``: with the net's)."""
     with without_cycle_collection():
+        validate(program, graph)
         return _find_races(program, iterations)
 
 
@@ -317,6 +376,7 @@ def races_by_definition(program, iterations: int = 2) -> list[tuple]:
     computed from the definition: build the happens-before graph explicitly (program order per
     stream, record -> wait, host -> everything enqueued after), take its transitive closure, and test
     every pair of conflicting accesses. Quadratic: for checking the checker on small programs."""
+    validate(program)
     nodes, pred = [], []  # per instruction: (at, stream, accesses); bitset of instructions ordered before it
     last = {}  # stream -> its latest node
     recorded = {}
@@ -367,4 +427,5 @@ def races_by_definition(program, iterations: int = 2) -> list[tuple]:
     return out
 
 
-__all__ = ["Access", "ProgramError", "Race", "RaceError", "check", "find_races", "races_by_definition"]
+__all__ = ["Access", "ProgramError", "Race", "RaceError", "check", "check_together", "find_races",
+           "races_by_definition", "together"]

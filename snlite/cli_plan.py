@@ -55,10 +55,13 @@ def add_planning_commands(sub) -> None:
     add_memory_flags(plan)
 
     check = sub.add_parser("check", help="check a saved program for races (snlite plan NET --save-program FILE)",
-                           description="Load a program saved as JSON and run the race checker on two consecutive "
-                                       "iterations of it: every pair of accesses to the same bytes on two streams, "
-                                       "at least one a write, must be ordered by the program's events. Exit 0: no "
-                                       "race; 1: races (each explained) or a malformed program.")
+                           description="Load a program saved as JSON, check that its numbers agree with each other "
+                                       "(sizes, offsets, streams, names; with the zoo's net when the program's net "
+                                       "and batch are found there, its layers and shapes), then run the race checker "
+                                       "on two consecutive iterations of it: every pair of accesses to the same bytes "
+                                       "on two streams, at least one a write, must be ordered by the program's events; "
+                                       "then check that every value it reads was written first. Exit 0: no race; 1: "
+                                       "races (each explained) or a malformed program (one line).")
     check.add_argument("file", metavar="FILE.json", help="a program saved by snlite plan --save-program")
     check.add_argument("--all", action="store_true", help="explain every race, not only the first five")
 
@@ -296,7 +299,7 @@ def cmd_plan(args) -> int:
     if args.program:
         from snlite.checker import find_races
 
-        races = find_races(m.program)
+        races = find_races(m.program, graph=graph)
         print("\n" + m.program.table())
         print(f"race checker: {'no races' if not races else f'{len(races)} race(s)'} over two iterations")
     return 0
@@ -311,16 +314,35 @@ def _save_program(program, target: str) -> None:
 
 def cmd_check(args) -> int:
     from snlite.checker import ProgramError, find_races
+    from snlite.dataflow import DataflowError, check_dataflow
     from snlite.program import Program
 
-    if not os.path.isfile(os.path.expanduser(args.file)):
+    path = os.path.expanduser(args.file)
+    if not os.path.isfile(path):
         raise CliError(f"{args.file}: no such file; save one with: snlite plan NET --save-program {args.file}")
-    program = Program.load(os.path.expanduser(args.file))
-    try:
-        races = find_races(program)
-    except ProgramError as e:
-        print(f"{args.file}: a malformed program: {e}")
+
+    def refuse(e) -> int:  # one line, exit 1 (--traceback: the traceback)
+        if args.traceback:
+            raise e
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        why = why[len(f"{path}: "):] if why.startswith(f"{path}: ") else why
+        print(f"{args.file}: a malformed program: {why}")
         return 1
+
+    try:
+        program = Program.load(path)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        return refuse(e)
+    graph, against = _zoo_graph(program)
+    try:
+        races = find_races(program, graph=graph)
+        if not races:
+            check_dataflow(program)  # as checker.check: a read of a value never written
+    except (ProgramError, DataflowError) as e:
+        return refuse(e)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # a shape the checks did not foresee
+        return refuse(ValueError(f"the checker could not read it ({type(e).__name__}: {e})"))
+    print(f"{args.file}: {against}")
     if not races:
         print(f"{args.file}: {program.net} under {program.config} ({program.mode}), {len(program):,d} instructions: "
               f"no races over two iterations")
@@ -331,6 +353,26 @@ def cmd_check(args) -> int:
     if len(shown) < len(races):
         print(f"\n... and {len(races) - len(shown)} more (--all shows them)")
     return 1
+
+
+def _zoo_graph(program) -> tuple:
+    """The net a saved program was planned for, from the zoo (its name and batch, the batch read off
+    the program's input tensor), and a line saying whether the check compares the program with it."""
+    spec = program.tensors.get("data") if isinstance(program.tensors, dict) else None
+    shape = spec[0] if isinstance(spec, tuple) and len(spec) == 3 else None
+    if not (isinstance(shape, tuple) and shape and isinstance(shape[0], int) and shape[0] > 0):
+        return None, "checked without the net (the program has no input tensor 'data' to read the batch off)"
+    from snlite.models import get_model
+
+    try:
+        graph = get_model(str(program.net), batch=shape[0])
+    except (ValueError, TypeError):
+        return None, (f"checked without the net ({program.net!r} is not a zoo model): layers and shapes are not "
+                      f"compared with a graph")
+    if tuple(graph.input_shape) != shape:
+        return None, (f"checked without the net (its input is {shape}, the zoo's {program.net} takes "
+                      f"{tuple(graph.input_shape)})")
+    return graph, f"checked against the zoo's {graph.name} at batch {shape[0]} (its layers and tensor shapes)"
 
 
 def conv_table(choices, limit: int = 12) -> str:

@@ -12,6 +12,12 @@ call::
 
 The same loop runs on the meta device (views without data, kernels that only check their
 arguments), the host device (NumPy), the adversarial host device (:mod:`snlite.adversary`) and CUDA.
+
+The executor views every tensor by its spec's shape and copies whole views, so it checks, cheaply,
+that the program's own numbers say the same (an Alloc holds its view, a Free frees that allocation, a
+copy moves that view's bytes between that tensor's block and a slot made for it): what the checker
+(:mod:`snlite.checker`, which validates those numbers) certified is what runs. A mismatch is a
+:class:`~snlite.validate.ProgramError` naming the instruction.
 """
 from __future__ import annotations
 
@@ -20,6 +26,12 @@ import numpy as np
 from snlite.layers import StepIO
 from snlite.program import STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
     Record, Wait
+from snlite.validate import ProgramError
+
+
+class _Mismatch(Exception):
+    """A number of the instruction being run disagrees with what the executor does (made one line,
+    with the instruction's place, by the loop that ran it)."""
 
 
 def dropout_seed(seed: int, iteration: int, layer_index: int) -> int:
@@ -57,6 +69,7 @@ class Executor:
         self._persistent: dict[str, object] = {}
         self._installed: dict[str, Alloc] = {}
         self._spans: list = []
+        self.placed: dict[tuple, tuple] = {}  # (space, tensor) -> (offset or handle, nbytes) of its allocation
 
     def install(self, program) -> None:
         """Place the persistent tensors (weights, buffers, momentum, gradients) a program's setup
@@ -66,9 +79,12 @@ class Executor:
         if moved:
             raise ValueError(f"this program places {moved[0]} elsewhere than the one installed: programs that share "
                              f"an executor must come from the same graph and configuration")
-        for ins in program.setup:
+        for i, ins in enumerate(program.setup):
             if ins.tensor not in self._installed:
-                self._alloc(ins, program, persistent=True)
+                try:
+                    self._alloc(ins, program, persistent=True)
+                except _Mismatch as e:
+                    raise ProgramError(f"setup #{i} ({ins}): {e}") from None
                 self._installed[ins.tensor] = ins
                 if ins.tensor in self.views:
                     self._persistent[ins.tensor] = self.views[ins.tensor]
@@ -91,8 +107,12 @@ class Executor:
         self.in_use_bytes = sum(i.nbytes for i in program.setup if i.space != "slab")  # what this program placed
         self._launched = self.launch_bytes[program.mode] = []
         handlers = self._handlers
-        for ins in program.body:
-            handlers[type(ins)](self, ins)
+        i = ins = None
+        try:
+            for i, ins in enumerate(program.body):
+                handlers[type(ins)](self, ins)
+        except _Mismatch as e:
+            raise ProgramError(f"{program.net}'s {program.mode} program, body #{i} ({ins}): {e}") from None
         self.events.clear()
         if self._spans:
             first = self._spans[0][2]
@@ -103,44 +123,70 @@ class Executor:
 
     # ------------------------------------------------------------ the instructions
     def _alloc(self, ins, program=None, persistent: bool = False) -> None:
+        self.placed[ins.space, ins.tensor] = (ins.offset, ins.nbytes)
         if ins.space == "slab":
             if persistent:  # a tensor that lives in the slab between its uses
                 shape, dtype = (program or self.program).spec(ins.tensor)[:2]
-                self.host_views[ins.tensor] = self.device.view(self.slab, ins.offset, shape, dtype)
+                view = self.host_views[ins.tensor] = self.device.view(self.slab, ins.offset, shape, dtype)
+                _fits(view, ins)
             return
         shape, dtype = (program or self.program).spec(ins.tensor)[:2]
         shape = shape if shape is not None else (ins.nbytes // 4,)  # a conv workspace: its whole block
         if ins.space == "raw":
             buf = self.buffers[ins.offset] = self.device.alloc_arena(ins.nbytes, stream=self.streams[ins.stream])
-            self.views[ins.tensor] = self.device.view(buf, 0, shape, dtype)
+            view = self.views[ins.tensor] = self.device.view(buf, 0, shape, dtype)
         else:
-            self.views[ins.tensor] = self.device.view(self.arena, ins.offset, shape, dtype)
+            view = self.views[ins.tensor] = self.device.view(self.arena, ins.offset, shape, dtype)
+        _fits(view, ins)
         self.in_use_bytes += ins.nbytes
 
     def _free(self, ins) -> None:
+        placed = self.placed.pop((ins.space, ins.tensor), None)
+        if placed != (ins.offset, ins.nbytes):
+            raise _Mismatch(f"frees {ins.offset:#x}, {ins.nbytes:,d} bytes, but {ins.tensor}'s {ins.space} "
+                            f"allocation is " + ("none" if placed is None else f"{placed[0]:#x}, {placed[1]:,d} bytes"))
         if ins.space == "slab":
             return
         del self.views[ins.tensor]
         if ins.tensor in self._persistent:  # another program's persistent tensor: its view stays
             self.views[ins.tensor] = self._persistent[ins.tensor]
+            installed = self._installed[ins.tensor]
+            self.placed[installed.space, ins.tensor] = (installed.offset, installed.nbytes)
         if ins.space == "raw":
             del self.buffers[ins.offset]
         self.in_use_bytes -= ins.nbytes
 
     def _hand_over(self, ins) -> None:
         self.views[ins.new] = self.views.pop(ins.old).reshape(tuple(self.program.spec(ins.new)[0]))
+        for space in ("arena", "raw"):
+            placed = self.placed.pop((space, ins.old), None)
+            if placed is not None:
+                self.placed[space, ins.new] = placed
 
-    def _slab_view(self, tensor: str, offset: int):
+    def _slab_view(self, ins, offset: int):
+        """The pinned view of ``ins.tensor`` at ``offset``, which must start a slot made for it (named
+        after it: NAME, or the staging slots NAME:in and NAME:out), and hold ``ins.nbytes``."""
+        tensor, placed = ins.tensor, self.placed
+        if all(placed.get(("slab", n), (None,))[0] != offset for n in (tensor, f"{tensor}:in", f"{tensor}:out")):
+            raise _Mismatch(f"slab offset {offset:#x} starts no pinned slot made for {tensor}")
         shape, dtype, _ = self.program.spec(tensor)
-        return self.device.view(self.slab, offset, shape, dtype)
+        view = self.device.view(self.slab, offset, shape, dtype)
+        if view.nbytes != ins.nbytes:
+            raise _Mismatch(f"moves {ins.nbytes:,d} bytes, but {tensor} has {view.nbytes:,d}")
+        return view
 
     def _copy(self, ins) -> None:
         stream = self.streams[ins.stream]
+        space, offset = (ins.src, ins.src_offset) if ins.to_host else (ins.dst, ins.dst_offset)
+        placed = self.placed.get((space, ins.tensor))
+        if placed is None or placed[0] != offset:
+            raise _Mismatch(f"copies {space} {offset:#x}, but {ins.tensor}'s {space} allocation is "
+                            + ("none" if placed is None else f"{placed[0]:#x}"))
         with self._span(ins.stream, stream, f"{ins.tensor} {'to host' if ins.to_host else 'to device'}"):
             if ins.to_host:
-                self.device.copy_to_host(self.views[ins.tensor], self._slab_view(ins.tensor, ins.dst_offset), stream)
+                self.device.copy_to_host(self.views[ins.tensor], self._slab_view(ins, ins.dst_offset), stream)
             else:
-                self.device.copy_to_device(self._slab_view(ins.tensor, ins.src_offset), self.views[ins.tensor], stream)
+                self.device.copy_to_device(self._slab_view(ins, ins.src_offset), self.views[ins.tensor], stream)
 
     def _record(self, ins) -> None:
         event = self.events[ins.event] = self.device.event()
@@ -155,11 +201,11 @@ class Executor:
     def _host_write(self, ins) -> None:
         value = self.inputs.get(ins.tensor)
         if value is not None:
-            self.device.host_write(self._slab_view(ins.tensor, ins.offset), value)
+            self.device.host_write(self._slab_view(ins, ins.offset), value)
 
     def _host_read(self, ins) -> None:
         if self.device.has_data:
-            self.results[ins.tensor] = self.device.host_read(self._slab_view(ins.tensor, ins.offset))
+            self.results[ins.tensor] = self.device.host_read(self._slab_view(ins, ins.offset))
 
     def _launch(self, ins) -> None:
         if ins.phase == "update":
@@ -234,6 +280,11 @@ class Executor:
 
     _handlers = {Alloc: _alloc, Free: _free, HandOver: _hand_over, Copy: _copy, Record: _record, Wait: _wait,
                  HostWait: _host_wait, HostWrite: _host_write, HostRead: _host_read, Launch: _launch}
+
+
+def _fits(view, ins) -> None:
+    if view.nbytes > ins.nbytes:
+        raise _Mismatch(f"allocates {ins.nbytes:,d} bytes, but {ins.tensor} takes {view.nbytes:,d}")
 
 
 class _Span:

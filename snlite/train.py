@@ -116,7 +116,7 @@ class Model:
                 raise BudgetError(f"forward_backward returns every weight's gradient at once, which does not fit: "
                                   f"{e} (step() needs no such thing: it updates each layer inside backward and frees "
                                   f"its gradient there)") from None
-            check(program)
+            check(program, graph=self.graph)
             keep = {n: self._read(n) for n in self.executor._installed} if self.device.has_data else {}
             self.programs[mode] = program
             if program.arena_bytes > self.arena_bytes or program.slab_bytes > self.slab_bytes:
@@ -434,5 +434,5 @@ def _programs(graph, config, plan, costs, in_backward: bool) -> tuple[dict, Memo
         raise BudgetError(f"{e} The smallest {'host ' if host else ''}budget that works under this configuration is "
                           f"{need:,d} bytes ({format_size(need)}).") from None
     for program in programs.values():
-        check(program)  # proven race-free before anything runs (linear in the program's length)
+        check(program, graph=graph)  # proven race-free before anything runs (linear in the program's length)
     return programs, resolved

@@ -117,7 +117,7 @@ def _every_program_is_checked():
 
     def run(self):
         program = original(self)
-        checker.check(program)
+        checker.check(program, graph=self.graph)  # its tensors and layers the net's too
         return program
 
     placement._Placer.run = run

@@ -6,7 +6,8 @@ import pytest
 
 from nets import data_for, mixed_net
 from snlite.adversary import COPY_TIES, AdversarialDevice
-from snlite.checker import ProgramError, RaceError, check, find_races, races_by_definition
+from snlite.checker import ProgramError, RaceError, check, check_together, find_races, races_by_definition, \
+    together
 from snlite.config import MemoryConfig
 from snlite.placement import place, simulate
 from snlite.program import (Alloc, Copy, Free, HostRead, HostWait, HostWrite, Launch, Program, Record, Wait)
@@ -84,12 +85,12 @@ def test_two_iterations_catch_work_left_running_at_the_end():
 
 def test_malformed_programs_are_program_errors():
     with pytest.raises(ProgramError, match="overlaps x"):
-        find_races(tiny(ALLOC_X, Alloc("y", "arena", 512, 1024)))
+        find_races(tiny(ALLOC_X, Alloc("y", "arena", 0, 1024)))
     with pytest.raises(ProgramError, match="touches x, which holds no device memory"):
         find_races(tiny(ALLOC_X, Free("x", "arena", 0, 1024), READ_X))
     with pytest.raises(ProgramError, match="waits for e, which was not recorded"):
         find_races(tiny(ALLOC_X, Wait("e", "compute")))
-    with pytest.raises(ProgramError, match="not inside a live allocation"):
+    with pytest.raises(ProgramError, match="not the start of a live pinned slot made for x"):
         find_races(tiny(ALLOC_X, WRITE_X, D2H))
 
 
@@ -166,3 +167,38 @@ def _after_transfer(program, wait) -> bool:
     k = next(k for k, ins in enumerate(program.body) if type(ins) is Record and ins.event == wait.event)
     prev = program.body[k - 1]
     return type(prev) is Copy and prev.why in ("offload", "evict", "prefetch", "fetch")
+
+
+# ------------------------------------------------------------------------------ programs that share an executor
+TOGETHER = {"baseline": MemoryConfig.baseline(), "superneurons": MemoryConfig.superneurons(),
+            "in backward, momentum on the host": MemoryConfig.superneurons(update_in_backward=True,
+                                                                           optimizer_state="host")}
+
+
+@pytest.mark.parametrize("name", TOGETHER)
+def test_a_models_programs_run_one_after_another_without_races(name):
+    model = Model(mixed_net(), TOGETHER[name], device="meta")
+    model._program("grads")  # forward_backward's program too, where steps update inside backward
+    assert len(model.programs) == 3
+    check_together(model.programs, graph=model.graph)
+    a, b = list(model.programs.values())[:2]
+    seq = together((a, b, a, b))
+    assert len(seq.body) > 2 * (len(a.body) + len(b.body)) - 1 and f"; {a.mode} -> {b.mode} -> " in seq.config
+    assert len({i.event for i in seq.body if type(i) is Record}) == 2 * sum(type(i) is Record for i in a.body + b.body)
+
+
+def test_check_together_catches_work_one_program_leaves_running_into_the_next():
+    """Without its end-of-iteration host wait, a program's copies may still run when the next program
+    (or its own next iteration) starts: caught alone and together. Without the wait that orders the
+    batch's copy into its block after the block's previous users, the inference program alone is
+    fine (its own previous iteration left that block free), but after a training program it races."""
+    model = Model(mixed_net(), MemoryConfig.baseline(), device="meta")
+    infer = model.programs["infer"]
+    end = next(i for i, ins in enumerate(infer.body) if type(ins) is HostWait)
+    reuse = next(i for i, ins in enumerate(infer.body) if type(ins) is Wait and ins.why == "reuse")
+    for k, alone in ((end, True), (reuse, False)):
+        mutant = dict(model.programs, infer=infer.without(k))
+        assert bool(find_races(mutant["infer"])) == alone
+        with pytest.raises(RaceError, match=r"race on [\w.#@]+") as e:
+            check_together(mutant)
+        assert "-> infer" in str(e.value)
