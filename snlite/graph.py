@@ -364,8 +364,9 @@ def check_number(v, what, low=None, high=None, open_low=False, open_high=False, 
     """``v`` as a float if it is a finite real number (not a bool, not a string) in the given range,
     else a ValueError naming ``what``; the builder and :meth:`snlite.train.Model.step` use it.
     ``float32``: the number is used in float32 (SGD's hyper-parameters), so it must also be in the
-    range there: 1e39 is inf in float32, 1e-50 is 0 and 0.99999999 is 1. The float returned is
-    ``v`` itself either way (the device rounds it as before)."""
+    range there: 1e39 is inf in float32, 1e-50 is 0 and 0.99999999 is 1; and a number that is not 0
+    must not become 0 there (``momentum=1e-50`` would turn momentum off without a word). The float
+    returned is ``v`` itself either way (the device rounds it as before)."""
     def fits(x) -> bool:
         return math.isfinite(x) and (low is None or x > low or (x == low and not open_low)) \
             and (high is None or x < high or (x == high and not open_high))
@@ -383,9 +384,10 @@ def check_number(v, what, low=None, high=None, open_low=False, open_high=False, 
         raise ValueError(f"{what} must be {rng}, got {v!r}")
     with np.errstate(over="ignore", under="ignore"):
         v32 = float(np.float32(v))
-    if not fits(v32):
+    if not fits(v32) or (v32 == 0 and v != 0):
         raise ValueError(f"{what} must be {rng} in float32, the precision training runs in; got {v!r}, which "
-                         f"float32 rounds to {v32!r}: use a number float32 holds in that range")
+                         f"float32 rounds to {v32!r}: use a number float32 holds in that range"
+                         + (" (0 only if it is 0)" if v32 == 0 else ""))
     return float(v)
 
 

@@ -303,6 +303,9 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
     (["train", "lenet", "--momentum", "0.99999999"], r"argument --momentum: .*in \[0, 1\) in float32, .*rounds to "
                                                      r"1.0"),
     (["train", "lenet", "--weight-decay", "1e39"], r"argument --weight-decay: .* in float32, .*rounds to inf"),
+    (TRAIN + ["--momentum", "1e-50"], r"argument --momentum: .* in float32, .*got 1e-50, which float32 rounds to "
+                                      r"0.0: .* \(0 only if it is 0\)"),
+    (TRAIN + ["--weight-decay", "1e-50"], r"argument --weight-decay: .* in float32, .*rounds to 0.0"),
     (["train", "lenet", "--budget", "-5GiB"], r"argument --budget: a size must be positive, got '-5GiB'"),
     (["train", "lenet", "--budget", "1.5"], r"argument --budget: '1.5' is not a size in whole bytes \(1.5 B\)"),
     (["train", "lenet", "--budget", "1000"], r"argument --budget: a budget must be at least 1,024 bytes"),

@@ -266,6 +266,10 @@ def test_anomaly_mode_finds_what_never_reaches_the_loss():
     (lambda m, x, y: m.step(x, y, momentum=0.99999999), r"step: momentum must be in \[0, 1\) in float32, .*got "
                                                          r"0.99999999, which float32 rounds to 1.0"),
     (lambda m, x, y: m.step(x, y, weight_decay=1e39), r"step: weight_decay must be a finite number >= 0 in float32"),
+    # not 0, but 0 in float32: momentum or weight decay silently off
+    (lambda m, x, y: m.step(x, y, momentum=1e-50), r"step: momentum must be in \[0, 1\) in float32, .*got 1e-50, "
+                                                   r"which float32 rounds to 0.0: .* \(0 only if it is 0\)"),
+    (lambda m, x, y: m.step(x, y, weight_decay=1e-50), r"step: weight_decay must be .* in float32, .*rounds to 0.0"),
     # an empty batch: no nan accuracy, no empty logits
     (lambda m, x, y: m.evaluate(x[:0], y[:0]), r"evaluate: got no samples \(shape \(0, 2, 6, 6\)\); pass at least one"),
     (lambda m, x, y: m.predict(x[:0]), r"predict: got no samples"),
