@@ -11,8 +11,10 @@ for each tensor, whether its device block and its pinned slot hold its current v
 - a tensor's device block holds a value once a kernel writes it or a copy brings it from the
   host; a fresh block (a pool block, or a raw allocation's NaN fill) holds none; an in-place
   write (``Launch.inplace``) overwrites the old tensor's value, and a ``Free`` ends it;
-- a pinned slot holds a tensor's value once a copy sends it there or the host writes it (the
-  batch); a copy back or a host read must find that tensor's value in that slot;
+- a pinned slot holds a tensor's value once a copy sends it there from a block that holds it, or
+  the host writes it (the batch); a copy back brings the value only if the slot holds it, and a
+  host read must find it there (a copy of a value never written, such as an inference program's
+  unused labels evicted by the cache, is harmless until something reads what it brought);
 - what lives across iterations (weights, BatchNorm statistics, momentum) holds its value from the
   start; everything else, weight gradients included, is written anew every iteration (a program of
   mode ``update`` reads the gradients a ``grads`` program left); a kernel's write makes the
@@ -114,16 +116,16 @@ def _step(ins, held, slab, kind, updated, where) -> None:
     t = type(ins)
     if t is Launch:
         _launch(ins, held, slab, kind, updated, where)
-    elif t is Copy:
+    elif t is Copy:  # a copy carries a value if its source holds one; a copy of nothing leaves nothing
         if ins.to_host:
-            _need(ins.tensor, held, "copies to the host", where)
-            slab.put(ins.dst_offset, ins.tensor)
-        else:
-            found = slab.get(ins.src_offset)
-            if found != ins.tensor:
-                raise DataflowError(f"{where}: copies {ins.tensor} from a pinned slot that holds "
-                                    f"{'no value' if found is None else found}: nothing sent {ins.tensor} there first")
+            if ins.tensor in held:
+                slab.put(ins.dst_offset, ins.tensor)
+            else:
+                slab.clear(ins.dst_offset, ins.dst_offset + 1)
+        elif slab.get(ins.src_offset) == ins.tensor:
             held.add(ins.tensor)
+        else:
+            held.discard(ins.tensor)
     elif t is HostWrite:
         slab.put(ins.offset, ins.tensor)
     elif t is HostRead:
