@@ -20,6 +20,8 @@ for each tensor, whether its device block and its pinned slot hold its current v
   mode ``update`` reads the gradients a ``grads`` program left); a kernel's write makes the
   tensor's pinned copies stale, so momentum kept on the host must be copied back after its update;
 - the input layer's step writes nothing: the batch and labels it names come from their copies;
+- every result copied to the host is read there, and a ``train`` or ``grads`` program reads its
+  loss (a tensor ``LAYER.loss``);
 - a weight is not read, written or given a gradient after its SGD update in the same iteration,
   and a ``train`` or ``update`` program updates every weight exactly once; a ``grads`` program
   leaves every weight gradient written.
@@ -92,6 +94,7 @@ def check_dataflow(program, iterations: int = 2) -> None:
             where = f"instruction {i} ({ins})" + (f", iteration {it + 1}" if it else "")
             _step(ins, held, slab, kind, updated, where)
         at = f"at the end of iteration {it + 1}"
+        _check_results(program, at)
         stale = [t for o, t in kept.items() if slab.get(o) != t]
         if stale:
             raise DataflowError(f"{at}: the pinned slot of {stale[0]} does not hold its new value (the copy back to "
@@ -104,6 +107,18 @@ def check_dataflow(program, iterations: int = 2) -> None:
             missing = sorted(grads - held)
             raise DataflowError(f"{at}: the grads program leaves {missing[0]} unwritten (the backward step that "
                                 f"computes it is missing)")
+
+
+def _check_results(program, at: str) -> None:
+    """Every result copied to the host is read there, and a training program returns its loss."""
+    sent = [i.tensor for i in program.body if type(i) is Copy and i.why == "result"]
+    read = {i.tensor for i in program.body if type(i) is HostRead}
+    unread = [t for t in sent if t not in read]
+    if unread:
+        raise DataflowError(f"{at}: {unread[0]} is copied to the host as a result, but the host never reads it")
+    losses = [t for t in program.tensors if t.endswith(".loss")]
+    if program.mode in ("train", "grads") and losses and not read.intersection(losses):
+        raise DataflowError(f"{at}: the {program.mode} program never gives the host its loss ({losses[0]})")
 
 
 def _need(name: str, held: set, what: str, where: str) -> None:

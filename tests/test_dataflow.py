@@ -154,3 +154,12 @@ def test_an_inference_program_may_evict_the_labels_it_never_reads():
     program = place(g, config, "infer")
     assert any(type(i) is Copy and i.tensor == "labels" and i.to_host for i in program.body)
     Model(g, config, device="meta")  # builds and checks all its programs
+
+
+def test_results_sent_to_the_host_are_read_and_training_returns_its_loss():
+    program = place(mixed_net(), MemoryConfig(liveness=True, offload=True), "grads")
+    reads = [i for i, ins in enumerate(program.body) if type(ins) is HostRead]
+    check_dataflow(program)
+    for i in reads:  # the loss and the logits: dropping either read loses what Model returns
+        with pytest.raises(DataflowError, match=f"{program.body[i].tensor} is copied to the host as a result, but"):
+            check_dataflow(program.without(i))
