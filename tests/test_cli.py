@@ -291,3 +291,11 @@ def test_a_closed_pipe_ends_quietly():
     p.stdout.close()  # the reader goes away with most of the JSON unread
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and err == "", err
+
+
+# ---------------------------------------------------------------- planning commands: limits and bad input
+def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
+    """65,536 images are more than grid z holds: the kernels launch them in parts, so the planner's
+    cost estimate (kernels.conv.launch_counts) no longer fails."""
+    code, out, err = run(capsys, "plan", "lenet", "--batch", "65536")
+    assert code == 0 and "lenet, batch 65536" in out and not err, err
