@@ -14,13 +14,58 @@ from snlite import measure
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 
 # Exit statuses (the README's table): 0 done; 1 any other error (one line on stderr); 2 a usage
-# error (argparse: a wrong flag or value); 3 the network does not fit its --budget; 130 interrupted
+# error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network does not fit its --budget; 130 interrupted
 # (Ctrl-C); 141 the reader of standard output went away (snlite plan --json | head), said nothing.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 130, 141
 
 
 class CliError(Exception):
     """A problem the user can fix, reported as one line."""
+
+
+class UsageError(CliError):
+    """A wrong value on the command line that argparse cannot see (an unknown network, GPU profile,
+    --data kind or --recompute-keep layer): one line, exit 2 (EXIT_USAGE) like argparse's own."""
+
+
+def check_names(args) -> None:
+    """Refuse, before any work, a NET, ``--gpu`` or ``--data`` that names nothing known (UsageError)."""
+    if getattr(args, "net", None) is not None:
+        check_net(args.net)
+    if getattr(args, "gpu", None) is not None:
+        from snlite import timing
+
+        try:
+            timing.profile(args.gpu)
+        except ValueError as e:
+            raise UsageError(f"--gpu: {e}") from None
+
+
+def check_net(name: str) -> None:
+    """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without building it."""
+    from snlite import models
+
+    key = name.lower()
+    m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)
+    try:
+        if m and m[1] == "resnet":
+            models.resnet_blocks(int(m[2]))
+        elif m and not (int(m[2]) >= 8 and (int(m[2]) - 2) % 6 == 0):
+            models.cifar_resnet(int(m[2]))  # raises, naming the nearest valid depths
+        elif not m and key not in models.MODELS:
+            models.get_model(name)  # raises, listing the known names
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_keep(graph, config) -> None:
+    """UsageError unless every --recompute-keep name is a cheap layer of ``graph``."""
+    from snlite.recompute import check_keep as check
+
+    try:
+        check(graph, config.recompute_keep)
+    except ValueError as e:
+        raise UsageError(f"--recompute-keep: {e}") from None
 
 
 # ---------------------------------------------------------------- progress on stderr

@@ -13,7 +13,7 @@ import numpy as np
 from snlite import measure, search, timing
 
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, add_memory_flags,
-                             add_quiet_flag, memory_config)
+                             add_quiet_flag, check_keep, memory_config)
 
 PAPER_GPU = "12 GB K40"
 
@@ -224,6 +224,7 @@ def cmd_plan(args) -> int:
 
     config = memory_config(args)
     build, graph, batch = _graph(args)
+    check_keep(graph, config)
     if config.budget_bytes is not None:
         ex = search.explain_budget(build, batch, config)
         if not ex.fits:

@@ -130,8 +130,6 @@ def test_bad_flags_are_argparse_errors(argv, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--data", "imagenet"], "expected one of synthetic"),
-    (["--data", "mnist"], "expected one of"),
     (["--data", "mnist:/no/such/dir"], "no directory '/no/such/dir'. Expected it to hold train-images-idx3-ubyte"),
     (["--data", "cifar10:/no/such/dir"], "data_batch_1.bin"),
     (["--data", "synthetic", "--batch", "4096"], "larger than the 2048 training images"),
@@ -144,7 +142,7 @@ def test_bad_values_are_one_line_errors(argv, message, capsys):
 
 def test_unknown_net_and_wrong_image_size(capsys):
     code, _, err = run(capsys, "train", "lenett", "--data", "synthetic")
-    assert code == 1 and "unknown model 'lenett'" in err
+    assert code == 2 and "unknown model 'lenett'" in err
     code, _, err = run(capsys, "train", "cifar_resnet20", "--data", "synthetic")
     assert code == 1 and "takes images of (3, 32, 32)" in err
 
@@ -299,3 +297,30 @@ def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
     cost estimate (kernels.conv.launch_counts) no longer fails."""
     code, out, err = run(capsys, "plan", "lenet", "--batch", "65536")
     assert code == 0 and "lenet, batch 65536" in out and not err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan", "lenett"], "unknown model 'lenett'; known: lenet, alexnet"),
+    (["compare", "resnet51"], "no bottleneck ResNet of depth 51: valid depths are 50, 101"),
+    (["maxbatch", "cifar_resnet21"], "no CIFAR ResNet of depth 21"),
+    (["optimal", "nope"], "unknown model 'nope'"),
+    (["train", "lenett", "--data", "synthetic"], "unknown model 'lenett'"),
+    (["plan", "lenet", "--gpu", "X100"], "--gpu: unknown GPU profile 'X100'; choose one of H200, A100, T4, K40"),
+    (["compare", "lenet", "--gpu", ""], "--gpu: unknown GPU profile ''; choose one of"),
+    (["train", "lenet", "--data", "imagenet"], "--data 'imagenet': expected one of synthetic"),
+    (["train", "lenet", "--data", "mnist"], "--data 'mnist': expected one of"),
+    (["plan", "lenet", "--liveness", "--recompute", "speed", "--recompute-keep", "foo"],
+     "--recompute-keep: recompute_keep names 'foo' (no such layer); it takes cheap layers of lenet: pool1, pool2"),
+    (["train", "lenet", "--data", "synthetic", "--recompute-keep", "foo"], "recompute_keep names 'foo'"),
+])
+def test_a_name_that_names_nothing_is_a_usage_error(argv, message, capsys, monkeypatch):
+    """An unknown network, GPU profile, --data kind or --recompute-keep layer: exit 2, one line naming
+    the value and listing the valid ones, before any planning or training."""
+    from snlite import measure, train
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the bad name was refused")
+    monkeypatch.setattr(measure, "measure", no_work)
+    monkeypatch.setattr(train, "Model", no_work)
+    code, out, err = run(capsys, *argv)
+    assert code == cli.EXIT_USAGE and len(err.strip().splitlines()) == 1 and message in err, err
