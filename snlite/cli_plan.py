@@ -314,6 +314,9 @@ def cmd_check(args) -> int:
     from snlite.checker import ProgramError, find_races
     from snlite.program import Program
 
+    if os.path.isdir(os.path.expanduser(args.file)):
+        raise CliError(f"{args.file}: a directory, not a program; give the JSON file saved by: "
+                       f"snlite plan NET --save-program FILE.json")
     if not os.path.isfile(os.path.expanduser(args.file)):
         raise CliError(f"{args.file}: no such file; save one with: snlite plan NET --save-program {args.file}")
     program = Program.load(os.path.expanduser(args.file))

@@ -324,3 +324,9 @@ def test_a_name_that_names_nothing_is_a_usage_error(argv, message, capsys, monke
     monkeypatch.setattr(train, "Model", no_work)
     code, out, err = run(capsys, *argv)
     assert code == cli.EXIT_USAGE and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_check_a_directory_says_it_is_one(tmp_path, capsys):
+    code, _, err = run(capsys, "check", str(tmp_path))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "a directory, not a program" in err, err
+    assert "no such file" not in err
