@@ -44,7 +44,8 @@ from snlite.device import DEVICE_NAMES
 from snlite.placement import BudgetError
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _bytes, _float_in, _positive_int, _seed,
-                             add_memory_flags, check_keep, check_names, join_negative_values, memory_config)
+                             add_memory_flags, check_keep, check_names, check_outputs, join_negative_values,
+                             memory_config)
 from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
 from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
 
@@ -110,6 +111,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         check_names(args)
+        check_outputs(args)  # every output path, before the work that would fill it
         return COMMANDS[args.command](args)
     except UsageError as e:
         if args.traceback:
@@ -156,8 +158,6 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     from snlite.train import Model
 
-    if args.save and not os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(args.save)))):
-        raise CliError(f"--save {args.save}: its folder does not exist")  # say so before training, not after
     train, test = load_data(args.data, args.seed)
     if args.limit:
         train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))

@@ -41,6 +41,62 @@ def check_names(args) -> None:
             raise UsageError(f"--gpu: {e}") from None
 
 
+# every flag that names a file a command writes, and the folders it fills (created if missing)
+OUTPUT_FILES = {"json": "--json", "plot": "--plot", "timeline": "--timeline", "save_program": "--save-program",
+                "save": "--save", "streams": "--streams"}
+OUTPUT_FOLDERS = {"out": "--out"}
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work, an output path that cannot be written (CliError, one line): a file
+    in a folder that does not exist, is not a folder or cannot be written, or a name that is a
+    folder; a folder (``--out``) that is a file, or under one that cannot be created."""
+    for dest, flag in OUTPUT_FILES.items():
+        target = getattr(args, dest, None)
+        if target is not None and target != "-":  # --json with no FILE (or -): standard output
+            check_output_file(flag, target)
+    for dest, flag in OUTPUT_FOLDERS.items():
+        target = getattr(args, dest, None)
+        if target is not None:
+            check_output_folder(flag, target)
+
+
+def check_output_file(flag: str, target: str) -> None:
+    """CliError unless a file can be written at ``target`` (a folder that exists and is writable)."""
+    import os
+
+    if not target.strip():
+        raise CliError(f"{flag} {target!r}: an empty file name; give a file, e.g. {flag} out.json")
+    path = os.path.abspath(os.path.expanduser(target))
+    if os.path.isdir(path):
+        raise CliError(f"{flag} {target}: is a folder; give a file name in it, e.g. {os.path.join(target, 'out')}")
+    folder = os.path.dirname(path)
+    if not os.path.exists(folder):
+        raise CliError(f"{flag} {target}: its folder does not exist (create {os.path.dirname(target) or '.'} first)")
+    if not os.path.isdir(folder):
+        raise CliError(f"{flag} {target}: {os.path.dirname(target)} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {target}: its folder is not writable")
+
+
+def check_output_folder(flag: str, target: str) -> None:
+    """CliError unless ``target`` is a writable folder or can be created as one."""
+    import os
+
+    if not target.strip():
+        raise CliError(f"{flag} {target!r}: an empty folder name; give one, e.g. {flag} out")
+    path = os.path.abspath(os.path.expanduser(target))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"{flag} {target}: exists and is not a folder")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise CliError(f"{flag} {target}: {existing} is a file, so the folder cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {target}: {existing} is not writable")
+
+
 def check_net(name: str) -> None:
     """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without building it."""
     from snlite import models

@@ -13,7 +13,7 @@ import numpy as np
 from snlite import measure, search, timing
 
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, add_memory_flags,
-                             add_quiet_flag, check_keep, memory_config)
+                             add_quiet_flag, check_keep, check_output_file, memory_config)
 
 PAPER_GPU = "12 GB K40"
 
@@ -192,10 +192,8 @@ def _write_json(target: str, data) -> None:
     if target == "-":
         print(text)
         return
-    path = os.path.expanduser(target)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise CliError(f"--json {target}: its folder does not exist")
-    with open(path, "w") as f:
+    check_output_file("--json", target)  # checked before the work too (check_outputs); a folder may go meanwhile
+    with open(os.path.expanduser(target), "w") as f:
         f.write(text + "\n")
 
 
@@ -304,10 +302,8 @@ def cmd_plan(args) -> int:
 
 
 def _save_program(program, target: str) -> None:
-    path = os.path.expanduser(target)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise CliError(f"--save-program {target}: its folder does not exist")
-    program.save(path)
+    check_output_file("--save-program", target)
+    program.save(os.path.expanduser(target))
 
 
 def cmd_check(args) -> int:
@@ -552,9 +548,7 @@ def cmd_maxdepth(args) -> int:
 def cmd_paper(args) -> int:
     from snlite import report
 
-    out = os.path.expanduser(args.out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CliError(f"--out {args.out}: exists and is not a folder")
+    out = os.path.expanduser(args.out)  # checked before the work (cli_args.check_outputs)
     status = Status("snlite paper", args.quiet)
 
     def log(text: str) -> None:

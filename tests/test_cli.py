@@ -330,3 +330,35 @@ def test_check_a_directory_says_it_is_one(tmp_path, capsys):
     code, _, err = run(capsys, "check", str(tmp_path))
     assert code == 1 and len(err.strip().splitlines()) == 1 and "a directory, not a program" in err, err
     assert "no such file" not in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan", "lenet", "--timeline", "{missing}/t.png"], "--timeline {missing}/t.png: its folder does not exist"),
+    (["plan", "lenet", "--plot", "{missing}/p.png"], "--plot {missing}/p.png: its folder does not exist"),
+    (["plan", "lenet", "--budget", "1KiB", "--json", "{missing}/x.json"], "--json {missing}/x.json: its folder"),
+    (["plan", "lenet", "--save-program", "{tmp}"], "--save-program {tmp}: is a folder"),
+    (["compare", "lenet", "--plot", "{file}/p.png"], "--plot {file}/p.png: {file} is a file, not a folder"),
+    (["maxbatch", "lenet", "--json", "{missing}/x.json"], "its folder does not exist"),
+    (["maxdepth", "--json", "{missing}/x.json"], "its folder does not exist"),
+    (["optimal", "lenet", "--plot", "{missing}/f.png"], "its folder does not exist"),
+    (["train", "lenet", "--data", "synthetic", "--streams", "{missing}/s.png"], "--streams {missing}/s.png"),
+    (["train", "lenet", "--data", "synthetic", "--save", "{tmp}"], "--save {tmp}: is a folder"),
+    (["paper", "--quick", "--out", "{file}/sub"], "{file} is a file, so the folder cannot be created"),
+    (["bench", "--out", "{file}/b"], "{file} is a file, so the folder cannot be created"),
+])
+def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, message, tmp_path, capsys, monkeypatch):
+    """Every output path is checked before anything is computed: the planner, the searches, the
+    report, the benchmark and training are all forbidden to start here."""
+    from snlite import bench, gap, measure, report, search
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the output path was checked")
+    for module, names in ((measure, ("measure", "compare", "run")), (search, ("max_batch_table", "max_depth_table",
+                          "explain_budget")), (report, ("paper_report",)), (bench, ("main",)), (gap, ("gap_rows",)),
+                          (cli, ("load_data",))):
+        for name in names:
+            monkeypatch.setattr(module, name, no_work)
+    (tmp_path / "f").write_text("")
+    fill = {"missing": str(tmp_path / "no" / "such"), "tmp": str(tmp_path), "file": str(tmp_path / "f")}
+    code, out, err = run(capsys, *[a.format(**fill) for a in argv])
+    assert code == cli.EXIT_ERROR and len(err.strip().splitlines()) == 1 and message.format(**fill) in err, err
