@@ -18,9 +18,10 @@
 
 Every subcommand has ``--help``. Exit statuses: 0 done; 2 a usage error (a wrong flag or value,
 from argparse, or a name that names nothing: an unknown network, ``--gpu``, ``--data`` kind or
-``--recompute-keep`` layer, as one line listing the valid ones); 3 a network that does not fit its ``--budget`` (``plan`` explains why and ranks
-what would fit); 1 anything else (a problem with the data, a parameter file, the device, or a
-loss that is not finite), as one line on stderr; 130 interrupted; 141 standard output closed
+``--recompute-keep`` layer, as one line listing the valid ones); 3 a network that does not fit
+its ``--budget`` (``plan`` explains why and ranks what would fit); 1 anything else (a problem
+with the data, a parameter file, an output path, the device, or a loss that is not finite), as
+one line on stderr; 130 interrupted; 141 standard output closed
 early (``snlite plan --json | head``), silently. ``snlite --traceback ...`` shows the full
 traceback instead of the line. Planning commands (plan, compare, maxbatch, maxdepth) run the
 scheduler on the meta device: no GPU, no data, seconds; the long ones show what they are probing

@@ -14,8 +14,8 @@ from snlite import measure
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 
 # Exit statuses (the README's table): 0 done; 1 any other error (one line on stderr); 2 a usage
-# error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network does not fit its --budget; 130 interrupted
-# (Ctrl-C); 141 the reader of standard output went away (snlite plan --json | head), said nothing.
+# error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network
+# does not fit its --budget; 130 interrupted (Ctrl-C); 141 the reader of standard output went away (snlite plan --json | head), said nothing.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 130, 141
 
 
