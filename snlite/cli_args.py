@@ -193,7 +193,7 @@ def _seed(text: str) -> int:
 
 def _size(text: str) -> int:
     try:
-        return measure.parse_size(text)
+        return measure.parse_size(text, exact=True)  # a fraction of a byte is refused, not dropped
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -269,6 +269,10 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
     (["train", "lenet", "--budget", "-5GiB"], r"argument --budget: a size must be positive, got '-5GiB'"),
     (["train", "lenet", "--budget", "1.5"], r"argument --budget: '1.5' is not a size in whole bytes \(1.5 B\)"),
     (["train", "lenet", "--budget", "1000"], r"argument --budget: a budget must be at least 1,024 bytes"),
+    (["train", "lenet", "--budget", "1.0000001GiB"], r"argument --budget: '1.0000001GiB' is 1,073,741,931.3741824 "
+     r"bytes, not a whole number of bytes; give whole bytes, e.g. 1073741931 or 1073741932"),
+    (["plan", "lenet", "--host-budget", "2.1GiB"], r"argument --host-budget: '2.1GiB' is 2,254,857,830.4 bytes"),
+    (["maxdepth", "--budget", "0.3KiB"], r"argument --budget: '0.3KiB' is 307.2 bytes, not a whole number"),
     (["train", "lenet", "--batch", "-3"], r"argument --batch: expected a positive integer, got -3"),
 ])
 def test_bad_numbers_are_usage_errors_that_name_the_flag(argv, message, capsys):
