@@ -1,4 +1,5 @@
 """The `snlite` command: demo, train, --save/--load, --help, and one-line errors."""
+import json
 import os
 import re
 import subprocess
@@ -366,3 +367,32 @@ def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, messa
     fill = {"missing": str(tmp_path / "no" / "such"), "tmp": str(tmp_path), "file": str(tmp_path / "f")}
     code, out, err = run(capsys, *[a.format(**fill) for a in argv])
     assert code == cli.EXIT_ERROR and len(err.strip().splitlines()) == 1 and message.format(**fill) in err, err
+
+
+def test_maxdepth_stops_at_a_stated_ceiling_and_says_why(capsys, monkeypatch):
+    """A budget nothing fills (200GiB at batch 1) used to probe up to 10,000 residual units (minutes,
+    silent with --quiet); the search stops at a ceiling, lower where planning would need more of this
+    machine's memory than is free, and says which and how to raise it. The default still reaches every
+    depth the README reports (2,865 units at batch 1 in 12GiB)."""
+    from snlite import cli_plan, search
+
+    assert 2_865 < search.MAX_UNITS <= 3_000
+    monkeypatch.setattr(cli_plan, "free_memory_bytes", lambda: 60 * search.PLANNER_BYTES_PER_UNIT)
+    code, out, err = run(capsys, "maxdepth", "--batch", "1", "--budget", "200GiB", "--quiet")
+    assert code == 0 and not err, err
+    assert re.search(r"^superneurons +>= 182 +60 ", out, re.M), out
+    assert ">=: still fits at the ceiling 182 (60 residual units; planning a deeper ResNet would hold more than the " \
+           "7.5 MiB of this machine's memory that is free, about 128.0 KiB a residual unit); " \
+           "raise it with --max-units" in out
+
+
+def test_maxbatch_says_when_it_stopped_at_its_ceiling_and_takes_a_host_budget(capsys):
+    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "12GiB", "--max-batch", "64", "--quiet")
+    assert code == 0 and re.search(r"^superneurons +>= 64 ", out, re.M), err
+    assert ">=: still fits at the ceiling, batch 64 (--max-batch, default 65,536: the search probes no further); " \
+           "raise it with --max-batch" in out
+    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "16MiB", "--host-budget", "300KiB", "--max-batch",
+                         "4096", "--json", "-")
+    rows = {r["strategy"]: r for r in json.loads(out)["rows"]}  # without it: + offload 75 (3.5 MiB on the host)
+    assert code == 0 and all(r["batch"] and r["host_peak_bytes"] <= 300 << 10 for r in rows.values()), rows
+    assert rows["+ offload"]["batch"] < 75

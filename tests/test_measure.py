@@ -320,7 +320,8 @@ def test_maxdepth_prints_the_table_and_its_time(capsys):
     code, out, err = run(capsys, "maxdepth", "--batch", 16, "--budget", "5GiB", "--max-units", 60)
     assert code == 0, err
     assert "SuperNeurons 1,920" in out and re.search(r"took \d+\.\d s", out)
-    assert re.search(r"^superneurons +>= 182 +60 .* 1,920$", out, re.M) and "the search stopped there" in out
+    assert re.search(r"^superneurons +>= 182 +60 .* 1,920$", out, re.M)
+    assert ">=: still fits at the ceiling 182 (60 residual units; --max-units 60); raise it with --max-units" in out
     assert re.search(r"^baseline +\d+ +\d+ ", out, re.M)
     assert re.search(r"^strategy +weights +weight grads +momentum +on host +the rest +on host$", out, re.M)
 
