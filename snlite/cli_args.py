@@ -66,7 +66,7 @@ def check_output_file(flag: str, target: str) -> None:
     import os
 
     if not target.strip():
-        raise CliError(f"{flag} {target!r}: an empty file name; give a file, e.g. {flag} out.json")
+        raise CliError(f"{flag} {target!r}: an empty file name; give the file to write")
     path = os.path.abspath(os.path.expanduser(target))
     if os.path.isdir(path):
         raise CliError(f"{flag} {target}: is a folder; give a file name in it, e.g. {os.path.join(target, 'out')}")

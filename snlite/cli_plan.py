@@ -345,6 +345,8 @@ def cmd_check(args) -> int:
     from snlite.checker import ProgramError, find_races
     from snlite.program import Program
 
+    if not args.file.strip():
+        raise CliError("an empty file name; give the JSON file saved by: snlite plan NET --save-program FILE.json")
     if os.path.isdir(os.path.expanduser(args.file)):
         raise CliError(f"{args.file}: a directory, not a program; give the JSON file saved by: "
                        f"snlite plan NET --save-program FILE.json")

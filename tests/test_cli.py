@@ -337,6 +337,11 @@ def test_check_a_directory_says_it_is_one(tmp_path, capsys):
     assert "no such file" not in err
 
 
+def test_check_and_save_say_an_empty_name_is_empty(capsys):
+    code, _, err = run(capsys, "check", "")
+    assert code == 1 and "an empty file name" in err and "no such file" not in err, err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["plan", "lenet", "--timeline", "{missing}/t.png"], "--timeline {missing}/t.png: its folder does not exist"),
     (["plan", "lenet", "--plot", "{missing}/p.png"], "--plot {missing}/p.png: its folder does not exist"),
