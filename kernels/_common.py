@@ -36,6 +36,29 @@ def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
+# CUDA's limits on a grid (blocks in x, y, z). Grid z is what grows with the batch (one image or
+# matrix per z), so the launchers split a batch into launches of at most MAX_GRID_Z (`grid_z_parts`).
+# The 1-D launches (x = ceil(elements / block)) would need more than (2**31 - 1) * 128 elements,
+# over 1 TiB of float32, more than any device holds; grid y counts rows or channels of one matrix.
+# `Kernel.launch` refuses a grid beyond these with a ValueError rather than a failed CUDA launch.
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_GRID_Z = MAX_GRID[2]
+
+
+def grid_z_parts(total: int, most: int):
+    """Yield (first, count) covering ``range(total)`` in order, ``count`` at most ``most``: the
+    launches of a batch of ``total`` along grid z (one launch when it fits)."""
+    for first in range(0, int(total), int(most)):
+        yield first, min(int(most), int(total) - first)
+
+
+def _check_grid(name: str, grid) -> None:
+    for axis, blocks, most in zip("xyz", _dim3(grid), MAX_GRID):
+        if blocks > most:
+            raise ValueError(f"{name}: a grid of {blocks:,d} blocks in {axis}, more than CUDA's {most:,d} "
+                             f"(grid {tuple(_dim3(grid))})")
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """A CUDA kernel as written (``py_func``) and the signature the PTX check compiles it with."""
@@ -115,6 +138,7 @@ class Kernel:
         return self.spec.name
 
     def __getitem__(self, config):
+        _check_grid(self.name, config[0])
         recorder = _RECORDER.get()
         if recorder is None:
             return self.dispatcher[config]
@@ -126,6 +150,7 @@ class Kernel:
             raise ValueError(f"launch geometry is for {geometry.kernel}, not {self.name}")
         if not geometry.blocks:  # nothing to do: no launch
             return
+        _check_grid(self.name, geometry.grid)
         recorder = _RECORDER.get()
         if recorder is not None:
             recorder.append(geometry)

@@ -32,7 +32,9 @@ statement, so FMA contraction on a GPU is the same too) and ends with the gemm's
 - backward_filter: per image, s_n[co, k] = sum over p = oh*OW + ow ascending of dy[n, co, p] * col[n, k, p];
   then dw = 1*s_0, dw = 1*s_n + 1*dw for n = 1, 2, ... (the gemm with beta=0, then beta=1).
 Images are independent until that last fold, so a chunk's images run in parallel (grid z) in every
-algorithm, and only the fold over n, kept in order, is sequential.
+algorithm, and only the fold over n, kept in order, is sequential. Grid z holds at most MAX_GRID_Z
+(65,535) blocks, so a batch or chunk of more images is launched in parts of at most that many, in
+order (more launches, the same bits); ``launches`` and ``launch_counts`` count every part.
 
 ``launches(op, algo, ...)`` lists the launches a call makes (kernel, grid, block, work) without a
 GPU: it runs the launcher itself on shape-only arrays and records them (``kernels._common``).
@@ -47,7 +49,8 @@ from numba import cuda, float32
 
 from kernels import gemm as _gemm
 from kernels._check import Example, main
-from kernels._common import Launch, Op, ShapeArray, ceil_div, check, cuda_kernel, pair, record_launches, unravel4
+from kernels._common import (MAX_GRID_Z, Launch, Op, ShapeArray, ceil_div, check, cuda_kernel, grid_z_parts, pair,
+                             record_launches, unravel4)
 from kernels.im2col import _col_value, _out_index, _tap, col2im, col2im_ref, im2col, im2col_ref, output_hw
 
 ALGORITHMS = ("direct", "im2col")
@@ -419,8 +422,10 @@ def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=Non
     y3 = y.reshape(g.n, g.co, g.p)
     if algo == "direct" and version == "v1":
         _forward_v1.launch(_forward_v1_geometry(g), stream, x, w, y, *g.stride, *g.padding)
-    elif algo == "direct":
-        _forward_v2.launch(_forward_v2_geometry(g), stream, x, w.reshape(g.co, g.k), y3, *_v2_args(g))
+    elif algo == "direct":  # grid z = images: at most MAX_GRID_Z of them a launch
+        for n0, m in grid_z_parts(g.n, MAX_GRID_Z):
+            _forward_v2.launch(_forward_v2_geometry(g._replace(n=m)), stream, x[n0:n0 + m], w.reshape(g.co, g.k),
+                               y3[n0:n0 + m], *_v2_args(g))
     else:  # per chunk: im2col, then y[n] = w @ col[n] for the chunk's images in one launch
         for n0, m in _chunks(g, chunk):
             col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
@@ -467,13 +472,17 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
     elif algo == "direct" and version == "v2":
         _backward_filter_v2.launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3, dw2, *_v2_args(g))
     elif algo == "direct":  # v3, per chunk: each image's s_n in parallel, then the fold in order
-        for n0, m in _chunks(g, chunk):
-            # the chunk's partial sums but the first; one image has none (dw stands in, untouched)
-            part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k) if m > 1 else dw.reshape(1, g.co, g.k)
-            _backward_filter_v3.launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x, dy3, dw2, part, n0,
-                                       *_v2_args(g))
-            if m > 1:
-                _fold_v1.launch(_fold_geometry(g, m - 1), stream, part, dw2)
+        for c0, cm in _chunks(g, chunk):
+            # grid z = images: a chunk of more than MAX_GRID_Z goes in parts, each folded onto dw in
+            # turn, the same additions in the same order (dw = s_n + dw for n ascending)
+            for n0, m in grid_z_parts(cm, MAX_GRID_Z):
+                n0 += c0
+                # the part's partial sums but the first; one image has none (dw stands in, untouched)
+                part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k) if m > 1 else dw.reshape(1, g.co, g.k)
+                _backward_filter_v3.launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x, dy3, dw2, part,
+                                           n0, *_v2_args(g))
+                if m > 1:
+                    _fold_v1.launch(_fold_geometry(g, m - 1), stream, part, dw2)
     else:  # per chunk: im2col, then dw (+)= the chunk's s_n, summed in order inside one launch
         for n0, m in _chunks(g, chunk):
             col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)

@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Launch, Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import MAX_GRID_Z, Launch, Op, ceil_div, check, check_version, cuda_kernel, grid_z_parts
 
 VERSIONS = ("v1", "v2", "v3")
 TILE_MAX = 32  # v2: the largest block side; its shared tiles are TILE_MAX x TILE_MAX
@@ -45,7 +45,8 @@ V3_BK = 8  # v3: depth (in k) of the shared-memory slices of op(A) and op(B)
 V3_PAD = 4  # v3: extra columns per shared row, so the staging stores do not hit one bank
 V3_MICRO = (8, 8)  # v3: default micro-tile (tm, tn) when ``block`` gives only the thread block
 DEFAULT_BLOCK = {"v1": (16, 16), "v2": (32, 32), "v3": (16, 16, 8, 8)}
-MAX_GRID_Z = 65535  # CUDA's limit on grid z: the most matrices one batched launch can take
+# MAX_GRID_Z (kernels._common): CUDA's limit on grid z, the most matrices one batched launch takes;
+# gemm_batched launches a larger batch in parts of at most that many
 
 
 def gemm_flops(m: int, n: int, k: int) -> int:
@@ -377,8 +378,10 @@ def _kernel(version, bx, by, tm, tn, trans_a, trans_b):
 def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, reduce=False, stream=0,
                  version="v3", block=None):
     """C[z] = alpha * op(A[z]) @ op(B[z]) + beta * C[z] for each matrix z, in one launch (grid
-    z = batch); A or B may hold one matrix, shared by all. ``reduce=True``: C holds one matrix
-    and gets the batch's products summed into it in order (see the module docstring)."""
+    z = batch; a batch of more than MAX_GRID_Z matrices in several, each of at most that many);
+    A or B may hold one matrix, shared by all. ``reduce=True``: C holds one matrix and gets the
+    batch's products summed into it in order (see the module docstring), in one launch of grid
+    z = 1 whatever the batch."""
     check_version(version, VERSIONS)
     for name, arr in (("a", a), ("b", b), ("c", c)):
         check(f"gemm_batched {name}", arr)
@@ -393,9 +396,6 @@ def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, 
     check("gemm_batched c", c, shape=(1 if reduce else batch, m, n))
     if reduce and batch == 0:
         raise ValueError("gemm_batched: reduce=True needs at least one matrix to sum")
-    if not reduce and batch > MAX_GRID_Z:
-        raise ValueError(f"gemm_batched: {batch} matrices, more than the {MAX_GRID_Z} a grid's z can hold; "
-                         "split the batch")
     geometry = gemm_geometry(version, m, n, k, batch, reduce=reduce, trans_a=trans_a, trans_b=trans_b, beta=beta,
                              block=block)
     if m == 0 or n == 0 or batch == 0:
@@ -403,7 +403,18 @@ def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, 
     kernel = _kernel(version, *_block(version, block), trans_a, trans_b)
     scalars = (np.float32(alpha), np.float32(beta), bool(beta != 0), bool(reduce))
     flags = () if version == "v3" else (bool(trans_a), bool(trans_b))
-    kernel.launch(geometry, stream, a, b, c, *flags, *scalars)
+    if reduce:  # grid z is 1 (each block loops over the whole batch): one launch, however many matrices
+        kernel.launch(geometry, stream, a, b, c, *flags, *scalars)
+        return
+    for z0, nz in grid_z_parts(batch, MAX_GRID_Z):  # each matrix is independent: the parts change no bits
+        part = geometry if nz == batch else gemm_geometry(version, m, n, k, nz, trans_a=trans_a, trans_b=trans_b,
+                                                          beta=beta, block=block)
+        kernel.launch(part, stream, _matrices(a, z0, nz), _matrices(b, z0, nz), c[z0:z0 + nz], *flags, *scalars)
+
+
+def _matrices(x, z0, nz):
+    """Matrices z0 .. z0 + nz - 1 of operand x (all of it if it holds one, shared)."""
+    return x if x.shape[0] == 1 else x[z0:z0 + nz]
 
 
 def gemm(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, stream=0, version="v3", block=None):

@@ -17,9 +17,11 @@
     snlite bench                                                # GPU kernels (if any), CPU planning
 
 Every subcommand has ``--help``. Exit statuses: 0 done; 2 a usage error (a wrong flag or value,
-from argparse); 3 a network that does not fit its ``--budget`` (``plan`` explains why and ranks
-what would fit); 1 anything else (a problem with the data, a parameter file, the device, or a
-loss that is not finite), as one line on stderr; 130 interrupted; 141 standard output closed
+from argparse, or a name that names nothing: an unknown network, ``--gpu``, ``--data`` kind or
+``--recompute-keep`` layer, as one line listing the valid ones); 3 a network that does not fit
+its ``--budget`` (``plan`` explains why and ranks what would fit); 1 anything else (a problem
+with the data, a parameter file, an output path, the device, or a loss that is not finite), as
+one line on stderr; 130 interrupted; 141 standard output closed
 early (``snlite plan --json | head``), silently. ``snlite --traceback ...`` shows the full
 traceback instead of the line. Planning commands (plan, compare, maxbatch, maxdepth) run the
 scheduler on the meta device: no GPU, no data, seconds; the long ones show what they are probing
@@ -42,8 +44,9 @@ from snlite.anomaly import NonFiniteError, describe
 from snlite.device import DEVICE_NAMES
 from snlite.placement import BudgetError
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
-                             EXIT_OK, EXIT_USAGE, CliError, _bytes, _float_in, _positive_int, _seed,
-                             add_memory_flags, join_negative_values, memory_config)
+                             EXIT_OK, EXIT_USAGE, CliError, UsageError, _bytes, _float_in, _positive_int, _seed,
+                             add_memory_flags, check_keep, check_names, check_outputs, join_negative_values,
+                             memory_config)
 from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
 from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
 
@@ -110,7 +113,14 @@ def main(argv=None) -> int:
     """The console script ``snlite`` (also ``python -m snlite.cli``); returns the exit status."""
     args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
+        check_names(args)
+        check_outputs(args)  # every output path, before the work that would fill it
         return COMMANDS[args.command](args)
+    except UsageError as e:
+        if args.traceback:
+            raise
+        print(f"snlite {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("\nsnlite: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -151,16 +161,15 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     from snlite.train import Model
 
-    if args.save and not os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(args.save)))):
-        raise CliError(f"--save {args.save}: its folder does not exist")  # say so before training, not after
     train, test = load_data(args.data, args.seed)
     if args.limit:
         train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))
     if args.batch > len(train):
         raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images")
     config = memory_config(args)
-    model = Model(build_model(args.net, args.batch, train), config, device=args.device, seed=args.seed,
-                  anomaly=args.anomaly)
+    graph = build_model(args.net, args.batch, train)
+    check_keep(graph, config)
+    model = Model(graph, config, device=args.device, seed=args.seed, anomaly=args.anomaly)
     if not model.device.has_data:
         raise CliError(f"the {model.device.name} device holds no data, so it cannot train; "
                        "see a layout with: snlite demo --device meta")
@@ -214,7 +223,7 @@ def load_data(spec: str, seed: int = 0):
         return data.digits(seed=seed)
     if kind in ("mnist", "cifar10") and path:
         return getattr(data, kind)(os.path.expanduser(path))
-    raise CliError(f"--data {spec!r}: expected one of {DATA_HELP}")
+    raise UsageError(f"--data {spec!r}: expected one of {DATA_HELP}")
 
 
 def build_model(net: str, batch: int, train):

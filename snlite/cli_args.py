@@ -15,13 +15,114 @@ from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 from snlite.graph import check_number
 
 # Exit statuses (the README's table): 0 done; 1 any other error (one line on stderr); 2 a usage
-# error (argparse: a wrong flag or value); 3 the network does not fit its --budget; 130 interrupted
-# (Ctrl-C); 141 the reader of standard output went away (snlite plan --json | head), said nothing.
+# error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network
+# does not fit its --budget; 130 interrupted (Ctrl-C); 141 the reader of standard output went away (snlite plan --json | head), said nothing.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 130, 141
 
 
 class CliError(Exception):
     """A problem the user can fix, reported as one line."""
+
+
+class UsageError(CliError):
+    """A wrong value on the command line that argparse cannot see (an unknown network, GPU profile,
+    --data kind or --recompute-keep layer): one line, exit 2 (EXIT_USAGE) like argparse's own."""
+
+
+def check_names(args) -> None:
+    """Refuse, before any work, a NET, ``--gpu`` or ``--data`` that names nothing known (UsageError)."""
+    if getattr(args, "net", None) is not None:
+        check_net(args.net)
+    if getattr(args, "gpu", None) is not None:
+        from snlite import timing
+
+        try:
+            timing.profile(args.gpu)
+        except ValueError as e:
+            raise UsageError(f"--gpu: {e}") from None
+
+
+# every flag that names a file a command writes, and the folders it fills (created if missing)
+OUTPUT_FILES = {"json": "--json", "plot": "--plot", "timeline": "--timeline", "save_program": "--save-program",
+                "save": "--save", "streams": "--streams"}
+OUTPUT_FOLDERS = {"out": "--out"}
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work, an output path that cannot be written (CliError, one line): a file
+    in a folder that does not exist, is not a folder or cannot be written, or a name that is a
+    folder; a folder (``--out``) that is a file, or under one that cannot be created."""
+    for dest, flag in OUTPUT_FILES.items():
+        target = getattr(args, dest, None)
+        if target is not None and target != "-":  # --json with no FILE (or -): standard output
+            check_output_file(flag, target)
+    for dest, flag in OUTPUT_FOLDERS.items():
+        target = getattr(args, dest, None)
+        if target is not None:
+            check_output_folder(flag, target)
+
+
+def check_output_file(flag: str, target: str) -> None:
+    """CliError unless a file can be written at ``target`` (a folder that exists and is writable)."""
+    import os
+
+    if not target.strip():
+        raise CliError(f"{flag} {target!r}: an empty file name; give the file to write")
+    path = os.path.abspath(os.path.expanduser(target))
+    if os.path.isdir(path):
+        raise CliError(f"{flag} {target}: is a folder; give a file name in it, e.g. {os.path.join(target, 'out')}")
+    folder = os.path.dirname(path)
+    if not os.path.exists(folder):
+        raise CliError(f"{flag} {target}: its folder does not exist (create {os.path.dirname(target) or '.'} first)")
+    if not os.path.isdir(folder):
+        raise CliError(f"{flag} {target}: {os.path.dirname(target)} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {target}: its folder is not writable")
+
+
+def check_output_folder(flag: str, target: str) -> None:
+    """CliError unless ``target`` is a writable folder or can be created as one."""
+    import os
+
+    if not target.strip():
+        raise CliError(f"{flag} {target!r}: an empty folder name; give one, e.g. {flag} out")
+    path = os.path.abspath(os.path.expanduser(target))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"{flag} {target}: exists and is not a folder")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise CliError(f"{flag} {target}: {existing} is a file, so the folder cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {target}: {existing} is not writable")
+
+
+def check_net(name: str) -> None:
+    """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without building it."""
+    from snlite import models
+
+    key = name.lower()
+    m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)
+    try:
+        if m and m[1] == "resnet":
+            models.resnet_blocks(int(m[2]))
+        elif m and not (int(m[2]) >= 8 and (int(m[2]) - 2) % 6 == 0):
+            models.cifar_resnet(int(m[2]))  # raises, naming the nearest valid depths
+        elif not m and key not in models.MODELS:
+            models.get_model(name)  # raises, listing the known names
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_keep(graph, config) -> None:
+    """UsageError unless every --recompute-keep name is a cheap layer of ``graph``."""
+    from snlite.recompute import check_keep as check
+
+    try:
+        check(graph, config.recompute_keep)
+    except ValueError as e:
+        raise UsageError(f"--recompute-keep: {e}") from None
 
 
 # ---------------------------------------------------------------- progress on stderr
@@ -102,7 +203,7 @@ def _seed(text: str) -> int:
 
 def _size(text: str) -> int:
     try:
-        return measure.parse_size(text)
+        return measure.parse_size(text, exact=True)  # a fraction of a byte is refused, not dropped
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

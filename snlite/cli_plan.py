@@ -12,8 +12,8 @@ import numpy as np
 
 from snlite import measure, search, timing
 
-from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, add_memory_flags,
-                             add_quiet_flag, memory_config)
+from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, _size, add_memory_flags,
+                             add_quiet_flag, check_keep, check_output_file, memory_config)
 
 PAPER_GPU = "12 GB K40"
 
@@ -94,12 +94,17 @@ def add_planning_commands(sub) -> None:
         if name == "maxbatch":
             p.add_argument("net", metavar="NET", help=net_help)
             p.add_argument("--max-batch", type=_positive_int, default=search.MAX_BATCH,
-                           help=f"search no further (default {search.MAX_BATCH})")
+                           help=f"the ceiling: search no further (default {search.MAX_BATCH:,d})")
         else:
             p.add_argument("--batch", type=_positive_int, default=16, help="images per step (default 16, the paper's)")
-            p.add_argument("--max-units", type=_max_units, default=10_000,
-                           help=f"search no deeper than this many residual units (at least {search.MIN_UNITS}, "
-                                f"ResNet-50's; default 10000: depth 30002)")
+            p.add_argument("--max-units", type=_max_units, default=search.MAX_UNITS,
+                           help=f"the ceiling: search no deeper than this many residual units (at least "
+                                f"{search.MIN_UNITS}, ResNet-50's; default {search.MAX_UNITS:,d}: depth "
+                                f"{3 * search.MAX_UNITS + 2:,d}, a search of about a minute; lower where the "
+                                f"planner would need more of this machine's memory than is free)")
+        p.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
+                       help="pinned host memory (offloaded and cached tensors, momentum on the host): a plan that "
+                            "needs more does not fit (default: unlimited)")
         p.add_argument("--budget", type=_budget, metavar="SIZE", default=measure.parse_size("12GiB"),
                        help="device memory (default 12GiB)")
         p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
@@ -130,6 +135,36 @@ def add_planning_commands(sub) -> None:
     bench.add_argument("--batch", type=_positive_int, default=1, help="its batch (default 1)")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="where the GPU benchmark writes bench.json")
     bench.add_argument("--quick", action="store_true", help="the GPU benchmark's smaller sizes")
+
+
+def free_memory_bytes() -> int | None:
+    """This machine's memory available to a new process (Linux: MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def planner_ceiling(max_units: int, free: int | None = -1) -> tuple[int, str]:
+    """(the deepest ResNet maxdepth probes, in residual units, and why there): ``max_units``, or fewer
+    where planning that network would hold more of this machine's memory than is free (the planner
+    keeps the whole program, about PLANNER_BYTES_PER_UNIT a residual unit, in host RAM)."""
+    free = free_memory_bytes() if free == -1 else free
+    reach = search.MIN_UNITS if free is None else max(search.MIN_UNITS, free // search.PLANNER_BYTES_PER_UNIT)
+    if free is not None and reach < max_units:
+        return reach, (f"planning a deeper ResNet would hold more than the {measure.format_size(free)} of this "
+                       f"machine's memory that is free, about {measure.format_size(search.PLANNER_BYTES_PER_UNIT)} "
+                       f"a residual unit")
+    if max_units == search.MAX_UNITS:
+        return max_units, f"--max-units, default {search.MAX_UNITS:,d}, so that a search ends in about a minute"
+    return max_units, f"--max-units {max_units:,d}"
 
 
 def _max_units(text: str) -> int:
@@ -195,10 +230,8 @@ def _write_json(target: str, data) -> None:
     if target == "-":
         print(text)
         return
-    path = os.path.expanduser(target)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise CliError(f"--json {target}: its folder does not exist")
-    with open(path, "w") as f:
+    check_output_file("--json", target)  # checked before the work too (check_outputs); a folder may go meanwhile
+    with open(os.path.expanduser(target), "w") as f:
         f.write(text + "\n")
 
 
@@ -227,6 +260,7 @@ def cmd_plan(args) -> int:
 
     config = memory_config(args)
     build, graph, batch = _graph(args)
+    check_keep(graph, config)
     if config.budget_bytes is not None:
         ex = search.explain_budget(build, batch, config)
         if not ex.fits:
@@ -306,10 +340,8 @@ def cmd_plan(args) -> int:
 
 
 def _save_program(program, target: str) -> None:
-    path = os.path.expanduser(target)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise CliError(f"--save-program {target}: its folder does not exist")
-    program.save(path)
+    check_output_file("--save-program", target)
+    program.save(os.path.expanduser(target))
 
 
 def cmd_check(args) -> int:
@@ -318,6 +350,11 @@ def cmd_check(args) -> int:
     from snlite.program import Program
 
     path = os.path.expanduser(args.file)
+    if not args.file.strip():
+        raise CliError("an empty file name; give the JSON file saved by: snlite plan NET --save-program FILE.json")
+    if os.path.isdir(path):
+        raise CliError(f"{args.file}: a directory, not a program; give the JSON file saved by: "
+                       f"snlite plan NET --save-program FILE.json")
     if not os.path.isfile(path):
         raise CliError(f"{args.file}: no such file; save one with: snlite plan NET --save-program {args.file}")
 
@@ -525,7 +562,8 @@ def cmd_maxbatch(args) -> int:
     build(1)  # an unknown name fails here, before the search
     t0 = time.perf_counter()
     status = Status("snlite maxbatch", args.quiet)
-    rows = search.max_batch_table(build, args.budget, args.max_batch, progress=status)
+    rows = search.max_batch_table(build, args.budget, args.max_batch, progress=status,
+                                  host_budget_bytes=args.host_budget)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
@@ -547,16 +585,21 @@ def cmd_maxbatch(args) -> int:
     if paper:
         print(f"paper ({PAPER_GPU}, docs/paper.md section 7): SuperNeurons {paper:,d}; the best other framework "
               f"{other:,d}")
+    if any(r.capped for r in rows):
+        print(f">=: still fits at the ceiling, batch {args.max_batch:,d} (--max-batch, default {search.MAX_BATCH:,d}: "
+              f"the search probes no further); raise it with --max-batch")
     if status_code:
-        print(f"not even a batch of 1 fits {measure.format_size(args.budget)} under any strategy")
+        print(f"not even a batch of 1 fits {measure.format_size(args.budget)} under any strategy"
+              + (f" and {measure.format_size(args.host_budget)} of pinned host memory" if args.host_budget else ""))
     print(f"took {seconds:.1f} s")
     return status_code
 
 
 def cmd_maxdepth(args) -> int:
     t0 = time.perf_counter()
+    units, why = planner_ceiling(args.max_units)
     status = Status("snlite maxdepth", args.quiet)
-    rows = search.max_depth_table(args.batch, args.budget, args.max_units, progress=status)
+    rows = search.max_depth_table(args.batch, args.budget, units, progress=status, host_budget_bytes=args.host_budget)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
@@ -577,12 +620,16 @@ def cmd_maxdepth(args) -> int:
     print(_table(head, table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)
     if any(r.capped for r in rows):
-        print(f">=: still fits at --max-units {args.max_units}; the search stopped there")
+        print(f">=: still fits at the ceiling {3 * units + 2:,d} ({units:,d} residual units; {why}); raise it with "
+              f"--max-units")
+    elif units < args.max_units:
+        print(f"(the search's ceiling was {3 * units + 2:,d}, {units:,d} residual units: {why})")
     print(f"paper ({PAPER_GPU}, docs/paper.md section 7): at batch 16 "
           + ", ".join(f"{k} {v:,d}" for k, v in search.PAPER_DEPTH.items())
           + f"; at batch 1 SuperNeurons {search.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")
     if status_code:
-        print(f"not even ResNet-50 fits {measure.format_size(args.budget)} at batch {args.batch} under any strategy")
+        print(f"not even ResNet-50 fits {measure.format_size(args.budget)} at batch {args.batch} under any strategy"
+              + (f" and {measure.format_size(args.host_budget)} of pinned host memory" if args.host_budget else ""))
     print(f"took {seconds:.1f} s")
     return status_code
 
@@ -590,9 +637,7 @@ def cmd_maxdepth(args) -> int:
 def cmd_paper(args) -> int:
     from snlite import report
 
-    out = os.path.expanduser(args.out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CliError(f"--out {args.out}: exists and is not a folder")
+    out = os.path.expanduser(args.out)  # checked before the work (cli_args.check_outputs)
     status = Status("snlite paper", args.quiet)
 
     def log(text: str) -> None:

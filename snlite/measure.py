@@ -31,11 +31,12 @@ UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, exact: bool = False) -> int:
     """Bytes in ``text``: ``4096``, ``64KiB``, ``500MB``, ``1.5GB``, ``12 GiB`` (case-insensitive;
     KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024; with a unit, a fraction of a byte is
-    dropped: ``2.1GiB`` is 2,254,857,830 bytes). Raises ValueError otherwise, and for a size that is
-    not positive or, without a unit, not a whole number of bytes (``1.5`` is 1.5 bytes: a unit is missing)."""
+    dropped: ``2.1GiB`` is 2,254,857,830 bytes; with ``exact`` (the command line) it is refused, naming
+    the whole numbers either side). Raises ValueError otherwise, and for a size that is not positive
+    or, without a unit, not a whole number of bytes (``1.5`` is 1.5 bytes: a unit is missing)."""
     m = re.fullmatch(r"\s*([-+]?)([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = m[3].lower() if m else None
     if m is None or unit not in UNITS:
@@ -47,6 +48,10 @@ def parse_size(text: str) -> int:
         raise ValueError(f"not a size: {text!r}") from None
     if nbytes <= 0:
         raise ValueError(f"a size must be positive, got {text!r}")
+    if exact and unit not in ("", "b") and nbytes != nbytes.to_integral_value():
+        low = int(nbytes.to_integral_value(rounding="ROUND_FLOOR"))
+        raise ValueError(f"{text!r} is {nbytes.normalize():,f} bytes, not a whole number of bytes; give whole bytes, "
+                         + (f"e.g. {low} or {low + 1}" if low else "at least 1"))
     if unit not in ("", "b"):
         nbytes = nbytes.to_integral_value(rounding="ROUND_FLOOR")
         if nbytes <= 0:

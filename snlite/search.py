@@ -199,7 +199,8 @@ def _estimate(build, config, xs, further: bool = False) -> float | None:
     if not xs:
         return None
     state = "host" if config.optimizer_state == "auto" else config.optimizer_state
-    cfg = config.replace(budget_bytes=None, cache=False, workspace="none", optimizer_state=state)
+    cfg = config.replace(budget_bytes=None, host_budget_bytes=None, cache=False, workspace="none",
+                         optimizer_state=state)
     # with the cache, what must fit is roughly the largest step's working set (everything else can
     # wait on the host); without it, the peak
     need = (lambda t: t.l_peak_bytes) if config.cache else (lambda t: t.peak_bytes)
@@ -223,6 +224,12 @@ def _estimate(build, config, xs, further: bool = False) -> float | None:
 
 
 MAX_BATCH = 1 << 16
+# The deepest ResNet maxdepth probes by default (residual units; depth 9,002): deep enough for every
+# depth the README reports (2,865 units at batch 1 in 12 GiB), shallow enough that a search which
+# still fits there (a large budget) ends in about a minute: each probe places the whole network,
+# 3 * units + 2 layers, and holds its program in this machine's memory (PLANNER_BYTES_PER_UNIT).
+MAX_UNITS = 3_000
+PLANNER_BYTES_PER_UNIT = 128 << 10  # host RAM the planner holds per residual unit (superneurons(), measured ~120 KiB)
 SEARCH = {
     "baseline": MemoryConfig(),
     "liveness": MemoryConfig(liveness=True),
@@ -290,16 +297,21 @@ def _numbered(progress, i: int, n: int):
     return lambda text: progress(f"{text} [strategy {i}/{n}]")
 
 
-def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH, progress=no_progress) -> list[Found]:
-    """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5)."""
-    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes), label, hi=hi,
+def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH, progress=no_progress,
+                    host_budget_bytes: int | None = None) -> list[Found]:
+    """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5); with
+    ``host_budget_bytes`` a batch whose plan needs more pinned host memory does not fit either."""
+    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes), label, hi=hi,
                       progress=_numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 
-def max_depth_table(batch: int, budget_bytes: int, max_units: int = 10_000, progress=no_progress) -> list[Found]:
-    """:func:`max_depth` under every strategy of ``SEARCH`` (the paper's Table 4), sharing the graphs."""
+def max_depth_table(batch: int, budget_bytes: int, max_units: int = MAX_UNITS, progress=no_progress,
+                    host_budget_bytes: int | None = None) -> list[Found]:
+    """:func:`max_depth` under every strategy of ``SEARCH`` (the paper's Table 4), sharing the graphs;
+    with ``host_budget_bytes`` a depth whose plan needs more pinned host memory does not fit either."""
     build = _resnet_builder(batch)
-    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes), label, max_units, build,
+    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes), label,
+                      max_units, build,
                       _numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 

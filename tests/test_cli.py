@@ -1,4 +1,5 @@
 """The `snlite` command: demo, train, --save/--load, --help, and one-line errors."""
+import json
 import os
 import re
 import subprocess
@@ -130,8 +131,6 @@ def test_bad_flags_are_argparse_errors(argv, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--data", "imagenet"], "expected one of synthetic"),
-    (["--data", "mnist"], "expected one of"),
     (["--data", "mnist:/no/such/dir"], "no directory '/no/such/dir'. Expected it to hold train-images-idx3-ubyte"),
     (["--data", "cifar10:/no/such/dir"], "data_batch_1.bin"),
     (["--data", "synthetic", "--batch", "4096"], "larger than the 2048 training images"),
@@ -144,7 +143,7 @@ def test_bad_values_are_one_line_errors(argv, message, capsys):
 
 def test_unknown_net_and_wrong_image_size(capsys):
     code, _, err = run(capsys, "train", "lenett", "--data", "synthetic")
-    assert code == 1 and "unknown model 'lenett'" in err
+    assert code == 2 and "unknown model 'lenett'" in err
     code, _, err = run(capsys, "train", "cifar_resnet20", "--data", "synthetic")
     assert code == 1 and "takes images of (3, 32, 32)" in err
 
@@ -309,6 +308,10 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
     (["train", "lenet", "--budget", "-5GiB"], r"argument --budget: a size must be positive, got '-5GiB'"),
     (["train", "lenet", "--budget", "1.5"], r"argument --budget: '1.5' is not a size in whole bytes \(1.5 B\)"),
     (["train", "lenet", "--budget", "1000"], r"argument --budget: a budget must be at least 1,024 bytes"),
+    (["train", "lenet", "--budget", "1.0000001GiB"], r"argument --budget: '1.0000001GiB' is 1,073,741,931.3741824 "
+     r"bytes, not a whole number of bytes; give whole bytes, e.g. 1073741931 or 1073741932"),
+    (["plan", "lenet", "--host-budget", "2.1GiB"], r"argument --host-budget: '2.1GiB' is 2,254,857,830.4 bytes"),
+    (["maxdepth", "--budget", "0.3KiB"], r"argument --budget: '0.3KiB' is 307.2 bytes, not a whole number"),
     (["train", "lenet", "--batch", "-3"], r"argument --batch: expected a positive integer, got -3"),
 ])
 def test_bad_numbers_are_usage_errors_that_name_the_flag(argv, message, capsys):
@@ -329,3 +332,110 @@ def test_a_closed_pipe_ends_quietly():
     p.stdout.close()  # the reader goes away with most of the JSON unread
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and err == "", err
+
+
+# ---------------------------------------------------------------- planning commands: limits and bad input
+def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
+    """65,536 images are more than grid z holds: the kernels launch them in parts, so the planner's
+    cost estimate (kernels.conv.launch_counts) no longer fails."""
+    code, out, err = run(capsys, "plan", "lenet", "--batch", "65536")
+    assert code == 0 and "lenet, batch 65536" in out and not err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan", "lenett"], "unknown model 'lenett'; known: lenet, alexnet"),
+    (["compare", "resnet51"], "no bottleneck ResNet of depth 51: valid depths are 50, 101"),
+    (["maxbatch", "cifar_resnet21"], "no CIFAR ResNet of depth 21"),
+    (["optimal", "nope"], "unknown model 'nope'"),
+    (["train", "lenett", "--data", "synthetic"], "unknown model 'lenett'"),
+    (["plan", "lenet", "--gpu", "X100"], "--gpu: unknown GPU profile 'X100'; choose one of H200, A100, T4, K40"),
+    (["compare", "lenet", "--gpu", ""], "--gpu: unknown GPU profile ''; choose one of"),
+    (["train", "lenet", "--data", "imagenet"], "--data 'imagenet': expected one of synthetic"),
+    (["train", "lenet", "--data", "mnist"], "--data 'mnist': expected one of"),
+    (["plan", "lenet", "--liveness", "--recompute", "speed", "--recompute-keep", "foo"],
+     "--recompute-keep: recompute_keep names 'foo' (no such layer); it takes cheap layers of lenet: pool1, pool2"),
+    (["train", "lenet", "--data", "synthetic", "--recompute-keep", "foo"], "recompute_keep names 'foo'"),
+])
+def test_a_name_that_names_nothing_is_a_usage_error(argv, message, capsys, monkeypatch):
+    """An unknown network, GPU profile, --data kind or --recompute-keep layer: exit 2, one line naming
+    the value and listing the valid ones, before any planning or training."""
+    from snlite import measure, train
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the bad name was refused")
+    monkeypatch.setattr(measure, "measure", no_work)
+    monkeypatch.setattr(train, "Model", no_work)
+    code, out, err = run(capsys, *argv)
+    assert code == cli.EXIT_USAGE and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_check_a_directory_says_it_is_one(tmp_path, capsys):
+    code, _, err = run(capsys, "check", str(tmp_path))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "a directory, not a program" in err, err
+    assert "no such file" not in err
+
+
+def test_check_and_save_say_an_empty_name_is_empty(capsys):
+    code, _, err = run(capsys, "check", "")
+    assert code == 1 and "an empty file name" in err and "no such file" not in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["plan", "lenet", "--timeline", "{missing}/t.png"], "--timeline {missing}/t.png: its folder does not exist"),
+    (["plan", "lenet", "--plot", "{missing}/p.png"], "--plot {missing}/p.png: its folder does not exist"),
+    (["plan", "lenet", "--budget", "1KiB", "--json", "{missing}/x.json"], "--json {missing}/x.json: its folder"),
+    (["plan", "lenet", "--save-program", "{tmp}"], "--save-program {tmp}: is a folder"),
+    (["compare", "lenet", "--plot", "{file}/p.png"], "--plot {file}/p.png: {file} is a file, not a folder"),
+    (["maxbatch", "lenet", "--json", "{missing}/x.json"], "its folder does not exist"),
+    (["maxdepth", "--json", "{missing}/x.json"], "its folder does not exist"),
+    (["optimal", "lenet", "--plot", "{missing}/f.png"], "its folder does not exist"),
+    (["train", "lenet", "--data", "synthetic", "--streams", "{missing}/s.png"], "--streams {missing}/s.png"),
+    (["train", "lenet", "--data", "synthetic", "--save", "{tmp}"], "--save {tmp}: is a folder"),
+    (["paper", "--quick", "--out", "{file}/sub"], "{file} is a file, so the folder cannot be created"),
+    (["bench", "--out", "{file}/b"], "{file} is a file, so the folder cannot be created"),
+])
+def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, message, tmp_path, capsys, monkeypatch):
+    """Every output path is checked before anything is computed: the planner, the searches, the
+    report, the benchmark and training are all forbidden to start here."""
+    from snlite import bench, gap, measure, report, search
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the output path was checked")
+    for module, names in ((measure, ("measure", "compare", "run")), (search, ("max_batch_table", "max_depth_table",
+                          "explain_budget")), (report, ("paper_report",)), (bench, ("main",)), (gap, ("gap_rows",)),
+                          (cli, ("load_data",))):
+        for name in names:
+            monkeypatch.setattr(module, name, no_work)
+    (tmp_path / "f").write_text("")
+    fill = {"missing": str(tmp_path / "no" / "such"), "tmp": str(tmp_path), "file": str(tmp_path / "f")}
+    code, out, err = run(capsys, *[a.format(**fill) for a in argv])
+    assert code == cli.EXIT_ERROR and len(err.strip().splitlines()) == 1 and message.format(**fill) in err, err
+
+
+def test_maxdepth_stops_at_a_stated_ceiling_and_says_why(capsys, monkeypatch):
+    """A budget nothing fills (200GiB at batch 1) used to probe up to 10,000 residual units (minutes,
+    silent with --quiet); the search stops at a ceiling, lower where planning would need more of this
+    machine's memory than is free, and says which and how to raise it. The default still reaches every
+    depth the README reports (2,865 units at batch 1 in 12GiB)."""
+    from snlite import cli_plan, search
+
+    assert 2_865 < search.MAX_UNITS <= 3_000
+    monkeypatch.setattr(cli_plan, "free_memory_bytes", lambda: 60 * search.PLANNER_BYTES_PER_UNIT)
+    code, out, err = run(capsys, "maxdepth", "--batch", "1", "--budget", "200GiB", "--quiet")
+    assert code == 0 and not err, err
+    assert re.search(r"^superneurons +>= 182 +60 ", out, re.M), out
+    assert ">=: still fits at the ceiling 182 (60 residual units; planning a deeper ResNet would hold more than the " \
+           "7.5 MiB of this machine's memory that is free, about 128.0 KiB a residual unit); " \
+           "raise it with --max-units" in out
+
+
+def test_maxbatch_says_when_it_stopped_at_its_ceiling_and_takes_a_host_budget(capsys):
+    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "12GiB", "--max-batch", "64", "--quiet")
+    assert code == 0 and re.search(r"^superneurons +>= 64 ", out, re.M), err
+    assert ">=: still fits at the ceiling, batch 64 (--max-batch, default 65,536: the search probes no further); " \
+           "raise it with --max-batch" in out
+    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "16MiB", "--host-budget", "300KiB", "--max-batch",
+                         "4096", "--json", "-")
+    rows = {r["strategy"]: r for r in json.loads(out)["rows"]}  # without it: + offload 75 (3.5 MiB on the host)
+    assert code == 0 and all(r["batch"] and r["host_peak_bytes"] <= 300 << 10 for r in rows.values()), rows
+    assert rows["+ offload"]["batch"] < 75

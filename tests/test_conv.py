@@ -5,6 +5,8 @@ file checks what is specific to convolution: the algorithm (direct or im2col), t
 and the gemm version must never change a single bit of the result, and ``workspace_bytes`` is
 exactly what the launcher asks for.
 """
+from collections import Counter
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -174,6 +176,54 @@ def _assert_split_bit_identical(rng, xs, ws, stride, padding, gemm_block):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=label)
         first = got if first is None else first
         assert np.array_equal(got.view(np.uint32), first.view(np.uint32)), f"{label} differs from direct v2"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_batch_over_grid_z_is_launched_in_parts_with_the_same_bits(rng, monkeypatch, op):
+    """A launch whose grid z holds images (direct forward v2, backward_filter v3, im2col's batched
+    gemm) takes at most MAX_GRID_Z of them (made 2 here): more go in parts, in order, the output
+    bit for bit that of one launch, and launches / launch_counts count every part."""
+    xs, ws, stride, padding = (5, 2, 5, 4), (3, 2, 3, 2), 2, (1, 0)
+    args = _inputs(rng, op, xs, ws, stride, padding)
+    runs = [("direct", "v2" if op != "backward_data" else "v1", 1), ("im2col", "v1", 5), ("im2col", "v1", 4)]
+    if op == "backward_filter":
+        runs += [("direct", "v3", 5), ("direct", "v3", 4)]
+
+    def go():
+        outs = []
+        for algo, version, chunk in runs:
+            need = conv.workspace_bytes(op, algo, xs, ws, stride, padding, chunk, version) // 4
+            dev = [cuda.to_device(a) for a in args]
+            work = cuda.to_device(np.full(need + 1, np.nan, np.float32))
+            getattr(conv, f"conv2d_{op}")(*dev, stride=stride, padding=padding, algo=algo, workspace=work,
+                                          chunk=chunk, version=version, block=(4, 4) if algo == "im2col" else None)
+            outs.append(dev[2].copy_to_host())
+        return outs
+
+    whole = go()
+    monkeypatch.setattr(conv, "MAX_GRID_Z", 2)
+    monkeypatch.setattr(gemm, "MAX_GRID_Z", 2)
+    for (algo, version, chunk), got, want in zip(runs, go(), whole):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{algo} {version} chunk {chunk}"
+        shapes = (args[_X_W[op][0]].shape, args[_X_W[op][1]].shape)
+        launched = conv.launches(op, algo, *shapes, stride, padding, chunk, version, (4, 4))
+        assert max(launch.grid[2] for launch in launched) <= 2
+        counted = conv.launch_counts(op, algo, *shapes, stride, padding, chunk, version, (4, 4))
+        assert Counter(launched) == Counter(dict(counted))
+    ref = args[2].copy()
+    getattr(conv, f"conv2d_{op}_ref")(*[a.copy() for a in args[:2]], ref, stride=stride, padding=padding)
+    np.testing.assert_allclose(whole[0], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_batch_over_grid_z_is_counted_in_parts():
+    """launch_counts (the planner's cost estimate) counts every part of a chunk wider than grid z."""
+    for op, algo, chunk, version in (("forward", "im2col", 70_000, None), ("forward", "direct", 1, None),
+                                     ("backward_data", "im2col", 200_000, None),
+                                     ("backward_filter", "direct", 70_000, "v3")):
+        launched = conv.launches(op, algo, (270_000, 1, 28, 28), (20, 1, 5, 5), 1, 0, chunk, version)
+        assert max(launch.grid[2] for launch in launched) == gemm.MAX_GRID_Z
+        assert Counter(launched) == Counter(dict(conv.launch_counts(op, algo, (270_000, 1, 28, 28), (20, 1, 5, 5),
+                                                                    1, 0, chunk, version)))
 
 
 def test_split_backward_filter_defaults_and_workspace(rng):

@@ -130,6 +130,47 @@ def test_batched_geometry_is_one_launch_with_grid_z_the_batch():
     assert gemm_geometry("v2", 33, 17, 4, block=(8, 16)).grid == (3, 3, 1)
 
 
+@pytest.mark.parametrize("shared", ["a", None])
+def test_a_batch_over_grid_z_is_launched_in_parts_with_the_same_bits(rng, monkeypatch, shared):
+    """More matrices than grid z holds (MAX_GRID_Z, made 2 here) go in launches of at most that many,
+    each matrix bit for bit what one launch of the whole batch gives; reduce=True stays one launch
+    (grid z 1: each block loops over the batch), its in-order sum unchanged."""
+    batch, m, n, k = 5, 7, 5, 9
+    a = rng.standard_normal((1 if shared else batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    c = rng.standard_normal((batch, m, n)).astype(np.float32)
+    runs = [("v1", (4, 4)), ("v3", (4, 4, 2, 2))]
+    whole = {v: _run_batched(v, a, b, c, blk, alpha=0.5, beta=2.0) for v, blk in runs}
+    summed = {v: _run_batched(v, a, b, c[:1], blk, beta=2.0, reduce=True) for v, blk in runs}
+    monkeypatch.setattr(gemm_family, "MAX_GRID_Z", 2)
+    for version, block in runs:
+        got = _run_batched(version, a, b, c, block, alpha=0.5, beta=2.0)
+        assert np.array_equal(got.view(np.uint32), whole[version].view(np.uint32)), f"{version}: parts differ"
+        want = c.copy()
+        for z in range(batch):
+            gemm_ref(a[z if a.shape[0] > 1 else 0], b[z], want[z], alpha=0.5, beta=2.0)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        got = _run_batched(version, a, b, c[:1], block, beta=2.0, reduce=True)
+        assert np.array_equal(got.view(np.uint32), summed[version].view(np.uint32)), f"{version}: reduce differs"
+    d = [cuda.to_device(x) for x in (a, b, c)]
+    with record_launches() as launched:
+        gemm_batched(*d, version="v3", block=(4, 4, 2, 2))
+        gemm_batched(d[0], d[1], d[2][:1], version="v3", block=(4, 4, 2, 2), reduce=True)
+    assert [launch.grid[2] for launch in launched] == [2, 2, 1, 1]
+    assert sum(launch.flops for launch in launched[:3]) == batch * gemm_flops(m, n, k)
+
+
+def test_a_grid_beyond_cuda_limits_is_refused_before_launch():
+    from kernels._common import MAX_GRID
+
+    with pytest.raises(ValueError, match="65,536 blocks in z, more than CUDA's 65,535"):
+        gemm_family._gemm_v1[(1, 1, MAX_GRID[2] + 1), (4, 4)]
+    geometry = gemm_geometry("v1", 4, 4, 4, MAX_GRID[2] + 1, block=(4, 4))
+    d = [cuda.to_device(np.zeros(s, np.float32)) for s in ((1, 4, 4), (1, 4, 4), (1, 4, 4))]
+    with pytest.raises(ValueError, match="blocks in z"), record_launches():
+        gemm_family._gemm_v1.launch(geometry, 0, *d, False, False, np.float32(1), np.float32(0), False, False)
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: gemm_batched(_dev(2, 3, 4), _dev(3, 4, 2), _dev(3, 3, 2)),
      "gemm_batched a: 2 matrices, but the batch is 3"),
