@@ -44,7 +44,7 @@ from snlite.anomaly import NonFiniteError, describe
 from snlite.device import DEVICE_NAMES
 from snlite.placement import BudgetError
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
-                             EXIT_OK, EXIT_USAGE, CliError, UsageError, _bytes, _float_in, _positive_int, _seed,
+                             EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in, _positive_int, _seed,
                              add_memory_flags, check_keep, check_names, check_outputs, join_negative_values,
                              memory_config)
 from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("net", metavar="NET", help="a network of the model zoo (snlite.models): lenet (any image "
                        "size), cifar_resnet20 (3x32x32), alexnet, vgg16, resnet50, ... (ImageNet sizes)")
     train.add_argument("--data", default="digits", help=DATA_HELP + " (default digits)")
-    train.add_argument("--batch", type=_positive_int, default=32, help="images per step (default 32)")
+    train.add_argument("--batch", type=_batch, default=32, help="images per step (default 32)")
     train.add_argument("--epochs", type=_positive_int, default=6, help="passes over the training set (default 6)")
     train.add_argument("--lr", type=_float_in(0.0, None, low_open=True, what="a learning rate > 0", float32=True),
                        default=0.05,

@@ -170,6 +170,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MAX_BATCH_ARG = 1 << 20  # images per step a command takes: past this, one launch outgrows CUDA's grid
+
+
+def _batch(text: str) -> int:
+    """A batch size: a positive integer of at most :data:`MAX_BATCH_ARG` (1,048,576). Larger batches
+    need kernel launches wider than CUDA's grids (AlexNet's im2col already at this one) and plans
+    that take minutes; no GPU holds one anyway."""
+    value = _positive_int(text)
+    if value > MAX_BATCH_ARG:
+        raise argparse.ArgumentTypeError(f"expected a batch of at most {MAX_BATCH_ARG:,d} images, got {value:,d}")
+    return value
+
+
 def _float_in(low, high, low_open=False, what="a number", float32=False):
     """An argparse type: a finite number in [low, high) (low excluded with ``low_open``); with
     ``float32``, in that range in float32 too (SGD's hyper-parameters: 1e39 is inf there, 1e-50 is 0,

@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 from kernels import launches as L
-from snlite.cli_args import EXIT_OK, CliError, _budget, _float_in, _positive_int
+from snlite.cli_args import EXIT_OK, CliError, _batch, _budget, _float_in, _positive_int
 from snlite.device import DEVICE_NAMES
 
 
 def _add_network(p, examples: str) -> None:
     p.add_argument("net", metavar="NET", help=f"a model of the zoo (snlite.models), e.g. {examples}")
-    p.add_argument("--batch", type=_positive_int, help="batch size (default: the model's)")
+    p.add_argument("--batch", type=_batch, help="batch size (default: the model's)")
 
 
 def _network(args):

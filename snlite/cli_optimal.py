@@ -6,7 +6,7 @@ import argparse
 import time
 
 from snlite import measure
-from snlite.cli_args import Status, _budget, _positive_int, add_quiet_flag
+from snlite.cli_args import Status, _batch, _budget, add_quiet_flag
 
 
 def _seconds(text: str) -> float:
@@ -31,7 +31,7 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
                                    "CIFAR ResNet-20's least peak in seconds, its FLOP-limited questions not); "
                                    "a larger one stops at --time-limit with the best plan found and its gap.")
     p.add_argument("net", metavar="NET", help=net_help)
-    p.add_argument("--batch", type=_positive_int, default=None, help=batch_help)
+    p.add_argument("--batch", type=_batch, default=None, help=batch_help)
     p.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="the optimum row: the fewest extra FLOPs with a peak of at most SIZE (default: the least "
                         "peak); the peak in --count, not the arena, which fragmentation can make larger")

@@ -12,8 +12,8 @@ import numpy as np
 
 from snlite import measure, search, timing
 
-from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _budget, _positive_int, _size, add_memory_flags,
-                             add_quiet_flag, check_keep, check_output_file, memory_config)
+from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _positive_int, _size,
+                             add_memory_flags, add_quiet_flag, check_keep, check_output_file, memory_config)
 
 PAPER_GPU = "12 GB K40"
 
@@ -38,7 +38,7 @@ def add_planning_commands(sub) -> None:
                                       "transfers and cache, and each conv step's algorithm. With a --budget too "
                                       "small: why, and the changes that would make it fit, ranked (exit 3).")
     plan.add_argument("net", metavar="NET", help=net_help)
-    plan.add_argument("--batch", type=_positive_int, default=None, help=batch_help)
+    plan.add_argument("--batch", type=_batch, default=None, help=batch_help)
     plan.add_argument("--steps", action="store_true", help="also print the per-step table (bytes by category)")
     plan.add_argument("--top", type=_positive_int, default=10, help="live tensors shown at the peak (default 10)")
     plan.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
@@ -71,7 +71,7 @@ def add_planning_commands(sub) -> None:
                                          "liveness + offload), and sqrt(N) checkpointing (Chen et al. 2016) as "
                                          "a reference.")
     compare.add_argument("net", metavar="NET", help=net_help)
-    compare.add_argument("--batch", type=_positive_int, default=None, help=batch_help)
+    compare.add_argument("--batch", type=_batch, default=None, help=batch_help)
     compare.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                          help="run every strategy under this budget and say which fit (the cache only moves "
                               "data when memory runs short)")
@@ -93,10 +93,10 @@ def add_planning_commands(sub) -> None:
                                        f"({PAPER_GPU}) are shown alongside.")
         if name == "maxbatch":
             p.add_argument("net", metavar="NET", help=net_help)
-            p.add_argument("--max-batch", type=_positive_int, default=search.MAX_BATCH,
+            p.add_argument("--max-batch", type=_batch, default=search.MAX_BATCH,
                            help=f"the ceiling: search no further (default {search.MAX_BATCH:,d})")
         else:
-            p.add_argument("--batch", type=_positive_int, default=16, help="images per step (default 16, the paper's)")
+            p.add_argument("--batch", type=_batch, default=16, help="images per step (default 16, the paper's)")
             p.add_argument("--max-units", type=_max_units, default=search.MAX_UNITS,
                            help=f"the ceiling: search no deeper than this many residual units (at least "
                                 f"{search.MIN_UNITS}, ResNet-50's; default {search.MAX_UNITS:,d}: depth "
@@ -132,7 +132,7 @@ def add_planning_commands(sub) -> None:
                                        "on the CPU (python -m snlite.bench deep).")
     bench.add_argument("--units", type=_positive_int, default=2500,
                        help="residual units of the planned ResNet (default 2500: the paper's deepest)")
-    bench.add_argument("--batch", type=_positive_int, default=1, help="its batch (default 1)")
+    bench.add_argument("--batch", type=_batch, default=1, help="its batch (default 1)")
     bench.add_argument("--out", default="bench-out", metavar="DIR", help="where the GPU benchmark writes bench.json")
     bench.add_argument("--quick", action="store_true", help="the GPU benchmark's smaller sizes")
 

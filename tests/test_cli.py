@@ -313,6 +313,10 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
     (["plan", "lenet", "--host-budget", "2.1GiB"], r"argument --host-budget: '2.1GiB' is 2,254,857,830.4 bytes"),
     (["maxdepth", "--budget", "0.3KiB"], r"argument --budget: '0.3KiB' is 307.2 bytes, not a whole number"),
     (["train", "lenet", "--batch", "-3"], r"argument --batch: expected a positive integer, got -3"),
+    # a batch no grid launches (plan ran without end at 1e20, one launch per 65,535 images)
+    (["plan", "lenet", "--batch", "99999999999999999999"], r"argument --batch: expected a batch of at most "
+                                                            r"1,048,576 images, got 99,999,999,999,999,999,999"),
+    (["maxbatch", "lenet", "--max-batch", "2000000"], r"argument --max-batch: expected a batch of at most 1,048,576"),
 ])
 def test_bad_numbers_are_usage_errors_that_name_the_flag(argv, message, capsys):
     """Exit status 2, one line naming the flag (--budget -5GiB was 'expected one argument', --seed -1
