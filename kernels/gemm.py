@@ -403,12 +403,11 @@ def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, 
     kernel = _kernel(version, *_block(version, block), trans_a, trans_b)
     scalars = (np.float32(alpha), np.float32(beta), bool(beta != 0), bool(reduce))
     flags = () if version == "v3" else (bool(trans_a), bool(trans_b))
-    if reduce:  # grid z is 1 (each block loops over the whole batch): one launch, however many matrices
+    if reduce or batch <= MAX_GRID_Z:  # reduce: grid z is 1 (each block loops over the whole batch)
         kernel.launch(geometry, stream, a, b, c, *flags, *scalars)
         return
     for z0, nz in grid_z_parts(batch, MAX_GRID_Z):  # each matrix is independent: the parts change no bits
-        part = geometry if nz == batch else gemm_geometry(version, m, n, k, nz, trans_a=trans_a, trans_b=trans_b,
-                                                          beta=beta, block=block)
+        part = gemm_geometry(version, m, n, k, nz, trans_a=trans_a, trans_b=trans_b, beta=beta, block=block)
         kernel.launch(part, stream, _matrices(a, z0, nz), _matrices(b, z0, nz), c[z0:z0 + nz], *flags, *scalars)
 
 

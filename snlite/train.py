@@ -209,16 +209,16 @@ class Model:
         return (loss, logits) if return_logits else loss
 
     def predict(self, x) -> np.ndarray:
-        """Logits in inference mode, for one or more samples (run in batches of the graph's N).
+        """Logits in inference mode, for any number of samples (run in batches of the graph's N).
         A NaN or an infinity in ``x`` or in the weights shows in the logits, as in PyTorch."""
         self._needs_data("predict")
-        x = _samples(self.graph, x, "predict")
+        x = _samples(self.graph, x, "predict", empty_ok=True)  # no samples: no logits, as in PyTorch
         n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
         out = []
         for start in range(0, len(x), n):
             results = self._run("infer", {"data": _padded(x[start:start + n], n, shape)})
             out.append(results[self.logits][:len(x[start:start + n])])
-        return np.concatenate(out)
+        return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
 
     def evaluate(self, x, labels) -> float:
         """Accuracy of ``predict`` on (x, labels): one integer label in [0, classes) per sample.
@@ -366,13 +366,13 @@ def _numbers(x, who: str) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def _samples(graph, x, who: str) -> np.ndarray:
-    """Any number of samples of the graph's sample shape, as float32."""
+def _samples(graph, x, who: str, empty_ok: bool = False) -> np.ndarray:
+    """Samples of the graph's sample shape, as float32: at least one unless ``empty_ok``."""
     a = _numbers(x, who)
     shape = graph.input_shape[1:]
     if a.shape[1:] != shape or a.ndim != len(graph.input_shape):
         raise ValueError(f"{who}: expected samples of shape (any, {', '.join(map(str, shape))}), got shape {a.shape}")
-    if not len(a):
+    if not len(a) and not empty_ok:
         raise ValueError(f"{who}: got no samples (shape {a.shape}); pass at least one sample of shape {shape}")
     return a
 
