@@ -5,6 +5,7 @@ import numpy as np
 
 from snlite.config import MemoryConfig
 from snlite.graph import Graph
+from snlite.train import Model
 
 FLAGS = dict(liveness=(False, True), offload=(False, True), cache=(False, True), update_in_backward=(False, True),
              recompute=("off", "speed", "memory", "cost_aware"), workspace=("none", "fastest", "dynamic"))
@@ -35,3 +36,15 @@ def data_for(g, seed=1):
     rng = np.random.default_rng(seed)
     return (rng.standard_normal(g.input_shape).astype(np.float32),
             rng.integers(0, g.num_classes, g.input_shape[0]).astype(np.int32))
+
+
+def train_steps(g, config, device, program=None, steps=2):
+    """``steps`` SGD steps of ``g`` under ``config`` on ``device`` (a fixed batch, seed 4), with
+    ``program`` in place of the Model's own "grads" program if given: (losses, parameters), for the
+    mutation and edit tests to compare with a baseline run bit for bit."""
+    x, labels = data_for(g)
+    model = Model(g, config, device=device, seed=4)
+    if program is not None:
+        model.programs["grads"] = program
+    losses = [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(steps)]
+    return losses, model.params

@@ -4,23 +4,13 @@ the right numbers under the old rule (copy_out first) and wrong ones under the o
 import numpy as np
 import pytest
 
-from nets import data_for, mixed_net
+from nets import mixed_net, train_steps
 from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.anomaly import NonFiniteError
 from snlite.checker import find_races
 from snlite.config import MemoryConfig
 from snlite.placement import place, simulate
 from snlite.program import COPY_IN, COPY_OUT, Copy, Wait
-from snlite.train import Model
-
-
-def _train(g, config, device, program=None, steps=2):
-    x, labels = data_for(g)
-    model = Model(g, config, device=device, seed=4)
-    if program is not None:
-        model.programs["grads"] = program
-    losses = [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(steps)]
-    return losses, model.params
 
 
 def _right(run, base) -> bool:
@@ -47,16 +37,16 @@ def test_an_eviction_and_a_fetch_that_race_give_wrong_numbers_only_when_the_fetc
     relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
     config = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
     program = place(g, config, "grads")
-    base = _train(g, config, "host")
+    base = train_steps(g, config, "host")
     targets = [i for i, ins in enumerate(program.body) if type(ins) is Wait and _evict_fetch_race(program.without(i))]
     assert targets, "the tight cache must evict and fetch the same bytes behind a wait"
     hidden = []
     for i in targets:
         mutant = program.without(i)
-        if _right(_train(g, config, AdversarialDevice("late", copies="out_first"), mutant), base):
+        if _right(train_steps(g, config, AdversarialDevice("late", copies="out_first"), mutant), base):
             hidden.append(i)
         try:
-            wrong = not _right(_train(g, config, AdversarialDevice("late", copies="in_first"), mutant), base)
+            wrong = not _right(train_steps(g, config, AdversarialDevice("late", copies="in_first"), mutant), base)
         except (ValueError, FloatingPointError, NonFiniteError):  # NaN bytes fetched: also a wrong result
             wrong = True
         assert wrong, f"without #{i} ({program.body[i]}) the fetch ran first and still gave the right numbers"
@@ -67,9 +57,9 @@ def test_every_tie_rule_trains_a_correct_program_bit_identically():
     g = mixed_net(n=4)
     relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
     config = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
-    base = _train(g, MemoryConfig(), "host")
+    base = train_steps(g, MemoryConfig(), "host")
     for copies in COPY_TIES:
-        assert _right(_train(g, config, AdversarialDevice("late", seed=1, copies=copies)), base), copies
+        assert _right(train_steps(g, config, AdversarialDevice("late", seed=1, copies=copies)), base), copies
 
 
 def test_an_unknown_tie_rule_is_refused():

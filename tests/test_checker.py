@@ -4,7 +4,7 @@ release and prefetch races into wrong numbers."""
 import numpy as np
 import pytest
 
-from nets import data_for, mixed_net
+from nets import mixed_net, train_steps
 from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.checker import ProgramError, RaceError, check, check_together, find_races, races_by_definition, \
     together
@@ -128,15 +128,6 @@ def test_every_removed_wait_is_caught_exactly_when_it_creates_a_race(name):
     assert needed and needed <= caught, f"{name}: removing a {needed - caught} wait went unnoticed"
 
 
-def _train(g, config, device, program=None, steps=2):
-    x, labels = data_for(g)
-    model = Model(g, config, device=device, seed=4)
-    if program is not None:
-        model.programs["grads"] = program
-    losses = [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(steps)]
-    return losses, model.params
-
-
 @pytest.mark.parametrize("name", ["eager offload", "cache under a tight budget"])
 def test_the_adversarial_device_turns_missing_release_and_prefetch_waits_into_wrong_numbers(name):
     """Every release or prefetch wait whose removal lets two accesses of the bytes race (not only a
@@ -144,7 +135,7 @@ def test_the_adversarial_device_turns_missing_release_and_prefetch_waits_into_wr
     with the copy streams' ties broken either way or at random (test_adversary shows why both)."""
     g, config = REPRESENTATIVE[name]()
     program = place(g, config, "grads")  # what Model.step runs before its SGD update
-    base = _train(g, config, "host")
+    base = train_steps(g, config, "host")
     targets = [i for i, ins in enumerate(program.body) if type(ins) is Wait and ins.why in ("release", "landed")
                and _after_transfer(program, ins) and any(r.on_data for r in find_races(program.without(i)))]
     assert {program.body[i].why for i in targets} == {"release", "landed"}
@@ -153,7 +144,7 @@ def test_the_adversarial_device_turns_missing_release_and_prefetch_waits_into_wr
         changed = []
         for order, copies in [(o, c) for o in ("late", "early") for c in COPY_TIES]:
             try:
-                run = _train(g, config, AdversarialDevice(order, seed=i, copies=copies), mutant)
+                run = train_steps(g, config, AdversarialDevice(order, seed=i, copies=copies), mutant)
             except (ValueError, FloatingPointError) as e:  # NaN labels or shapes: also a wrong result
                 changed.append(f"{order}, {copies}: {type(e).__name__}")
                 continue

@@ -14,13 +14,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from nets import data_for, mixed_net
+from nets import mixed_net, train_steps
 from snlite.adversary import AdversarialDevice
 from snlite.checker import ProgramError, RaceError, check
 from snlite.config import MemoryConfig
 from snlite.placement import place
 from snlite.program import Program
-from snlite.train import Model
 
 # 40 edits of each program in the suite (the same ones every run); SNLITE_EDITS=2000 for a long hunt
 SETTINGS = settings(max_examples=int(os.environ.get("SNLITE_EDITS", 40)), deadline=None, derandomize=True,
@@ -41,22 +40,13 @@ def _case(name):
 CASES = {name: _case(name) for name in ("eager offload", "superneurons", "raw allocator")}
 
 
-def _train(g, config, device, program=None, steps=2):
-    x, labels = data_for(g)
-    model = Model(g, config, device=device, seed=4)
-    if program is not None:
-        model.programs["grads"] = program
-    losses = [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(steps)]
-    return losses, model.params
-
-
 BASE = {}
 
 
 def _base(name):
     if name not in BASE:
         g, config = CASES[name]
-        BASE[name] = place(g, config, "grads").to_json(), _train(g, config, "host")
+        BASE[name] = place(g, config, "grads").to_json(), train_steps(g, config, "host")
     return BASE[name]
 
 
@@ -104,7 +94,7 @@ def test_an_edited_program_is_refused_or_trains_as_the_original(name):
             return
         event("accepted")
         for order, seed in (("late", 0), ("early", 0), ("random", 1)):
-            run = _train(g, config, AdversarialDevice(order, seed=seed), mutant)
+            run = train_steps(g, config, AdversarialDevice(order, seed=seed), mutant)
             assert run[0] == base[0], f"{what}: accepted, but the losses differ in the {order} order"
             for n, v in base[1].items():
                 assert np.array_equal(run[1][n], v), f"{what}: accepted, but {n} differs in the {order} order"
