@@ -91,7 +91,7 @@ def check_dataflow(program, iterations: int = 2) -> None:
     for it in range(iterations):
         held, updated = set(lasting), set()
         for i, ins in enumerate(program.body):
-            where = f"instruction {i} ({ins})" + (f", iteration {it + 1}" if it else "")
+            where = f"body #{i} ({ins})" + (f", iteration {it + 1}" if it else "")
             _step(ins, held, slab, kind, updated, where)
         at = f"at the end of iteration {it + 1}"
         _check_results(program, at)

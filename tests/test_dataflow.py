@@ -26,7 +26,7 @@ H2D = Copy("x", "prefetch", "slab", 0, "arena", 0, 1024, "copy_in")
 
 def test_a_kernel_reads_only_what_was_written_before_it():
     check_dataflow(tiny(ALLOC_X, ALLOC_Y, WRITE_X, READ_X))
-    with pytest.raises(DataflowError, match=r"instruction 2 \(launch b forward.*reads x, whose value was never"):
+    with pytest.raises(DataflowError, match=r"body #2 \(launch b forward.*reads x, whose value was never"):
         check_dataflow(tiny(ALLOC_X, ALLOC_Y, READ_X, WRITE_X))
     with pytest.raises(DataflowError, match="reads x"):  # the writer dropped
         check_dataflow(tiny(ALLOC_X, ALLOC_Y, READ_X))
