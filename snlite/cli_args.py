@@ -3,6 +3,7 @@ the memory flags (one flag per MemoryConfig field, read in one place) and progre
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -16,7 +17,8 @@ from snlite.graph import check_number
 
 # Exit statuses (the README's table): 0 done; 1 any other error (one line on stderr); 2 a usage
 # error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network
-# does not fit its --budget; 130 interrupted (Ctrl-C); 141 the reader of standard output went away (snlite plan --json | head), said nothing.
+# does not fit its --budget; 130 interrupted (Ctrl-C); 141 the reader of standard output went away
+# (snlite plan --json | head), said nothing.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 130, 141
 
 
@@ -64,8 +66,6 @@ def check_outputs(args) -> None:
 
 def check_output_file(flag: str, target: str) -> None:
     """CliError unless a file can be written at ``target`` (a folder that exists and is writable)."""
-    import os
-
     if not target.strip():
         raise CliError(f"{flag} {target!r}: an empty file name; give the file to write")
     path = os.path.abspath(os.path.expanduser(target))
@@ -82,8 +82,6 @@ def check_output_file(flag: str, target: str) -> None:
 
 def check_output_folder(flag: str, target: str) -> None:
     """CliError unless ``target`` is a writable folder or can be created as one."""
-    import os
-
     if not target.strip():
         raise CliError(f"{flag} {target!r}: an empty folder name; give one, e.g. {flag} out")
     path = os.path.abspath(os.path.expanduser(target))

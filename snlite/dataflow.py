@@ -88,13 +88,13 @@ def check_dataflow(program, iterations: int = 2) -> None:
     if program.mode == "update":  # it reads the gradients (and the loss) a grads program left
         lasting |= {ins.tensor for ins in program.setup if ins.tensor in grads}
         lasting |= {n for n, k in kind.items() if n.endswith(".loss")}
+    _check_results(program)
     for it in range(iterations):
         held, updated = set(lasting), set()
         for i, ins in enumerate(program.body):
             where = f"body #{i} ({ins})" + (f", iteration {it + 1}" if it else "")
             _step(ins, held, slab, kind, updated, where)
         at = f"at the end of iteration {it + 1}"
-        _check_results(program, at)
         stale = [t for o, t in kept.items() if slab.get(o) != t]
         if stale:
             raise DataflowError(f"{at}: the pinned slot of {stale[0]} does not hold its new value (the copy back to "
@@ -109,16 +109,17 @@ def check_dataflow(program, iterations: int = 2) -> None:
                                 f"computes it is missing)")
 
 
-def _check_results(program, at: str) -> None:
-    """Every result copied to the host is read there, and a training program returns its loss."""
+def _check_results(program) -> None:
+    """Every result copied to the host is read there, and a training program returns its loss (the
+    same in every iteration: checked once)."""
     sent = [i.tensor for i in program.body if type(i) is Copy and i.why == "result"]
     read = {i.tensor for i in program.body if type(i) is HostRead}
     unread = [t for t in sent if t not in read]
     if unread:
-        raise DataflowError(f"{at}: {unread[0]} is copied to the host as a result, but the host never reads it")
+        raise DataflowError(f"{unread[0]} is copied to the host as a result, but the host never reads it")
     losses = [t for t in program.tensors if t.endswith(".loss")]
     if program.mode in ("train", "grads") and losses and not read.intersection(losses):
-        raise DataflowError(f"{at}: the {program.mode} program never gives the host its loss ({losses[0]})")
+        raise DataflowError(f"the {program.mode} program never gives the host its loss ({losses[0]})")
 
 
 def _need(name: str, held: set, what: str, where: str) -> None:

@@ -83,7 +83,8 @@ def test_the_input_layer_names_the_batch_but_its_copy_writes_it():
 
 WEIGHTS = {"w": ((256,), "float32", "weight"), "w.grad": ((256,), "float32", "weight_grad"),
            "w.momentum": ((256,), "float32", "optimizer")}
-SETUP = (Alloc("w", "arena", 4096, 1024), Alloc("w.grad", "arena", 5120, 1024), Alloc("w.momentum", "arena", 6144, 1024))
+SETUP = (Alloc("w", "arena", 4096, 1024), Alloc("w.grad", "arena", 5120, 1024),
+         Alloc("w.momentum", "arena", 6144, 1024))
 FORWARD = Launch(0, 0, "a", "forward", "compute", ("w",), ("x",))
 BACKWARD = Launch(1, 1, "a", "backward", "compute", ("x", "w"), ("w.grad",))
 UPDATE = Launch(2, 1, "a", "update", "compute", ("w", "w.grad", "w.momentum"), ("w", "w.momentum"))
@@ -131,8 +132,10 @@ def test_the_planners_programs_pass_and_every_dropped_kernel_or_copy_is_refused(
 
 
 def test_momentum_kept_on_the_host_must_go_back_after_its_update():
-    on_host = (Alloc("w", "arena", 4096, 1024), Alloc("w.grad", "arena", 5120, 1024), Alloc("w.momentum", "slab", 0, 1024))
-    fetch = (Alloc("w.momentum", "arena", 6144, 1024), Copy("w.momentum", "state", "slab", 0, "arena", 6144, 1024, "copy_in"))
+    on_host = (Alloc("w", "arena", 4096, 1024), Alloc("w.grad", "arena", 5120, 1024),
+               Alloc("w.momentum", "slab", 0, 1024))
+    fetch = (Alloc("w.momentum", "arena", 6144, 1024),
+             Copy("w.momentum", "state", "slab", 0, "arena", 6144, 1024, "copy_in"))
     back = Copy("w.momentum", "state", "arena", 6144, "slab", 0, 1024, "copy_out")
     body = (ALLOC_X, FORWARD, BACKWARD, *fetch, UPDATE, back, Free("w.momentum", "arena", 6144, 1024))
     check_dataflow(tiny(*body, mode="train", setup=on_host, extra=WEIGHTS))
