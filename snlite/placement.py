@@ -608,7 +608,7 @@ class _Placer:
         for name in planned.prefetch if train else ():
             self._start_prefetch(tensors[name], op.step, "prefetch")
         touched = []
-        for name in {*op.reads, *op.writes}:
+        for name in dict.fromkeys((*op.reads, *op.writes)):  # in order: the program must not depend on hashing
             if name not in persistent or name in self.host_state:  # weights never move: nothing to lock
                 t = tensors.get(name) or self._tensor(name)
                 t.locked = True

@@ -131,7 +131,7 @@ def choose_strategies(graph, strategy: str, persistent, keep=()) -> dict[str, st
     # BEGIN ASSIGNMENT 5: cost-aware recomputation
     roots = segments(graph, keep)
     if strategy in ("speed", "memory"):
-        return {r: strategy for r in set(roots.values())}
+        return {r: strategy for r in dict.fromkeys(roots.values())}
     steps, tensors = graph.steps(), graph.tensors()
     sizes = step_bytes(steps, tensors, persistent)
     l_peak = max(sizes)

@@ -171,7 +171,7 @@ class LivenessStage(Stage):
                      for i, ts in liveness.frees_after(ops, persistent).items()}
             self.summary = f"{sum(map(len, frees.values()))} frees after last uses"
             return frees
-        early = {t for op in ops for t in (*op.reads, *op.writes) if base_name(t) in dropped}
+        early = dict.fromkeys(t for op in ops for t in (*op.reads, *op.writes) if base_name(t) in dropped)
         _, last = liveness.first_and_last_use(ops, persistent)
         frees: dict[int, list[str]] = {}
         for t in early:
