@@ -13,7 +13,8 @@ from snlite.config import MemoryConfig
 from snlite.device import (ALIGNMENT_BYTES, CudaDevice, Device, HostDevice, MetaArray, MetaDevice, align_up,
                            get_device, nbytes_of)
 from snlite.graph import Graph, Node, Step, TensorSpec
-from snlite.placement import BudgetError, place, simulate
+from snlite.errors import BudgetError
+from snlite.pipeline import place, simulate
 from snlite.program import Program
 from snlite.scheduler import Scheduler
 from snlite.train import Model

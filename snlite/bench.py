@@ -17,7 +17,7 @@ import time
 from snlite.config import MemoryConfig
 from snlite.search import min_budget
 from snlite.models import DEFAULT_BATCH, get_model, resnet
-from snlite.placement import place, simulate
+from snlite.pipeline import place, simulate
 from snlite.trace import trace_program
 
 PRESETS = {

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from snlite.tensor import State
+
 
 class LRUCache:
     """Resident evictable tensors in least-recently-used order; ``preferred`` ones leave first."""
@@ -52,3 +54,21 @@ class LRUCache:
     def clear(self) -> None:
         self._first.clear()
         self._rest.clear()
+
+
+def choose_victim(cache: LRUCache, tensors: dict, planned: list | None = None, in_flight=()):
+    """The tensor to evict when an allocation does not fit, or None if nothing can leave: in the
+    time-aware second placement first the tensors the first one evicted at this op (``planned``,
+    consumed; their copies may already be running: write-behind), then the least recently used
+    unlocked tensor on the device, then one whose write-behind copy is still running (``in_flight``)."""
+    while planned:
+        t = tensors.get(planned.pop(0))
+        if t is not None and not t.locked and t.state in (State.ON_DEVICE, State.OFFLOADING):
+            return t
+    for name in cache.eviction_order():
+        t = tensors[name]
+        if not t.locked and t.state is State.ON_DEVICE:
+            return t
+    for name in in_flight:
+        return tensors[name]
+    return None

@@ -42,7 +42,7 @@ import numpy as np
 
 from snlite.anomaly import NonFiniteError, describe
 from snlite.device import DEVICE_NAMES
-from snlite.placement import BudgetError
+from snlite.errors import BudgetError
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in, _positive_int, _seed,
                              add_memory_flags, check_keep, check_names, check_outputs, join_negative_values,

@@ -23,7 +23,7 @@ import numpy as np
 from snlite.config import MemoryConfig
 from snlite.data import synthetic
 from snlite.graph import Graph
-from snlite.placement import simulate
+from snlite.pipeline import simulate
 from snlite.scheduler import Scheduler
 from snlite.train import Model
 

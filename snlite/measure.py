@@ -19,12 +19,13 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from snlite import timing
 from snlite.config import MemoryConfig
+from snlite.errors import BudgetError
+from snlite.pipeline import place
 from snlite.recompute import Op, RecomputeInfo
-from snlite.placement import BudgetError, place
-from snlite.trace import trace_program
 from snlite.scheduler import LivenessStage, Plan, PlannedOp, Scheduler
-from snlite.trace import Trace
+from snlite.trace import Trace, trace_program
 
 # ---------------------------------------------------------------------------- sizes
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -92,8 +93,6 @@ class Measurement:
 
     def timeline(self, gpu: str = "H200"):
         """The program replayed on a GPU profile (:func:`snlite.timing.estimate`)."""
-        from snlite import timing
-
         return timing.estimate(self.program, self.graph, gpu)
 
     @property
@@ -142,20 +141,6 @@ def by_kind_json(trace) -> dict | None:
     if trace is None:
         return None
     return {k: {"device_bytes": d, "host_bytes": h} for k, (d, h) in trace.by_kind().items()}
-
-
-def run(graph, config: MemoryConfig, plan: Plan | None = None) -> Trace:
-    """One training iteration's trace, read off its program: the scheduler's plan, or ``plan``."""
-    return trace_program(place(graph, config, plan=plan), config.count)
-
-
-def fits(graph, config: MemoryConfig, plan: Plan | None = None) -> bool:
-    """Whether one iteration runs under ``config.budget_bytes`` (True where there is none)."""
-    try:
-        place(graph, config, plan=plan, refine=False)  # the refinement never raises the peak
-        return True
-    except BudgetError:
-        return False
 
 
 def measure(graph, config: MemoryConfig, label: str | None = None, plan: Plan | None = None) -> Measurement:
@@ -252,8 +237,6 @@ ALL_RESIDENT = MemoryConfig(liveness=True)  # the time reference: nothing moves,
 def all_resident_ms(graph, gpu: str = "H200", workspace: str = "none") -> float:
     """The estimated step time with every tensor resident (liveness only, the same conv ``workspace``),
     on ``gpu``'s profile: what moving and recomputing are measured against."""
-    from snlite import timing
-
     return timing.estimate(place(graph, ALL_RESIDENT.replace(workspace=workspace)), graph, gpu).step_ms
 
 

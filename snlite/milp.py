@@ -56,7 +56,7 @@ class Model:
         if reruns not in RERUNS:
             raise ValueError(f"reruns must be one of {RERUNS}, got {reruns!r}")
         self.mode = reruns
-        from snlite.placement import optimizer_specs
+        from snlite.scheduler import optimizer_specs
         from snlite.pool import TensorPool
 
         self.graph, self.count = graph, count

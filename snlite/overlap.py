@@ -16,50 +16,97 @@ against that GPU's estimated timeline (:func:`retime`):
 and kept only if the program's peak does not rise: a retimed transfer whose held window covers the
 new peak goes back to the paper's points, and the check repeats. The numbers never change (the same
 ops, the same copies, only their positions), which every flag-combination test checks.
+
+With the LRU cache the moves are the placement's own (evictions when an allocation does not fit,
+fetches when a read misses); :func:`cache_hints` turns a first placement's moves into hints for a
+second one: write-behind (each eviction's copy starts right after the tensor's last use before it)
+and read-ahead (each fetch starts as early as its block fits, no earlier than it must to land in time).
+
+Pure: plans, start times and byte counts in, plans and hints out. Whether a retimed plan raises the
+peak is asked of a function the caller passes (:mod:`snlite.pipeline` places it).
 """
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from snlite import timing
 from snlite.offload import Transfer
-from snlite.program import Launch
+from snlite.timing import copy_ms
 
 MAX_ROUNDS = 6  # peak checks before giving up on the transfers that still raise it
 
 
-def retime(graph, config, plan, costs=None) -> object:
-    """``plan`` with its transfers retimed for the GPU ``config.schedule`` (see the module docstring);
-    the plan itself where there is nothing to retime or every retiming would raise the peak."""
-    if config.schedule == "paper" or not plan.transfers:
-        return plan
-    from snlite import placement
-    from snlite.trace import trace_program
+class Eviction(NamedTuple):
+    """The cache moved ``tensor`` to the host at op ``at``; ``last_use``: its last use before (-1: none)."""
 
-    paper = config.replace(schedule="paper")
-    mode = "train" if any(p.op.phase == "update" for p in plan.ops) else "grads"  # updates inside backward: train
-    program = placement.place(graph, paper, mode, plan=plan, costs=costs)
-    peak = trace_program(program, "all").peak_bytes
-    start = _op_starts(program, graph, config.schedule, len(plan.ops))
-    prof = timing.profile(config.schedule)
-    nbytes = {tr.tensor: graph.tensors()[tr.tensor].nbytes for tr in plan.transfers}
+    tensor: str
+    at: int
+    last_use: int
+
+
+class Fetch(NamedTuple):
+    """The cache brought ``tensor`` back at op ``at``."""
+
+    tensor: str
+    at: int
+
+
+class ReadAhead(NamedTuple):
+    """Fetch ``tensor`` from op ``earliest`` on, where its block fits, before op ``need`` reads it."""
+
+    earliest: int
+    tensor: str
+    need: int
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What a second placement repeats and moves: copies out to start after an op (``behind``), the
+    first placement's evictions by op, and read-aheads sorted by earliest op."""
+
+    behind: dict = field(default_factory=dict)  # op -> tensors
+    evictions: dict = field(default_factory=dict)  # op -> tensors
+    ahead: tuple = ()
+
+
+def retime(plan, start: list[float], nbytes: dict, prof, peak: int, peak_of) -> object:
+    """``plan`` with its transfers retimed for the GPU ``prof`` (see the module docstring), given
+    each op's estimated ``start`` time (ms; :func:`snlite.timing.op_starts`) and the plan's ``peak``.
+    ``peak_of(plan)`` places a candidate and returns ``(peak bytes, the op at the peak)``, or None
+    where it does not fit the budget. Returns the plan itself where there is nothing to retime or
+    every retiming would raise the peak."""
     moved = _queue_prefetches(_releases(plan, start, nbytes, prof), plan, start, nbytes, prof)
     for _ in range(MAX_ROUNDS):
         if moved == plan.transfers:
             return plan
         candidate = plan.with_transfers(moved)
-        try:
-            trace = trace_program(placement.place(graph, paper, mode, plan=candidate, costs=costs), "all")
-        except placement.BudgetError:  # held longer, a block no longer fits the budget somewhere
-            trace = None
-        if trace is not None and trace.peak_bytes <= peak:
+        found = peak_of(candidate)
+        if found is not None and found[0] <= peak:
             return candidate
-        at = trace.steps[trace.peak_op].op if trace is not None else None
+        at = found[1] if found is not None else None
         reverted = [old if at is None or _holds(new, old, at) else new for new, old in zip(moved, plan.transfers)]
         if reverted == moved:
             return plan
         moved = reverted
     return plan
+
+
+def cache_hints(evictions: list[Eviction], fetches: list[Fetch], start: list[float], nbytes: dict,
+                prof) -> list[Hints]:
+    """The hints to try for a second placement, best first: write-behind with read-ahead, then
+    write-behind alone (the caller keeps the first that moves no more bytes at no higher peak)."""
+    planned: dict[int, list[str]] = {}
+    behind: dict[int, list[str]] = {}
+    for e in evictions:
+        planned.setdefault(e.at, []).append(e.tensor)
+        if e.last_use < e.at:
+            behind.setdefault(e.last_use, []).append(e.tensor)
+    ahead = []
+    for f in fetches:
+        land = start[f.at] - copy_ms(prof, nbytes[f.tensor.split("#", 1)[0]], to_host=False)
+        ahead.append(ReadAhead(max(0, bisect.bisect_right(start, land, hi=f.at) - 1), f.tensor, f.at))
+    return [Hints(behind, planned, tuple(sorted(ahead))), Hints(behind, planned, ())]
 
 
 def _holds(new: Transfer, old: Transfer, op: int) -> bool:
@@ -69,31 +116,13 @@ def _holds(new: Transfer, old: Transfer, op: int) -> bool:
     return late_release or early_prefetch
 
 
-def _op_starts(program, graph, gpu: str, n_ops: int) -> list[float]:
-    """Estimated start time (ms) of every op of the plan if compute never waited: the sum of the
-    kernel times of the ops before it (``start[n_ops]``: the end of the last)."""
-    costs = timing._Costs(graph, program, timing.profile(gpu))
-    ms = [0.0] * n_ops
-    for ins in program.body:
-        if type(ins) is Launch and ins.op >= 0:
-            ms[ins.op] = costs.launch(ins)[0]
-    start = [0.0]
-    for d in ms:
-        start.append(start[-1] + d)
-    return start
-
-
-def _copy_ms(nbytes: int, gbs: float, prof) -> float:
-    return prof.copy_latency_us * 1e-3 + nbytes / (gbs * 1e6)
-
-
 def _releases(plan, start, nbytes: dict, prof) -> list[Transfer]:
     """Each release moved to the first op at which the copy out has landed (copies out run one after
     another on copy_out, in forward order), never past the tensor's prefetch."""
     out, free = [], 0.0
     for tr in plan.transfers:
         begin = max(start[tr.offload_after + 1], free)
-        free = end = begin + _copy_ms(nbytes[tr.tensor], prof.d2h_gbs, prof)
+        free = end = begin + copy_ms(prof, nbytes[tr.tensor], to_host=True)
         limit = tr.prefetch_before if tr.prefetch_before is not None else len(plan.ops)
         release = bisect.bisect_left(start, end, lo=tr.release_before, hi=max(limit - 1, tr.release_before))
         out.append(Transfer(tr.tensor, tr.offload_after, release, tr.prefetch_before))
@@ -115,7 +144,7 @@ def _queue_prefetches(moved, plan, start, nbytes: dict, prof) -> list[Transfer]:
     for tr in reversed(order):
         need = first_read[tr.tensor]
         land = min(start[need], next_begin)
-        begin = land - _copy_ms(nbytes[tr.tensor], prof.h2d_gbs, prof)
+        begin = land - copy_ms(prof, nbytes[tr.tensor], to_host=False)
         op = bisect.bisect_right(start, begin, hi=need) - 1  # the latest op starting at or before it
         op = min(max(op, tr.release_before + 1), need)
         next_begin = start[op]

@@ -339,7 +339,7 @@ def alexnet_figure(path, batch: int = 200):
     """AlexNet at ``batch`` under baseline and superneurons(), activations + gradients (the paper's count)."""
     from snlite.config import MemoryConfig
     from snlite.models import alexnet
-    from snlite.placement import simulate
+    from snlite.pipeline import simulate
 
     traces = {"baseline": simulate(alexnet(batch=batch), MemoryConfig.baseline().replace(count="paper")),
               "superneurons()": simulate(alexnet(batch=batch), MemoryConfig.superneurons(count="paper"))}

@@ -6,7 +6,7 @@ meta, host and CUDA devices (:mod:`snlite.executor`), is checked for races witho
 (:mod:`snlite.checker`), is timed and traced without running (:mod:`snlite.trace`), prints as a table
 and round-trips through JSON::
 
-    prog = snlite.placement.place(graph, MemoryConfig.superneurons())
+    prog = snlite.place(graph, MemoryConfig.superneurons())
     print(prog.table(limit=40))
     prog.save("alexnet.json"); Program.load("alexnet.json") == prog     # True
 

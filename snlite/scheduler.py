@@ -29,9 +29,26 @@ from dataclasses import dataclass, field
 
 from snlite import liveness, offload, recompute
 from snlite.config import MemoryConfig
+from snlite.graph import TensorSpec
 from snlite.recompute import Op, base_name
 
-PERSISTENT_KINDS = ("weight", "weight_grad", "buffer", "optimizer")
+# what lives the whole run, in the order the placement pass lays it out: the weight gradients last, so
+# that a grads program (no optimizer state) is a train program's prefix
+PERSISTENT_KINDS = ("weight", "buffer", "optimizer", "weight_grad")
+
+
+def persistent_tensors(specs: dict, without_grads: bool = False) -> list[str]:
+    """The names of ``specs`` (name -> anything with a ``kind``) that live the whole run, in
+    placement order; ``without_grads``: the weight gradients live only until their update (SGD in
+    backward) or do not exist (inference)."""
+    return [n for k in PERSISTENT_KINDS if not (without_grads and k == "weight_grad")
+            for n, t in specs.items() if t.kind == k]
+
+
+def optimizer_specs(graph) -> dict[str, TensorSpec]:
+    """SGD's momentum buffers, one per weight: the optimizer state :class:`~snlite.train.Model` keeps."""
+    return {f"{n}.momentum": TensorSpec(f"{n}.momentum", t.shape, "float32", "optimizer")
+            for n, t in graph.tensors().items() if t.kind == "weight"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,15 +254,15 @@ class Scheduler:
         lives only until its update (``update_in_backward``)."""
         tensors = self.graph.tensors()
         if not self.config.update_in_backward:
-            return {n for n, t in tensors.items() if t.kind in PERSISTENT_KINDS}
+            return set(persistent_tensors(tensors))
         # the update ops read and write the momentum buffers (the optimizer's, not the graph's tensors)
-        return {n for n, t in tensors.items() if t.kind in PERSISTENT_KINDS and t.kind != "weight_grad"} | \
+        return set(persistent_tensors(tensors, without_grads=True)) | \
             {f"{n}.momentum" for n, t in tensors.items() if t.kind == "weight"}
 
     def plan(self) -> Plan:
         if self._plan is None:
             persistent = self.persistent()
-            classic = {n for n, t in self.graph.tensors().items() if t.kind in PERSISTENT_KINDS}
+            classic = set(persistent_tensors(self.graph.tensors()))
             ops, info = self.recompute.apply(self.graph, classic)  # its segment rule counts activations only
             ops = self.update.apply(ops, self.graph)
             frees = self.liveness.apply(ops, persistent, set(info.dropped))

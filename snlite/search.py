@@ -7,7 +7,7 @@ configuration, and what would make a plan fit that does not: searches on the met
     min_budget(graph)                                    # superneurons()'s smallest budget / l_peak
     explain_budget(build, 200, cfg)                      # why not, and the changes that would fit
 
-"Fits" always means: the program was placed under ``budget_bytes`` (:func:`snlite.placement.fits`),
+"Fits" always means: the program was placed under ``budget_bytes`` (:func:`snlite.budget.fits`),
 never a comparison of peaks, since fragmentation, the LRU cache and the dynamic workspace all
 depend on the budget. Each probe is one placement of the meta device, so a search is counted in
 probes and seconds (``Found.probes``, ``Found.seconds``). :mod:`snlite.measure` holds what one run
@@ -19,10 +19,13 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from snlite.budget import fits
 from snlite.config import MemoryConfig
-from snlite.measure import _LO, Measurement, fits, measure, no_progress, run
+from snlite.errors import BudgetError
+from snlite.measure import _LO, Measurement, measure, no_progress
 from snlite.models import PAPER_WIDTH_BATCH, resnet
-from snlite.placement import BudgetError, place
+from snlite.pipeline import place, simulate
+from snlite.scheduler import Scheduler
 from snlite.trace import Trace, trace_program
 
 
@@ -56,8 +59,6 @@ def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneu
     first budget that fits, then bisects down to the block. It searches from the bottom because
     fitting is not quite monotone in the budget (the dynamic workspace and the cache decide by what
     is free, so a larger pool can fragment where a smaller one did not)."""
-    from snlite.placement import fits
-
     t0 = time.perf_counter()
     config = (config or MemoryConfig.superneurons()).replace(budget_bytes=None, count="all")
     # the bound must hold for every placement the search may meet: with optimizer_state "auto" a
@@ -68,14 +69,15 @@ def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneu
     persistent = at_start["weights"] + at_start["weight_grads"] + at_start["optimizer"]
     l_peak = trace_program(program, "paper").l_peak_bytes
     block = 1024
+    plan = Scheduler(graph, config).plan()  # the budget changes no decision of the scheduler's: planned once
     lo = (l_peak + persistent - 1) // block  # in blocks; never fits: one byte short of the busiest step
     step = max(1, lo // 1024)
-    while not fits(graph, config.replace(budget_bytes=(lo + step) * block)):
+    while not fits(graph, config.replace(budget_bytes=(lo + step) * block), plan=plan):
         lo, step = lo + step, 2 * step
     hi = lo + step  # fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(graph, config.replace(budget_bytes=mid * block)):
+        if fits(graph, config.replace(budget_bytes=mid * block), plan=plan):
             hi = mid
         else:
             lo = mid
@@ -163,7 +165,7 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
             if traces.get(i + 1) is False or i == len(candidates) - 1:
                 # if this one fits it is the answer: place it in full now rather than twice
                 try:
-                    kept[i] = run(build(candidates[i]), config)
+                    kept[i] = simulate(build(candidates[i]), config)
                     traces[i] = True
                 except BudgetError:
                     traces[i] = False
@@ -182,7 +184,7 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
         trace = kept.get(i)
         if trace is None:
             progress(f"{label}: the trace of {what(candidates[i])}")
-            trace = run(build(candidates[i]), config)
+            trace = simulate(build(candidates[i]), config)
     return Found(label, config, None if i is None else candidates[i], trace, nxt,
                  len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1)
 
@@ -208,7 +210,7 @@ def _estimate(build, config, xs, further: bool = False) -> float | None:
 
     def at(x):
         if x not in seen:
-            seen[x] = need(run(build(x), cfg))
+            seen[x] = need(simulate(build(x), cfg))
         return seen[x]
 
     (x0, x1) = xs
@@ -395,7 +397,7 @@ def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
     config = config.replace(count="all")
     graph = build(batch)
     try:
-        run(graph, config)
+        simulate(graph, config)
         return Explanation(graph.name, batch, config, True)
     except BudgetError as e:
         message = str(e)

@@ -37,6 +37,7 @@ import dataclasses
 import types
 from dataclasses import dataclass, field
 
+from kernels import launches as L
 from snlite.program import COMPUTE, STREAMS, Alloc, Copy, Free, HostRead, HostWait, HostWrite, \
     Launch, Record, Wait, without_cycle_collection
 
@@ -114,6 +115,21 @@ def copy_ms(prof: Profile, nbytes: int, to_host: bool) -> float:
     return prof.copy_latency_us * 1e-3 + nbytes / (bw * 1e6)
 
 
+def op_starts(program, graph, gpu: str, n_ops: int) -> list[float]:
+    """Estimated start time (ms) of every op of a plan of ``n_ops`` ops, placed as ``program``, if
+    compute never waited: the sum of the kernel times of the ops before it (``start[n_ops]``: the
+    end of the last). What :mod:`snlite.overlap` retimes copies against."""
+    costs = _Costs(graph, program, profile(gpu))
+    ms = [0.0] * n_ops
+    for ins in program.body:
+        if type(ins) is Launch and ins.op >= 0:
+            ms[ins.op] = costs.launch(ins)[0]
+    start = [0.0]
+    for d in ms:
+        start.append(start[-1] + d)
+    return start
+
+
 def estimate(program, graph, gpu="H200", kernel_ms=None) -> Timeline:
     """The timeline of ``program`` (of ``graph``) on the profile ``gpu`` (see the module docstring).
     ``kernel_ms``: a function of a Launch instruction giving (milliseconds, kernel launches), in place
@@ -188,8 +204,6 @@ class _Costs:
     times), the phase, the conv choices, the fork accumulations and the bytes the step touches."""
 
     def __init__(self, graph, program, prof: Profile):
-        from kernels import launches as L
-
         self.graph, self.program, self.prof, self.L = graph, program, prof, L
         self.gpu = L.GPUS[prof.gpu]
         self.memo: dict = {}

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from snlite.liveness import step_tensors
+from snlite.program import Alloc, Copy, Free, HandOver, Launch, without_cycle_collection
+from snlite.scheduler import PERSISTENT_KINDS
+
 CATEGORIES = ("weights", "weight_grads", "optimizer", "input", "activations", "gradients", "workspace", "in_flight")
 KIND_CATEGORY = {"weight": "weights", "buffer": "weights", "weight_grad": "weight_grads", "optimizer": "optimizer",
                  "input": "input", "activation": "activations", "gradient": "gradients", "workspace": "workspace"}
@@ -129,16 +133,11 @@ def trace_program(program, count: str = "all") -> Trace:
     once (a dx written into dy's buffer is one buffer: :func:`snlite.liveness.step_tensors`), under
     ``count`` (count "all" adds the weights, their gradients, momentum and the op's workspace). The
     recompute stage's threshold is the same l_peak (:func:`snlite.recompute.step_bytes`)."""
-    from snlite.program import without_cycle_collection
-
     with without_cycle_collection():
         return _trace_program(program, count)
 
 
 def _trace_program(program, count: str) -> Trace:
-    from snlite.liveness import step_tensors
-    from snlite.program import Alloc, Copy, Free, HandOver, Launch
-
     stats = program.stats
     tr = Trace(count=count, arena_bytes=program.arena_bytes, recompute_count=stats.get("recompute_count", 0),
                extra_flops=stats.get("extra_flops", 0), cache_hits=stats.get("cache_hits", 0),
@@ -171,7 +170,7 @@ def _trace_program(program, count: str) -> Trace:
     host = host_state = resident = 0
     log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body: the peak's live set
     peak_log = 0
-    persistent = ("weight", "weight_grad", "buffer", "optimizer")
+    persistent = PERSISTENT_KINDS
     for body, instructions in ((False, program.setup), (True, program.body)):
         for ins in instructions:
             t = type(ins)

@@ -30,7 +30,9 @@ from snlite.config import MemoryConfig
 from snlite.device import get_device
 from snlite.executor import Executor
 from snlite.graph import Graph, check_number
-from snlite.placement import BudgetError, place, smallest_budget
+from snlite.budget import smallest_budget
+from snlite.errors import BudgetError
+from snlite.pipeline import place
 from snlite.program import format_size
 from snlite.scheduler import Scheduler
 from snlite.trace import trace_program

@@ -16,7 +16,8 @@ import sys
 
 from snlite.config import MemoryConfig
 from snlite.models import get_model
-from snlite.placement import BudgetError, place
+from snlite.errors import BudgetError
+from snlite.pipeline import place
 
 HERE = pathlib.Path(__file__).parent
 STORE = HERE / "data" / "program_digests.json"

@@ -9,7 +9,7 @@ from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.anomaly import NonFiniteError
 from snlite.checker import find_races
 from snlite.config import MemoryConfig
-from snlite.placement import place, simulate
+from snlite.pipeline import place, simulate
 from snlite.program import COPY_IN, COPY_OUT, Copy, Wait
 
 

@@ -24,7 +24,7 @@ from snlite.config import MemoryConfig
 from snlite.graph import Graph
 from snlite.liveness import analyze, first_and_last_use, format_table, frees_after
 from snlite.pool import HostPool, PoolFullError, TensorPool
-from snlite.placement import simulate
+from snlite.pipeline import simulate
 from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate
 from snlite.train import Model
 

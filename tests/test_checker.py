@@ -9,7 +9,7 @@ from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.checker import ProgramError, RaceError, check, check_together, find_races, races_by_definition, \
     together
 from snlite.config import MemoryConfig
-from snlite.placement import place, simulate
+from snlite.pipeline import place, simulate
 from snlite.program import (Alloc, Copy, Free, HostRead, HostWait, HostWrite, Launch, Program, Record, Wait)
 from snlite.train import Model
 

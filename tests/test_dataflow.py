@@ -7,7 +7,7 @@ from nets import mixed_net
 from snlite.checker import ProgramError, check
 from snlite.config import MemoryConfig
 from snlite.dataflow import DataflowError, check_dataflow
-from snlite.placement import place
+from snlite.pipeline import place
 from snlite.program import Alloc, Copy, Free, HandOver, HostRead, HostWrite, Launch, Program
 
 
@@ -148,7 +148,7 @@ def test_momentum_kept_on_the_host_must_go_back_after_its_update():
 def test_an_inference_program_may_evict_the_labels_it_never_reads():
     """Under a tight budget the LRU cache evicts whatever is idle, the unused labels of an inference
     program included: a copy of a value never written, harmless, which the check must accept."""
-    from snlite.placement import simulate
+    from snlite.pipeline import simulate
     from snlite.train import Model
 
     g = mixed_net(n=4)

@@ -10,7 +10,7 @@ from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.config import MemoryConfig
 from snlite.device import CudaDevice, HostDevice
 from snlite.graph import Graph
-from snlite.placement import simulate
+from snlite.pipeline import simulate
 from snlite.program import STREAMS
 from snlite.scheduler import Scheduler, validate
 from snlite.train import Model

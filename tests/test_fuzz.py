@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from snlite import anomaly
 from snlite.config import CHOICES, MemoryConfig
 from snlite.graph import Graph
-from snlite.placement import BudgetError
+from snlite.errors import BudgetError
 from snlite.train import Model
 
 SETTINGS = settings(max_examples=600, deadline=None, derandomize=True,

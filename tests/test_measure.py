@@ -189,7 +189,7 @@ def test_compare_prints_one_row_per_strategy_in_order(capsys):
 def test_min_budget_is_the_first_budget_that_fits_and_compare_prints_it(capsys):
     """superneurons()'s smallest budget: it fits, one 1 KiB block less does not, and it is at least
     l_peak plus the weights, their gradients and momentum (which every budget must hold)."""
-    from snlite.placement import fits
+    from snlite.budget import fits
 
     g = alexnet(16)
     m = search.min_budget(g)

@@ -489,7 +489,7 @@ def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_t
     under some budget the fewest bytes take more copies, each with its fixed latency, than the
     fastest plan (which a solver that counted bytes would miss)."""
     from snlite import optimal_offload as oo
-    from snlite.placement import place
+    from snlite.pipeline import place
     from snlite.timing import estimate
 
     g = chain6(channels=channels)

@@ -7,7 +7,10 @@ from nets import mixed_net
 from snlite.config import MemoryConfig
 from snlite.device import MetaDevice
 from snlite.models import get_model
-from snlite.placement import BudgetError, optimizer_specs, place, simulate, smallest_budget
+from snlite.budget import smallest_budget
+from snlite.errors import BudgetError
+from snlite.pipeline import place, simulate
+from snlite.scheduler import optimizer_specs
 from snlite.program import Alloc, Copy, Launch, Wait
 from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate
 from snlite.train import Model

@@ -8,7 +8,7 @@ from nets import mixed_net
 from snlite import cli
 from snlite.config import MemoryConfig
 from snlite.models import lenet
-from snlite.placement import place
+from snlite.pipeline import place
 from snlite.program import Alloc, Copy, HostWait, Launch, Program, Wait
 
 

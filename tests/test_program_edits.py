@@ -18,7 +18,7 @@ from nets import mixed_net, train_steps
 from snlite.adversary import AdversarialDevice
 from snlite.checker import ProgramError, RaceError, check
 from snlite.config import MemoryConfig
-from snlite.placement import place
+from snlite.pipeline import place
 from snlite.program import Program
 
 # 40 edits of each program in the suite (the same ones every run); SNLITE_EDITS=2000 for a long hunt

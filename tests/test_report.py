@@ -10,7 +10,7 @@ import pytest
 from snlite import __version__, cli, measure, report, search
 from snlite.config import MemoryConfig
 from snlite.models import get_model
-from snlite.placement import simulate
+from snlite.pipeline import simulate
 
 SECTIONS = ("## How to read this", "## 1. AlexNet's memory trajectory", "## 2. Recomputation",
             "## 3. Traffic per iteration", "## 4. Table 4: depth", "## 5. Table 5: width", "## 6. Trade-off",

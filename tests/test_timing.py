@@ -8,7 +8,7 @@ from nets import data_for, mixed_net
 from snlite import models, timing
 from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.config import MemoryConfig
-from snlite.placement import place, simulate
+from snlite.pipeline import place, simulate
 from snlite.program import Alloc, Copy, Free, HostWait, Launch, Program, Record, Wait
 from snlite.trace import trace_program
 from snlite.train import Model

@@ -14,7 +14,8 @@ from snlite.checker import ProgramError, RaceError, check, find_races, races_by_
 from snlite.config import MemoryConfig
 from snlite.device import CudaDevice
 from snlite.graph import Graph
-from snlite.placement import BudgetError, place, simulate
+from snlite.errors import BudgetError
+from snlite.pipeline import place, simulate
 from snlite.program import Copy, Free, Launch, Record, Wait
 from snlite.train import Model
 

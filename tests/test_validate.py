@@ -15,7 +15,7 @@ from snlite import cli
 from snlite.checker import ProgramError, check, find_races
 from snlite.config import MemoryConfig
 from snlite.models import get_model
-from snlite.placement import place
+from snlite.pipeline import place
 from snlite.program import Alloc, Copy, Free, Launch, Program, Record, Wait
 from snlite.train import Model
 

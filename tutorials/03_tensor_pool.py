@@ -19,7 +19,8 @@ from snlite.lesson import KiB, MiB, QUICK, expect, save_plot
 from snlite.pool import PoolFullError, TensorPool, format_map
 from snlite.recompute import base_name
 from snlite.executor import Executor
-from snlite.placement import place, simulate, smallest_budget
+from snlite.budget import smallest_budget
+from snlite.pipeline import place, simulate
 from snlite.scheduler import PERSISTENT_KINDS
 
 # %% [markdown]

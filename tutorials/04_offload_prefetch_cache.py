@@ -23,7 +23,7 @@ from snlite.adversary import AdversarialDevice
 from snlite.checker import find_races
 from snlite.data import synthetic
 from snlite.demo import small_cnn
-from snlite.placement import smallest_budget
+from snlite.budget import smallest_budget
 from snlite.program import Copy, Free, Launch, Wait
 from snlite.train import Model
 from snlite.lesson import MiB, QUICK, expect, save_plot  # noqa: F401  (expect: claims the lesson checks)

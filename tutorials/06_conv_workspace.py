@@ -25,7 +25,7 @@ from snlite import BudgetError, MemoryConfig, simulate
 from snlite import workspace as ws
 from kernels import launches
 from snlite.lesson import MiB, QUICK, expect, save_plot
-from snlite.placement import smallest_budget
+from snlite.budget import smallest_budget
 
 
 # %% [markdown]

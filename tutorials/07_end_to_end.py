@@ -26,7 +26,7 @@ import snlite
 from snlite import BudgetError, MemoryConfig, Model, simulate
 from snlite.data import digits, synthetic
 from snlite.lesson import GiB, KiB, QUICK, expect, save_plot
-from snlite.placement import smallest_budget
+from snlite.budget import smallest_budget
 
 
 # %% [markdown]

@@ -1,0 +1,161 @@
+"""The planner's passes in order: the only module that knows it.
+
+    graph --Scheduler--> Plan --retime--> Plan --placement.walk--> Program --trace_program--> Trace
+                                                       \\--(cache on, a GPU schedule) hints, one more walk
+
+1. the :class:`~snlite.scheduler.Scheduler` turns the config's stages into a plan (what happens);
+2. with ``schedule`` naming a GPU, :func:`snlite.overlap.retime` moves the offload schedule's copies in
+   time to hide behind compute, keeping the peak (it asks this module to place each candidate);
+3. :func:`snlite.placement.walk` places the plan: every allocation, copy, event and launch (where and when);
+4. with the LRU cache and a GPU schedule, the cache's moves are retimed too
+   (:func:`snlite.overlap.cache_hints`) and the plan placed once more, kept only if it moves no more
+   bytes at no higher peak;
+5. :func:`snlite.trace.trace_program` reads the memory op by op off the program (:func:`simulate`).
+
+Every pass takes plain data and returns plain data; each can be called, printed and tested alone.
+``optimizer_state="auto"`` decides where the momentum waits: on the device if the iteration fits that way.
+"""
+from __future__ import annotations
+
+from snlite import overlap, placement, timing
+from snlite import workspace as ws
+from snlite.errors import BudgetError, PlanError
+from snlite.config import MemoryConfig
+from snlite.pool import TensorPool
+from snlite.program import MODES, Program, without_cycle_collection
+from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
+from snlite.tensor import IllegalTransition
+from snlite.trace import trace_program
+
+AFTER_PLACEMENT: list = []  # functions called with each placed program and its graph (the tests check each)
+
+
+def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, plan=None, costs=None,
+          optimizer: bool = True, refine: bool = True) -> Program:
+    """The program of one iteration of ``graph`` under ``config``.
+
+    ``mode``: "train" (forward, backward and SGD with momentum), "grads" (no update), "update" (only
+    the SGD step, for a caller that checks the gradients first) or "infer" (the forward route in
+    inference mode, the logits read back). ``plan``: a plan built elsewhere
+    (default: the :class:`~snlite.scheduler.Scheduler`'s). ``costs``: how conv algorithms are
+    ranked (default :class:`~snlite.workspace.CostModel`; a GPU's measured table plans its choices).
+    ``optimizer``: keep momentum buffers (False: weights and gradients only, no update).
+    ``refine``: False skips the cache's time-aware second placement (which never raises the peak,
+    so whether the iteration fits is already decided without it: a search asks only that).
+    Raises :class:`~snlite.errors.BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``)
+    is too small."""
+    config = _checked(config or MemoryConfig(), mode, optimizer, plan)
+    if config.optimizer_state == "auto":
+        return _auto_state(graph, config, mode, plan, costs, optimizer, refine)
+    with without_cycle_collection():
+        plan = plan or Scheduler(graph, config).plan()
+        specs = _specs(graph, optimizer)
+        costs = costs or ws.CostModel()
+        if config.schedule != "paper" and mode in ("train", "grads") and plan.transfers:
+            placed = _retimed(graph, config, plan, specs, costs, mode)
+        else:
+            placed = _walk(graph, config, plan, specs, costs, mode)
+        if refine and config.cache and config.schedule != "paper" and (placed.evictions or placed.fetches):
+            placed = _refined(graph, config, plan, specs, costs, mode, placed)
+    program = placed.program
+    return program.without_updates() if mode == "grads" else program
+
+
+def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, costs=None, plan=None):
+    """The trace of one training iteration of ``graph`` under ``config``, read off its program: what
+    a :class:`~snlite.train.Model` (SGD with momentum, unless ``optimizer`` is False) then holds on
+    the host or CUDA device, byte for byte. ``costs``: the conv timings a GPU measured."""
+    config = config or MemoryConfig()
+    program = place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs, optimizer=optimizer)
+    return trace_program(program, config.count)
+
+
+def _checked(config: MemoryConfig, mode: str, optimizer: bool, plan) -> MemoryConfig:
+    """``config`` for ``mode``: refused where they contradict, SGD in backward only where it applies."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    if mode in ("train", "update") and not optimizer:
+        raise ValueError("mode 'train' updates the weights, which needs the optimizer state; use mode 'grads'")
+    if config.update_in_backward and (mode != "train" or not optimizer):
+        # gradients read back whole, an update alone, inference: nothing to update inside backward
+        if plan is not None and any(p.op.phase == "update" for p in plan.ops):
+            raise ValueError(f"this plan updates the weights inside backward, which only a 'train' program does; "
+                             f"for mode {mode!r} plan under config.replace(update_in_backward=False)")
+        config = config.replace(update_in_backward=False)
+    return config
+
+
+def _specs(graph, optimizer: bool) -> dict:
+    """Every tensor of the iteration: the graph's, and SGD's momentum unless ``optimizer`` is False."""
+    return {**graph.tensors(), **optimizer_specs(graph)} if optimizer else dict(graph.tensors())
+
+
+def _walk(graph, config, plan, specs, costs, mode, hints=None) -> placement.Placed:
+    placed = placement.walk(graph, config, plan, specs, costs, mode, hints)
+    for check in AFTER_PLACEMENT:
+        check(placed.program, graph)
+    return placed
+
+
+def _auto_state(graph, config, mode, plan, costs, optimizer, refine) -> Program:
+    """``optimizer_state="auto"``: the momentum on the device if the iteration fits that way, else
+    in the pinned slab (a device too small even for the weights and their momentum is not tried)."""
+    def tried(state):
+        return place(graph, config.replace(optimizer_state=state), mode, plan=plan, costs=costs,
+                     optimizer=optimizer, refine=refine)
+
+    if mode == "infer" or not optimizer:
+        return tried("device")
+    if config.budget_bytes is None or _held_bytes(graph) <= config.budget_bytes:
+        try:
+            return tried("device")
+        except BudgetError:
+            pass
+    return tried("host")
+
+
+def _held_bytes(graph) -> int:
+    """The arena bytes of the weights, buffers and momentum: what the device holds all iteration."""
+    block = TensorPool(1024).reserved_bytes
+    specs = _specs(graph, optimizer=True)
+    return sum(block(max(specs[n].nbytes, 1)) for n in persistent_tensors(specs, without_grads=True))
+
+
+def _retimed(graph, config, plan, specs, costs, mode) -> placement.Placed:
+    """The plan's offload copies moved in time for the GPU ``config.schedule`` (:func:`overlap.retime`),
+    placed; each candidate is placed once, and the one kept is the program returned."""
+    first = _walk(graph, config, plan, specs, costs, mode)
+    placed = [(plan, first)]
+
+    def peak_of(candidate):
+        try:
+            placed.append((candidate, _walk(graph, config, candidate, specs, costs, mode)))
+        except BudgetError:  # held longer, a block no longer fits the budget somewhere
+            return None
+        trace = trace_program(placed[-1][1].program, "all")
+        return trace.peak_bytes, trace.steps[trace.peak_op].op
+
+    start = timing.op_starts(first.program, graph, config.schedule, len(plan.ops))
+    nbytes = {tr.tensor: specs[tr.tensor].nbytes for tr in plan.transfers}
+    peak = trace_program(first.program, "all").peak_bytes
+    chosen = overlap.retime(plan, start, nbytes, timing.profile(config.schedule), peak, peak_of)
+    return next(p for c, p in placed if c is chosen)
+
+
+def _refined(graph, config, plan, specs, costs, mode, first: placement.Placed) -> placement.Placed:
+    """The cache's moves moved in time (``schedule`` names a GPU): a second placement follows the
+    first one's evictions, each eviction's copy started right after the tensor's last use before it
+    (write-behind) and each fetch as early as its block fits but no earlier than it must land
+    (read-ahead); kept only if it moves no more bytes and its peak is no higher."""
+    start = timing.op_starts(first.program, graph, config.schedule, len(plan.ops))
+    nbytes = {n: t.nbytes for n, t in specs.items()}
+    old = trace_program(first.program, "all")
+    for hints in overlap.cache_hints(first.evictions, first.fetches, start, nbytes, timing.profile(config.schedule)):
+        try:
+            candidate = _walk(graph, config, plan, specs, costs, mode, hints)
+        except (BudgetError, PlanError, IllegalTransition):  # it strayed from the first pass: keep that one
+            continue
+        new = trace_program(candidate.program, "all")
+        if new.peak_bytes <= old.peak_bytes and new.d2h_bytes + new.h2d_bytes <= old.d2h_bytes + old.h2d_bytes:
+            return candidate
+    return first
