@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 from snlite import slab
 from snlite import workspace as ws
-from snlite.errors import BudgetError, PlanError, device_message, host_message, staging_message
-from snlite.cache import LRUCache, choose_victim
+from snlite.errors import BudgetError, PlanError, staging_message
+from snlite.residency import Residency
+from snlite.cache import LRUCache
 from snlite.copies import Emitter
 from snlite.overlap import Eviction, Fetch, Hints
 from snlite.pool import HostPool, PoolFullError, RawAllocator, TensorPool
-from snlite.program import COMPUTE, HOST, Alloc, Free, HandOver, HostRead, HostWait, Launch, Program
-from snlite.recompute import base_name
+from snlite.program import COMPUTE, HOST, Alloc, HostRead, HostWait, Launch, Program
 from snlite.scheduler import PlannedOp, persistent_tensors, update_op
 from snlite.tensor import State, Tensor
 
@@ -52,8 +52,8 @@ def walk(graph, config, plan, specs: dict, costs, mode: str, hints: Hints | None
     return Placer(graph, config, plan, specs, costs, mode, hints).run()
 
 
-class Placer:
-    """One placement: the pool, the slab, the tensors' states, the LRU cache; writes the program."""
+class Placer(Residency):
+    """One placement: the walk over the plan's ops; the moves each makes are :class:`Residency`'s."""
 
     def __init__(self, graph, config, plan, specs, costs, mode: str, hints: Hints | None = None):
         self.graph, self.config, self.plan, self.specs, self.costs, self.mode = graph, config, plan, specs, costs, mode
@@ -80,7 +80,7 @@ class Placer:
         self.evictable = {n for n, t in specs.items() if t.kind in EVICTABLE_KINDS}
         self.nbytes = {n: t.nbytes for n, t in specs.items()}
         self.kinds = {n: t.kind for n, t in specs.items()}
-        self.ranked: dict[tuple, list] = {}  # (conv shape, conv op) -> its algorithms, fastest first
+        self.ranked = ws.Ranked(costs)  # each conv shape's algorithms, fastest first
         self.raw = config.allocator == "raw"
         self.emit = Emitter("raw" if self.raw else "arena")
         self.out = self.emit.out
@@ -102,29 +102,13 @@ class Placer:
 
     # ------------------------------------------------------------ sizes
     def _arena_bound(self) -> int:
-        wmax = max((c.workspace_bytes for layer in self.graph.layers.values() if layer.kind == "conv2d"
-                    for op in ("forward", "backward_data", "backward_filter")
-                    for c in self._candidates(layer, op)), default=0)
-        return slab.arena_upper_bound(self.nbytes, slab.incarnations(self.specs, self.plan), wmax)
+        bases = slab.incarnations(self.specs, self.plan)
+        return slab.arena_upper_bound(self.nbytes, bases, self.ranked.largest_workspace(self.graph))
 
     def _host_bound(self) -> int:
         if not (self.config.offload or self.config.cache):
             return 0
         return slab.host_upper_bound(self.nbytes, slab.incarnations(self.specs, self.plan), self.evictable)
-
-    def _candidates(self, layer, op: str) -> list:
-        """``workspace.candidates``, once per conv shape (deep nets repeat a few shapes thousands of times)."""
-        key = (ws.conv_key(layer), op)
-        if key not in self.ranked:
-            self.ranked[key] = ws.candidates(layer, op, self.costs)
-        return self.ranked[key]
-
-    def reserved(self, nbytes: int) -> int:
-        """The bytes the pool reserves for ``nbytes`` (memoised: the pass asks about a million times)."""
-        r = self._reserved.get(nbytes)
-        if r is None:
-            r = self._reserved[nbytes] = self.pool.reserved_bytes(max(nbytes, 1))
-        return r
 
     def _place_persistent(self) -> tuple:
         """The weights, their gradients, buffers and momentum: placed once, before the iteration,
@@ -143,133 +127,6 @@ class Placer:
                                         host_valid=True)
             setup.append(Alloc(name, "slab", offset, slab.slot_bytes(max(self.nbytes[name], 1))))
         return tuple(setup)
-
-    # ------------------------------------------------------------ blocks
-    def _tensor(self, name: str) -> Tensor:
-        t = self.tensors.get(name)
-        if t is None:
-            base = base_name(name) if "#" in name else name
-            t = self.tensors[name] = Tensor(name=name, nbytes=self.nbytes[base], kind=self.kinds[base])
-        return t
-
-    def _take_block(self, t: Tensor, step) -> int:
-        """A block for ``t``; with the cache on, a full pool evicts tensors until it fits. Raises
-        BudgetError when nothing more can leave."""
-        nbytes = max(t.nbytes, 1)
-        while True:
-            try:
-                offset = self.pool.alloc(nbytes, t.name, step)
-                break
-            except PoolFullError as e:
-                victim = self.config.cache and choose_victim(self.lru, self.tensors, self.planned_evictions.get(
-                    self.op_index), self.behind_in_flight)
-                if not victim:
-                    live = [(x.name, x.nbytes) for x in self.tensors.values() if x.resident]
-                    raise BudgetError(self._budget_message(t.name, step, e, live)) from None
-                self._evict(victim)
-        self.out.append(Alloc(t.name, self.emit.space, offset, self.reserved(nbytes), COMPUTE if self.raw else None))
-        return offset
-
-    def _alloc(self, t: Tensor, step) -> None:
-        t.allocate(self._take_block(t, step))
-        if base_name(t.name) in self.evictable:
-            self.lru.add(t.name, base_name(t.name))
-
-    def _release_block(self, t: Tensor, offset) -> None:
-        self.emit.release(t.name)  # a copy still reads this block: reuse only after it
-        self.pool.free(offset)
-        self.out.append(Free(t.name, self.emit.space, offset, self.reserved(t.nbytes)))
-        self.lru.remove(t.name)
-
-    def _host_slot(self, name: str, nbytes: int, step) -> int:
-        """A pinned slot for a tensor going to the host, from the host pool (after the fixed part)."""
-        try:
-            offset = self.layout.staging_bytes + self.host.alloc(nbytes, name, step)
-        except PoolFullError as e:
-            raise BudgetError(host_message(
-                self.graph, self.config.describe(), self.config.host_budget_bytes, name, nbytes, step,
-                e.stats.largest_free_bytes, list(self.host.allocations().values()),
-                [(s.name, s.nbytes) for s in self.layout.staging.values()])) from None
-        self.out.append(Alloc(name, "slab", offset, self.host.reserved_bytes(nbytes)))
-        return offset
-
-    def _free_host_slot(self, name: str, offset: int, nbytes: int, stream: str = COMPUTE) -> None:
-        if name not in self.layout.staging:
-            self.host.free(offset - self.layout.staging_bytes)
-        self.out.append(Free(name, "slab", offset, self.host.reserved_bytes(nbytes), stream))
-
-    def _hand_over(self, new: Tensor, old: Tensor) -> None:
-        """An in-place write: ``new`` takes over ``old``'s block (and its place in the cache);
-        ``old`` is dead, and so is any host copy it had."""
-        new.take_buffer(old)
-        self.out.append(HandOver(new.name, old.name))
-        self.emit.rename(new.name, old.name)
-        host = old.release_host()
-        if host is not None:
-            self._free_host_slot(old.name, host, old.nbytes)
-        if self.lru.remove(old.name):
-            self.lru.add(new.name, base_name(new.name))
-
-    def _free(self, name: str) -> None:
-        t = self.tensors.get(name)
-        if t is None or t.state in (State.FREED, State.UNALLOCATED):
-            return
-        if t.state is State.OFFLOADING:
-            self._finish_offload(t)
-        was_resident = t.resident
-        drop = t.state is State.ON_DEVICE and "#" not in name and name in self.dropped
-        offset = t.drop() if drop else t.free()
-        if was_resident:
-            self._release_block(t, offset)
-        if t.host_offset is not None:
-            self._free_host_slot(t.name, t.release_host(), t.nbytes)
-
-    # ------------------------------------------------------------ moving data
-    def _start_offload(self, t: Tensor, step, why: str) -> None:
-        if t.host_offset is None:
-            t.host_offset = self._host_slot(t.name, t.nbytes, step)
-        if t.start_offload(t.host_offset):  # False: a clean eviction, the host copy is still valid
-            self.emit.to_host(t.name, why, t.offset, t.host_offset, t.nbytes)
-        self.lru.remove(t.name)
-
-    def _finish_offload(self, t: Tensor) -> None:
-        self.behind_in_flight.pop(t.name, None)
-        self._release_block(t, t.finish_offload())
-
-    def _start_prefetch(self, t: Tensor, step, why: str) -> None:
-        t.start_prefetch(self._take_block(t, step))
-        self.emit.to_device(t.name, why, t.host_offset, t.offset, t.nbytes)
-
-    def _fetch(self, t: Tensor, step) -> None:
-        """A cache miss: ``t`` comes back from the host."""
-        self.stats["cache_misses"] += 1
-        self.fetches.append(Fetch(t.name, self.op_index))
-        self._start_prefetch(t, step, "fetch")
-
-    def _make_readable(self, t: Tensor, step) -> None:
-        cache = self.config.cache
-        if t.state is State.ON_HOST and t.name in self.host_state:  # momentum not fetched ahead: now
-            self._start_prefetch(t, step, "state")
-        elif t.state is State.ON_HOST:
-            if not cache:
-                raise PlanError(f"op {step} reads {t.name}, which is on the host and nothing prefetched it")
-            self._fetch(t, step)
-        elif cache and t.name in self.lru:
-            self.stats["cache_hits"] += 1
-        if t.state is State.PREFETCHING:
-            self.emit.landed(t.name)  # read only once the copy has landed
-            t.finish_prefetch()
-            if base_name(t.name) in self.evictable:
-                self.lru.add(t.name, base_name(t.name))
-        if not t.readable:
-            raise PlanError(f"op {step} reads {t.name}, which is {t.state.name}: the plan is wrong")
-        self.lru.touch(t.name)
-
-    def _evict(self, t: Tensor) -> None:
-        self.evictions.append(Eviction(t.name, self.op_index, self.last_use.get(t.name, -1)))
-        if t.state is State.ON_DEVICE:
-            self._start_offload(t, "evict", "evict")
-        self._finish_offload(t)
 
     def _read_ahead(self, op) -> None:
         """Start the fetches planned to begin by this op, where their block fits without evicting.
@@ -457,25 +314,14 @@ class Placer:
             self._place_op(planned)
 
     def _workspace(self, op):
+        """A conv step's algorithms (:class:`snlite.workspace.Ranked`) and its workspace block, if any."""
         layer = self.graph.layers[op.layer]
         if layer.kind != "conv2d" or op.phase == "update":
             return (), None
-        phase = "forward" if op.phase == "recompute" else op.phase
-        kinds = ("forward",) if phase == "forward" else ("backward_filter", "backward_data")
-        largest = self.pool.largest_free_block()
-        choices = {k: ws.choose(layer, k, self.config.workspace, largest, self.costs, self._candidates(layer, k))
-                   for k in kinds}
-        convs = tuple((k, c.algo, c.chunk, c.workspace_bytes) for k, c in choices.items())
-        nbytes = max(c.workspace_bytes for c in choices.values())
+        convs, nbytes = self.ranked.step(layer, op.phase, self.config.workspace, self.pool.largest_free_block())
         if nbytes == 0:
             return convs, None
-        t = Tensor(name=f"{op.layer}.workspace", nbytes=nbytes, kind="workspace")
-        self.tensors[t.name] = t
+        t = self.tensors[f"{op.layer}.workspace"] = Tensor(f"{op.layer}.workspace", nbytes, "workspace")
         self.table[t.name] = (None, "float32", "workspace")  # a flat view of the whole block
         t.allocate(self._take_block(t, op.step))
         return convs, t
-
-    def _budget_message(self, name: str, step, err: PoolFullError, live) -> str:
-        nbytes = self.nbytes.get(base_name(name), 0) if name not in self.tensors else self.tensors[name].nbytes
-        return device_message(self.graph, self.config.describe(), self.capacity, name, nbytes, step,
-                              err.stats.largest_free_bytes, live)

@@ -120,6 +120,35 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
             return c
 
 
+CONV_OPS = ("forward", "backward_data", "backward_filter")
+
+
+class Ranked:
+    """``candidates`` once per conv shape and op (deep nets repeat a few shapes thousands of times)."""
+
+    def __init__(self, model: CostModel):
+        self.model, self.memo = model, {}
+
+    def __call__(self, layer, op: str) -> list[Choice]:
+        key = (conv_key(layer), op)
+        if key not in self.memo:
+            self.memo[key] = candidates(layer, op, self.model)
+        return self.memo[key]
+
+    def largest_workspace(self, graph) -> int:
+        """The most workspace any conv step of ``graph`` could ask for (an unlimited arena holds it)."""
+        return max((c.workspace_bytes for layer in graph.layers.values() if layer.kind == "conv2d"
+                    for op in CONV_OPS for c in self(layer, op)), default=0)
+
+    def step(self, layer, phase: str, mode: str, largest_free_bytes: int) -> tuple[tuple, int]:
+        """One conv step's choices: ``((op, algo, chunk, workspace bytes), ...)`` for each conv op the
+        step runs (a recomputation re-runs forward), and the workspace the step needs (their largest)."""
+        ops = ("forward",) if phase in ("forward", "recompute") else ("backward_filter", "backward_data")
+        choices = [(op, choose(layer, op, mode, largest_free_bytes, self.model, self(layer, op))) for op in ops]
+        return tuple((op, c.algo, c.chunk, c.workspace_bytes) for op, c in choices), \
+            max(c.workspace_bytes for _, c in choices)
+
+
 def measure_conv_costs(graph, device, budget_bytes: int | None = None, reps: int = 3,
                        model: CostModel = CostModel()) -> MeasuredCosts:
     """Time every conv algorithm candidate of ``graph`` on ``device``, in a scratch arena taken
