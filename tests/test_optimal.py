@@ -512,8 +512,8 @@ def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_t
 
 
 def test_the_integer_program_imports_on_its_own():
-    """``from snlite.milp import Model`` first (not through snlite.optimal) must work: the two modules
-    build on each other, and optimal.Model is resolved when asked for."""
+    """``from snlite.milp import Model`` first (not through snlite.optimal) works, and optimal.Model is
+    that class: the imports go one way, space <- milp <- optimal, with no cycle to resolve."""
     import subprocess
     import sys
 
