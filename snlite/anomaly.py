@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels import all_ops
+from kernels._common import LAUNCH_ONLY
+from kernels.host import host_kernel
+from snlite.executor import dropout_seed  # the runtime's per-layer seed, so a re-run draws the same masks
 from snlite.layers import StepIO
 
 
@@ -33,10 +37,6 @@ def _references():
     """``run(op_name, *args, **kwargs)`` with what the host device runs: kernels.host's fast version
     of the op where there is one (it agrees with the reference), else
     its NumPy reference."""
-    from kernels import all_ops
-    from kernels._common import LAUNCH_ONLY
-    from kernels.host import host_kernel
-
     ops = all_ops()
 
     def run(op_name, *args, **kwargs):
@@ -45,25 +45,20 @@ def _references():
 
 
 def describe(a: np.ndarray) -> str | None:
-    """None if ``a`` is finite, else e.g. ``3 NaN and 1 inf of 2,304 values (the first at (0, 1, 0, 2): nan)``."""
+    """None if ``a`` is finite, else e.g.
+    ``3 NaN and 1 inf of 2,304 values (the first at (0, 1, 0, 2): nan)``."""
     a = np.asarray(a)
     bad = ~np.isfinite(a)
     if not bad.any():
         return None
-    counts = [f"{int(n):,d} {what}" for n, what in ((np.isnan(a).sum(), "NaN"), (np.isposinf(a).sum(), "+inf"),
-                                                     (np.isneginf(a).sum(), "-inf")) if n]
+    found = ((np.isnan(a).sum(), "NaN"), (np.isposinf(a).sum(), "+inf"), (np.isneginf(a).sum(), "-inf"))
+    counts = [f"{int(n):,d} {what}" for n, what in found if n]
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     return f"{' and '.join(counts)} of {a.size:,d} values (the first at {first}: {float(a[first])})"
 
 
-def dropout_seed(seed: int, iteration: int, layer_index: int) -> int:
-    """The runtime's per-layer dropout seed (snlite.executor.dropout_seed), so a re-run draws its masks."""
-    from snlite.executor import dropout_seed as seed_of
-
-    return seed_of(seed, iteration, layer_index)
-
-
-def forward_outputs(graph, params: dict, x, labels=None, *, train: bool = True, iteration: int = 0, seed: int = 0):
+def forward_outputs(graph, params: dict, x, labels=None, *, train: bool = True, iteration: int = 0,
+                    seed: int = 0):
     """Run one forward pass on the host with the host device's kernels and yield, in route order,
     ``(layer name, output)``; for the loss layer the output is the loss (a 1-element array).
     ``params``: weights and buffers by name, as ``Model.params`` (copied: BatchNorm's running
@@ -115,13 +110,15 @@ def first_nonfinite(graph, params: dict, x, labels=None, *, train: bool = True, 
             bad = describe(params[f"{name}.{p}"])
             if bad:
                 return (f"the parameters of layer {name!r} ({layer.kind}): {name}.{p} has {bad}, before "
-                        f"this step ran (an earlier update diverged, or it was loaded so: try a lower learning rate)")
+                        f"this step ran (an earlier update diverged, or it was loaded so: "
+                        f"try a lower learning rate)")
         bad = describe(out)
         if bad:
             what = f"the loss is {float(out[0])}" if layer.kind == "softmax_loss" else f"its output has {bad}"
             ins = [outs[i] for i in graph.inputs[name]] + [params[f"{name}.{p}"] for p in kinds]
             largest = max(float(np.abs(a).max()) for a in ins if np.size(a))
             hint = ": float32 overflowed (a learning rate too high?)" if largest > 1e15 else ""
-            return (f"layer {name!r} ({layer.kind}, forward step {route.index(name)}): {what}, while its inputs "
-                    f"and parameters are finite (the largest in magnitude: {largest:.3g}){hint}")
+            return (f"layer {name!r} ({layer.kind}, forward step {route.index(name)}): {what}, "
+                    f"while its inputs and parameters are finite "
+                    f"(the largest in magnitude: {largest:.3g}){hint}")
     return None

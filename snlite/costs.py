@@ -23,6 +23,8 @@ import statistics
 import numpy as np
 
 from snlite.config import MemoryConfig
+from snlite.device import get_device
+from snlite.train import Model
 
 
 def span_of(label: str) -> tuple[str, str]:
@@ -40,15 +42,12 @@ def measure_layer_costs(graph, device="host", reps: int = 3, seed: int = 0) -> d
     runs once per pass, nothing recomputed), after one pass that warms up (on a GPU, compiles the
     kernels). The batch is random, the weights those of ``seed``; the model is discarded after.
     A layer whose forward launches nothing takes 0.0."""
-    from snlite.device import get_device
-    from snlite.train import Model
-
     if isinstance(reps, bool) or not isinstance(reps, (int, np.integer)) or reps < 1:
         raise ValueError(f"measure_layer_costs: reps must be an int >= 1, got {reps!r}")
     device = get_device(device)
     if not device.has_data:
-        raise ValueError(f"measure_layer_costs: the {device.name} device runs no kernels, so it has no times; "
-                         f"measure on 'host' or 'cuda'")
+        raise ValueError(f"measure_layer_costs: the {device.name} device runs no kernels, "
+                         f"so it has no times; measure on 'host' or 'cuda'")
     model = Model(graph, MemoryConfig(), device=device, seed=seed)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(graph.input_shape).astype(np.float32)
@@ -71,7 +70,8 @@ def cost_table(graph, forward_ms: dict, keep=()) -> str:
     rows = [f"{'layer':24} {'kind':13} {'forward ms':>10}  recomputation"]
     for name in graph.route()[0]:
         layer = graph.layers[name]
-        role = "checkpoint" if layer.checkpoint else ("kept: too slow to re-run" if name in keep else "dropped, re-run")
+        role = ("checkpoint" if layer.checkpoint
+                else "kept: too slow to re-run" if name in keep else "dropped, re-run")
         if layer.alias_input:
             role = "a view"
         rows.append(f"{name:24} {layer.kind:13} {forward_ms.get(name, 0.0):10.3f}  {role}")

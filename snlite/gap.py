@@ -9,15 +9,17 @@ Every strategy runs with liveness on and nothing offloaded, so the rows differ o
 recompute. For each heuristic, the exact planner answers two questions: what is the least peak for
 the extra FLOPs this heuristic spends (``best_peak_bytes``; the gap is how far above it the heuristic
 is), and what are the fewest extra FLOPs for the peak it reaches (``fewest_flops``). The exact planner
-searches plans that re-run each dropped layer once (:mod:`snlite.optimal`); memory-centric
-recomputation re-runs layers several times, so it can land below that space's frontier (a negative
-gap): the table says so rather than hide it.
+(:mod:`snlite.optimal`) by default searches plans that re-run a layer as often as they like (they
+hold SuperNeurons' speed- and memory-centric plans); under ``reruns="once"`` it re-runs each dropped
+layer once, and memory-centric recomputation, which re-runs layers several times, can land below that
+space's frontier (a negative gap): the table says so rather than hide it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from snlite import measure, optimal
+from snlite import optimal_offload as oo
 from snlite.config import MemoryConfig
 
 HEURISTICS = {"liveness only": MemoryConfig(liveness=True),
@@ -75,7 +77,8 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
         rows.append(Row(label, trace.peak_bytes, trace.extra_flops, m.moved_bytes, same_flops.peak_bytes,
                         same_peak.extra_flops, status, gap, same_flops.solve_s + same_peak.solve_s))
     progress(f"{graph.name}: {OPTIMAL} ({len(plans) + 1}/{len(plans) + 1})")
-    best = optimal.solve(graph, "flops" if budget else "peak", budget=budget, time_limit=time_limit, model=model)
+    best = optimal.solve(graph, "flops" if budget else "peak", budget=budget, time_limit=time_limit,
+                         model=model)
     if best.plan is None:
         least = optimal.solve(graph, model=model).peak_bytes
         raise ValueError(f"no plan of {graph.name} has a peak of at most {measure.format_size(budget)} "
@@ -131,18 +134,18 @@ def offload_rows(graph, count: str = "all", time_limit: float = 60.0) -> list[Of
     """SuperNeurons' offload (CONV outputs, liveness on, nothing recomputed) against the exact
     offload program (:mod:`snlite.optimal_offload`), then the offload optimum: least peak, and
     among plans of that peak the fewest bytes moved."""
-    from snlite import optimal_offload as oo
-
     model = oo.OffloadModel(graph, count)
     m = measure.measure(graph, oo.CONFIG, "+ offload (SuperNeurons: CONV outputs)")
     trace = m.trace if count == "all" else m.paper
     same_moved = oo.solve(graph, allowance=m.moved_bytes, count=count, time_limit=time_limit, model=model)
-    same_peak = oo.solve(graph, "moved", budget=trace.peak_bytes, count=count, time_limit=time_limit, model=model)
+    same_peak = oo.solve(graph, "moved", budget=trace.peak_bytes, count=count, time_limit=time_limit,
+                         model=model)
     rows = [OffloadRow(m.label, trace.peak_bytes, m.moved_bytes, same_moved.peak_bytes, same_peak.moved_bytes,
                        _worst_status(same_moved, same_peak))]
     best = oo.solve(graph, count=count, time_limit=time_limit, model=model)
     if best.plan is not None:
-        tidy = oo.solve(graph, "moved", budget=best.peak_bytes, count=count, time_limit=time_limit, model=model)
+        tidy = oo.solve(graph, "moved", budget=best.peak_bytes, count=count, time_limit=time_limit,
+                        model=model)
         best = tidy if tidy.plan is not None and tidy.moved_bytes <= best.moved_bytes else best
         rows.append(OffloadRow("optimal offload", best.peak_bytes, best.moved_bytes, best.peak_bytes,
                                best.moved_bytes, best.status))

@@ -14,17 +14,17 @@ or tensors that live and die together): on ResNet-20 that leaves 24 thousand var
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
-import time
 
 import numpy as np
 
-from snlite.optimal import CONFIG, OBJECTIVES, _outputs, candidates
-from snlite.scheduler import Scheduler
+from snlite import highs
+from snlite.scheduler import optimizer_specs
+from snlite.pool import TensorPool
+from snlite.space import Space, as_reruns
 from snlite.trace import KIND_CATEGORY, PAPER_CATEGORIES
+
+OBJECTIVES = ("peak", "flops")
 
 
 class _Expr(dict):
@@ -42,105 +42,46 @@ PRESOLVE = True  # HiGHS's presolve (off: slower, for checking a suspicious answ
 # so the least C is whole and optimal; as continuous variables they leave HiGHS 2,307 binaries instead
 # of 6,498 on ResNet-20 (the brute-force tests check the optimum is unchanged)
 CARRY_INTEGER = False
-RERUNS = ("any", "once")  # re-run as often as the solver likes; or each dropped layer once, just in time
 
 
-class Model:
-    """The integer program of one graph under :data:`CONFIG` (count "all" or "paper"), built once;
-    :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means.
-    ``allowed``: the layers it may drop (default: every candidate), e.g. only SuperNeurons' cheap ones."""
+class Model(Space):
+    """The integer program of one graph under :data:`snlite.space.CONFIG` (count "all" or "paper"),
+    built once; :meth:`solve` runs HiGHS on it with one objective. See the module docstring for what it means.
+    ``allowed``: the layers it may drop (default: every candidate), e.g. only SuperNeurons' cheap ones.
+    Built in three steps: the plans (:class:`~snlite.space.Space`: the candidates, where their re-runs
+    may come, the slots), what each tensor counts for (:meth:`_sizes`), then the program (:meth:`_build`)."""
 
     def __init__(self, graph, count: str = "all", allowed=None, reruns: str = "any"):
         if count not in ("all", "paper"):
             raise ValueError(f"count must be 'all' or 'paper', got {count!r}")
-        if reruns not in RERUNS:
-            raise ValueError(f"reruns must be one of {RERUNS}, got {reruns!r}")
-        self.mode = reruns
-        from snlite.scheduler import optimizer_specs
-        from snlite.pool import TensorPool
+        super().__init__(graph, allowed, reruns)
+        self.count = count
+        self._sizes()
+        self._build()
 
-        self.graph, self.count = graph, count
-        steps, tensors = graph.steps(), graph.tensors()
-        block = TensorPool(1024).reserved_bytes
-        persistent = Scheduler(graph, CONFIG).persistent()
-        cats = PAPER_CATEGORIES if count == "paper" else None
-
-        def size(name):
-            spec = tensors[name]
-            if cats is not None:
-                return spec.nbytes if KIND_CATEGORY[spec.kind] in cats else 0
-            return block(max(spec.nbytes, 1))
-
-        self.size = size
+    def _sizes(self) -> None:
+        """What the program counts: each tensor's size (:meth:`size`), the grain every size is a whole
+        number of, the unit the program counts in, and the bytes held throughout (``persistent_bytes``)."""
+        self.tensors = self.graph.tensors()
+        self.block = TensorPool(1024).reserved_bytes
+        self.cats = PAPER_CATEGORIES if self.count == "paper" else None
         # every size is a whole number of grains (the pool's blocks under count "all"), so a budget is
         # too, and half a grain of slack absorbs HiGHS's tolerances; the program counts in KiB (HiGHS
         # is at its most accurate with numbers near 1; in bytes it returned suboptimal "optimal" answers)
-        self.grain = math.gcd(*{size(t) for t in tensors if t not in persistent}, 1024 if cats is None else 0)
+        self.grain = math.gcd(*{self.size(t) for t in self.tensors if t not in self.persistent},
+                              1024 if self.cats is None else 0)
         self.unit = 1024.0
-        self.persistent_bytes = 0 if cats else (
-            sum(block(max(t.nbytes, 1)) for n, t in tensors.items() if n in persistent)
-            + sum(block(t.nbytes) for t in optimizer_specs(graph).values()))
-        self.cands = [L for L in candidates(graph) if allowed is None or L in set(allowed)]  # what it may drop
-        self.pos = {name: i for i, name in enumerate(self.cands)}
-        fwd = {s.layer: s for s in steps if s.phase == "forward"}
-        self.outs = {L: _outputs(graph, L, fwd[L]) for L in self.cands}
-        producer = {u: L for L, us in self.outs.items() for u in us}
-        readers = {}  # tensor -> candidates whose forward reads it (a re-run reads it again)
-        for M in self.cands:
-            for u in fwd[M].reads:
-                if u not in persistent:
-                    readers.setdefault(u, []).append(M)
-        self.cons = {L: sorted({M for u in us for M in readers.get(u, ()) if M != L}, key=self.pos.get)
-                     for L, us in self.outs.items()}
-        self.bstages = [s.index for s in steps if s.phase == "backward"]
-        bpos = {s: j for j, s in enumerate(self.bstages)}
-        bread: dict[str, list[int]] = {}  # candidate output -> backward positions reading it
-        for s in steps:
-            if s.phase == "backward":
-                for u in s.reads:
-                    if u in producer:
-                        bread.setdefault(u, []).append(bpos[s.index])
-        fb = {L: min((j for u in self.outs[L] for j in bread.get(u, ())), default=None) for L in self.cands}
-        starts: dict[str, set[int]] = {}  # layer -> backward positions a re-run of it can come before
-        for L in reversed(self.cands):
-            opts = {x for M in self.cons[L] for x in starts[M]}
-            if reruns == "any":  # wherever it, or a consumer's re-run, needs it
-                opts |= {j for u in self.outs[L] for j in bread.get(u, ())}
-            elif fb[L] is not None:  # once: just in time
-                opts = {x for x in opts if x < fb[L]} | {fb[L]}
-            starts[L] = opts
-        self.fb, self.starts = fb, starts
-        # the moments a launch can happen: each forward step; per backward step, each possible re-run, then it
-        slots = [("f", s.index, None) for s in steps if s.phase == "forward"]
-        at = {}
-        for L in self.cands:
-            for j in starts[L]:
-                at.setdefault(j, []).append(L)
-        step_slot = {}
-        for j, s in enumerate(self.bstages):
-            for L in sorted(at.get(j, ()), key=self.pos.get):
-                slots.append(("r", j, L))
-            step_slot[s] = len(slots)
-            slots.append(("b", j, None))
-        for s in steps:
-            if s.phase == "forward":
-                step_slot[s.index] = s.index  # forward steps come first, one slot each
-        self.slots = slots
-        # every tensor of the route without recomputation: [first slot, last slot] it holds its block
-        first, last, lf = {}, {}, {}
-        for s in steps:
-            k = step_slot[s.index]
-            new = {n for n, _ in s.inplace}
-            for t in (*s.reads, *s.writes):
-                if t in persistent:
-                    continue
-                first.setdefault(t, k + 1 if t in new else k)  # written into another's buffer: one block
-                last[t] = k
-                if s.phase == "forward":
-                    lf[t] = k
-        self.first, self.last, self.lf = first, last, lf
-        self.producer, self.readers, self.bread = producer, readers, bread
-        self._build()
+        self.persistent_bytes = 0 if self.cats else (
+            sum(self.block(max(t.nbytes, 1)) for n, t in self.tensors.items() if n in self.persistent)
+            + sum(self.block(t.nbytes) for t in optimizer_specs(self.graph).values()))
+
+    def size(self, name) -> int:
+        """The bytes tensor ``name`` counts for: its pool block ("all"), or its own bytes if the paper
+        counts its category, else 0 ("paper")."""
+        spec = self.tensors[name]
+        if self.cats is not None:
+            return spec.nbytes if KIND_CATEGORY[spec.kind] in self.cats else 0
+        return self.block(max(spec.nbytes, 1))
 
     # -------------------------------------------------------------- variables and expressions
     def _var(self, name, lb=0.0, ub=1.0, integer=False) -> int:
@@ -223,7 +164,8 @@ class Model:
                 need = set(self.bread.get(u, ()))
                 for j in range(lo, hi + 1):
                     here = _Expr(self.C(u, j)).add(self.R(L, j))
-                    self._row(_Expr(here).add(dL, -1.0), -np.inf, 0.0)  # only if dropped; one incarnation at once
+                    # only if dropped; one incarnation at once
+                    self._row(_Expr(here).add(dL, -1.0), -np.inf, 0.0)
                     if j > lo:  # what is carried into j existed at the end of j - 1
                         self._row(_Expr(self.C(u, j)).add(self.C(u, j - 1), -1.0).add(self.R(L, j - 1), -1.0),
                                   -np.inf, 0.0)
@@ -238,12 +180,34 @@ class Model:
             for j in S:
                 self.extra.add(self.R(L, j), float(self.flops[L]))
 
+    def _build_once(self) -> None:
+        """The re-runs of "once": binaries started[L, j], pinned to the just-in-time rule."""
+        nb = len(self.bstages)
+        self.started = {L: {j: self._var(f"started[{L},{j}]", integer=True)
+                            for j in range(min(self.starts[L]), nb)} for L in self.cands if self.starts[L]}
+        for L in self.started:
+            dL = {self.d[L]: 1.0}
+            for j in range(min(self.starts[L]), nb):
+                s = self.st(L, j)
+                self._row(_Expr(s).add(dL, -1.0), -np.inf, 0.0)  # only a dropped layer re-runs
+                if self.fb[L] is not None and j >= self.fb[L]:
+                    self._row(_Expr(s).add(dL, -1.0), 0.0, np.inf)  # its own first need
+                else:  # ... or not before a consumer's re-run needs it
+                    e = _Expr(s)
+                    for M in self.cons[L]:
+                        e.add(self.st(M, j), -1.0)
+                    self._row(e, -np.inf, 0.0)
+                for M in self.cons[L]:  # a dropped consumer's re-run needs it
+                    self._row(_Expr(s).add(self.st(M, j), -1.0).add(dL, -1.0), -1.0, np.inf)
+            self.extra.add(self.st(L, nb - 1), float(self.flops[L]))
+
     def _build(self) -> None:
+        """The program: peak, the decisions d[L], the re-runs (:meth:`_build_any` or :meth:`_build_once`),
+        then the memory sum of every slot (:meth:`_memory`, which adds the ``alive`` variables)."""
         self.names, self.lb, self.ub, self.integer = [], [], [], []
         self.rows, self.row_lo, self.row_hi = [], [], []
         self.reasons = {}  # alive variable -> the expressions it is at least
         self._shared = {}  # its reasons -> an alive variable (one per distinct set of reasons)
-        nb = len(self.bstages)
         self.peak = self._var("peak", 0.0, np.inf)
         self.d = {L: self._var(f"d[{L}]", integer=True) for L in self.cands}
         self.flops = {L: self.graph.layers[L].flops() for L in self.cands}
@@ -254,26 +218,7 @@ class Model:
         if self.mode == "any":
             self._build_any()
         else:
-            self.started = {L: {j: self._var(f"started[{L},{j}]", integer=True)
-                                for j in range(min(self.starts[L]), nb)} for L in self.cands if self.starts[L]}
-        for L in self.cands if self.mode == "once" else ():  # the re-run times, pinned to the just-in-time rule
-            if not self.starts[L]:
-                continue
-            for j in range(min(self.starts[L]), nb):
-                s = self.st(L, j)
-                self._row(_Expr(s).add({self.d[L]: 1.0}, -1.0), -np.inf, 0.0)  # only a dropped layer re-runs
-                if self.fb[L] is not None and j >= self.fb[L]:
-                    self._row(_Expr(s).add({self.d[L]: 1.0}, -1.0), 0.0, np.inf)  # its own first need
-                else:  # ... or not before a consumer's re-run needs it
-                    e = _Expr(s)
-                    for M in self.cons[L]:
-                        e.add(self.st(M, j), -1.0)
-                    self._row(e, -np.inf, 0.0)
-                for M in self.cons[L]:  # a dropped consumer's re-run needs it
-                    self._row(_Expr(s).add(self.st(M, j), -1.0).add({self.d[L]: 1.0}, -1.0), -1.0, np.inf)
-        for L in self.cands if self.mode == "once" else ():
-            if self.starts[L]:
-                self.extra.add(self.st(L, nb - 1), float(self.flops[L]))
+            self._build_once()
         self.memory = [self._memory(i) for i in range(len(self.slots))]
         self._mats = None
 
@@ -327,13 +272,15 @@ class Model:
                 mem.add({-1: 1.0, self.d[L]: -1.0}, n)
             else:
                 rs = [r.add({self.d[L]: 1.0}, -1.0) for M in self.readers.get(u, ())
-                      if M != L and self.starts.get(M) and max(self.starts[M]) >= j for r in self._reruns_from(M, j, k)]
+                      if M != L and self.starts.get(M) and max(self.starts[M]) >= j
+                      for r in self._reruns_from(M, j, k)]
                 mem.add(self._alive(f"o[{u},{here}]", rs), n)
             # the incarnation: from its re-run to its last use
             if not self.starts[L] or j < min(self.starts[L]):
                 continue
             if self.mode == "any":
-                mem.add(self._alive(f"i[{u},{here}]", self._incarnation_any(u, L, j, k, kind == "r" and L_at == L)), n)
+                own = kind == "r" and L_at == L
+                mem.add(self._alive(f"i[{u},{here}]", self._incarnation_any(u, L, j, k, own)), n)
                 continue
             a = self.alloc_by(L, j, k)
             rs = [_Expr(a)] if any(b >= j for b in self.bread.get(u, ())) else []
@@ -356,8 +303,10 @@ class Model:
         # "exists here and carried on" (e + C[u, j + 1] - 1), made linear by C[u, j + 1] <= C[u, j] +
         # R[L, j] and C + R <= d, and much tighter for the LP relaxation (its bound on ResNet-20)
         rs += [_Expr(self.C(u, j + 1)).add(later, -1.0)]
-        rs += [_Expr(self.R(M, j)).add({self.d[L]: 1.0, -1: -1.0}).add(later, -1.0) for M in self.readers.get(u, ())
-               if M != L and self.pos[M] >= k and j in self.starts.get(M, ())]  # a dropped consumer's re-run
+        # a dropped consumer's re-run in this step, at or after the slot, reads it
+        off = {self.d[L]: 1.0, -1: -1.0}  # d[L] - 1: 0 if L is dropped
+        rs += [_Expr(self.R(M, j)).add(off).add(later, -1.0) for M in self.readers.get(u, ())
+               if M != L and self.pos[M] >= k and j in self.starts.get(M, ())]
         return rs
 
     # -------------------------------------------------------------- solving
@@ -395,9 +344,8 @@ class Model:
               time_limit: float = 60.0, fixed: dict | None = None, cutoff: float | None = None):
         """HiGHS on the program: the least peak (bytes, under ``allowance`` extra FLOPs if given) or
         the fewest extra FLOPs (under ``budget`` bytes of peak). ``fixed``: layer -> 0/1 pins ``d``.
-        ``cutoff``: the objective of a plan known to keep the limits (bytes or FLOPs), an upper bound
-        that lets HiGHS prune from the start. Returns (scipy's result, the plan's re-runs or None, seconds)."""
-        from scipy.optimize import Bounds, LinearConstraint, milp
+        ``cutoff``: the objective of a plan known to keep the limits (bytes or FLOPs), an upper bound that
+        lets HiGHS prune from the start. Returns (scipy's result, the plan's re-runs or None, seconds)."""
         from scipy.sparse import csr_array, vstack
 
         if objective not in OBJECTIVES:
@@ -407,7 +355,8 @@ class Model:
         m = self._matrices()
         mem, k, n = m["M"], m["m0"], len(self.names)
         if objective == "peak":  # mem - peak <= 0
-            mem = mem - csr_array((np.ones(len(k)), (np.arange(len(k)), np.full(len(k), self.peak))), shape=mem.shape)
+            mem = mem - csr_array((np.ones(len(k)), (np.arange(len(k)), np.full(len(k), self.peak))),
+                                  shape=mem.shape)
             limit = -k
         else:  # mem <= budget
             limit = (budget // self.grain + 0.5) * self.grain / self.unit - k
@@ -427,12 +376,8 @@ class Model:
             ub[self.peak] = (int(cutoff) // self.grain + 0.5) * self.grain / self.unit
         for L, x in (fixed or {}).items():
             lb[self.d[L]] = ub[self.d[L]] = float(x)
-        t0 = time.perf_counter()
-        with _quiet_fd1():
-            res = milp(c, integrality=np.array(self.integer), bounds=Bounds(lb, ub),
-                       constraints=LinearConstraint(A, np.concatenate(lo), np.concatenate(hi)),
-                       options={"time_limit": time_limit, "disp": False, "presolve": PRESOLVE})
-        seconds = time.perf_counter() - t0
+        res, seconds = highs.run(c, np.array(self.integer), lb, ub, A, np.concatenate(lo), np.concatenate(hi),
+                                 time_limit, PRESOLVE)
         self.size_info = {"variables": n, "binaries": self.binaries, "constraints": A.shape[0]}
         if res.x is None:
             return res, None, seconds
@@ -443,9 +388,7 @@ class Model:
                      for L in dropped}, seconds
 
     def choice(self, dropped) -> dict:
-        """Dropped layer -> the backward route steps it is re-run before (:func:`snlite.optimal.as_reruns`)."""
-        from snlite.optimal import as_reruns
-
+        """Dropped layer -> the backward route steps it is re-run before (:func:`snlite.space.as_reruns`)."""
         return as_reruns(self.graph, dropped)
 
     def _assign(self, reruns: dict) -> np.ndarray:
@@ -459,13 +402,15 @@ class Model:
             js = sorted(bpos[s] for s in when)
             if self.mode == "once":
                 if len(js) > 1:
-                    raise ValueError(f"{L} is re-run {len(js)} times; a Model(reruns='once') re-runs each layer once")
+                    raise ValueError(f"{L} is re-run {len(js)} times; "
+                                     f"a Model(reruns='once') re-runs each layer once")
                 for j, v in self.started.get(L, {}).items():
                     x[v] = float(bool(js) and j >= js[0])
                 continue
             for j in js:
                 if j not in self.rv.get(L, {}):
-                    raise ValueError(f"{L} is re-run before backward step {self.bstages[j]}, where nothing needs it")
+                    raise ValueError(f"{L} is re-run before backward step {self.bstages[j]}, "
+                                     f"where nothing needs it")
                 x[self.rv[L][j]] = 1.0
             for j, v in self.fv.get(L, {}).items():
                 x[v] = float(any(q >= j for q in js))
@@ -494,22 +439,3 @@ class Model:
     def extra_flops_of(self, dropped) -> int:
         """Extra FLOPs of one plan: each re-run of a layer, its forward FLOPs."""
         return sum(self.flops[L] * len(when) for L, when in self.choice(dropped).items())
-
-
-@contextlib.contextmanager
-def _quiet_fd1():
-    """Some HiGHS builds print debugging lines ("...transformNewIntegerFeasibleSolution...") straight
-    to file descriptor 1, past Python: point it at /dev/null while the solver runs."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError):
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)

@@ -6,7 +6,7 @@ plan of the same kind is, with an integer program solved by HiGHS (``scipy.optim
 the optional extra ``snlite[optimal]``), and returns it as an ordinary :class:`~snlite.scheduler.Plan`
 that the same placement pass and executor run.
 
-The plans (the space the program searches, and the brute force of the tests enumerates):
+The plans (:mod:`snlite.space`; the space the program searches, and the brute force of the tests enumerates):
 
 - every layer that writes activations (not the data layer, the loss, or a flatten) is a candidate;
   a plan *drops* some of them: their outputs (and what their forward saves) are freed after their
@@ -44,117 +44,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from snlite.config import MemoryConfig
-from snlite.recompute import Op, RecomputeInfo
-from snlite.scheduler import LivenessStage, Plan, PlannedOp, Scheduler
+from snlite.highs import STATUS
+from snlite.measure import checkpoint_plan, format_size
+from snlite.milp import OBJECTIVES, Model
+from snlite.scheduler import Plan, Scheduler
+from snlite.space import CONFIG, as_reruns, candidates, plan_for, recompute_stages, reruns_of
 
-CONFIG = MemoryConfig(liveness=True)  # the runtime configuration every plan here runs under
-OBJECTIVES = ("peak", "flops")
-
-
-def candidates(graph) -> list[str]:
-    """The layers a plan may drop, in forward order: every one whose forward writes activations,
-    except the data layer, the loss (its output is the loss) and flatten (it only renames)."""
-    fwd = {s.layer: s for s in graph.steps() if s.phase == "forward"}
-    tensors = graph.tensors()
-    out = []
-    for name in graph.route()[0]:
-        layer = graph.layers[name]
-        if layer.kind == "data" or name == graph.loss_layer or layer.alias_input:
-            continue
-        if any(tensors[t].kind == "activation" for t in fwd[name].writes):
-            out.append(name)
-    return out
+# the planner's interface: solving here, the plans from snlite.space, the program from snlite.milp
+__all__ = ["CONFIG", "OBJECTIVES", "STATUS", "Model", "Result", "as_reruns", "candidates", "every_need",
+           "plan_for", "recompute_stages", "reruns_of", "solve"]
 
 
-def _outputs(graph, layer, fwd_step) -> list[str]:
-    """The activations a layer's forward writes (its output and what it saves), not buffers."""
-    tensors = graph.tensors()
-    return [t for t in fwd_step.writes if tensors[t].kind == "activation"]
-
-
-def recompute_stages(graph, dropped) -> dict[str, int | None]:
-    """Dropped layer -> the backward route step before which it is re-run (None: never needed).
-    Just in time: the first backward step reading one of its outputs, or the re-run of a dropped
-    consumer that reads them, whichever is earlier."""
-    steps = graph.steps()
-    fwd = {s.layer: s for s in steps if s.phase == "forward"}
-    producer = {t: name for name in dropped for t in _outputs(graph, name, fwd[name])}
-    first: dict[str, int] = {}
-    for s in steps:
-        if s.phase == "backward":
-            for t in s.reads:
-                if t in producer:
-                    first.setdefault(producer[t], s.index)
-    stage = {}
-    for name in reversed(graph.route()[0]):  # consumers before producers
-        if name not in producer.values() and name not in dropped:
-            continue
-        needs = [first.get(name)]
-        outs = set(_outputs(graph, name, fwd[name]))
-        needs += [stage[m] for m in dropped if m in stage and outs.intersection(fwd[m].reads)]
-        needs = [n for n in needs if n is not None]
-        stage[name] = min(needs) if needs else None
-    return stage
-
-
-def as_reruns(graph, dropped) -> dict[str, tuple[int, ...]]:
-    """Dropped layer -> the backward route steps before which it is re-run. ``dropped`` is either
-    that dict already (returned as is, checked) or the layers only: each is then re-run once, just in
-    time (:func:`recompute_stages`), or never if nothing needs it."""
-    if isinstance(dropped, dict):
-        out = {L: tuple(sorted(v)) for L, v in dropped.items()}
-    else:
-        out = {L: (() if s is None else (s,)) for L, s in recompute_stages(graph, tuple(dropped)).items()}
-    bad = set(out) - set(candidates(graph))
-    if bad:
-        raise ValueError(f"cannot drop {sorted(bad)}: not recomputable layers of {graph.name}; "
-                         f"choose among snlite.optimal.candidates(graph)")
-    return out
-
-
-def plan_for(graph, dropped) -> Plan:
-    """The plan that drops ``dropped`` (layer names, any subset of :func:`candidates`, each re-run once
-    just in time; or a dict layer -> the backward steps to re-run it before, :func:`as_reruns`),
-    liveness on: what the runtime executes. Re-runs before one step go in forward order."""
-    reruns = as_reruns(graph, dropped)
-    steps = graph.steps()
-    order = {name: i for i, name in enumerate(graph.route()[0])}
-    fwd = {s.layer: s for s in steps if s.phase == "forward"}
-    drop = {t: name for name in reruns for t in _outputs(graph, name, fwd[name])}
-    at: dict[int, list[str]] = {}
-    for name, when in reruns.items():
-        for s in when:
-            at.setdefault(s, []).append(name)
-    info = RecomputeInfo("optimal", dropped=tuple(drop))
-    ops: list[Op] = []
-    current: dict[str, str] = {}  # dropped tensor -> its recomputed incarnation
-    serial = 0
-    for s in steps:
-        if s.phase == "backward":
-            for layer in sorted(at.get(s.index, ()), key=order.get):
-                f = fwd[layer]
-                writes = [t for t in f.writes if t in drop]
-                for t in writes:
-                    serial += 1
-                    current[t] = f"{t}#r{serial}"
-                names = tuple((t, current[t]) for t in (*f.reads, *writes) if t in current)
-                ops.append(Op(len(ops), s.index, layer, "recompute", tuple(current.get(t, t) for t in f.reads),
-                              tuple(current[t] for t in writes), names=names))
-                info.count += 1
-                info.extra_flops += graph.layers[layer].flops()
-            names = tuple((t, current[t]) for t in (*s.reads, *s.writes) if t in current)
-            ops.append(Op(len(ops), s.index, s.layer, s.phase, tuple(current.get(t, t) for t in s.reads),
-                          s.writes, s.inplace, s.accumulate, names))
-        else:
-            ops.append(Op(len(ops), s.index, s.layer, s.phase, s.reads, s.writes, s.inplace, s.accumulate))
-    persistent = Scheduler(graph, CONFIG).persistent()
-    frees = LivenessStage(True).apply(ops, persistent, set(drop))
-    return Plan(CONFIG, [PlannedOp(op, frees=tuple(frees.get(i, ()))) for i, op in enumerate(ops)], info,
-                persistent=frozenset(persistent))
-
-
-# ---------------------------------------------------------------------------- the integer program
 @dataclass
 class Result:
     """What :func:`solve` found: the plan, and how sure the solver is about it."""
@@ -172,15 +72,13 @@ class Result:
     size: dict = field(default_factory=dict)  # variables, binaries, constraints
     count: str = "all"
     reruns: dict = field(default_factory=dict)  # dropped layer -> the backward steps it is re-run before
-    flops_proven: bool = True  # least peak: the fewest extra FLOPs for it proven too (not cut by the time limit)
+    flops_proven: bool = True  # least peak: its fewest extra FLOPs proven too (not cut by the time limit)
 
     @property
     def optimal(self) -> bool:
         return self.status == "optimal"
 
     def summary(self) -> str:
-        from snlite.measure import format_size
-
         if self.plan is None:
             return (f"{self.graph_name}: no plan found ({self.status}) after {self.solve_s:.1f} s "
                     f"({self.size.get('binaries', 0)} binaries)")
@@ -194,13 +92,11 @@ class Result:
                 f"{self.size.get('binaries', 0)} binaries, {self.size.get('constraints', 0)} constraints")
 
 
-STATUS = {0: "optimal", 1: "time limit", 2: "infeasible", 3: "unbounded", 4: "solver error (tolerances)"}
-
-
 def solve(graph, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
-          time_limit: float = 60.0, count: str = "all", model: Model | None = None, reruns: str = "any") -> Result:
-    """The best plan of :func:`plan_for`'s kind for ``graph`` (``reruns``: "any" or "once", see the module
-    docstring): the least peak (with at most
+          time_limit: float = 60.0, count: str = "all", model: Model | None = None,
+          reruns: str = "any") -> Result:
+    """The best plan of :func:`plan_for`'s kind for ``graph`` (``reruns``: "any" or "once", see the
+    module docstring): the least peak (with at most
     ``allowance`` extra FLOPs, if given; among plans of that peak, the fewest extra FLOPs), or
     (``objective="flops"``) the fewest extra FLOPs with a peak of at most ``budget`` bytes.
     ``time_limit`` (seconds, per solver call) bounds the work: a graph too big to finish gets the
@@ -210,8 +106,6 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
     if allowance is not None and allowance < 0:
         raise ValueError(f"the extra-FLOP allowance must be >= 0, got {allowance}")
     t0 = time.perf_counter()
-    from snlite.milp import Model
-
     model = model or Model(graph, count, reruns=reruns)
     flops_proven = True
 
@@ -238,7 +132,8 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
 
     if res.status == 1:  # out of time: the solver's plan, or a known one where that is better
         if known is not None and (choice is None or value(known) < value(choice)):
-            status = "time limit: " + ("no plan from the solver, " if choice is None else "") + "the best known plan"
+            status = ("time limit: " + ("no plan from the solver, " if choice is None else "")
+                      + "the best known plan")
             choice = known
         if choice is not None and bound is not None and np.isfinite(bound):
             v = value(choice)[0]
@@ -248,8 +143,9 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
     if choice is None:
         return Result(graph.name, objective, (), None, None, None, None, gap, status,
                       time.perf_counter() - t0, model.size_info, model.count)
-    return Result(graph.name, objective, tuple(L for L in model.cands if L in choice), plan_for(graph, choice),
-                  model.peak_of(choice), model.extra_flops_of(choice), None if bound is None else bound * scale,
+    dropped = tuple(L for L in model.cands if L in choice)
+    return Result(graph.name, objective, dropped, plan_for(graph, choice), model.peak_of(choice),
+                  model.extra_flops_of(choice), None if bound is None else bound * scale,
                   gap if gap is not None else (0.0 if res.status == 0 else None), status,
                   time.perf_counter() - t0, model.size_info, model.count, choice, flops_proven)
 
@@ -284,21 +180,6 @@ def _solve_checked(model, objective, allowance, budget, time_limit, cutoff=None,
     return res, None
 
 
-def reruns_of(graph, plan) -> dict[str, tuple[int, ...]] | None:
-    """The re-runs of a recomputation plan (SuperNeurons' speed-, memory-centric or cost-aware, sqrt(N))
-    as :func:`plan_for` takes them, or None where it is not one of these plans (a layer it drops that
-    may not be dropped here, or re-run twice before one step)."""
-    fwd = {s.layer: s for s in graph.steps() if s.phase == "forward"}
-    dropped = set(plan.recompute.dropped)
-    out: dict[str, list[int]] = {L: [] for L in candidates(graph) if dropped.intersection(fwd[L].writes)}
-    for p in plan.ops:
-        if p.op.phase == "recompute":
-            if p.op.layer not in out or p.op.step in out[p.op.layer]:
-                return None
-            out[p.op.layer].append(p.op.step)
-    return {L: tuple(v) for L, v in out.items()}
-
-
 def _fallback(model, objective, allowance, budget):
     """The best plan that keeps within the limits among a few known ones, counted exactly: drop
     nothing, the cheap layers, every layer (each re-run once, just in time), and, where the program
@@ -321,8 +202,6 @@ def _known_plans(model) -> list[dict]:
     other extreme of memory-centric recomputation: every layer dropped and re-run before every step
     that needs it (the least memory for the most FLOPs; on ResNet-20 the optimum of the peak)."""
     if getattr(model, "_known", None) is None:
-        from snlite.measure import checkpoint_plan
-
         cheap = tuple(L for L in model.cands if not model.graph.layers[L].checkpoint)
         known = [model.choice(d) for d in ((), cheap, tuple(model.cands))]
         if model.mode == "any":
@@ -347,13 +226,3 @@ def every_need(model) -> dict[str, tuple[int, ...]]:
                  | {pos[s] for M in model.cons[L] if M in chosen for s in chosen[M]})
         chosen[L] = tuple(model.bstages[j] for j in sorted(needs))
     return chosen
-
-
-def __getattr__(name):
-    """``optimal.Model`` is :class:`snlite.milp.Model`, imported when first asked for: milp builds on the
-    plans above, so importing it here at the top would make ``import snlite.milp`` circular."""
-    if name == "Model":
-        from snlite.milp import Model
-
-        return Model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

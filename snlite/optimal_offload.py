@@ -25,16 +25,20 @@ executed peak equals the program's (tests/test_optimal.py).
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from snlite import highs
 from snlite.config import MemoryConfig
+from snlite.highs import STATUS
+from snlite.measure import measure
 from snlite.offload import Transfer
+from snlite.pool import TensorPool
 from snlite.scheduler import Scheduler
+from snlite.timing import copy_ms, profile
 
-CONFIG = MemoryConfig(liveness=True, offload=True)  # offload on for the pinned slab; the plan gives the transfers
+CONFIG = MemoryConfig(liveness=True, offload=True)  # on for the pinned slab; the plan gives the transfers
 
 
 @dataclass
@@ -64,9 +68,6 @@ class OffloadModel:
     """The offload program of one graph (count "all" or "paper"); see the module docstring."""
 
     def __init__(self, graph, count: str = "all"):
-        from snlite.measure import measure
-        from snlite.pool import TensorPool
-
         if count not in ("all", "paper"):
             raise ValueError(f"count must be 'all' or 'paper', got {count!r}")
         self.graph, self.count = graph, count
@@ -135,8 +136,6 @@ class OffloadModel:
 
     def transfer(self, gpu="H200") -> dict[int, float]:
         """Per ``o[u]``: the milliseconds of its two copies (to the host and back) on ``gpu``."""
-        from snlite.timing import copy_ms, profile
-
         prof = profile(gpu)
         return {self.o[u]: copy_ms(prof, self.graph.tensors()[u].nbytes, True)
                 + copy_ms(prof, self.graph.tensors()[u].nbytes, False) for u in self.cands}
@@ -163,10 +162,6 @@ class OffloadModel:
 
     def solve(self, objective: str = "peak", allowance: int | None = None, budget: int | None = None,
               time_limit: float = 60.0, gpu="H200"):
-        from scipy.optimize import Bounds, LinearConstraint, milp
-
-        from snlite.milp import _quiet_fd1
-
         nv = len(self.names) + 1  # the last one: peak
         peak = nv - 1
         rows, lo, hi = [], [], []
@@ -205,11 +200,7 @@ class OffloadModel:
         integrality[peak] = 0
         ub = np.ones(nv)
         ub[peak] = np.inf
-        t0 = time.perf_counter()
-        with _quiet_fd1():
-            res = milp(c, integrality=integrality, bounds=Bounds(np.zeros(nv), ub),
-                       constraints=LinearConstraint(np.array(rows), lo, hi), options={"time_limit": time_limit})
-        seconds = time.perf_counter() - t0
+        res, seconds = highs.run(c, integrality, np.zeros(nv), ub, np.array(rows), lo, hi, time_limit)
         if res.x is None:
             return res, None, seconds
         return res, {u: next(k for k, v in self.p[u].items() if res.x[v] > 0.5) for u in self.cands
@@ -230,7 +221,8 @@ def plan_for(graph, prefetch: dict, base_plan=None):
         for t in op.reads:
             if op.index < nf:
                 last_fwd[t] = op.index
-    transfers = [Transfer(u, first[u], max(first[u], last_fwd.get(u, first[u])) + 1, k) for u, k in prefetch.items()]
+    transfers = [Transfer(u, first[u], max(first[u], last_fwd.get(u, first[u])) + 1, k)
+                 for u, k in prefetch.items()]
     return dataclasses.replace(base_plan.with_transfers(transfers), config=CONFIG)
 
 
@@ -240,8 +232,6 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
     """The best offload plan: the least peak (with at most ``allowance`` bytes moved), or the fewest
     bytes moved (``objective="moved"``) or least transfer time on ``gpu`` (``"time"``) with a peak of
     at most ``budget``."""
-    from snlite.optimal import STATUS
-
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
     if objective != "peak" and budget is None:
@@ -253,5 +243,6 @@ def solve(graph, objective: str = "peak", allowance: int | None = None, budget: 
     if choice is None:
         return OffloadResult(graph.name, {}, None, None, None, status, None, seconds, size)
     moved = int(sum(2 * graph.tensors()[u].nbytes for u in choice))
-    return OffloadResult(graph.name, choice, plan_for(graph, choice, model.base_plan), max(model.bytes_at(choice)),
-                         moved, status, getattr(res, "mip_gap", None), seconds, size, model.transfer_ms(choice, gpu))
+    plan = plan_for(graph, choice, model.base_plan)
+    return OffloadResult(graph.name, choice, plan, max(model.bytes_at(choice)), moved, status,
+                         getattr(res, "mip_gap", None), seconds, size, model.transfer_ms(choice, gpu))

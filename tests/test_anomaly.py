@@ -21,7 +21,8 @@ def net(n=4):
     return g
 
 
-@pytest.mark.parametrize("config", [MemoryConfig(), MemoryConfig.superneurons()], ids=["baseline", "superneurons"])
+@pytest.mark.parametrize("config", [MemoryConfig(), MemoryConfig.superneurons()],
+                         ids=["baseline", "superneurons"])
 def test_the_rerun_reproduces_the_training_loss_bit_for_bit(config):
     """On the host device the re-run computes exactly what the runtime computed (same references, same
     dropout masks at every iteration): a finding is about the step that failed, not another one."""
@@ -59,8 +60,8 @@ def test_first_nonfinite_names_the_batch_the_weights_or_the_layer():
         "the input batch: it has 1 +inf of 144 values (the first at (1, 1, 5, 5): inf)"
     bad = dict(params, **{"conv2.weight": np.full((3, 3, 1, 1), np.nan, np.float32)})
     assert anomaly.first_nonfinite(g, bad, x, labels).startswith(
-        "the parameters of layer 'conv2' (conv2d): conv2.weight has 9 NaN of 9 values (the first at (0, 0, 0, 0): "
-        "nan), before this step ran")
+        "the parameters of layer 'conv2' (conv2d): conv2.weight has 9 NaN of 9 values "
+        "(the first at (0, 0, 0, 0): nan), before this step ran")
     huge = dict(params, **{"fc1.weight": np.full((3, 24), 3e38, np.float32)})
     assert anomaly.first_nonfinite(g, huge, x, labels).startswith("layer 'fc1' (linear, forward step ")
     # running statistics matter in inference only

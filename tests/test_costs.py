@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from nets import data_for, mixed_net
-from snlite import MemoryConfig, simulate
-from snlite.costs import cost_table, measure_layer_costs
+from snlite import MemoryConfig, cli, simulate
+from snlite.costs import cost_table, measure_layer_costs, span_of
 from snlite.models import lenet
 from snlite.recompute import cheap_layers, droppable, expand, expensive_layers, segments
 from snlite.train import Model
@@ -85,9 +85,8 @@ def test_the_host_measures_every_layer_and_the_meta_device_cannot():
 
 
 def test_the_cli_flag_keeps_layers_and_refuses_a_checkpoint(capsys):
-    from snlite import cli
-
-    code = cli.main(["plan", "lenet", "--liveness", "--recompute", "cost_aware", "--recompute-keep", "pool1, relu1"])
+    code = cli.main(["plan", "lenet", "--liveness", "--recompute", "cost_aware",
+                     "--recompute-keep", "pool1, relu1"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "recompute_keep=pool1,relu1" in out and "kept (too slow to re-run): pool1, relu1" in out
@@ -96,8 +95,6 @@ def test_the_cli_flag_keeps_layers_and_refuses_a_checkpoint(capsys):
 
 
 def test_snlite_costs_prints_every_layer_and_the_flag_that_keeps_the_slow_ones(capsys):
-    from snlite import cli
-
     assert cli.main(["costs", "lenet", "--batch", "4", "--reps", "1", "--ratio", "1e-9"]) == 0
     out = capsys.readouterr().out
     assert "lenet, batch 4: forward times on the host device" in out
@@ -108,8 +105,6 @@ def test_snlite_costs_prints_every_layer_and_the_flag_that_keeps_the_slow_ones(c
 
 
 def test_a_span_names_its_layer_and_phase_or_a_copy():
-    from snlite.costs import span_of
-
     assert span_of("layer1.0.conv1 forward") == ("layer1.0.conv1", "forward")
     assert span_of("fc update") == ("fc", "update")
     assert span_of("softmax.loss to host") == ("copy", "to host")

@@ -3,6 +3,8 @@ launch; its optimum is the brute-force optimum on a chain; its plans run bit-ide
 import itertools
 import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,10 +12,13 @@ import pytest
 pytest.importorskip("scipy", reason="the exact planner needs scipy: pip install -e '.[optimal]'")
 
 from nets import data_for, mixed_net  # noqa: E402
-from snlite import Graph, MemoryConfig, Model, measure, optimal  # noqa: E402
+from snlite import Graph, MemoryConfig, Model, cli, gap, measure, optimal  # noqa: E402
+from snlite import optimal_offload as oo  # noqa: E402
 from snlite.checker import check  # noqa: E402
 from snlite.models import cifar_resnet, get_model, lenet, mini_inception  # noqa: E402
-from snlite.scheduler import validate  # noqa: E402
+from snlite.pipeline import place  # noqa: E402
+from snlite.scheduler import Scheduler, validate  # noqa: E402
+from snlite.timing import estimate  # noqa: E402
 
 
 def chain6(n=4, channels=(4, 6)):
@@ -42,7 +47,8 @@ def _needs(model, L, chosen):
 
 
 def _random_reruns(model, rng):
-    """A random plan of Model(reruns="any"): dropped layers re-run at their first need and at some later ones."""
+    """A random plan of Model(reruns="any"): dropped layers re-run at their first need and at some
+    later ones."""
     chosen = {}
     for L in reversed(model.cands):
         if rng.random() < 0.5:
@@ -151,7 +157,8 @@ def _launch_slots(model, trace):
 
 @pytest.mark.parametrize("count", ["all", "paper"])
 @pytest.mark.parametrize("build", [mixed_net, chain6, lambda: lenet(8), lambda: cifar_resnet(8, 1),
-                                   lambda: mini_inception(2)], ids=["mixed", "chain6", "lenet", "resnet8", "inception"])
+                                   lambda: mini_inception(2)],
+                         ids=["mixed", "chain6", "lenet", "resnet8", "inception"])
 def test_the_program_counts_every_launch_as_the_trace_does(build, count):
     g = build()
     model = optimal.Model(g, count, reruns="once")
@@ -162,7 +169,8 @@ def test_the_program_counts_every_launch_as_the_trace_does(build, count):
         m = measure.measure(g, plan.config, plan=plan)
         trace = m.trace if count == "all" else m.paper
         held = model.slot_bytes(dropped)
-        assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps], dropped
+        counted = [r.counted_bytes for r in trace.steps]
+        assert [held[i] for i in _launch_slots(model, trace)] == counted, dropped
         assert model.peak_of(dropped) == trace.peak_bytes
         assert model.extra_flops_of(dropped) == trace.extra_flops
 
@@ -191,7 +199,8 @@ def test_brute_force_on_a_chain_agrees_with_the_solver(brute):
         assert r.peak_bytes == best, allowance
         assert measure.run(g, r.plan.config, r.plan).peak_bytes == best
         # among the plans of that peak, the fewest extra FLOPs
-        assert r.extra_flops == min(f for _, p, f in plans if p == best and (allowance is None or f <= allowance))
+        assert r.extra_flops == min(f for _, p, f in plans
+                                    if p == best and (allowance is None or f <= allowance))
     peaks = sorted({p for _, p, _ in plans})
     assert peaks[0] < peaks[-1]  # recomputation matters on this chain
     for budget in peaks[::3]:
@@ -261,7 +270,8 @@ def test_the_any_program_counts_every_launch_as_the_trace_does(build):
             m = measure.measure(g, plan.config, plan=plan)
             trace = m.trace if count == "all" else m.paper
             held = model.slot_bytes(chosen)
-            assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps], chosen
+            counted = [r.counted_bytes for r in trace.steps]
+            assert [held[i] for i in _launch_slots(model, trace)] == counted, chosen
             assert model.extra_flops_of(chosen) == trace.extra_flops
 
 
@@ -312,8 +322,6 @@ def test_brute_force_over_every_any_plan_of_a_six_layer_chain_agrees_with_the_so
 
 @pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
 def test_superneurons_plans_are_plans_of_the_any_program_with_the_same_peak(build):
-    from snlite.scheduler import Scheduler
-
     g = build()
     model = optimal.Model(g, "paper")
     for strategy in ("speed", "memory", "cost_aware"):
@@ -324,8 +332,6 @@ def test_superneurons_plans_are_plans_of_the_any_program_with_the_same_peak(buil
 
 
 def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
-    from snlite import gap
-
     g = mixed_net()
     rows = gap.gap_rows(g, "paper", reruns="any")
     assert all(r.gap_pct >= 0 for r in rows)  # memory-centric's plans are in this program's space
@@ -334,7 +340,8 @@ def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
     assert best.optimal and best.peak_bytes <= once.peak_bytes
     assert measure.run(g, best.plan.config.replace(count="paper"), best.plan).peak_bytes == best.peak_bytes
     x, labels = data_for(g)
-    base, model = Model(g, MemoryConfig(), device="host"), Model(g, best.plan.config, device="host", plan=best.plan)
+    base = Model(g, MemoryConfig(), device="host")
+    model = Model(g, best.plan.config, device="host", plan=best.plan)
     assert base.step(x, labels, lr=0.1) == model.step(x, labels, lr=0.1)
     assert all(np.array_equal(base.params[k], model.params[k]) for k in base.params)
 
@@ -349,8 +356,6 @@ def _every_offload(model):
 
 @pytest.mark.parametrize("count", ["all", "paper"])
 def test_the_offload_program_counts_every_launch_and_runs_bit_identically(count):
-    from snlite import optimal_offload as oo
-
     g = mixed_net()
     model = oo.OffloadModel(g, count)
     rng = random.Random(4)
@@ -374,8 +379,6 @@ def test_the_offload_program_counts_every_launch_and_runs_bit_identically(count)
 
 
 def test_brute_force_over_every_offload_plan_agrees_with_the_solver():
-    from snlite import optimal_offload as oo
-
     g = chain4()  # every plan executed
     model = oo.OffloadModel(g, "paper")
     plans = []
@@ -391,7 +394,8 @@ def test_brute_force_over_every_offload_plan_agrees_with_the_solver():
         assert r.moved_bytes == min(b for p, b in plans if p <= budget), budget
     g = chain6()  # its 5,040 plans counted by the program's own sums (checked against the trace above)
     model = oo.OffloadModel(g, "all")
-    plans = [(max(model.bytes_at(c)), sum(2 * g.tensors()[u].nbytes for u in c)) for c in _every_offload(model)]
+    plans = [(max(model.bytes_at(c)), sum(2 * g.tensors()[u].nbytes for u in c))
+             for c in _every_offload(model)]
     assert len(plans) == 5040
     for allowance in sorted({b for _, b in plans})[::7]:
         r = oo.solve(g, allowance=allowance, model=model)
@@ -400,8 +404,6 @@ def test_brute_force_over_every_offload_plan_agrees_with_the_solver():
 
 # ---------------------------------------------------------------- the gap table and the command
 def test_the_gap_rows_put_each_heuristic_against_the_exact_frontier():
-    from snlite import gap
-
     g = chain6()
     rows = gap.gap_rows(g, "paper")
     assert [r.label for r in rows] == [*gap.HEURISTICS, gap.SQRT, gap.OPTIMAL]
@@ -414,12 +416,11 @@ def test_the_gap_rows_put_each_heuristic_against_the_exact_frontier():
         assert r.moved_bytes == 0
     points = gap.frontier(g, "paper")
     assert points[0].extra_flops == 0 and points[-1].peak_bytes == best.peak_bytes
-    assert all(a.peak_bytes > b.peak_bytes and a.extra_flops < b.extra_flops for a, b in zip(points, points[1:]))
+    assert all(a.peak_bytes > b.peak_bytes and a.extra_flops < b.extra_flops
+               for a, b in zip(points, points[1:]))
 
 
 def test_snlite_optimal_prints_the_table(capsys):
-    from snlite import cli
-
     code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper"])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -427,12 +428,14 @@ def test_snlite_optimal_prints_the_table(capsys):
     assert "least peak, same FLOPs" in out and "proven" in out
     code = cli.main(["optimal", "lenet", "--batch", "2", "--budget", "1KiB"])
     out, err = capsys.readouterr()
-    assert code == 1 and "no plan of lenet has a peak of at most 1.0 KiB" in err and "the least peak is" in err
+    assert code == 1 and "no plan of lenet has a peak of at most 1.0 KiB" in err
+    assert "the least peak is" in err
     code = cli.main(["optimal", "lenet", "--batch", "2", "--reruns", "once", "--budget", "8MiB", "--json"])
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert code == 0 and data["reruns"] == "once", err
-    assert data["rows"][-1]["label"] == "optimal (under 8.0 MiB)" and data["rows"][-1]["peak_bytes"] <= 8 * 2**20
+    assert data["rows"][-1]["label"] == "optimal (under 8.0 MiB)"
+    assert data["rows"][-1]["peak_bytes"] <= 8 * 2**20
     code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper", "--offload"])
     out, err = capsys.readouterr()
     assert code == 0 and "+ offload (SuperNeurons: CONV outputs)" in out and "\noptimal offload " in out, err
@@ -441,17 +444,18 @@ def test_snlite_optimal_prints_the_table(capsys):
     assert code == 0 and "\noptimal recompute " in out, err
 
 
-@pytest.mark.parametrize("build", [lambda: mini_inception(2), lambda: cifar_resnet(8, 1), lambda: get_model("alexnet", 1),
-                                   lambda: get_model("vgg11", 1)], ids=["inception", "resnet8", "alexnet", "vgg11"])
+@pytest.mark.parametrize("build", [lambda: mini_inception(2), lambda: cifar_resnet(8, 1),
+                                   lambda: get_model("alexnet", 1), lambda: get_model("vgg11", 1)],
+                         ids=["inception", "resnet8", "alexnet", "vgg11"])
 def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objective(build):
     g = build()  # four branches read each block's input and a concat joins them; or residual forks and adds;
-    # AlexNet and VGG-11 at batch 1: the table's chains, placed on the meta device (on the host they take 10 s)
+    # AlexNet and VGG-11 at batch 1: the table's chains, placed on the meta device (on the host: 10 s)
     model = optimal.Model(g, "paper")
     res, chosen, _ = model.solve("peak")
     assert res.status == 0 and 0 < len(chosen) < len(model.cands)
     trace = measure.run(g, optimal.CONFIG.replace(count="paper"), optimal.plan_for(g, chosen))
     assert trace.peak_bytes == model.peak_of(chosen)
-    assert abs(res.fun * model.unit - trace.peak_bytes) < model.grain / 2  # the objective is the executed peak
+    assert abs(res.fun * model.unit - trace.peak_bytes) < model.grain / 2  # the objective: the executed peak
     assert trace.peak_bytes < measure.run(g, optimal.CONFIG.replace(count="paper")).peak_bytes
 
 
@@ -464,7 +468,8 @@ def test_every_layer_re_run_at_every_need_is_a_plan_counted_as_the_trace_does(bu
     plan = optimal.plan_for(g, chosen)
     validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
     trace = measure.measure(g, plan.config, plan=plan).paper
-    assert [model.slot_bytes(chosen)[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps]
+    held = model.slot_bytes(chosen)
+    assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps]
     assert chosen in optimal._known_plans(model)  # what the solver is given as an upper bound
 
 
@@ -476,7 +481,8 @@ def test_a_known_plan_bounds_the_solver_and_a_cutoff_too_low_is_dropped():
     assert res.status == 0 and model.peak_of(chosen) == best.peak_bytes
     res, chosen, _ = model.solve("peak", cutoff=best.peak_bytes - model.grain)  # below it: no plan
     assert res.status == 2 and chosen is None
-    res, chosen = optimal._solve_checked(model, "peak", None, None, 60.0, cutoff=best.peak_bytes - model.grain)
+    res, chosen = optimal._solve_checked(model, "peak", None, None, 60.0,
+                                         cutoff=best.peak_bytes - model.grain)
     assert res.status == 0 and model.peak_of(chosen) == best.peak_bytes  # solved again without it
     fewest = optimal.solve(g, "flops", budget=best.peak_bytes, model=model)
     res, chosen, _ = model.solve("flops", budget=best.peak_bytes, cutoff=fewest.extra_flops - 1)
@@ -488,10 +494,6 @@ def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_t
     """On chain6 least time and least bytes pick the same plans; with a thin first conv they part:
     under some budget the fewest bytes take more copies, each with its fixed latency, than the
     fastest plan (which a solver that counted bytes would miss)."""
-    from snlite import optimal_offload as oo
-    from snlite.pipeline import place
-    from snlite.timing import estimate
-
     g = chain6(channels=channels)
     model = oo.OffloadModel(g, "all")
     plans = [(max(model.bytes_at(c)), model.transfer_ms(c, "K40")) for c in _every_offload(model)]
@@ -499,8 +501,9 @@ def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_t
     for budget in sorted({p for p, _ in plans}):
         fastest = min(ms for p, ms in plans if p <= budget)
         r = oo.solve(g, "time", budget=budget, model=model, gpu="K40")
-        assert r.peak_bytes <= budget and fastest <= r.transfer_ms <= fastest * (1 + 1e-4), budget  # HiGHS: 0.01%
-        program = place(g, r.plan.config, plan=r.plan)  # the copies' time as the time model replays the program
+        assert r.peak_bytes <= budget, budget
+        assert fastest <= r.transfer_ms <= fastest * (1 + 1e-4), budget  # HiGHS's gap: 0.01%
+        program = place(g, r.plan.config, plan=r.plan)  # the copies' time as the time model replays it
         assert estimate(program, g, "K40").transfer_ms == pytest.approx(r.transfer_ms, rel=1e-12)
         moved += len(r.prefetch)
         fewest_bytes = oo.solve(g, "moved", budget=budget, model=model)
@@ -512,11 +515,8 @@ def test_the_least_transfer_time_under_a_budget_is_the_brute_force_one_and_the_t
 
 
 def test_the_integer_program_imports_on_its_own():
-    """``from snlite.milp import Model`` first (not through snlite.optimal) must work: the two modules
-    build on each other, and optimal.Model is resolved when asked for."""
-    import subprocess
-    import sys
-
+    """``from snlite.milp import Model`` first (not through snlite.optimal) works, and optimal.Model is
+    that class: the imports go one way, space <- milp <- optimal, with no cycle to resolve."""
     code = "from snlite.milp import Model; from snlite import optimal; assert optimal.Model is Model"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
