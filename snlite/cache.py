@@ -6,12 +6,50 @@ one that finds it on the host is a miss (the tensor is fetched back). The runtim
 tensors the current step depends on, and decides what a move costs; this class only keeps the
 order: two queues, so that with offload on the CONV outputs are evicted first (the paper offloads
 only them eagerly), and so that every operation is O(1) however many tensors are cached.
+
+The cache's moves are records (:class:`Eviction`, :class:`Fetch`): the placement pass lists them, and
+:mod:`snlite.overlap` turns them into :class:`Hints` for a second, time-aware placement.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from snlite.tensor import State
+
+
+class Eviction(NamedTuple):
+    """The cache moved ``tensor`` to the host at op ``at``; ``last_use``: its last use before (-1: none)."""
+
+    tensor: str
+    at: int
+    last_use: int
+
+
+class Fetch(NamedTuple):
+    """The cache brought ``tensor`` back at op ``at``."""
+
+    tensor: str
+    at: int
+
+
+class ReadAhead(NamedTuple):
+    """Fetch ``tensor`` from op ``earliest`` on, where its block fits, before op ``need`` reads it."""
+
+    earliest: int
+    tensor: str
+    need: int
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What a second placement repeats and moves (:func:`snlite.overlap.cache_hints`): copies out to
+    start after an op (``behind``), the first placement's evictions by op, read-aheads by earliest op."""
+
+    behind: dict = field(default_factory=dict)  # op -> tensors
+    evictions: dict = field(default_factory=dict)  # op -> tensors
+    ahead: tuple = ()
 
 
 class LRUCache:

@@ -28,46 +28,12 @@ peak is asked of a function the caller passes (:mod:`snlite.pipeline` places it)
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
+from snlite.cache import Eviction, Fetch, Hints, ReadAhead
 from snlite.offload import Transfer
 from snlite.timing import copy_ms
 
 MAX_ROUNDS = 6  # peak checks before giving up on the transfers that still raise it
-
-
-class Eviction(NamedTuple):
-    """The cache moved ``tensor`` to the host at op ``at``; ``last_use``: its last use before (-1: none)."""
-
-    tensor: str
-    at: int
-    last_use: int
-
-
-class Fetch(NamedTuple):
-    """The cache brought ``tensor`` back at op ``at``."""
-
-    tensor: str
-    at: int
-
-
-class ReadAhead(NamedTuple):
-    """Fetch ``tensor`` from op ``earliest`` on, where its block fits, before op ``need`` reads it."""
-
-    earliest: int
-    tensor: str
-    need: int
-
-
-@dataclass(frozen=True)
-class Hints:
-    """What a second placement repeats and moves: copies out to start after an op (``behind``), the
-    first placement's evictions by op, and read-aheads sorted by earliest op."""
-
-    behind: dict = field(default_factory=dict)  # op -> tensors
-    evictions: dict = field(default_factory=dict)  # op -> tensors
-    ahead: tuple = ()
 
 
 def retime(plan, start: list[float], nbytes: dict, prof, peak: int, peak_of) -> object:

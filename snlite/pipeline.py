@@ -22,7 +22,7 @@ from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
 from snlite.config import MemoryConfig
 from snlite.pool import TensorPool
-from snlite.program import MODES, Program, without_cycle_collection
+from snlite.program import MODES, Copy, Program, without_cycle_collection
 from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
 from snlite.tensor import IllegalTransition
 from snlite.trace import trace_program
@@ -68,6 +68,14 @@ def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, 
     config = config or MemoryConfig()
     program = place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs, optimizer=optimizer)
     return trace_program(program, config.count)
+
+
+def is_final(config: MemoryConfig, program: Program) -> bool:
+    """Whether a program placed with ``refine=False`` is already what :func:`place` returns: unless
+    the cache (under a GPU schedule) moved something, there is no second placement to make."""
+    if not config.cache or config.schedule == "paper":
+        return True
+    return not any(type(ins) is Copy and ins.why in ("evict", "fetch") for ins in program.body)
 
 
 def _checked(config: MemoryConfig, mode: str, optimizer: bool, plan) -> MemoryConfig:

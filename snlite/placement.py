@@ -27,9 +27,8 @@ from snlite import slab
 from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError, staging_message
 from snlite.residency import Residency
-from snlite.cache import LRUCache
+from snlite.cache import Eviction, Fetch, Hints, LRUCache
 from snlite.copies import Emitter
-from snlite.overlap import Eviction, Fetch, Hints
 from snlite.pool import HostPool, PoolFullError, RawAllocator, TensorPool
 from snlite.program import COMPUTE, HOST, Alloc, HostRead, HostWait, Launch, Program
 from snlite.scheduler import PlannedOp, persistent_tensors, update_op
@@ -223,7 +222,8 @@ class Placer(Residency):
         g, op, train, cache = self.graph, planned.op, self.train, self.config.cache
         tensors, ON_DEVICE, persistent = self.tensors, State.ON_DEVICE, self.persistent_set
         self.op_index = op.index
-        self._release_state()
+        if self.state_out:
+            self._release_state()
         if self._ready or self._ahead_next < len(self.hints.ahead):
             self._read_ahead(op)
         for name in planned.release if train else ():
@@ -238,7 +238,10 @@ class Placer(Residency):
                 touched.append(t)
         for name in op.reads:
             t = tensors[name]
-            if t.state is ON_DEVICE and not cache:  # the common case, without a call
+            if t.state is ON_DEVICE:  # the common case, without a call: a cache hit if the cache holds it
+                if cache and name in self.lru:
+                    self.stats["cache_hits"] += 1
+                    self.lru.touch(name)
                 continue
             self._make_readable(t, op.step)
         handed = {new for new, _ in op.inplace}  # written into another tensor's buffer

@@ -12,9 +12,8 @@ cache on, or raises :class:`~snlite.errors.BudgetError` with the live tensors na
 """
 from __future__ import annotations
 
-from snlite.cache import choose_victim
+from snlite.cache import Eviction, Fetch, choose_victim
 from snlite.errors import BudgetError, PlanError, device_message, host_message
-from snlite.overlap import Eviction, Fetch
 from snlite.pool import PoolFullError
 from snlite.program import COMPUTE, Alloc, Free, HandOver
 from snlite.recompute import base_name
