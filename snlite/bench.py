@@ -1,6 +1,7 @@
 """Planning benchmarks that need no GPU (the GPU kernel benchmark is ``python -m kernels.bench``).
 
     python -m snlite.bench deep [--units 2500]   # the program of the paper's deepest ResNet, timed; scaling
+    python -m snlite.bench searches              # the planner's long commands, whole, on one core, timed
     python -m snlite.bench zoo [--batch 16]      # peak / l_peak of the zoo under each preset, and the
                                                  # smallest budget of superneurons() / l_peak (Markdown)
     python -m snlite.bench host [--repeats 5]    # training img/s on the host device against PyTorch's
@@ -12,6 +13,11 @@ Figures are printed, never asserted: timing belongs in benchmarks, not in unit t
 from __future__ import annotations
 
 import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
 import time
 
 from snlite.config import MemoryConfig
@@ -61,6 +67,49 @@ def deep(units: int = 2500, batch: int = 1, scaling=SCALING) -> dict:
     return out
 
 
+# the planner's long commands, each timed whole (a fresh process, its start-up included) on one core,
+# with the lean planner's targets (docs/architecture.md): (name, command, target seconds)
+TUTORIALS = pathlib.Path(__file__).resolve().parent.parent / "tutorials"
+SEARCHES = (
+    ("maxdepth --batch 16 --budget 12GiB", ["-m", "snlite.cli", "maxdepth", "--batch", "16", "--budget", "12GiB"], 30),
+    ("maxdepth --batch 1 --budget 12GiB", ["-m", "snlite.cli", "maxdepth", "--batch", "1", "--budget", "12GiB"], 30),
+    ("paper", ["-m", "snlite.cli", "paper", "--out", "{tmp}/paper"], 90),
+    ("tutorial 07 (full mode)", [str(TUTORIALS / "07_end_to_end.py")], 60),
+)
+
+
+def _one_core() -> None:
+    """Run the child on the first CPU only (the targets are for one core of a 2-core machine)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def searches(names=None, show=print) -> list[dict]:
+    """Each command of ``SEARCHES`` (those whose name starts with one of ``names``) run once as
+    its own process on one core, BLAS single-threaded; its wall time against its target."""
+    rows = []
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env.pop("SNLITE_TUTORIAL_QUICK", None)
+    for name, argv, target in SEARCHES:
+        if names and not any(name.startswith(n) for n in names):
+            continue
+        if argv[0].endswith(".py") and not pathlib.Path(argv[0]).exists():
+            show(f"  {name:36} skipped: {argv[0]} is not here (an installed copy has no tutorials)")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable] + [a.replace("{tmp}", tmp) for a in argv]
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, env={**env, "SNLITE_TUTORIAL_OUT": tmp}, capture_output=True, text=True,
+                                  preexec_fn=_one_core)
+            seconds = time.perf_counter() - t0
+        row = {"name": name, "seconds": seconds, "target_s": target, "status": done.returncode}
+        rows.append(row)
+        verdict = "within" if seconds <= target else "OVER"
+        show(f"  {name:36} {seconds:7.1f} s  (target {target} s: {verdict})"
+             + (f"  exit status {done.returncode}: {done.stderr.strip().splitlines()[-1:]}" if done.returncode else ""))
+    return rows
+
+
 def zoo_table(batch: int | None = None, count: str = "paper") -> str:
     """Markdown: peak MiB and peak / l_peak per model and preset (unlimited budget, under ``count``),
     then the smallest budget under which superneurons() runs, divided by l_peak plus the weights,
@@ -89,6 +138,8 @@ def main(argv=None) -> int:
     z = sub.add_parser("zoo", help="peak and peak/l_peak of the zoo under each preset, as Markdown")
     z.add_argument("--batch", type=int, default=None, help="one batch for all (default: each model's)")
     z.add_argument("--count", choices=("all", "paper"), default="paper")
+    s = sub.add_parser("searches", help="maxdepth, paper and tutorial 07, each a whole command on one core, timed")
+    s.add_argument("only", nargs="*", help="names to run (a prefix each: maxdepth, paper, tutorial); default all")
     h = sub.add_parser("host", help="train LeNet and ResNet-8 on the host device and in PyTorch (CPU), img/s")
     h.add_argument("--repeats", type=int, default=5, help="timed repeats, interleaved; the median is shown")
     h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
@@ -109,6 +160,10 @@ def main(argv=None) -> int:
               f"({bench_host.describe_threads()}):")
         print(bench_host.table(bench_host.host(args.nets, args.repeats, args.steps, args.threads)))
         return 0
+    if args.what == "searches":
+        print("The planner's long commands, each a fresh process on one core (wall time):")
+        rows = searches(args.only)
+        return 1 if any(r["status"] for r in rows) else 0
     if args.what == "deep":
         r = deep(args.units, args.batch)
         print(f"ResNet-{r['depth']} ({args.units} residual units, {r['layers']:,d} layers), batch {args.batch}: "
@@ -118,6 +173,10 @@ def main(argv=None) -> int:
             print(f"  {label:13} program of {s['instructions']:,d} instructions ({s['steps']:,d} ops) built in "
                   f"{s['program_s']:.2f} s (scheduler + placement), traced in {s['trace_s']:.2f} s; peak "
                   f"{s['peak_bytes'] / 2**20:,.1f} MiB (paper count), l_peak {s['l_peak_bytes'] / 2**20:,.1f} MiB")
+        sn = r["superneurons"]
+        total = r["build_s"] + sn["program_s"] + sn["trace_s"]
+        print(f"  superneurons(): graph + program + trace {total:.2f} s (the lean planner's target at 2,500 units: "
+              f"3 s on one core)")
         print("superneurons() program build time by depth (linear in depth: ms per unit stays flat):")
         print(f"  {'units':>6} {'layers':>8} {'instructions':>13} {'seconds':>8} {'ms per unit':>12}")
         for s in r["scaling"]:
