@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+import kernels.host as fast
 from snlite.config import MemoryConfig
 from snlite.costs import measure_layer_costs, span_of
 from snlite.models import cifar_resnet, lenet
@@ -189,8 +190,6 @@ def breakdown(name: str = "resnet8", steps: int = 5, threads: int = 1) -> dict:
     by layer kind and phase (the executor's wall-clock profile, the fastest of ``steps`` steps), and
     how much of it is BLAS matrix products (every product of :mod:`kernels.host`, timed as it runs).
     The rest of a convolution is copying: columns, padding, transposes, col2im."""
-    import kernels.host as fast
-
     g = NETS[name]()
     rng = np.random.default_rng(0)
     x = rng.standard_normal(g.input_shape).astype(np.float32)

@@ -40,15 +40,21 @@ import zlib
 
 import numpy as np
 
+from snlite import data, demo, models, plot, timing
 from snlite.anomaly import NonFiniteError, describe
-from snlite.device import DEVICE_NAMES
-from snlite.placement import BudgetError
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in, _positive_int, _seed,
                              add_memory_flags, check_keep, check_names, check_outputs, join_negative_values,
                              memory_config)
+from snlite.cli_compare import add_compare_command, cmd_compare
 from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
-from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
+from snlite.cli_optimal import add_optimal_command, cmd_optimal
+from snlite.cli_paper import add_bench_command, add_paper_command, cmd_bench, cmd_paper
+from snlite.cli_plan import add_check_command, add_plan_command, cmd_check, cmd_plan
+from snlite.cli_search import add_search_commands, cmd_maxbatch, cmd_maxdepth
+from snlite.device import DEVICE_NAMES
+from snlite.placement import BudgetError
+from snlite.train import Model, param_problem
 
 DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), "
              "mnist:PATH (a directory with the four MNIST IDX files), cifar10:PATH (the CIFAR-10 binary batches)")
@@ -62,15 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = sub.add_parser("demo", help="train a tiny CNN for a few steps and show its memory arena",
-                          description="Build a tiny CNN, print its layers and the arena its tensors live in, "
-                                      "then train it for a few steps on synthetic data. Needs no GPU.")
-    demo.add_argument("--device", choices=DEVICE_NAMES, default="host",
-                      help="where to run: host (NumPy, the default), cuda (a GPU, or the slow CUDA simulator with "
-                           "NUMBA_ENABLE_CUDASIM=1: minutes even with --steps 2), meta (the layout only), "
-                           "auto (cuda if a GPU is present)")
-    demo.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
-    demo.add_argument("--seed", type=_seed, default=0, help="seed for the weights and the data (default 0)")
+    demo_cmd = sub.add_parser("demo", help="train a tiny CNN for a few steps and show its memory arena",
+                              description="Build a tiny CNN, print its layers and the arena its tensors live in, "
+                                          "then train it for a few steps on synthetic data. Needs no GPU.")
+    demo_cmd.add_argument("--device", choices=DEVICE_NAMES, default="host",
+                          help="where to run: host (NumPy, the default), cuda (a GPU, or the slow CUDA simulator "
+                               "with NUMBA_ENABLE_CUDASIM=1: minutes even with --steps 2), meta (the layout only), "
+                               "auto (cuda if a GPU is present)")
+    demo_cmd.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
+    demo_cmd.add_argument("--seed", type=_seed, default=0, help="seed for the weights and the data (default 0)")
 
     train = sub.add_parser("train", help="train a network from the model zoo on a data set",
                            description="Train NET with SGD, show progress, evaluate the test accuracy each epoch.")
@@ -102,7 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--streams", metavar="FILE.png", help="on a CUDA device, time the last step's kernels and "
                        "copies per stream (compute, copy_out, copy_in) and draw them (needs matplotlib)")
     add_memory_flags(train)
-    add_planning_commands(sub)
+    # the planning commands, on the meta device, in the order --help lists them
+    add_plan_command(sub)  # plan NET (cli_plan)
+    add_check_command(sub)  # check FILE.json (cli_plan)
+    add_compare_command(sub)  # compare NET (cli_compare)
+    add_search_commands(sub)  # maxbatch NET, maxdepth (cli_search)
+    add_optimal_command(sub)  # optimal NET (cli_optimal)
+    add_paper_command(sub)  # paper (cli_paper)
+    add_bench_command(sub)  # bench (cli_paper)
+    # the commands about the device (cli_device)
     add_launches_command(sub)
     add_costs_command(sub)
     return parser
@@ -152,15 +166,11 @@ def _discard_stdout() -> None:
 
 
 def cmd_demo(args) -> int:
-    from snlite import demo
-
     demo.run(device=args.device, steps=args.steps, seed=args.seed)
     return 0
 
 
 def cmd_train(args) -> int:
-    from snlite.train import Model
-
     train, test = load_data(args.data, args.seed)
     if args.limit:
         train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))
@@ -188,23 +198,7 @@ def cmd_train(args) -> int:
         acc = model.evaluate(test.x, test.labels)
         print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({time.perf_counter() - start:.1f} s so far)")
     if args.streams:
-        from snlite import timing
-        from snlite.plot import PlotUnavailable, plot_streams
-
-        gpu = next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
-        modelled = timing.estimate(model.programs[model.step_mode], model.graph, gpu)
-        try:
-            plot_streams(model.stream_events, args.streams, estimate=modelled.events(),
-                         title=f"{args.net}: one training step per stream ({model.device!r}), measured, and the "
-                               f"{gpu} model's estimate of its forward and backward")
-        except PlotUnavailable as e:
-            raise CliError(str(e)) from None
-        busy = {}
-        for ev in model.stream_events:
-            busy[ev["stream"]] = busy.get(ev["stream"], 0.0) + ev["end_ms"] - ev["start_ms"]
-        print(f"streams of the last step drawn to {args.streams}: "
-              + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items())
-              + f"; the {gpu} model estimates the forward and backward at {modelled.step_ms:.2f} ms")
+        draw_streams(model, args)
     if args.save:
         save_params(args.save, model.params)
         print(f"saved {len(model.state_names)} parameter tensors to {args.save}")
@@ -212,10 +206,27 @@ def cmd_train(args) -> int:
 
 
 # ---------------------------------------------------------------- pieces of `train`
+def draw_streams(model, args) -> None:
+    """``--streams``: the last step's kernels and copies per CUDA stream, measured, drawn beside the
+    GPU time model's estimate of the same forward and backward; how busy each stream was."""
+    gpu = next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
+    modelled = timing.estimate(model.programs[model.step_mode], model.graph, gpu)
+    try:
+        plot.plot_streams(model.stream_events, args.streams, estimate=modelled.events(),
+                          title=f"{args.net}: one training step per stream ({model.device!r}), measured, and the "
+                                f"{gpu} model's estimate of its forward and backward")
+    except plot.PlotUnavailable as e:
+        raise CliError(str(e)) from None
+    busy = {}
+    for ev in model.stream_events:
+        busy[ev["stream"]] = busy.get(ev["stream"], 0.0) + ev["end_ms"] - ev["start_ms"]
+    print(f"streams of the last step drawn to {args.streams}: "
+          + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items())
+          + f"; the {gpu} model estimates the forward and backward at {modelled.step_ms:.2f} ms")
+
+
 def load_data(spec: str, seed: int = 0):
     """(train, test) for a ``--data`` value."""
-    from snlite import data
-
     kind, _, path = spec.partition(":")
     if kind == "synthetic" and not path:
         return (data.synthetic(SYNTHETIC_TRAIN, seed=seed), data.synthetic(SYNTHETIC_TEST, seed=seed + 1))
@@ -228,8 +239,6 @@ def load_data(spec: str, seed: int = 0):
 
 def build_model(net: str, batch: int, train):
     """The graph of ``net`` from the model zoo, sized for ``train``'s images and classes."""
-    from snlite import models
-
     builder = models.MODELS.get(net.lower())
     if builder is not None and "input_shape" in inspect.signature(builder).parameters:  # lenet: any image size
         return models.get_model(net, batch, input_shape=train.shape, num_classes=train.num_classes)
@@ -339,8 +348,6 @@ def load_params(file: str, model) -> int:
     Every name, shape, dtype and value is checked before anything is written, and a refusal names
     the tensor: float32 only (another dtype is refused, not cast), finite, a BatchNorm running_var
     >= 0 (:func:`snlite.train.param_problem`, as ``Model.set_params``)."""
-    from snlite.train import param_problem
-
     params = read_params(file)
     for name, value in params.items():
         if value.dtype.kind not in "biuf":
@@ -358,7 +365,9 @@ def load_params(file: str, model) -> int:
     return len(params)
 
 
-COMMANDS = {"demo": cmd_demo, "train": cmd_train, **PLAN_COMMANDS, "launches": cmd_launches, "costs": cmd_costs}
+COMMANDS = {"demo": cmd_demo, "train": cmd_train, "plan": cmd_plan, "check": cmd_check, "compare": cmd_compare,
+            "maxbatch": cmd_maxbatch, "maxdepth": cmd_maxdepth, "optimal": cmd_optimal, "paper": cmd_paper,
+            "bench": cmd_bench, "launches": cmd_launches, "costs": cmd_costs}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from snlite import measure
+from snlite import measure, models, recompute, timing
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 from snlite.graph import check_number
 
@@ -36,8 +36,6 @@ def check_names(args) -> None:
     if getattr(args, "net", None) is not None:
         check_net(args.net)
     if getattr(args, "gpu", None) is not None:
-        from snlite import timing
-
         try:
             timing.profile(args.gpu)
         except ValueError as e:
@@ -98,8 +96,6 @@ def check_output_folder(flag: str, target: str) -> None:
 
 def check_net(name: str) -> None:
     """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without building it."""
-    from snlite import models
-
     key = name.lower()
     m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)
     try:
@@ -115,10 +111,8 @@ def check_net(name: str) -> None:
 
 def check_keep(graph, config) -> None:
     """UsageError unless every --recompute-keep name is a cheap layer of ``graph``."""
-    from snlite.recompute import check_keep as check
-
     try:
-        check(graph, config.recompute_keep)
+        recompute.check_keep(graph, config.recompute_keep)
     except ValueError as e:
         raise UsageError(f"--recompute-keep: {e}") from None
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from kernels import launches as L
 from snlite.cli_args import EXIT_OK, CliError, _batch, _budget, _float_in, _positive_int
+from snlite.config import MemoryConfig
+from snlite.costs import cost_table, measure_layer_costs
 from snlite.device import DEVICE_NAMES
+from snlite.models import get_model
+from snlite.placement import simulate
+from snlite.recompute import expensive_layers
 
 
 def _add_network(p, examples: str) -> None:
@@ -20,8 +25,6 @@ def _add_network(p, examples: str) -> None:
 
 def _network(args):
     """The zoo model NET at --batch; an unknown name is a one-line error."""
-    from snlite.models import get_model
-
     try:
         return get_model(args.net, batch=args.batch)
     except ValueError as e:
@@ -45,12 +48,9 @@ def add_launches_command(sub) -> None:
 
 
 def cmd_launches(args) -> int:
-    import snlite
-    from snlite import MemoryConfig
-
     graph = _network(args)
     config = MemoryConfig(liveness=True, workspace=args.workspace, budget_bytes=args.budget)
-    trace = snlite.simulate(graph, config)
+    trace = simulate(graph, config)
     rows = L.network_launches(graph, trace.conv_choices)
     used = {launch.kernel for r in rows for launch in r.launches}
     measured = L.measure_resources(used, (L.GPUS[args.gpu].arch,)) if args.ptxas else None
@@ -76,9 +76,6 @@ def add_costs_command(sub) -> None:
 
 
 def cmd_costs(args) -> int:
-    from snlite.costs import cost_table, measure_layer_costs
-    from snlite.recompute import expensive_layers
-
     graph = _network(args)
     ms = measure_layer_costs(graph, args.device, reps=args.reps)
     keep = expensive_layers(graph, ms, args.ratio)

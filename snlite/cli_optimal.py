@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from snlite import measure
+from snlite import gap, measure
 from snlite.cli_args import Status, _batch, _budget, add_quiet_flag
+from snlite.cli_common import BATCH_HELP, JSON_HELP, NET_HELP, draw, graph_of, text_table, write_json
 
 
 def _seconds(text: str) -> float:
@@ -19,7 +20,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> None:
+def add_optimal_command(sub) -> None:
     p = sub.add_parser("optimal", help="the exact least-memory recomputation plan vs the heuristics (needs scipy)",
                        description="Solve an integer program (HiGHS, through scipy) for the best plan that drops "
                                    "layers' outputs after forward and re-runs them in backward, with memory "
@@ -30,8 +31,8 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
                                    "Practical for small networks (LeNet, AlexNet, VGG-16, mini_inception at a small batch; "
                                    "CIFAR ResNet-20's least peak in seconds, its FLOP-limited questions not); "
                                    "a larger one stops at --time-limit with the best plan found and its gap.")
-    p.add_argument("net", metavar="NET", help=net_help)
-    p.add_argument("--batch", type=_batch, default=None, help=batch_help)
+    p.add_argument("net", metavar="NET", help=NET_HELP)
+    p.add_argument("--batch", type=_batch, default=None, help=BATCH_HELP)
     p.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="the optimum row: the fewest extra FLOPs with a peak of at most SIZE (default: the least "
                         "peak); the peak in --count, not the arena, which fragmentation can make larger")
@@ -47,7 +48,7 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
     p.add_argument("--offload", action="store_true",
                    help="also the second exact model, offload only: SuperNeurons' offload of CONV outputs against "
                         "the least peak for its bytes moved, and the offload optimum (any activation may go)")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=json_help)
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the exact peak vs extra-FLOP frontier (sampled at 0 to 100%% of a forward pass) with "
                         "each heuristic as a point (needs matplotlib)")
@@ -55,17 +56,11 @@ def add_optimal_command(sub, net_help: str, batch_help: str, json_help: str) -> 
 
 
 def cmd_optimal(args) -> int:
-    from snlite.cli_plan import _graph, _plot, _table, _write_json
-
-    try:
-        from snlite import gap
-    except ImportError as e:  # pragma: no cover - scipy is in the test extra
-        raise ImportError(f"snlite optimal needs scipy ({e}): pip install -e '.[optimal]'") from None
     try:
         import scipy  # noqa: F401
     except ImportError:
         raise ImportError("snlite optimal needs scipy >= 1.11: pip install -e '.[optimal]'") from None
-    _, graph, batch = _graph(args)
+    _, graph, batch = graph_of(args)
     status = Status("snlite optimal", args.quiet)
     t0 = time.perf_counter()
     rows = gap.gap_rows(graph, args.count, args.budget, args.time_limit, progress=status, reruns=args.reruns)
@@ -81,21 +76,35 @@ def cmd_optimal(args) -> int:
     seconds = time.perf_counter() - t0
     fwd = graph.flops()
     if args.json:
-        _write_json(args.json, {"net": args.net, "batch": batch, "count": args.count, "reruns": args.reruns,
-                                "budget_bytes": args.budget,
-                                "forward_flops": fwd, "seconds": seconds,
-                                "rows": [dict(vars(r), gap_pct=r.gap_pct) for r in rows],
-                                "offload_rows": [dict(vars(r), gap_pct=r.gap_pct) for r in moves],
-                                "frontier": [{"peak_bytes": p.peak_bytes, "extra_flops": p.extra_flops,
-                                              "status": p.status} for p in points]})
+        write_json(args.json, {"net": args.net, "batch": batch, "count": args.count, "reruns": args.reruns,
+                               "budget_bytes": args.budget, "forward_flops": fwd, "seconds": seconds,
+                               "rows": [dict(vars(r), gap_pct=r.gap_pct) for r in rows],
+                               "offload_rows": [dict(vars(r), gap_pct=r.gap_pct) for r in moves],
+                               "frontier": [{"peak_bytes": p.peak_bytes, "extra_flops": p.extra_flops,
+                                             "status": p.status} for p in points]})
     if args.plot:
         pts = [{"label": f"exact {i + 1}", "peak_bytes": p.peak_bytes, "extra_flops": p.extra_flops,
                 "base_flops": fwd} for i, p in enumerate(points) if p.plan is not None]
         pts += [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.extra_flops, "base_flops": fwd}
                 for r in rows]
-        _plot("plot_tradeoff", pts, args.plot, title=f"{graph.name}, batch {batch}: exact frontier and heuristics")
+        draw("plot_tradeoff", pts, args.plot, title=f"{graph.name}, batch {batch}: exact frontier and heuristics")
     if args.json == "-":
         return 0
+    print_recompute_rows(args, graph, batch, rows, seconds)
+    if moves:
+        print_offload_rows(moves)
+    unproven = [r.label for r in rows + moves if r.status != "optimal"]
+    if unproven:
+        print(f"not proven ({len(unproven)} of {len(rows) + len(moves)} rows): the solver stopped at --time-limit "
+              f"{args.time_limit:g} s; their least peaks and fewest FLOPs are the best plans found, not the optimum, "
+              f"and a gap there can be negative. A smaller batch does not help (the program's size depends on the "
+              f"layers); a longer --time-limit may.")
+    return 0
+
+
+def print_recompute_rows(args, graph, batch: int, rows, seconds: float) -> None:
+    """Each recomputation strategy against the exact planner, and what the gap means."""
+    fwd = graph.flops()
     best = rows[-1]
     print(f"{graph.name}, batch {batch}: {len(graph.layers)} layers, {fwd / 1e9:,.2f} GFLOPs forward; peaks in the "
           f"{args.count} count; liveness on, nothing offloaded")
@@ -106,27 +115,23 @@ def cmd_optimal(args) -> int:
               "-" if r.gap_pct is None else f"{r.gap_pct:+.1f}%",
               "-" if r.fewest_flops is None else f"{100 * r.fewest_flops / fwd:.1f}%",
               r.status + ("" if r.gap in (None, 0.0) else f" (gap {100 * r.gap:.1f}%)")] for r in rows]
-    print(_table(head, table))
+    print(text_table(head, table))
     space = ("re-runs each dropped layer as often as it pays (this holds speed- and memory-centric's plans, so the "
              "gap is never negative)" if args.reruns == "any" else
              "re-runs each dropped layer once (memory-centric re-runs layers several times, so it can be below: a "
              "negative gap)")
-    unproven = [r.label for r in rows + moves if r.status != "optimal"]
     print(f"gap: how far a peak is above the least peak of any plan that {space}, with at most the same extra FLOPs. "
           f"The optimum, {'proven' if best.status == 'optimal' else best.status}, took {best.solve_s:.1f} s; all "
           f"rows {seconds:.1f} s.")
-    if moves:
-        head = ["offload", "peak", "moved", "least peak, same bytes moved", "gap", "fewest bytes moved, same peak",
-                "solver"]
-        print()
-        print(_table(head, [[r.label, measure.format_size(r.peak_bytes), measure.format_size(r.moved_bytes),
+
+
+def print_offload_rows(moves) -> None:
+    """SuperNeurons' offload against the exact offload model (--offload)."""
+    head = ["offload", "peak", "moved", "least peak, same bytes moved", "gap", "fewest bytes moved, same peak",
+            "solver"]
+    print()
+    print(text_table(head, [[r.label, measure.format_size(r.peak_bytes), measure.format_size(r.moved_bytes),
                              measure.format_size(r.best_peak_bytes), f"{r.gap_pct:+.1f}%",
                              measure.format_size(r.fewest_moved), r.status] for r in moves]))
-        print("offload: nothing recomputed; the exact model may send any activation to the host (copied out right "
-              "after its write, released after its last forward read) and picks when each comes back.")
-    if unproven:
-        print(f"not proven ({len(unproven)} of {len(rows) + len(moves)} rows): the solver stopped at --time-limit "
-              f"{args.time_limit:g} s; their least peaks and fewest FLOPs are the best plans found, not the optimum, "
-              f"and a gap there can be negative. A smaller batch does not help (the program's size depends on the "
-              f"layers); a longer --time-limit may.")
-    return 0
+    print("offload: nothing recomputed; the exact model may send any activation to the host (copied out right "
+          "after its write, released after its last forward read) and picks when each comes back.")

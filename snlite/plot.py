@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from snlite.config import MemoryConfig
+from snlite.models import alexnet
+from snlite.placement import simulate
 from snlite.trace import CATEGORIES, PAPER_CATEGORIES
 
 MIB = float(1 << 20)
@@ -337,10 +340,6 @@ def plot_streams(events, path, title=None, memory=None, estimate=None):
 
 def alexnet_figure(path, batch: int = 200):
     """AlexNet at ``batch`` under baseline and superneurons(), activations + gradients (the paper's count)."""
-    from snlite.config import MemoryConfig
-    from snlite.models import alexnet
-    from snlite.placement import simulate
-
     traces = {"baseline": simulate(alexnet(batch=batch), MemoryConfig.baseline().replace(count="paper")),
               "superneurons()": simulate(alexnet(batch=batch), MemoryConfig.superneurons(count="paper"))}
     return plot_compare_timelines(traces, path, title=f"AlexNet, batch {batch}: activations + gradients per op "
