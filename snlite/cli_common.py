@@ -51,10 +51,10 @@ def text_table(head: list[str], rows: list[list], align: str | None = None) -> s
 
 
 KIND_HEAD = ["weights", "weight grads", "momentum", "on host", "the rest", "on host"]
-KIND_NOTE = ("by kind, at each row's peak: the weights (with BatchNorm's buffers), their gradients and the optimizer "
-             "state (momentum), on the device and waiting in pinned host memory; the rest is the batch, activations, "
-             "their gradients, workspace and copies in flight (on the host: what the cache and offload parked there, "
-             "at the host's peak)")
+KIND_NOTE = ("by kind, at each row's peak: the weights (with BatchNorm's buffers), their gradients and the "
+             "optimizer state (momentum), on the device and waiting in pinned host memory; the rest is the "
+             "batch, activations, their gradients, workspace and copies in flight (on the host: what the "
+             "cache and offload parked there, at the host's peak)")
 
 
 def kind_cells(trace) -> list[str]:
@@ -80,7 +80,7 @@ def write_json(target: str, data) -> None:
     if target == "-":
         print(text)
         return
-    check_output_file("--json", target)  # checked before the work too (check_outputs); a folder may go meanwhile
+    check_output_file("--json", target)  # checked before the work too (check_outputs), but a folder may go
     with open(os.path.expanduser(target), "w") as f:
         f.write(text + "\n")
 

@@ -13,14 +13,16 @@ from snlite.cli_args import Status, _batch, _positive_int, add_quiet_flag
 def add_paper_command(sub) -> None:
     paper = sub.add_parser("paper", help="reproduce the paper's byte-accounting experiments; write a report",
                            description="Every experiment of the paper that needs no GPU, on the meta device: "
-                                       "AlexNet's memory trajectory per technique, the recomputation strategies, "
-                                       "traffic with and without the tensor cache, Table 4 (depth) and Table 5 "
-                                       "(width) in 12 GiB, the peak vs extra compute trade-off. Prints each table "
-                                       "and writes DIR/report.md (with PNG figures if matplotlib is installed). "
-                                       "About three minutes on a 2-core CPU; --quick: about ten seconds.")
+                                       "AlexNet's memory trajectory per technique, the recomputation "
+                                       "strategies, traffic with and without the tensor cache, Table 4 "
+                                       "(depth) and Table 5 (width) in 12 GiB, the peak vs extra compute "
+                                       "trade-off. Prints each table and writes DIR/report.md (with PNG "
+                                       "figures if matplotlib is installed). About three minutes on a 2-core "
+                                       "CPU; --quick: about ten seconds.")
     paper.add_argument("--out", default="paper-out", metavar="DIR",
                        help="where report.md and its figures go (default paper-out; created if missing)")
-    paper.add_argument("--quick", action="store_true", help="fewer networks, batches and strategies (for tests)")
+    paper.add_argument("--quick", action="store_true",
+                       help="fewer networks, batches and strategies (for tests)")
     add_quiet_flag(paper)
 
 
@@ -32,7 +34,8 @@ def add_bench_command(sub) -> None:
     p.add_argument("--units", type=_positive_int, default=2500,
                    help="residual units of the planned ResNet (default 2500: the paper's deepest)")
     p.add_argument("--batch", type=_batch, default=1, help="its batch (default 1)")
-    p.add_argument("--out", default="bench-out", metavar="DIR", help="where the GPU benchmark writes bench.json")
+    p.add_argument("--out", default="bench-out", metavar="DIR",
+                   help="where the GPU benchmark writes bench.json")
     p.add_argument("--quick", action="store_true", help="the GPU benchmark's smaller sizes")
 
 

@@ -15,7 +15,8 @@ from snlite import measure, search, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              check_output_file, memory_config)
-from snlite.cli_common import BATCH_HELP, GPU_HELP, JSON_HELP, NET_HELP, draw, graph_of, pct, text_table, write_json
+from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, NET_HELP, draw, graph_of, pct, text_table,
+                               write_json)
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.models import get_model
 from snlite.program import Program
@@ -25,37 +26,44 @@ from snlite.validate import ProgramError
 
 def add_plan_command(sub) -> None:
     plan = sub.add_parser("plan", help="what the scheduler does for a network, measured on the meta device",
-                          description="Run the scheduler on the meta device and print the peak (both counts), "
-                                      "l_peak, where the peak is and what is live there, the recomputation, "
-                                      "transfers and cache, and each conv step's algorithm. With a --budget too "
-                                      "small: why, and the changes that would make it fit, ranked (exit 3).")
+                          description="Run the scheduler on the meta device and print the peak (both "
+                                      "counts), l_peak, where the peak is and what is live there, the "
+                                      "recomputation, transfers and cache, and each conv step's algorithm. "
+                                      "With a --budget too small: why, and the changes that would make it "
+                                      "fit, ranked (exit 3).")
     plan.add_argument("net", metavar="NET", help=NET_HELP)
     plan.add_argument("--batch", type=_batch, default=None, help=BATCH_HELP)
-    plan.add_argument("--steps", action="store_true", help="also print the per-step table (bytes by category)")
-    plan.add_argument("--top", type=_positive_int, default=10, help="live tensors shown at the peak (default 10)")
+    plan.add_argument("--steps", action="store_true",
+                      help="also print the per-step table (bytes by category)")
+    plan.add_argument("--top", type=_positive_int, default=10,
+                      help="live tensors shown at the peak (default 10)")
     plan.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
     plan.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline (needs matplotlib)")
     plan.add_argument("--timeline", metavar="FILE.png",
-                      help="draw the iteration's estimated timeline: the compute, copy_out and copy_in streams on a "
-                           "GPU profile (--gpu), with the device memory in use under them (needs matplotlib)")
+                      help="draw the iteration's estimated timeline: the compute, copy_out and copy_in "
+                           "streams on a GPU profile (--gpu), with the device memory in use under them "
+                           "(needs matplotlib)")
     plan.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
     plan.add_argument("--program", action="store_true",
-                      help="print the program: every allocation, copy, event and kernel launch of one iteration, "
-                           "in order, with its stream, and the race checker's verdict on it")
+                      help="print the program: every allocation, copy, event and kernel launch of one "
+                           "iteration, in order, with its stream, and the race checker's verdict on it")
     plan.add_argument("--save-program", metavar="FILE.json",
-                      help="save the program as JSON (Program.load reads it back; snlite check FILE checks it)")
+                      help="save the program as JSON (Program.load reads it back; snlite check FILE "
+                           "checks it)")
     add_memory_flags(plan)
 
 
 def add_check_command(sub) -> None:
-    check = sub.add_parser("check", help="check a saved program for races (snlite plan NET --save-program FILE)",
-                           description="Load a program saved as JSON, check that its numbers agree with each other "
-                                       "(sizes, offsets, streams, names; with the zoo's net when the program's net "
-                                       "and batch are found there, its layers and shapes), then run the race checker "
-                                       "on two consecutive iterations of it: every pair of accesses to the same bytes "
-                                       "on two streams, at least one a write, must be ordered by the program's events; "
-                                       "then check that every value it reads was written first. Exit 0: no race; 1: "
-                                       "races (each explained) or a malformed program (one line).")
+    check = sub.add_parser("check",
+                           help="check a saved program for races (snlite plan NET --save-program FILE)",
+                           description="Load a program saved as JSON, check that its numbers agree with each "
+                                       "other (sizes, offsets, streams, names; with the zoo's net when the "
+                                       "program's net and batch are found there, its layers and shapes), "
+                                       "then run the race checker on two consecutive iterations of it: every "
+                                       "pair of accesses to the same bytes on two streams, at least one a "
+                                       "write, must be ordered by the program's events; then check that "
+                                       "every value it reads was written first. Exit 0: no race; 1: races "
+                                       "(each explained) or a malformed program (one line).")
     check.add_argument("file", metavar="FILE.json", help="a program saved by snlite plan --save-program")
     check.add_argument("--all", action="store_true", help="explain every race, not only the first five")
 
@@ -102,7 +110,8 @@ def cmd_plan(args) -> int:
 def does_not_fit(args, batch: int, ex) -> int:
     """``plan`` under a budget too small: the explanation as JSON and/or text; exit 3."""
     if args.json:
-        write_json(args.json, {"net": args.net, "batch": batch, "fits": False, "explanation": explanation_json(ex)})
+        write_json(args.json, {"net": args.net, "batch": batch, "fits": False,
+                               "explanation": explanation_json(ex)})
     if args.json != "-":
         print_explanation(ex)
     return EXIT_DOES_NOT_FIT
@@ -113,8 +122,8 @@ def print_peaks(graph, batch: int, config, m) -> None:
     print(f"{graph.name}, batch {batch}: {len(graph.layers)} layers, {graph.param_count():,d} parameters, "
           f"{graph.flops() / 1e9:,.2f} GFLOPs forward; simulated on the meta device")
     print(Scheduler(graph, config))
-    print(f"  allocator {config.allocator} ({config.fit} fit), peak counted as {config.count!r} below, budget "
-          f"{measure.format_size(config.budget_bytes) if config.budget_bytes else 'none'}")
+    print(f"  allocator {config.allocator} ({config.fit} fit), peak counted as {config.count!r} below, "
+          f"budget {measure.format_size(config.budget_bytes) if config.budget_bytes else 'none'}")
     print()
     t, p = m.trace, m.paper
     print(text_table(["", "count all", "paper count (activations + gradients)"], [
@@ -127,26 +136,28 @@ def print_peak_step(config, trace, top: int) -> None:
     """Where the peak is, what it holds by kind, and the ``top`` largest tensors live there."""
     at = trace.steps[trace.peak_op]
     live = trace.peak_tensors
-    print(f"\npeak ({config.count} count) at step {trace.peak_step} ({at.layer} {at.phase}, op {trace.peak_op}), "
-          f"by kind (host: pinned memory, at the host's peak):")
+    print(f"\npeak ({config.count} count) at step {trace.peak_step} ({at.layer} {at.phase}, op "
+          f"{trace.peak_op}), by kind (host: pinned memory, at the host's peak):")
     print(text_table(["", "device", "host"], [[kind, measure.format_size(d), measure.format_size(h)]
                                               for kind, (d, h) in trace.by_kind().items()]))
-    print(f"{len(live)} tensors made during the iteration are live at the peak (what is held throughout is not "
-          f"listed), the largest {min(top, len(live))}:")
+    print(f"{len(live)} tensors made during the iteration are live at the peak (what is held throughout is "
+          f"not listed), the largest {min(top, len(live))}:")
     for name, nbytes in live[:top]:
         print(f"  {name:40} {measure.format_size(nbytes):>12}")
 
 
 def print_costs(config, m) -> None:
-    """What the savings cost (recomputation, transfers, the cache), the memory the program needs, the budgets."""
+    """What the savings cost (recomputation, transfers, the cache), the memory the program needs, and
+    the budgets."""
     t = m.trace
     print(f"\nrecomputation: {t.recompute_count} layer forwards re-run, +{t.extra_flops:,d} FLOPs "
           f"({m.extra_pct:.1f}% of the forward pass)")
-    print(f"transfers: {measure.format_size(t.d2h_bytes)} to the host, {measure.format_size(t.h2d_bytes)} back; "
-          f"host peak {measure.format_size(t.host_peak_bytes)}")
+    print(f"transfers: {measure.format_size(t.d2h_bytes)} to the host, {measure.format_size(t.h2d_bytes)} "
+          f"back; host peak {measure.format_size(t.host_peak_bytes)}")
     print(f"cache: {t.cache_hits} hits, {t.cache_misses} misses" + ("" if config.cache else " (cache off)"))
     print(f"memory needed: device arena {measure.format_size(m.arena_bytes)}, pinned host memory "
-          f"{measure.format_size(m.slab_bytes)} (the program's high-water marks; the staged batch and results included)")
+          f"{measure.format_size(m.slab_bytes)} (the program's high-water marks; the staged batch and "
+          "results included)")
     if config.budget_bytes:
         print(f"budget: fits {measure.format_size(config.budget_bytes)} "
               f"({pct(t.peak_bytes, config.budget_bytes)} used at the peak)")
@@ -161,8 +172,8 @@ def print_time(args, graph, batch: int, config, m) -> None:
     print(f"\ntime (estimated, snlite.timing): {tl.summary()}")
     if args.timeline:
         draw("plot_streams", tl.events(), args.timeline, memory=tl.memory,
-             title=f"{graph.name}, batch {batch}, {config.describe()}: one iteration on the {args.gpu} profile "
-                   f"(estimated), {tl.step_ms:,.1f} ms")
+             title=f"{graph.name}, batch {batch}, {config.describe()}: one iteration on the {args.gpu} "
+                   f"profile (estimated), {tl.step_ms:,.1f} ms")
         print(f"timeline drawn to {args.timeline}")
 
 
@@ -175,40 +186,44 @@ def conv_table(choices, limit: int = 12) -> str:
         by_layer.setdefault(c.layer, {}).setdefault(c.op, c)
 
     def cell(c):
-        return "-" if c is None else (f"{c.algo} x{c.chunk}, " if c.algo != "direct" or c.chunk > 1 else "direct, ") \
-            + measure.format_size(c.workspace_bytes)
+        if c is None:
+            return "-"
+        algo = f"{c.algo} x{c.chunk}, " if c.algo != "direct" or c.chunk > 1 else "direct, "
+        return algo + measure.format_size(c.workspace_bytes)
     rows = [[layer] + [cell(d.get(o)) for o in ops] for layer, d in list(by_layer.items())[:limit]]
-    text = "convolution workspace (algorithm x images per chunk, workspace):\n" + text_table(["layer", *ops], rows,
-                                                                                              "<<<<")
+    text = ("convolution workspace (algorithm x images per chunk, workspace):\n"
+            + text_table(["layer", *ops], rows, "<<<<"))
     if len(by_layer) > limit:
         text += f"\n... and {len(by_layer) - limit} more conv layers (all of them: --json)"
     counts: dict[str, dict[str, int]] = {}
     for d in by_layer.values():
         for o, c in d.items():
             counts.setdefault(o, {})[c.algo] = counts.get(o, {}).get(c.algo, 0) + 1
-    return text + "\nchosen: " + "; ".join(f"{o} " + ", ".join(f"{a} {n}" for a, n in sorted(counts[o].items()))
-                                          for o in ops if o in counts)
+    chosen = [f"{o} " + ", ".join(f"{a} {n}" for a, n in sorted(counts[o].items()))
+              for o in ops if o in counts]
+    return text + "\nchosen: " + "; ".join(chosen)
 
 
 def print_explanation(ex) -> None:
     """Why ``ex`` does not fit, and the ranked changes (stdout)."""
     need = ex.need.trace
     at = need.steps[need.peak_op]
-    print(f"{ex.net}, batch {ex.batch}, does NOT fit a budget of {measure.format_size(ex.config.budget_bytes)} "
-          f"under {ex.config.describe()}.")
+    print(f"{ex.net}, batch {ex.batch}, does NOT fit a budget of "
+          f"{measure.format_size(ex.config.budget_bytes)} under {ex.config.describe()}.")
     print(f"\nwhere it failed: {ex.message}")
     print(f"\nwithout a budget it peaks at {measure.format_size(need.peak_bytes)} (count all; "
-          f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at step {need.peak_step} "
-          f"({at.layer} {at.phase}); the largest tensors live there:")
+          f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at step "
+          f"{need.peak_step} ({at.layer} {at.phase}); the largest tensors live there:")
     for name, nbytes in need.peak_tensors[:8]:
         print(f"  {name:40} {measure.format_size(nbytes):>12}")
     print("\nwhat would make it fit, each simulated under the same budget on the meta device (ranked: those "
-          "that fit first, then by cost: nothing < bytes moved < slower convolutions < extra FLOPs < a smaller "
-          "batch):")
+          "that fit first, then by cost: nothing < bytes moved < slower convolutions < extra FLOPs < a "
+          "smaller batch):")
     rows = [[i, s.change, s.what, "yes" if s.fits else "no", measure.format_size(s.peak_bytes),
              measure.format_size(s.saved_bytes) if s.saved_bytes and s.saved_bytes > 0 else "-",
-             f"{s.extra_pct:.1f}%" if s.extra_flops else "-", measure.format_size(s.moved_bytes) if s.moved_bytes
-             else "-", s.cost] for i, s in enumerate(ex.suggestions, 1)]
+             f"{s.extra_pct:.1f}%" if s.extra_flops else "-",
+             measure.format_size(s.moved_bytes) if s.moved_bytes else "-", s.cost]
+            for i, s in enumerate(ex.suggestions, 1)]
     print(text_table(["#", "change", "what", "fits", "peak", "saves", "extra FLOPs", "moved", "costs"], rows,
                      "><<<>>>><"))
     if not any(s.fits for s in ex.suggestions):
@@ -248,7 +263,7 @@ def cmd_check(args) -> int:
             check_dataflow(program)  # as checker.check: a read of a value never written
     except (ProgramError, DataflowError) as e:
         return refuse(e)
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # a shape the checks did not foresee
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # a shape no check foresaw
         return refuse(ValueError(f"the checker could not read it ({type(e).__name__}: {e})"))
     print(f"{args.file}: {against}")
     return print_races(args, program, races)
@@ -258,7 +273,8 @@ def program_path(file: str) -> str:
     """The path of the program file ``file``; a CliError if it names nothing, a folder or no file."""
     path = os.path.expanduser(file)
     if not file.strip():
-        raise CliError("an empty file name; give the JSON file saved by: snlite plan NET --save-program FILE.json")
+        raise CliError("an empty file name; give the JSON file saved by: "
+                       "snlite plan NET --save-program FILE.json")
     if os.path.isdir(path):
         raise CliError(f"{file}: a directory, not a program; give the JSON file saved by: "
                        f"snlite plan NET --save-program FILE.json")
@@ -270,8 +286,8 @@ def program_path(file: str) -> str:
 def print_races(args, program, races) -> int:
     """The verdict: no races (0), or the first five races explained (--all: every one) (1)."""
     if not races:
-        print(f"{args.file}: {program.net} under {program.config} ({program.mode}), {len(program):,d} instructions: "
-              f"no races over two iterations")
+        print(f"{args.file}: {program.net} under {program.config} ({program.mode}), {len(program):,d} "
+              "instructions: no races over two iterations")
         return 0
     shown = races if args.all else races[:5]
     print(f"{args.file}: {len(races)} race(s) in {program.net} under {program.config} ({program.mode}):\n")
@@ -291,8 +307,8 @@ def zoo_graph(program) -> tuple:
     try:
         graph = get_model(str(program.net), batch=shape[0])
     except (ValueError, TypeError):
-        return None, (f"checked without the net ({program.net!r} is not a zoo model): layers and shapes are not "
-                      f"compared with a graph")
+        return None, (f"checked without the net ({program.net!r} is not a zoo model): layers and shapes are "
+                      "not compared with a graph")
     if tuple(graph.input_shape) != shape:
         return None, (f"checked without the net (its input is {shape}, the zoo's {program.net} takes "
                       f"{tuple(graph.input_shape)})")

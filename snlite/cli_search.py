@@ -35,17 +35,17 @@ def add_search_commands(sub) -> None:
 
 def _search_parser(sub, name: str, what: str, table: int):
     return sub.add_parser(name, help=f"{what} that fits a budget, per strategy (the paper's Table {table})",
-                          description=f"Binary search, on the meta device, for {what} that fits --budget under "
-                                      f"baseline, liveness, + offload, + recompute (cost_aware) and superneurons "
-                                      f"(with the cache and dynamic workspace). Everything counts (count all): a "
-                                      f"GPU holds the weights, gradients and momentum too. The paper's figures "
-                                      f"({PAPER_GPU}) are shown alongside.")
+                          description=f"Binary search, on the meta device, for {what} that fits --budget "
+                                      "under baseline, liveness, + offload, + recompute (cost_aware) and "
+                                      "superneurons (with the cache and dynamic workspace). Everything "
+                                      "counts (count all): a GPU holds the weights, gradients and momentum "
+                                      f"too. The paper's figures ({PAPER_GPU}) are shown alongside.")
 
 
 def _add_search_flags(p) -> None:
     p.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
-                   help="pinned host memory (offloaded and cached tensors, momentum on the host): a plan that "
-                        "needs more does not fit (default: unlimited)")
+                   help="pinned host memory (offloaded and cached tensors, momentum on the host): a plan "
+                        "that needs more does not fit (default: unlimited)")
     p.add_argument("--budget", type=_budget, metavar="SIZE", default=measure.parse_size("12GiB"),
                    help="device memory (default 12GiB)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
@@ -55,8 +55,8 @@ def _add_search_flags(p) -> None:
 def _max_units(text: str) -> int:
     value = _positive_int(text)
     if value < search.MIN_UNITS:
-        raise argparse.ArgumentTypeError(f"expected at least {search.MIN_UNITS} (ResNet-50's residual units, the "
-                                         f"shallowest ImageNet ResNet), got {value}")
+        raise argparse.ArgumentTypeError(f"expected at least {search.MIN_UNITS} (ResNet-50's residual units, "
+                                         f"the shallowest ImageNet ResNet), got {value}")
     return value
 
 
@@ -83,11 +83,12 @@ def planner_ceiling(max_units: int, free: int | None = -1) -> tuple[int, str]:
     free = free_memory_bytes() if free == -1 else free
     reach = search.MIN_UNITS if free is None else max(search.MIN_UNITS, free // search.PLANNER_BYTES_PER_UNIT)
     if free is not None and reach < max_units:
-        return reach, (f"planning a deeper ResNet would hold more than the {measure.format_size(free)} of this "
-                       f"machine's memory that is free, about {measure.format_size(search.PLANNER_BYTES_PER_UNIT)} "
-                       f"a residual unit")
+        return reach, (f"planning a deeper ResNet would hold more than the {measure.format_size(free)} of "
+                       "this machine's memory that is free, about "
+                       f"{measure.format_size(search.PLANNER_BYTES_PER_UNIT)} a residual unit")
     if max_units == search.MAX_UNITS:
-        return max_units, f"--max-units, default {search.MAX_UNITS:,d}, so that a search ends in about a minute"
+        return max_units, f"--max-units, default {search.MAX_UNITS:,d}, so that a search ends in about a " \
+                          "minute"
     return max_units, f"--max-units {max_units:,d}"
 
 
@@ -96,8 +97,13 @@ def found_json(rows, key: str) -> list[dict]:
     """The rows of a search (search.Found) as plain data, the value found under ``key``."""
     return [{"strategy": r.label, "config": r.config.describe(), key: r.value, "next": r.next_value,
              "capped": r.capped, "peak_bytes": r.trace.peak_bytes if r.trace else None,
-             "host_peak_bytes": r.host_peak_bytes, "by_kind": measure.by_kind_json(r.trace), "probes": r.probes,
-             "seconds": r.seconds} for r in rows]
+             "host_peak_bytes": r.host_peak_bytes, "by_kind": measure.by_kind_json(r.trace),
+             "probes": r.probes, "seconds": r.seconds} for r in rows]
+
+
+def host_words(args) -> str:
+    """What --host-budget adds to "does not fit": " and SIZE of pinned host memory", or nothing."""
+    return f" and {measure.format_size(args.host_budget)} of pinned host memory" if args.host_budget else ""
 
 
 def found_cell(r) -> str:
@@ -122,7 +128,7 @@ def cmd_maxbatch(args) -> int:
     paper = search.PAPER_BATCH.get(args.net.lower())
     other = search.PAPER_BEST_OTHER_BATCH.get(args.net.lower())
     print(f"largest batch of {args.net} in {measure.format_size(args.budget)}, simulated on the meta device "
-          f"(count all: weights, gradients, momentum, the batch, activations and workspace all on the device)")
+          "(count all: weights, gradients, momentum, the batch, activations and workspace all on the device)")
     head = ["strategy", "batch", "peak", "host memory", "probes"] + (["paper"] if paper else [])
     table = [[r.label, found_cell(r), measure.format_size(r.trace.peak_bytes if r.trace else None),
               measure.format_size(r.host_peak_bytes), r.probes]
@@ -130,14 +136,14 @@ def cmd_maxbatch(args) -> int:
     print(text_table(head, table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)
     if paper:
-        print(f"paper ({PAPER_GPU}, docs/paper.md section 7): SuperNeurons {paper:,d}; the best other framework "
-              f"{other:,d}")
+        print(f"paper ({PAPER_GPU}, docs/paper.md section 7): SuperNeurons {paper:,d}; the best other "
+              f"framework {other:,d}")
     if any(r.capped for r in rows):
-        print(f">=: still fits at the ceiling, batch {args.max_batch:,d} (--max-batch, default {search.MAX_BATCH:,d}: "
-              f"the search probes no further); raise it with --max-batch")
+        print(f">=: still fits at the ceiling, batch {args.max_batch:,d} (--max-batch, default "
+              f"{search.MAX_BATCH:,d}: the search probes no further); raise it with --max-batch")
     if status_code:
         print(f"not even a batch of 1 fits {measure.format_size(args.budget)} under any strategy"
-              + (f" and {measure.format_size(args.host_budget)} of pinned host memory" if args.host_budget else ""))
+              + host_words(args))
     print(f"took {seconds:.1f} s")
     return status_code
 
@@ -146,7 +152,8 @@ def cmd_maxdepth(args) -> int:
     t0 = time.perf_counter()
     units, why = planner_ceiling(args.max_units)
     status = Status("snlite maxdepth", args.quiet)
-    rows = search.max_depth_table(args.batch, args.budget, units, progress=status, host_budget_bytes=args.host_budget)
+    rows = search.max_depth_table(args.batch, args.budget, units, progress=status,
+                                  host_budget_bytes=args.host_budget)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
@@ -159,23 +166,24 @@ def cmd_maxdepth(args) -> int:
           f"{measure.format_size(args.budget)}, simulated on the meta device (count all: weights, gradients, "
           f"momentum, the batch, activations and workspace all on the device)")
     paper = search.PAPER_DEPTH_AT_BATCH.get(args.batch)
-    head = ["strategy", "depth", "units", "peak", "host memory", "probes", "time"] + (["paper"] if paper else [])
+    head = ["strategy", "depth", "units", "peak", "host memory", "probes", "time"]
+    head += ["paper"] if paper else []
     table = [[r.label, found_cell(r), "-" if r.value is None else f"{(r.value - 2) // 3:,d}",
-              measure.format_size(r.trace.peak_bytes if r.trace else None), measure.format_size(r.host_peak_bytes),
-              r.probes, f"{r.seconds:.1f} s"] + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else [])
-             for r in rows]
+              measure.format_size(r.trace.peak_bytes if r.trace else None),
+              measure.format_size(r.host_peak_bytes), r.probes, f"{r.seconds:.1f} s"]
+             + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else []) for r in rows]
     print(text_table(head, table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)
     if any(r.capped for r in rows):
-        print(f">=: still fits at the ceiling {3 * units + 2:,d} ({units:,d} residual units; {why}); raise it with "
-              f"--max-units")
+        print(f">=: still fits at the ceiling {3 * units + 2:,d} ({units:,d} residual units; {why}); raise "
+              "it with --max-units")
     elif units < args.max_units:
         print(f"(the search's ceiling was {3 * units + 2:,d}, {units:,d} residual units: {why})")
     print(f"paper ({PAPER_GPU}, docs/paper.md section 7): at batch 16 "
           + ", ".join(f"{k} {v:,d}" for k, v in search.PAPER_DEPTH.items())
           + f"; at batch 1 SuperNeurons {search.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")
     if status_code:
-        print(f"not even ResNet-50 fits {measure.format_size(args.budget)} at batch {args.batch} under any strategy"
-              + (f" and {measure.format_size(args.host_budget)} of pinned host memory" if args.host_budget else ""))
+        print(f"not even ResNet-50 fits {measure.format_size(args.budget)} at batch {args.batch} under any "
+              "strategy" + host_words(args))
     print(f"took {seconds:.1f} s")
     return status_code

@@ -5,10 +5,15 @@
     rep.sections[0].tables[0].rows                       # the numbers, as plain data
 
 Each experiment is one function that returns a :class:`Section` (its tables, notes and figures);
-every number comes from :mod:`snlite.measure` and :mod:`snlite.search` (``measure``, ``compare``, ``max_batch``,
-``max_depth``), which runs :func:`snlite.simulate` on the meta device. The paper's figures
-(docs/paper.md section 7) are shown alongside as references, not as targets: the paper counted activations and
-gradients on its own runtime (cuDNN, a 12 GB K40); snlite counts its own pool, byte for byte.
+every number comes from :mod:`snlite.measure` and :mod:`snlite.search` (``measure``, ``compare``,
+``max_batch``, ``max_depth``), which runs :func:`snlite.simulate` on the meta device. The paper's
+figures (docs/paper.md section 7) are shown alongside as references, not as targets: the paper counted
+activations and gradients on its own runtime (cuDNN, a 12 GB K40); snlite counts its own pool, byte for
+byte.
+
+The sections live in :mod:`snlite.report_memory` (1, 2, 6, 7: the peak) and :mod:`snlite.report_scale`
+(3, 4, 5, 8: traffic, depth, width, speed); :mod:`snlite.report_tables` holds what a report is made of
+(Table, Section, Report) and its header. This module runs them in order and writes the file.
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ from snlite.report_tables import Report, Section, header
 
 # ---------------------------------------------------------------------------- figures
 def _plots():
-    """(snlite.plot, None) if matplotlib is there, else (None, the reason: a line that says how to install it)."""
+    """(snlite.plot, None) if matplotlib is there, else (None, the reason: a line that says how to
+    install it)."""
     try:
         plot.require_matplotlib()
     except plot.PlotUnavailable as e:
@@ -33,7 +39,8 @@ def _plots():
 
 
 def _draw_trajectory(plots, out: str, section: Section, runs: dict, batch: int) -> None:
-    for count, words in (("paper", "activations + gradients (the paper's count)"), ("all", "all device memory")):
+    for count, words in (("paper", "activations + gradients (the paper's count)"),
+                         ("all", "all device memory")):
         name = f"alexnet_b{batch}_trajectory_{count}.png"
         traces = {label: (m.paper if count == "paper" else m.trace) for label, m in runs.items()}
         plots.plot_compare_timelines(traces, os.path.join(out, name),
@@ -50,11 +57,13 @@ FULL = dict(recompute=[("alexnet", 200), ("resnet50", 32), ("resnet101", 32)],
             depth=list(search.SEARCH), width=["alexnet", "vgg16", "inception_v4", "resnet50", "resnet101",
                                                "resnet152"],
             min_budget=[(n, DEFAULT_BATCH[n]) for n in ZOO] + [("resnet50", 32)],
-            speed=[("alexnet", 1024), ("vgg16", 224), ("inception_v4", 240), ("resnet50", 384), ("resnet101", 256),
-                   ("resnet152", 176)], suffices=[("alexnet", 200), ("resnet50", 64)])
-QUICK = dict(recompute=[("alexnet", 200), ("resnet50", 32)], sweep=[("alexnet", (50, 400)), ("resnet50", (16, 32))],
+            speed=[("alexnet", 1024), ("vgg16", 224), ("inception_v4", 240), ("resnet50", 384),
+                   ("resnet101", 256), ("resnet152", 176)], suffices=[("alexnet", 200), ("resnet50", 64)])
+QUICK = dict(recompute=[("alexnet", 200), ("resnet50", 32)],
+             sweep=[("alexnet", (50, 400)), ("resnet50", (16, 32))],
              traffic=[256, 1024], depth=["baseline", "liveness"], width=["alexnet"],
-             min_budget=[("alexnet", 200), ("resnet50", 32)], speed=[("alexnet", 1024)], suffices=[("alexnet", 200)])
+             min_budget=[("alexnet", 200), ("resnet50", 32)], speed=[("alexnet", 1024)],
+             suffices=[("alexnet", 200)])
 
 
 def paper_report(out: str, quick: bool = False, command: str | None = None, log=print,

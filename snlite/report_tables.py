@@ -13,8 +13,8 @@ GIB = 1 << 30
 MIB = 1 << 20
 BUDGET = 12 * GIB  # the paper's GPU (12 GB K40), as a pool size
 PAPER_COUNT = "paper count: activations + gradients"
-ALL_COUNT = "count all: everything on the device (weights, their gradients, momentum, the batch, activations, " \
-            "gradients, workspace)"
+ALL_COUNT = ("count all: everything on the device (weights, their gradients, momentum, the batch, "
+             "activations, gradients, workspace)")
 
 
 # ---------------------------------------------------------------------------- what a report holds
@@ -34,8 +34,8 @@ class Table:
         widths = [max(3, *(len(r[i]) for r in cells)) for i in range(len(self.head))]
 
         def line(r):
-            return "| " + " | ".join(c.ljust(w) if a == "<" else c.rjust(w) for c, a, w in zip(r, align, widths)) \
-                + " |"
+            padded = (c.ljust(w) if a == "<" else c.rjust(w) for c, a, w in zip(r, align, widths))
+            return "| " + " | ".join(padded) + " |"
         rule = "|" + "|".join("-" * (w + 1) + (":" if a == ">" else "-") for a, w in zip(align, widths)) + "|"
         return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
 
@@ -95,18 +95,20 @@ def header(command: str, quick: bool, missing: str | None, seconds: float) -> st
         f"{platform.machine()}), in {seconds:.1f} s, on the meta device: no GPU, no data.",
         "## How to read this",
         "Every number is one training iteration (forward, backward, SGD with momentum) simulated by "
-        "`snlite.simulate` on the meta device, which allocates exactly what a real run then allocates from the "
-        "pool, byte for byte. Two counts appear, and every table says which: the paper's count (activations and "
-        "their gradients, what the paper plots) and count all (everything on the device: weights, their "
-        "gradients, momentum, the input batch, activations, gradients, conv workspace; what has to fit a GPU). "
-        "\"Fits 12 GiB\" always means the simulation ran in a 12 GiB pool, never a comparison of peaks. Sizes "
-        "are binary (MiB, GiB) except the traffic, in decimal GB as the paper writes it. Columns marked "
-        "\"paper\" are the paper's figures (docs/paper.md section 7), measured by the authors on their runtime "
-        "and a 12 GB K40: references to compare the shape against, not numbers we expect to match.",
+        "`snlite.simulate` on the meta device, which allocates exactly what a real run then allocates from "
+        "the pool, byte for byte. Two counts appear, and every table says which: the paper's count "
+        "(activations and their gradients, what the paper plots) and count all (everything on the device: "
+        "weights, their gradients, momentum, the input batch, activations, gradients, conv workspace; what "
+        "has to fit a GPU). \"Fits 12 GiB\" always means the simulation ran in a 12 GiB pool, never a "
+        "comparison of peaks. Sizes are binary (MiB, GiB) except the traffic, in decimal GB as the paper "
+        "writes it. Columns marked \"paper\" are the paper's figures (docs/paper.md section 7), measured by "
+        "the authors on their runtime and a 12 GB K40: references to compare the shape against, not numbers "
+        "we expect to match.",
     ]
     if quick:
-        lines.append("**Quick run** (`--quick`): fewer networks, batches and strategies; run without `--quick` "
-                     "for the full tables.")
+        lines.append("**Quick run** (`--quick`): fewer networks, batches and strategies; run without "
+                     "`--quick` for the full tables.")
     if missing:
-        lines.append(f"**No figures**: {missing}; then run the command again. Every table is here without them.")
+        lines.append(f"**No figures**: {missing}; then run the command again. Every table is here "
+                     "without them.")
     return "\n\n".join(lines)
