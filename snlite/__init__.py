@@ -18,8 +18,7 @@ from snlite.pipeline import place, simulate
 from snlite.program import Program
 from snlite.scheduler import Scheduler
 from snlite.train import Model
-
-__version__ = "0.1.0"
+from snlite.version import __version__
 
 __all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig", "MetaArray",
            "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step", "TensorSpec", "align_up",

@@ -2,8 +2,8 @@
 
 Trains LeNet (batch 64, 1x28x28) and a small CIFAR ResNet (ResNet-8, batch 32, 3x32x32) on the
 host device, under the baseline, under ``superneurons()`` and under ``superneurons()`` with the
-cheap layers measured too slow to re-run on the host kept (``snlite.costs``), and the same networks in PyTorch on
-the CPU when it is installed (an optional import: PyTorch is no dependency of snlite), with the
+cheap layers measured too slow to re-run on the host kept (``snlite.costs``), and the same networks in
+PyTorch on the CPU when it is installed (an optional import: PyTorch is no dependency of snlite), with the
 same weights (``Model.params`` are PyTorch ``state_dict`` names) and the same batch; the first
 step's losses are printed side by side as the check that both run the same network.
 
@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+import kernels.host as fast
 from snlite.config import MemoryConfig
 from snlite.costs import measure_layer_costs, span_of
 from snlite.models import cifar_resnet, lenet
@@ -63,7 +64,8 @@ def _torch_net(name, torch):
             self.bn1 = nn.BatchNorm2d(cout)
             self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
             self.bn2 = nn.BatchNorm2d(cout)
-            self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                             nn.BatchNorm2d(cout))
                                if stride != 1 or cin != cout else None)
 
         def forward(self, x):
@@ -91,9 +93,10 @@ class _Torch:
     def __init__(self, torch, name, params, x, labels):
         self.torch = torch
         self.net = _torch_net(name, torch)
-        missing, unexpected = self.net.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in params.items()},
-                                                       strict=False)
-        assert not unexpected and all(m.endswith("num_batches_tracked") for m in missing), (missing, unexpected)
+        state = {k: torch.from_numpy(v.copy()) for k, v in params.items()}
+        missing, unexpected = self.net.load_state_dict(state, strict=False)
+        assert not unexpected and all(m.endswith("num_batches_tracked") for m in missing), \
+            (missing, unexpected)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM)
         self.x, self.labels = torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))
 
@@ -135,13 +138,14 @@ def host(nets=tuple(NETS), repeats=5, steps=3, threads=None, torch_too=True) -> 
         for n in threads:
             with _threads(n, torch):
                 keep = expensive_layers(g, measure_layer_costs(g, "host"))  # too slow to re-run here
-                runs = {"baseline": Model(g, MemoryConfig(), device="host", seed=0),
-                        "superneurons": Model(g, MemoryConfig.superneurons(), device="host", seed=0),
-                        "measured": Model(g, MemoryConfig.superneurons(recompute_keep=keep), device="host", seed=0)}
+                configs = {"baseline": MemoryConfig(), "superneurons": MemoryConfig.superneurons(),
+                           "measured": MemoryConfig.superneurons(recompute_keep=keep)}
+                runs = {k: Model(g, c, device="host", seed=0) for k, c in configs.items()}
                 params = runs["baseline"].params
                 if torch is not None:
                     runs["pytorch"] = _Torch(torch, name, params, x, labels)
-                first = {k: m.step(x, labels, lr=LR, momentum=MOMENTUM) for k, m in runs.items()}  # also warms up
+                # the first step of each: the check that all run the same network, and the warm-up
+                first = {k: m.step(x, labels, lr=LR, momentum=MOMENTUM) for k, m in runs.items()}
                 times = {k: [] for k in runs}
                 for _ in range(repeats):
                     for k, m in runs.items():  # interleaved: every contender once per repeat
@@ -150,8 +154,8 @@ def host(nets=tuple(NETS), repeats=5, steps=3, threads=None, torch_too=True) -> 
                             m.step(x, labels, lr=LR, momentum=MOMENTUM)
                         times[k].append(time.perf_counter() - t0)
             ips = {k: g.input_shape[0] * steps / statistics.median(v) for k, v in times.items()}
-            rows.append({"net": name, "batch": g.input_shape[0], "threads": n, "img_s": ips, "first_loss": first,
-                         "kept": keep})
+            rows.append({"net": name, "batch": g.input_shape[0], "threads": n, "img_s": ips,
+                         "first_loss": first, "kept": keep})
     return rows
 
 
@@ -189,8 +193,6 @@ def breakdown(name: str = "resnet8", steps: int = 5, threads: int = 1) -> dict:
     by layer kind and phase (the executor's wall-clock profile, the fastest of ``steps`` steps), and
     how much of it is BLAS matrix products (every product of :mod:`kernels.host`, timed as it runs).
     The rest of a convolution is copying: columns, padding, transposes, col2im."""
-    import kernels.host as fast
-
     g = NETS[name]()
     rng = np.random.default_rng(0)
     x = rng.standard_normal(g.input_shape).astype(np.float32)
@@ -234,9 +236,9 @@ def breakdown(name: str = "resnet8", steps: int = 5, threads: int = 1) -> dict:
 def breakdown_table(b: dict) -> str:
     """The breakdown as text: the step, then each (layer kind, phase) with its share."""
     conv = sum(ms for (kind, _), ms in b["by_kind"].items() if kind == "conv2d")
-    lines = [f"{b['net']} (batch {b['batch']}), {b['threads']} thread(s): one baseline step {b['step_ms']:.1f} ms; "
-             f"convolutions {conv:.1f} ms, of which BLAS products {b['blas_ms']:.1f} ms (the rest is copying: "
-             f"columns, padding, transposes)",
+    lines = [f"{b['net']} (batch {b['batch']}), {b['threads']} thread(s): one baseline step "
+             f"{b['step_ms']:.1f} ms; convolutions {conv:.1f} ms, of which BLAS products {b['blas_ms']:.1f} "
+             "ms (the rest is copying: columns, padding, transposes)",
              f"{'layer kind':14} {'phase':9} {'ms/step':>8} {'share':>6}"]
     for (kind, phase), ms in b["by_kind"].items():
         lines.append(f"{kind:14} {phase:9} {ms:8.2f} {100 * ms / b['step_ms']:5.1f}%")

@@ -7,7 +7,7 @@
     snlite train lenet --data digits --preset superneurons --budget 64MiB
     snlite plan alexnet --batch 200 --preset superneurons        # what the scheduler does, measured
     snlite plan alexnet --batch 200 --budget 1GiB               # too small: why, and what would fit
-    snlite plan lenet --preset superneurons --program            # the program: every alloc, copy, event, kernel
+    snlite plan lenet --preset superneurons --program            # every alloc, copy, event, kernel launch
     snlite plan lenet --save-program p.json && snlite check p.json   # the race checker on a saved program
     snlite compare alexnet --batch 200                          # one row per strategy
     snlite optimal alexnet --batch 32 --count paper             # the exact plan vs the heuristics (scipy)
@@ -40,18 +40,24 @@ import zlib
 
 import numpy as np
 
+from snlite import data, demo, models, plot, timing
 from snlite.anomaly import NonFiniteError, describe
+from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
+                             EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
+                             _positive_int, _seed, add_memory_flags, check_keep, check_names, check_outputs,
+                             join_negative_values, memory_config)
+from snlite.cli_compare import add_compare_command, cmd_compare
+from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
+from snlite.cli_optimal import add_optimal_command, cmd_optimal
+from snlite.cli_paper import add_bench_command, add_paper_command, cmd_bench, cmd_paper
+from snlite.cli_plan import add_check_command, add_plan_command, cmd_check, cmd_plan
+from snlite.cli_search import add_search_commands, cmd_maxbatch, cmd_maxdepth
 from snlite.device import DEVICE_NAMES
 from snlite.errors import BudgetError
-from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
-                             EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in, _positive_int, _seed,
-                             add_memory_flags, check_keep, check_names, check_outputs, join_negative_values,
-                             memory_config)
-from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
-from snlite.cli_plan import PLAN_COMMANDS, add_planning_commands
+from snlite.train import Model, param_problem
 
-DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), "
-             "mnist:PATH (a directory with the four MNIST IDX files), cifar10:PATH (the CIFAR-10 binary batches)")
+DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), mnist:PATH (a "
+             "directory with the four MNIST IDX files), cifar10:PATH (the CIFAR-10 binary batches)")
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 2048, 512
 
 
@@ -61,28 +67,52 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Start with: snlite demo")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # every command, in the order --help lists them
+    add_demo_command(sub)  # demo (here)
+    add_train_command(sub)  # train NET (here)
+    add_plan_command(sub)  # plan NET, on the meta device like the planning commands below (cli_plan)
+    add_check_command(sub)  # check FILE.json (cli_plan)
+    add_compare_command(sub)  # compare NET (cli_compare)
+    add_search_commands(sub)  # maxbatch NET, maxdepth (cli_search)
+    add_optimal_command(sub)  # optimal NET (cli_optimal)
+    add_paper_command(sub)  # paper (cli_paper)
+    add_bench_command(sub)  # bench (cli_paper)
+    add_launches_command(sub)  # launches NET (cli_device)
+    add_costs_command(sub)  # costs NET (cli_device)
+    return parser
 
-    demo = sub.add_parser("demo", help="train a tiny CNN for a few steps and show its memory arena",
-                          description="Build a tiny CNN, print its layers and the arena its tensors live in, "
-                                      "then train it for a few steps on synthetic data. Needs no GPU.")
-    demo.add_argument("--device", choices=DEVICE_NAMES, default="host",
-                      help="where to run: host (NumPy, the default), cuda (a GPU, or the slow CUDA simulator with "
-                           "NUMBA_ENABLE_CUDASIM=1: minutes even with --steps 2), meta (the layout only), "
-                           "auto (cuda if a GPU is present)")
-    demo.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
-    demo.add_argument("--seed", type=_seed, default=0, help="seed for the weights and the data (default 0)")
 
+def add_demo_command(sub) -> None:
+    demo_cmd = sub.add_parser("demo", help="train a tiny CNN for a few steps and show its memory arena",
+                              description="Build a tiny CNN, print its layers and the arena its tensors live "
+                                          "in, then train it for a few steps on synthetic data. Needs no "
+                                          "GPU.")
+    demo_cmd.add_argument("--device", choices=DEVICE_NAMES, default="host",
+                          help="where to run: host (NumPy, the default), cuda (a GPU, or the slow CUDA "
+                               "simulator with NUMBA_ENABLE_CUDASIM=1: minutes even with --steps 2), meta "
+                               "(the layout only), auto (cuda if a GPU is present)")
+    demo_cmd.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
+    demo_cmd.add_argument("--seed", type=_seed, default=0,
+                          help="seed for the weights and the data (default 0)")
+
+
+def add_train_command(sub) -> None:
     train = sub.add_parser("train", help="train a network from the model zoo on a data set",
-                           description="Train NET with SGD, show progress, evaluate the test accuracy each epoch.")
-    train.add_argument("net", metavar="NET", help="a network of the model zoo (snlite.models): lenet (any image "
-                       "size), cifar_resnet20 (3x32x32), alexnet, vgg16, resnet50, ... (ImageNet sizes)")
+                           description="Train NET with SGD, show progress, evaluate the test accuracy each "
+                                       "epoch.")
+    train.add_argument("net", metavar="NET",
+                       help="a network of the model zoo (snlite.models): lenet (any image size), "
+                            "cifar_resnet20 (3x32x32), alexnet, vgg16, resnet50, ... (ImageNet sizes)")
     train.add_argument("--data", default="digits", help=DATA_HELP + " (default digits)")
     train.add_argument("--batch", type=_batch, default=32, help="images per step (default 32)")
-    train.add_argument("--epochs", type=_positive_int, default=6, help="passes over the training set (default 6)")
-    train.add_argument("--lr", type=_float_in(0.0, None, low_open=True, what="a learning rate > 0", float32=True),
+    train.add_argument("--epochs", type=_positive_int, default=6,
+                       help="passes over the training set (default 6)")
+    train.add_argument("--lr", type=_float_in(0.0, None, low_open=True, what="a learning rate > 0",
+                                              float32=True),
                        default=0.05,
                        help="learning rate (default 0.05)")
-    train.add_argument("--momentum", type=_float_in(0.0, 1.0, what="a momentum in [0, 1)", float32=True), default=0.9,
+    train.add_argument("--momentum", type=_float_in(0.0, 1.0, what="a momentum in [0, 1)", float32=True),
+                       default=0.9,
                        help="SGD momentum (default 0.9)")
     train.add_argument("--weight-decay", type=_float_in(0.0, None, what="a weight decay >= 0", float32=True),
                        default=5e-4,
@@ -96,16 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--save", metavar="FILE.npz", help="write the trained parameters here")
     train.add_argument("--load", metavar="FILE.npz", help="start from the parameters in this file")
     train.add_argument("--anomaly", action="store_true",
-                       help="after every step, re-run the forward pass on the host and check every layer's output "
-                            "and every gradient for NaN and infinity (slow; without it the loss is checked each step, "
-                            "and the layers only once a loss is not finite)")
-    train.add_argument("--streams", metavar="FILE.png", help="on a CUDA device, time the last step's kernels and "
-                       "copies per stream (compute, copy_out, copy_in) and draw them (needs matplotlib)")
+                       help="after every step, re-run the forward pass on the host and check every layer's "
+                            "output and every gradient for NaN and infinity (slow; without it the loss is "
+                            "checked each step, and the layers only once a loss is not finite)")
+    train.add_argument("--streams", metavar="FILE.png",
+                       help="on a CUDA device, time the last step's kernels and copies per stream (compute, "
+                            "copy_out, copy_in) and draw them (needs matplotlib)")
     add_memory_flags(train)
-    add_planning_commands(sub)
-    add_launches_command(sub)
-    add_costs_command(sub)
-    return parser
 
 
 # ---------------------------------------------------------------- entry point
@@ -152,15 +179,11 @@ def _discard_stdout() -> None:
 
 
 def cmd_demo(args) -> int:
-    from snlite import demo
-
     demo.run(device=args.device, steps=args.steps, seed=args.seed)
     return 0
 
 
 def cmd_train(args) -> int:
-    from snlite.train import Model
-
     train, test = load_data(args.data, args.seed)
     if args.limit:
         train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))
@@ -186,25 +209,10 @@ def cmd_train(args) -> int:
         model.profile = bool(args.streams) and epoch == args.epochs  # profiled: the last epoch's steps
         run_epoch(model, train, args, epoch)
         acc = model.evaluate(test.x, test.labels)
-        print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({time.perf_counter() - start:.1f} s so far)")
+        seconds = time.perf_counter() - start
+        print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({seconds:.1f} s so far)")
     if args.streams:
-        from snlite import timing
-        from snlite.plot import PlotUnavailable, plot_streams
-
-        gpu = next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
-        modelled = timing.estimate(model.programs[model.step_mode], model.graph, gpu)
-        try:
-            plot_streams(model.stream_events, args.streams, estimate=modelled.events(),
-                         title=f"{args.net}: one training step per stream ({model.device!r}), measured, and the "
-                               f"{gpu} model's estimate of its forward and backward")
-        except PlotUnavailable as e:
-            raise CliError(str(e)) from None
-        busy = {}
-        for ev in model.stream_events:
-            busy[ev["stream"]] = busy.get(ev["stream"], 0.0) + ev["end_ms"] - ev["start_ms"]
-        print(f"streams of the last step drawn to {args.streams}: "
-              + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items())
-              + f"; the {gpu} model estimates the forward and backward at {modelled.step_ms:.2f} ms")
+        draw_streams(model, args)
     if args.save:
         save_params(args.save, model.params)
         print(f"saved {len(model.state_names)} parameter tensors to {args.save}")
@@ -212,10 +220,27 @@ def cmd_train(args) -> int:
 
 
 # ---------------------------------------------------------------- pieces of `train`
+def draw_streams(model, args) -> None:
+    """``--streams``: the last step's kernels and copies per CUDA stream, measured, drawn beside the
+    GPU time model's estimate of the same forward and backward; how busy each stream was."""
+    gpu = next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
+    modelled = timing.estimate(model.programs[model.step_mode], model.graph, gpu)
+    try:
+        plot.plot_streams(model.stream_events, args.streams, estimate=modelled.events(),
+                          title=f"{args.net}: one training step per stream ({model.device!r}), measured, and "
+                                f"the {gpu} model's estimate of its forward and backward")
+    except plot.PlotUnavailable as e:
+        raise CliError(str(e)) from None
+    busy = {}
+    for ev in model.stream_events:
+        busy[ev["stream"]] = busy.get(ev["stream"], 0.0) + ev["end_ms"] - ev["start_ms"]
+    print(f"streams of the last step drawn to {args.streams}: "
+          + ", ".join(f"{k} busy {v:.2f} ms" for k, v in busy.items())
+          + f"; the {gpu} model estimates the forward and backward at {modelled.step_ms:.2f} ms")
+
+
 def load_data(spec: str, seed: int = 0):
     """(train, test) for a ``--data`` value."""
-    from snlite import data
-
     kind, _, path = spec.partition(":")
     if kind == "synthetic" and not path:
         return (data.synthetic(SYNTHETIC_TRAIN, seed=seed), data.synthetic(SYNTHETIC_TEST, seed=seed + 1))
@@ -228,15 +253,13 @@ def load_data(spec: str, seed: int = 0):
 
 def build_model(net: str, batch: int, train):
     """The graph of ``net`` from the model zoo, sized for ``train``'s images and classes."""
-    from snlite import models
-
     builder = models.MODELS.get(net.lower())
-    if builder is not None and "input_shape" in inspect.signature(builder).parameters:  # lenet: any image size
+    if builder is not None and "input_shape" in inspect.signature(builder).parameters:  # lenet: any size
         return models.get_model(net, batch, input_shape=train.shape, num_classes=train.num_classes)
     graph = models.get_model(net, batch, num_classes=train.num_classes)
     if graph.input_shape[1:] != train.shape:
-        raise CliError(f"{net} takes images of {graph.input_shape[1:]}, but --data {train.name.split('/')[0]} "
-                       f"has {train.shape}")
+        raise CliError(f"{net} takes images of {graph.input_shape[1:]}, but --data "
+                       f"{train.name.split('/')[0]} has {train.shape}")
     return graph
 
 
@@ -246,7 +269,8 @@ def run_epoch(model, train, args, epoch: int) -> None:
     bar = Progress(f"epoch {epoch}/{args.epochs}", total)
     loss_sum = correct = seen = 0
     start = time.perf_counter()
-    for i, (x, labels) in enumerate(train.batches(args.batch, shuffle=True, seed=args.seed * 1000 + epoch), 1):
+    batches = train.batches(args.batch, shuffle=True, seed=args.seed * 1000 + epoch)
+    for i, (x, labels) in enumerate(batches, 1):
         try:
             loss, logits = model.step(x, labels, lr=args.lr, momentum=args.momentum,
                                       weight_decay=args.weight_decay, return_logits=True)
@@ -293,8 +317,8 @@ def save_params(file: str, params: dict) -> None:
     for name, value in params.items():
         bad = describe(value)
         if bad:
-            raise CliError(f"--save {file}: {name} is not finite ({bad}); nothing was written (training diverged: "
-                           f"try a lower --lr)")
+            raise CliError(f"--save {file}: {name} is not finite ({bad}); nothing was written (training "
+                           "diverged: try a lower --lr)")
     file = os.path.expanduser(file)
     folder = os.path.dirname(os.path.abspath(file))
     tmp = os.path.join(folder, f".snlite-{secrets.token_hex(6)}.npz.tmp")
@@ -339,8 +363,6 @@ def load_params(file: str, model) -> int:
     Every name, shape, dtype and value is checked before anything is written, and a refusal names
     the tensor: float32 only (another dtype is refused, not cast), finite, a BatchNorm running_var
     >= 0 (:func:`snlite.train.param_problem`, as ``Model.set_params``)."""
-    from snlite.train import param_problem
-
     params = read_params(file)
     for name, value in params.items():
         if value.dtype.kind not in "biuf":
@@ -358,7 +380,10 @@ def load_params(file: str, model) -> int:
     return len(params)
 
 
-COMMANDS = {"demo": cmd_demo, "train": cmd_train, **PLAN_COMMANDS, "launches": cmd_launches, "costs": cmd_costs}
+COMMANDS = {"demo": cmd_demo, "train": cmd_train, "plan": cmd_plan, "check": cmd_check,
+            "compare": cmd_compare, "maxbatch": cmd_maxbatch, "maxdepth": cmd_maxdepth,
+            "optimal": cmd_optimal, "paper": cmd_paper, "bench": cmd_bench, "launches": cmd_launches,
+            "costs": cmd_costs}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from snlite import measure
+from snlite import measure, models, recompute, timing
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 from snlite.graph import check_number
 
@@ -36,8 +36,6 @@ def check_names(args) -> None:
     if getattr(args, "net", None) is not None:
         check_net(args.net)
     if getattr(args, "gpu", None) is not None:
-        from snlite import timing
-
         try:
             timing.profile(args.gpu)
         except ValueError as e:
@@ -45,8 +43,8 @@ def check_names(args) -> None:
 
 
 # every flag that names a file a command writes, and the folders it fills (created if missing)
-OUTPUT_FILES = {"json": "--json", "plot": "--plot", "timeline": "--timeline", "save_program": "--save-program",
-                "save": "--save", "streams": "--streams"}
+OUTPUT_FILES = {"json": "--json", "plot": "--plot", "timeline": "--timeline",
+                "save_program": "--save-program", "save": "--save", "streams": "--streams"}
 OUTPUT_FOLDERS = {"out": "--out"}
 
 
@@ -70,10 +68,12 @@ def check_output_file(flag: str, target: str) -> None:
         raise CliError(f"{flag} {target!r}: an empty file name; give the file to write")
     path = os.path.abspath(os.path.expanduser(target))
     if os.path.isdir(path):
-        raise CliError(f"{flag} {target}: is a folder; give a file name in it, e.g. {os.path.join(target, 'out')}")
+        raise CliError(f"{flag} {target}: is a folder; give a file name in it, e.g. "
+                       f"{os.path.join(target, 'out')}")
     folder = os.path.dirname(path)
     if not os.path.exists(folder):
-        raise CliError(f"{flag} {target}: its folder does not exist (create {os.path.dirname(target) or '.'} first)")
+        raise CliError(f"{flag} {target}: its folder does not exist (create "
+                       f"{os.path.dirname(target) or '.'} first)")
     if not os.path.isdir(folder):
         raise CliError(f"{flag} {target}: {os.path.dirname(target)} is a file, not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
@@ -97,9 +97,8 @@ def check_output_folder(flag: str, target: str) -> None:
 
 
 def check_net(name: str) -> None:
-    """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without building it."""
-    from snlite import models
-
+    """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without
+    building it."""
     key = name.lower()
     m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)
     try:
@@ -115,10 +114,8 @@ def check_net(name: str) -> None:
 
 def check_keep(graph, config) -> None:
     """UsageError unless every --recompute-keep name is a cheap layer of ``graph``."""
-    from snlite.recompute import check_keep as check
-
     try:
-        check(graph, config.recompute_keep)
+        recompute.check_keep(graph, config.recompute_keep)
     except ValueError as e:
         raise UsageError(f"--recompute-keep: {e}") from None
 
@@ -138,7 +135,8 @@ class Status:
     def __call__(self, text: str) -> None:
         if self.live:
             head, tail = f"{self.command}: ", f"  ({time.perf_counter() - self.start:,.0f} s)"
-            room = shutil.get_terminal_size().columns - 1 - len(head) - len(tail)  # a wrapped line would not redraw
+            # the room on one line (a wrapped line would not redraw)
+            room = shutil.get_terminal_size().columns - 1 - len(head) - len(tail)
             if len(text) > room:
                 text = text[:max(room - 3, 0)] + "..."
             self.stream.write(f"\r{head}{text}{tail}\033[K")
@@ -177,7 +175,8 @@ def _batch(text: str) -> int:
     that take minutes; no GPU holds one anyway."""
     value = _positive_int(text)
     if value > MAX_BATCH_ARG:
-        raise argparse.ArgumentTypeError(f"expected a batch of at most {MAX_BATCH_ARG:,d} images, got {value:,d}")
+        raise argparse.ArgumentTypeError(f"expected a batch of at most {MAX_BATCH_ARG:,d} images, got "
+                                         f"{value:,d}")
     return value
 
 
@@ -190,7 +189,8 @@ def _float_in(low, high, low_open=False, what="a number", float32=False):
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not np.isfinite(value) or value < low or (low_open and value == low) or (high is not None and value >= high):
+        if (not np.isfinite(value) or value < low or (low_open and value == low)
+                or (high is not None and value >= high)):
             raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
         if float32:
             try:
@@ -222,8 +222,8 @@ def _size(text: str) -> int:
 def _budget(text: str) -> int:
     nbytes = _size(text)
     if nbytes < MIN_BUDGET_BYTES:
-        raise argparse.ArgumentTypeError(f"a budget must be at least {MIN_BUDGET_BYTES:,d} bytes (1KiB, one block of "
-                                         f"the pool), got {text!r} ({nbytes:,d} bytes)")
+        raise argparse.ArgumentTypeError(f"a budget must be at least {MIN_BUDGET_BYTES:,d} bytes (1KiB, one "
+                                         f"block of the pool), got {text!r} ({nbytes:,d} bytes)")
     return nbytes
 
 
@@ -247,8 +247,8 @@ def join_negative_values(argv: list[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------- the memory flags (one place)
-MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count", "schedule",
-                "update_in_backward", "optimizer_state", "recompute_keep")
+MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count",
+                "schedule", "update_in_backward", "optimizer_state", "recompute_keep")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -268,24 +268,28 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     for name, what in (("liveness", "free each tensor after its last use"),
                        ("offload", "copy CONV outputs to pinned host memory and back"),
                        ("cache", "LRU tensor cache: move data only when an allocation would fail"),
-                       ("update-in-backward", "each layer's SGD step right after its last backward step, its weight "
-                                              "gradient freed there")):
+                       ("update-in-backward", "each layer's SGD step right after its last backward step, its "
+                                              "weight gradient freed there")):
         g.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=what,
                        dest=name.replace("-", "_"))
     helps = {"recompute": "drop cheap layers' outputs, rebuild them in backward",
              "workspace": "convolution workspace: none (direct), fastest, dynamic (fastest that fits now)",
              "allocator": "pool (one arena, the paper's) or raw (one allocation per tensor)",
-             "fit": "the pool's free-block search", "count": "what the trace's peak counts: all "
-             "(everything on the device) or paper (activations + gradients)",
-             "optimizer_state": "where SGD's momentum lives between updates: device, host (pinned, prefetched "
-             "before each update and copied back after), auto (host only where the device cannot hold it)",
-             "schedule": "when copies run: paper (the paper's op-based points) or a GPU (H200, A100, T4, K40): "
-             "releases and prefetches moved in time so copies hide behind compute on that GPU (snlite.overlap)"}
+             "fit": "the pool's free-block search",
+             "count": "what the trace's peak counts: all (everything on the device) or paper (activations + "
+                      "gradients)",
+             "optimizer_state": "where SGD's momentum lives between updates: device, host (pinned, "
+                                "prefetched before each update and copied back after), auto (host only where "
+                                "the device cannot hold it)",
+             "schedule": "when copies run: paper (the paper's op-based points) or a GPU (H200, A100, T4, "
+                         "K40): releases and prefetches moved in time so copies hide behind compute on that "
+                         "GPU (snlite.overlap)"}
     for name, text in helps.items():
-        g.add_argument(f"--{name.replace('_', '-')}", choices=CHOICES[name], default=None, help=text, dest=name)
+        g.add_argument(f"--{name.replace('_', '-')}", choices=CHOICES[name], default=None, help=text,
+                       dest=name)
     g.add_argument("--recompute-keep", type=_names, metavar="LAYER,...", default=None, dest="recompute_keep",
-                   help="cheap layers recomputation keeps, as checkpoints (e.g. the ones too slow to re-run on your "
-                        "device: snlite.recompute.expensive_layers)")
+                   help="cheap layers recomputation keeps, as checkpoints (e.g. the ones too slow to re-run "
+                        "on your device: snlite.recompute.expensive_layers)")
     g.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="device memory budget, e.g. 12GiB, 1.5GB, 500MB, 4096 (default: unlimited)")
     g.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,

@@ -56,8 +56,8 @@ def ladder_table(graph: Graph) -> str:
     return "\n".join(rows)
 
 
-def run(device="host", steps: int = 30, batch: int = 8, lr: float = 0.02, momentum: float = 0.9, seed: int = 0,
-        out=print) -> dict:
+def run(device="host", steps: int = 30, batch: int = 8, lr: float = 0.02, momentum: float = 0.9,
+        seed: int = 0, out=print) -> dict:
     """The demo; returns the losses of both runs, whether they are bit-identical, and accuracies."""
     graph = small_cnn(batch)
     sn = MemoryConfig(liveness=True, offload=True, recompute="cost_aware", workspace="dynamic",
@@ -86,8 +86,8 @@ def run(device="host", steps: int = 30, batch: int = 8, lr: float = 0.02, moment
         for k, m in models.items():
             losses[k].append(m.step(x, labels, lr=lr, momentum=momentum))
         if step == 1 or step % 5 == 0 or step == steps:
-            out(f"step {step:3d}  loss {losses['baseline'][-1]:.6f} (baseline)  {losses['superneurons'][-1]:.6f} "
-                f"(superneurons)")
+            out(f"step {step:3d}  loss {losses['baseline'][-1]:.6f} (baseline)  "
+                f"{losses['superneurons'][-1]:.6f} (superneurons)")
     seconds = time.perf_counter() - start
     pa, pb = models["baseline"].params, models["superneurons"].params
     identical = losses["baseline"] == losses["superneurons"] and all(np.array_equal(pa[n], pb[n]) for n in pa)

@@ -24,6 +24,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from snlite import plot
+
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 WIDTH = 110  # characters per printed line of a claim
 
@@ -75,13 +77,8 @@ def expect(claim: str, holds, why: str = "") -> None:
 
 def save_plot(kind: str, data, name: str, **kwargs) -> None:
     """``snlite.plot.<kind>(data, OUT / name, **kwargs)``, and shown inline in a notebook. Without
-    matplotlib (or ``snlite.plot``), one line says why and how to install it. Returns nothing, so a
-    notebook cell that ends with it shows only the plot."""
-    try:
-        from snlite import plot
-    except ImportError as e:
-        print(f'plot {name} skipped ({e}); plots need matplotlib: pip install -e ".[plot]"')
-        return
+    matplotlib, one line says why and how to install it. Returns nothing, so a notebook cell that ends
+    with it shows only the plot."""
     OUT.mkdir(parents=True, exist_ok=True)
     try:
         path = getattr(plot, kind)(data, OUT / name, **kwargs)

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from snlite.config import MemoryConfig
+from snlite.models import alexnet
+from snlite.pipeline import simulate
 from snlite.trace import CATEGORIES, PAPER_CATEGORIES
 
 MIB = float(1 << 20)
@@ -151,7 +154,8 @@ def _draw_timeline(ax, trace, tl: Timeline, count: str):
         ax.axhline(trace.l_peak_bytes / MIB, color="#555555", linestyle=":", linewidth=1.2,
                    label="l_peak (the busiest step, each tensor once)")
     r = trace.steps[tl.peak_op]
-    ax.plot([tl.peak_op], [tl.peak_mib], marker="v", color="#b2182b", markersize=8, linestyle="none", zorder=5)
+    ax.plot([tl.peak_op], [tl.peak_mib], marker="v", color="#b2182b", markersize=8, linestyle="none",
+            zorder=5)
     right = tl.peak_op > 0.6 * n  # the label goes to the side with more room
     ax.annotate(f"peak {_mib(tl.peak_mib * MIB)} MiB at step {r.step}: {r.layer} ({r.phase})",
                 xy=(tl.peak_op, tl.peak_mib), xytext=(-12 if right else 12, 9), textcoords="offset points",
@@ -181,8 +185,8 @@ def _legend(fig, axes) -> int:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     ncol = min(len(handles), 6)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8, frameon=False,
-               bbox_to_anchor=(0.42, 0.0))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8,
+               frameon=False, bbox_to_anchor=(0.42, 0.0))
     return -(-len(handles) // ncol)  # rows
 
 
@@ -205,7 +209,8 @@ def _timelines(traces: dict, path, title, count, max_points, shared_y: bool):
         ratio = f", l_peak {_mib(trace.l_peak_bytes)} MiB, peak/l_peak {trace.ratio:.2f}" \
             if c == trace.count and trace.l_peak_bytes else ""
         head = f"{label}: " if label else ""
-        ax.set_title(f"{head}peak {_mib(tl.peak_mib * MIB)} MiB{ratio}", loc="left", fontsize=9.5, fontweight="bold")
+        ax.set_title(f"{head}peak {_mib(tl.peak_mib * MIB)} MiB{ratio}", loc="left", fontsize=9.5,
+                     fontweight="bold")
         _tensor_box(ax, trace)
     axes[-1].set_xlabel("op (route order, recomputations included)", fontsize=9)
     legend_rows = _legend(fig, axes)
@@ -213,8 +218,8 @@ def _timelines(traces: dict, path, title, count, max_points, shared_y: bool):
     bottom_in = 0.6 + 0.2 * legend_rows
     height = top_in + bottom_in + n * panel_in + (n - 1) * gap_in
     fig.set_size_inches(12, height)
-    fig.suptitle(title or f"memory per op: {_count_words(counts[0])}", fontsize=12, x=0.065, y=1 - 0.1 / height,
-                 ha="left", va="top")
+    fig.suptitle(title or f"memory per op: {_count_words(counts[0])}", fontsize=12, x=0.065,
+                 y=1 - 0.1 / height, ha="left", va="top")
     fig.subplots_adjust(left=0.065, right=0.77, top=1 - top_in / height, bottom=bottom_in / height,
                         hspace=gap_in / panel_in)
     return _save(fig, path)
@@ -235,14 +240,15 @@ def plot_compare_timelines(traces: dict, path, title=None, max_points: int = 200
 
 def plot_tradeoff(rows, path, title=None, base_flops: float | None = None):
     """Peak memory (MiB) against extra compute, one labelled point per row (``label``, ``peak_bytes``,
-    ``extra_flops``, optional ``moved_bytes`` and ``base_flops``); the Pareto frontier is drawn as a step line.
+    ``extra_flops``, optional ``moved_bytes`` and ``base_flops``); the Pareto frontier is drawn as a step
+    line.
     Extra compute is in GFLOPs, or % of the forward FLOPs when ``base_flops`` is given (argument or rows)."""
     rows = list(rows)
     if not rows:
         raise ValueError("no rows to plot")
     percent = base_flops is not None or all(r.get("base_flops") for r in rows)
-    xs = np.array([100.0 * r["extra_flops"] / (base_flops or r["base_flops"]) if percent else r["extra_flops"] / 1e9
-                   for r in rows])
+    xs = np.array([100.0 * r["extra_flops"] / (base_flops or r["base_flops"]) if percent
+                   else r["extra_flops"] / 1e9 for r in rows])
     ys = np.array([r["peak_bytes"] / MIB for r in rows])
     # a point is dominated when another has no more memory and no more compute, and less of one
     dominated = np.array([any(xs[j] <= xs[i] and ys[j] <= ys[i] and (xs[j] < xs[i] or ys[j] < ys[i])
@@ -255,19 +261,22 @@ def plot_tradeoff(rows, path, title=None, base_flops: float | None = None):
                    label="dominated")
     front = sorted(set(zip(xs[~dominated], ys[~dominated])))
     fx, fy = np.array(front).T
-    ax.step(np.append(fx, xs.max() * 1.02 + 1e-9), np.append(fy, fy[-1]), where="post", color="#1f77b4", alpha=0.4)
+    ax.step(np.append(fx, xs.max() * 1.02 + 1e-9), np.append(fy, fy[-1]), where="post", color="#1f77b4",
+            alpha=0.4)
     labels: dict = {}  # rows at the same point share one label
     for r, x, y in zip(rows, xs, ys):
         moved = r.get("moved_bytes") or 0
-        labels.setdefault((x, y), []).append(r["label"] + (f" (moved {moved / MIB:,.0f} MiB)" if moved else ""))
+        moved_words = f" (moved {moved / MIB:,.0f} MiB)" if moved else ""
+        labels.setdefault((x, y), []).append(r["label"] + moved_words)
     xspan, yspan = (np.ptp(xs) or 1.0), (np.ptp(ys) or 1.0)
     placed = []
     for (x, y), names in sorted(labels.items()):
         near = sum(abs(x - px) < 0.04 * xspan and abs(y - py) < 0.04 * yspan for px, py in placed)
         placed.append((x, y))
         left = x > xs.min() + 0.6 * xspan  # labels of the right-most points go to their left
-        ax.annotate(", ".join(names), (x, y), xytext=(-7 if left else 7, 4 - 11 * near), textcoords="offset points",
-                    fontsize=8, ha="right" if left else "left", va="bottom" if near == 0 else "top",
+        ax.annotate(", ".join(names), (x, y), xytext=(-7 if left else 7, 4 - 11 * near),
+                    textcoords="offset points", fontsize=8, ha="right" if left else "left",
+                    va="bottom" if near == 0 else "top",
                     bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.8))
     ax.set_xlabel("extra compute (% of forward FLOPs)" if percent else "extra compute (GFLOPs)", fontsize=9)
     ax.set_ylabel("peak memory (MiB)", fontsize=9)
@@ -314,13 +323,12 @@ def plot_streams(events, path, title=None, memory=None, estimate=None):
         bars = [(e["start_ms"], max(e["end_ms"] - e["start_ms"], span * 1e-4)) for e in mine]
         color = palette[STREAM_ORDER.index(s.removesuffix(" (model)")) % len(palette)] \
             if s.removesuffix(" (model)") in STREAM_ORDER else palette[row % len(palette)]
-        ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=color, alpha=0.55 if s.endswith("(model)") else 1.0,
-                       edgecolor="white",
-                       linewidth=0.5)
+        ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=color,
+                       alpha=0.55 if s.endswith("(model)") else 1.0, edgecolor="white", linewidth=0.5)
         for e, (x, w) in zip(mine, bars):
             if e.get("label") and w > 0.05 * span:
-                ax.text(x + w / 2, row, str(e["label"])[: max(3, int(w / span * 120))], ha="center", va="center",
-                        fontsize=7, color="white", clip_on=True)
+                ax.text(x + w / 2, row, str(e["label"])[: max(3, int(w / span * 120))], ha="center",
+                        va="center", fontsize=7, color="white", clip_on=True)
     ax.set_yticks(range(len(streams)), labels=streams)
     ax.set_ylim(len(streams) - 0.5, -0.5)
     ax.set_xlim(t0 - 0.01 * span, t1 + 0.01 * span)
@@ -337,14 +345,10 @@ def plot_streams(events, path, title=None, memory=None, estimate=None):
 
 def alexnet_figure(path, batch: int = 200):
     """AlexNet at ``batch`` under baseline and superneurons(), activations + gradients (the paper's count)."""
-    from snlite.config import MemoryConfig
-    from snlite.models import alexnet
-    from snlite.pipeline import simulate
-
     traces = {"baseline": simulate(alexnet(batch=batch), MemoryConfig.baseline().replace(count="paper")),
               "superneurons()": simulate(alexnet(batch=batch), MemoryConfig.superneurons(count="paper"))}
-    return plot_compare_timelines(traces, path, title=f"AlexNet, batch {batch}: activations + gradients per op "
-                                                      "(the paper's count), one training iteration")
+    return plot_compare_timelines(traces, path, title=f"AlexNet, batch {batch}: activations + gradients per "
+                                                      "op (the paper's count), one training iteration")
 
 
 README_FIGURE = os.path.join("docs", "alexnet_b200_timeline.png")
@@ -364,11 +368,13 @@ def main(argv=None) -> int:
         description="Draw the README's figure: AlexNet at batch 200, activations + gradients per op under "
                     "baseline and superneurons(), simulated on the meta device (needs matplotlib).")
     parser.add_argument("path", nargs="?", metavar="PATH.png",
-                        help=f"where to write the PNG (default: {README_FIGURE} of the repository snlite runs from)")
+                        help=f"where to write the PNG (default: {README_FIGURE} of the repository snlite "
+                             "runs from)")
     args = parser.parse_args(argv)
     path = args.path or default_figure_path()
     if path is None:
-        parser.error("this snlite is installed, not a repository checkout (no docs/ beside it): give PATH.png")
+        parser.error("this snlite is installed, not a repository checkout (no docs/ beside it): "
+                     "give PATH.png")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         print(f"python -m snlite.plot: error: {path}: its folder does not exist", file=sys.stderr)

@@ -363,12 +363,12 @@ def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
 def test_a_name_that_names_nothing_is_a_usage_error(argv, message, capsys, monkeypatch):
     """An unknown network, GPU profile, --data kind or --recompute-keep layer: exit 2, one line naming
     the value and listing the valid ones, before any planning or training."""
-    from snlite import measure, train
+    from snlite import measure
 
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the bad name was refused")
     monkeypatch.setattr(measure, "measure", no_work)
-    monkeypatch.setattr(train, "Model", no_work)
+    monkeypatch.setattr(cli, "Model", no_work)
     code, out, err = run(capsys, *argv)
     assert code == cli.EXIT_USAGE and len(err.strip().splitlines()) == 1 and message in err, err
 
@@ -421,10 +421,10 @@ def test_maxdepth_stops_at_a_stated_ceiling_and_says_why(capsys, monkeypatch):
     silent with --quiet); the search stops at a ceiling, lower where planning would need more of this
     machine's memory than is free, and says which and how to raise it. The default still reaches every
     depth the README reports (2,865 units at batch 1 in 12GiB)."""
-    from snlite import cli_plan, search
+    from snlite import cli_search, search
 
     assert 2_865 < search.MAX_UNITS <= 3_000
-    monkeypatch.setattr(cli_plan, "free_memory_bytes", lambda: 60 * search.PLANNER_BYTES_PER_UNIT)
+    monkeypatch.setattr(cli_search, "free_memory_bytes", lambda: 60 * search.PLANNER_BYTES_PER_UNIT)
     code, out, err = run(capsys, "maxdepth", "--batch", "1", "--budget", "200GiB", "--quiet")
     assert code == 0 and not err, err
     assert re.search(r"^superneurons +>= 182 +60 ", out, re.M), out

@@ -354,9 +354,9 @@ def fake_plot(monkeypatch, fail=False):
         return draw
     module = types.SimpleNamespace(PlotUnavailable=PlotUnavailable, plot_timeline=record("timeline"),
                                    plot_tradeoff=record("tradeoff"))
-    monkeypatch.setitem(sys.modules, "snlite.plot", module)
-    import snlite
-    monkeypatch.setattr(snlite, "plot", module, raising=False)
+    from snlite import cli_common
+
+    monkeypatch.setattr(cli_common, "plot", module)  # the plot module the planning commands draw with
     return calls
 
 

@@ -7,7 +7,7 @@ from unittest import mock
 
 import pytest
 
-from snlite import __version__, cli, measure, report, search
+from snlite import __version__, cli, measure, report, report_memory, report_tables, search
 from snlite.config import MemoryConfig
 from snlite.models import get_model
 from snlite.pipeline import simulate
@@ -93,9 +93,10 @@ def test_numbers_are_those_of_simulate(quick):
     assert base[5] == measure.format_size(simulate(graph, MemoryConfig()).peak_bytes)
     cost_aware = _row(text, "## 2.", "alexnet (200)")  # first alexnet row: liveness only
     assert cost_aware[4] == measure.format_size(simulate(graph, MemoryConfig(liveness=True, count="paper")).peak_bytes)
-    found = search.max_batch(lambda b: get_model("alexnet", b), MemoryConfig(budget_bytes=report.BUDGET))
+    budget = report_tables.BUDGET
+    found = search.max_batch(lambda b: get_model("alexnet", b), MemoryConfig(budget_bytes=budget))
     assert _row(text, "## 5.", "alexnet")[1] == f"{found.value:,d}"
-    trace = simulate(get_model("alexnet", 256), MemoryConfig.superneurons(cache=False, budget_bytes=report.BUDGET))
+    trace = simulate(get_model("alexnet", 256), MemoryConfig.superneurons(cache=False, budget_bytes=budget))
     assert _row(text, "## 3.", "256")[1] == f"{trace.d2h_bytes / 1e9:.2f} GB"
     smallest = search.min_budget(get_model("resnet50", 32))
     assert _row(text, "## 7.", "resnet50 (32)")[1:5] == [
@@ -109,14 +110,14 @@ def test_table1_alexnet_is_found_at_the_papers_batch(quick):
     _, _, text, _ = quick
     table = text.split("*the batch that reproduces", 1)[1].split("\n\n", 2)[1]
     found = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| alexnet")]
+    paper = report_memory.PAPER_TABLE1["alexnet"]
     assert [(c[1].strip(), c[2].strip(), c[6].strip(), c[7].strip()) for c in found] == [
-        ("200", s, str(report.PAPER_TABLE1["alexnet"][s][1]), str(report.PAPER_TABLE1["alexnet"][s][1]))
-        for s in report.STRATEGIES]
+        ("200", s, str(paper[s][1]), str(paper[s][1])) for s in report_memory.STRATEGIES]
     assert "alexnet: batch 200 reproduces the paper's three peaks" in text
-    best = report.table1_batch("alexnet", report.PAPER_TABLE1["alexnet"], (64,))
+    best = report_memory.table1_batch("alexnet", report_memory.PAPER_TABLE1["alexnet"], (64,))
     assert best["batch"] == 200 and best["exact"]
-    assert {s: best["runs"][s].trace.recompute_count for s in report.STRATEGIES} == {
-        s: report.PAPER_TABLE1["alexnet"][s][1] for s in report.STRATEGIES}
+    assert {s: best["runs"][s].trace.recompute_count for s in report_memory.STRATEGIES} == {
+        s: report_memory.PAPER_TABLE1["alexnet"][s][1] for s in report_memory.STRATEGIES}
 
 
 def test_without_matplotlib_every_table_is_still_there(tmp_path, monkeypatch):
@@ -144,8 +145,8 @@ def test_out_must_be_a_folder(tmp_path, capsys):
 def test_table1_batch_finds_the_batch_behind_a_networks_figures():
     """The search works on any network whose row lacks its batch: given ResNet-50's own figures at
     batch 24 (rounded as the paper rounds), scaled from a run at batch 32 it lands on 24."""
-    runs = report._table1_runs("resnet50", 24, measure.no_progress)
-    row = {s: (round(runs[s].paper.peak_bytes / report.MIB, 3), runs[s].trace.recompute_count)
-           for s in report.STRATEGIES}
-    best = report.table1_batch("resnet50", row, (8, 32))
+    runs = report_memory._table1_runs("resnet50", 24, measure.no_progress)
+    row = {s: (round(runs[s].paper.peak_bytes / report_tables.MIB, 3), runs[s].trace.recompute_count)
+           for s in report_memory.STRATEGIES}
+    best = report_memory.table1_batch("resnet50", row, (8, 32))
     assert best["batch"] == 24 and best["exact"] and best["worst"] < 1e-6

@@ -1,0 +1,104 @@
+"""What the planning commands (plan, compare, maxbatch, maxdepth, optimal) share: the help texts of
+their common arguments, the network a command names, plain text tables, JSON output and plots.
+Every ``cli_*`` command module imports from here; this module imports none of them."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from snlite import measure, models, plot
+from snlite.cli_args import CliError, check_output_file
+
+NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
+            "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121")
+BATCH_HELP = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
+JSON_HELP = "write the numbers as JSON to FILE (- or no FILE: standard output, instead of the tables)"
+GPU_HELP = ("the GPU profile of the time model (snlite.timing.PROFILES: H200, A100, T4, K40; default H200): "
+            "estimated step time, how busy each stream is, how much transfer time compute waits for")
+
+
+# ---------------------------------------------------------------- the network a command names
+def builder(net: str):
+    """``batch -> Graph`` for ``net`` from the model zoo (None: the model's default batch)."""
+    return lambda batch=None: models.get_model(net, batch)
+
+
+def graph_of(args):
+    """(builder, graph, batch) for ``args.net`` and ``args.batch`` (None: the model's default)."""
+    build = builder(args.net)
+    graph = build(args.batch)
+    return build, graph, graph.input_shape[0]
+
+
+# ---------------------------------------------------------------- text
+def pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def text_table(head: list[str], rows: list[list], align: str | None = None) -> str:
+    """A plain text table; ``align`` per column: < or > (default: first left, others right)."""
+    align = align or "<" + ">" * (len(head) - 1)
+    cells = [[str(c) for c in r] for r in [head] + rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    return "\n".join("  ".join(f"{c:{a}{w}}" for c, a, w in zip(r, align, widths)).rstrip() for r in cells)
+
+
+KIND_HEAD = ["weights", "weight grads", "momentum", "on host", "the rest", "on host"]
+KIND_NOTE = ("by kind, at each row's peak: the weights (with BatchNorm's buffers), their gradients and the "
+             "optimizer state (momentum), on the device and waiting in pinned host memory; the rest is the "
+             "batch, activations, their gradients, workspace and copies in flight (on the host: what the "
+             "cache and offload parked there, at the host's peak)")
+
+
+def kind_cells(trace) -> list[str]:
+    """The :data:`KIND_HEAD` cells of ``trace`` (Trace.by_kind), or dashes without one."""
+    if trace is None:
+        return ["-"] * len(KIND_HEAD)
+    k = trace.by_kind()
+    return [measure.format_size(k["weights"][0]), measure.format_size(k["weight gradients"][0]),
+            measure.format_size(k["optimizer state"][0]), measure.format_size(k["optimizer state"][1]),
+            measure.format_size(k["activations, gradients, batch, workspace"][0]),
+            measure.format_size(k["activations, gradients, batch, workspace"][1])]
+
+
+def kind_table(rows) -> str:
+    """One line per (label, trace): what its peak holds, by kind (:func:`kind_cells`)."""
+    return text_table(["strategy"] + KIND_HEAD, [[label] + kind_cells(t) for label, t in rows])
+
+
+# ---------------------------------------------------------------- files: JSON and plots
+def write_json(target: str, data) -> None:
+    """``data`` as indented JSON to the file ``target`` (- : standard output)."""
+    text = json.dumps(data, indent=1, default=jsonable)
+    if target == "-":
+        print(text)
+        return
+    check_output_file("--json", target)  # checked before the work too (check_outputs), but a folder may go
+    with open(os.path.expanduser(target), "w") as f:
+        f.write(text + "\n")
+
+
+def jsonable(v):
+    """What :func:`json.dumps` cannot write itself: a dataclass as a dict, a non-finite float as null,
+    anything else as its string."""
+    if dataclasses.is_dataclass(v):
+        return dataclasses.asdict(v)
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    return str(v)
+
+
+def draw(kind: str, *args, **kwargs) -> None:
+    """``snlite.plot.<kind>(*args, **kwargs)`` (plot_timeline, plot_tradeoff, plot_streams); without
+    matplotlib, a one-line CliError that says how to install it."""
+    try:
+        getattr(plot, kind)(*args, **kwargs)
+    except plot.PlotUnavailable as e:
+        raise CliError(f"--plot: {e}") from None

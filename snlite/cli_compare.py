@@ -1,0 +1,122 @@
+"""``snlite compare NET``: one row per memory strategy (baseline, liveness, + offload, + the cache,
++ each recomputation, sqrt(N) checkpointing; with --optimal, the exact planner's plan), simulated on
+the meta device: the peak in both counts, recomputation, bytes moved, the estimated step time, what
+each peak holds by kind, and the smallest budget superneurons() runs in."""
+from __future__ import annotations
+
+import time
+
+from snlite import measure, optimal, search, timing
+from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, add_quiet_flag
+from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, NET_HELP, draw, graph_of,
+                               kind_table, ordinal, text_table, write_json)
+
+
+def add_compare_command(sub) -> None:
+    compare = sub.add_parser("compare", help="one row per memory strategy: peak, recomputation, bytes moved",
+                             description="Simulate NET under each strategy: baseline, liveness, + offload, "
+                                         "+ offload + cache, + recompute speed / memory / cost_aware (on top "
+                                         "of liveness + offload), and sqrt(N) checkpointing (Chen et al. "
+                                         "2016) as a reference.")
+    compare.add_argument("net", metavar="NET", help=NET_HELP)
+    compare.add_argument("--batch", type=_batch, default=None, help=BATCH_HELP)
+    compare.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
+                         help="run every strategy under this budget and say which fit (the cache only moves "
+                              "data when memory runs short)")
+    compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
+    compare.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
+    compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
+    compare.add_argument("--optimal", action="store_true",
+                         help="add a row: the exact planner's least-peak recomputation plan, liveness on, "
+                              "nothing offloaded (snlite optimal NET says more; needs scipy)")
+    add_quiet_flag(compare)
+
+
+def cmd_compare(args) -> int:
+    _, graph, batch = graph_of(args)
+    t0 = time.perf_counter()
+    status = Status("snlite compare", args.quiet)
+    rows = measure.compare(graph, args.budget, progress=status)
+    if args.optimal:
+        status(f"{graph.name}: the exact recomputation plan (snlite optimal)")
+        rows.append(optimal_row(graph, args.budget))
+    status(f"{graph.name}: the smallest budget of superneurons()")
+    smallest = search.min_budget(graph)
+    status(f"{graph.name}: step times on the {args.gpu} profile")
+    prof = timing.profile(args.gpu)
+    timelines = [r.timeline(prof) for r in rows]
+    resident = measure.all_resident_ms(graph, prof)
+    status.clear()
+    seconds = time.perf_counter() - t0
+    fits = args.budget is None or any(r.fits for r in rows)
+    if args.json:
+        write_json(args.json, compare_json(args, batch, rows, timelines, prof, resident, smallest))
+    if args.plot:
+        points = [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.trace.extra_flops,
+                   "moved_bytes": r.moved_bytes} for r in rows]
+        draw("plot_tradeoff", points, args.plot, title=f"{graph.name}, batch {batch}")
+    if args.json == "-":
+        return 0 if fits else EXIT_DOES_NOT_FIT
+    print_rows(args, graph, batch, rows, timelines, resident)
+    print_notes(args, graph, prof, resident, seconds)
+    print(f"\nsuperneurons() runs in {measure.format_size(smallest.budget_bytes)} at the least, "
+          f"{smallest.ratio:.2f} x (l_peak {measure.format_size(smallest.l_peak_bytes)} + what it holds all "
+          f"iteration {measure.format_size(smallest.persistent_bytes)}): the paper's \"peak about l_peak\", "
+          "as a budget (snlite.search.min_budget)")
+    if not fits:
+        print(f"\nno strategy fits {measure.format_size(args.budget)}: see why, and what would, with "
+              f"snlite plan {args.net} --batch {batch} --budget {args.budget}")
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+def optimal_row(graph, budget):
+    """The row of ``--optimal``: the exact planner's least-peak recomputation plan, measured under
+    ``budget``."""
+    best = optimal.solve(graph)
+    if best.plan is None:
+        raise CliError(f"--optimal: {best.summary()}")
+    gap = "" if best.optimal else f" ({best.status}, gap {100 * (best.gap or 0):.1f}%)"
+    label = "optimal recompute" + gap
+    return measure.measure(graph, best.plan.config.replace(budget_bytes=budget), label, best.plan)
+
+
+def compare_json(args, batch: int, rows, timelines, prof, resident: float, smallest) -> dict:
+    return {"net": args.net, "batch": batch, "budget_bytes": args.budget,
+            "rows": [dict(r.totals(), step_ms=tl.step_ms, vs_all_resident=tl.step_ms / resident - 1,
+                          exposed_transfer_ms=tl.exposed_ms, overlap=tl.overlap)
+                     for r, tl in zip(rows, timelines)],
+            "gpu_profile": prof.name, "all_resident_ms": resident,
+            "min_budget": {"budget_bytes": smallest.budget_bytes, "l_peak_bytes": smallest.l_peak_bytes,
+                           "persistent_bytes": smallest.persistent_bytes, "ratio": smallest.ratio}}
+
+
+def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> None:
+    """The table of strategies, then what each one's peak holds, by kind."""
+    budget = f", budget {measure.format_size(args.budget)}" if args.budget else ""
+    print(f"{graph.name}, batch {batch}{budget}: {len(graph.layers)} layers, {graph.flops() / 1e9:,.2f} "
+          "GFLOPs forward; each strategy simulated on the meta device")
+    head = ["strategy", "peak (all)", "peak (paper)", "peak/l_peak", "recomputed", "extra FLOPs", "moved",
+            "host peak", "step (est.)", "vs resident"]
+    table = [[r.label, measure.format_size(r.peak_bytes), measure.format_size(r.paper_peak_bytes),
+              f"{r.paper.ratio:.2f}", r.trace.recompute_count, f"{r.extra_pct:.1f}%",
+              measure.format_size(r.moved_bytes), measure.format_size(r.trace.host_peak_bytes),
+              f"{timelines[i].step_ms:,.1f} ms", f"{timelines[i].step_ms / resident - 1:+.1%}"]
+             + (["yes" if r.fits else "no"] if args.budget else []) for i, r in enumerate(rows)]
+    print(text_table(head + (["fits"] if args.budget else []), table))
+    print("\n" + kind_table([(r.label, r.trace) for r in rows]))
+
+
+def print_notes(args, graph, prof, resident: float, seconds: float) -> None:
+    """What the columns mean."""
+    n = len(graph.route()[0])
+    print("\npeak (all): everything on the device; peak (paper) and peak/l_peak: activations + gradients "
+          "only. extra FLOPs: recomputed forward work, % of one forward pass; moved: bytes to the host and "
+          f"back.\n'+' rows: on top of liveness. {measure.SQRT_LABEL}: Chen et al. 2016's reference, keep "
+          f"every {ordinal(max(1, round(n ** 0.5)))} of the {n} layers' outputs, recompute each "
+          f"segment once in backward, liveness on (snlite.measure.checkpoint_plan)."
+          + ("" if args.budget else " Without --budget the cache never has to move anything.")
+          + f" ({seconds:.1f} s)\nstep (est.): one iteration on the {prof.name} profile (snlite.timing: a "
+            "roofline model of the kernels, copies at PCIe bandwidth on their own streams, Numba's launch "
+            "cost on the host); vs resident: against every tensor resident (liveness only, "
+            f"{resident:,.1f} ms)\n{KIND_NOTE}")
