@@ -60,8 +60,10 @@ def batchnorm_forward_train_ref(x, gamma, beta, y, running_mean, running_var, sa
     mean = x.mean(axis=_axes(x))
     m2 = ((x - _per_channel(mean, x)) ** 2).sum(axis=_axes(x))
     invstd = t(1) / np.sqrt(m2 / t(n) + t(eps))
-    y[...] = (x - _per_channel(mean, x)) * _per_channel(invstd, x) * _per_channel(gamma, x) + _per_channel(beta, x)
-    save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var, momentum, update_running)
+    y[...] = ((x - _per_channel(mean, x)) * _per_channel(invstd, x) * _per_channel(gamma, x)
+              + _per_channel(beta, x))
+    save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var,
+                    momentum, update_running)
 
 
 def save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var, momentum,
@@ -196,7 +198,8 @@ def _bn_infer_v1(x, gamma, beta, running_mean, running_var, y, eps):
         y[b, c, s] = (x[b, c, s] - running_mean[c]) * invstd * gamma[c] + beta[c]
 
 
-_GRAD_SIG = "void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[::1], float32[::1], float32[::1])"
+_GRAD_SIG = ("void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[::1], float32[::1], "
+             "float32[::1])")
 
 
 @cuda_kernel(_GRAD_SIG)
@@ -261,7 +264,8 @@ def _ncs(op, name, x, c=None):
     """Check ``x`` is float32 (N, C, ...) and return its (N, C, S) view."""
     check(f"{op} {name}", x)
     if x.ndim < 2:
-        raise ValueError(f"{op} {name}: expected (N, C, ...) with at least 2 dimensions, got shape {tuple(x.shape)}")
+        raise ValueError(f"{op} {name}: expected (N, C, ...) with at least 2 dimensions, got shape "
+                         f"{tuple(x.shape)}")
     n, ch = x.shape[:2]
     if c is not None and ch != c:
         raise ValueError(f"{op} {name}: expected {c} channels, got shape {tuple(x.shape)}")
@@ -329,7 +333,8 @@ def batchnorm_backward(x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, 
                                                                   dgamma, dbeta, dx3)
 
 
-def batchnorm_forward_infer(x, gamma, beta, running_mean, running_var, y, *, eps=1e-5, stream=0, version="v1"):
+def batchnorm_forward_infer(x, gamma, beta, running_mean, running_var, y, *, eps=1e-5,
+                            stream=0, version="v1"):
     op = "batchnorm_forward_infer"
     check_version(version, ("v1",))
     x3 = _ncs(op, "x", x)
@@ -342,10 +347,11 @@ def batchnorm_forward_infer(x, gamma, beta, running_mean, running_var, y, *, eps
 
 
 OPS = {
-    "batchnorm_forward_train": Op("batchnorm_forward_train", batchnorm_forward_train_ref, batchnorm_forward_train,
-                                  VERSIONS),
+    "batchnorm_forward_train": Op("batchnorm_forward_train", batchnorm_forward_train_ref,
+                                  batchnorm_forward_train, VERSIONS),
     "batchnorm_backward": Op("batchnorm_backward", batchnorm_backward_ref, batchnorm_backward, VERSIONS),
-    "batchnorm_forward_infer": Op("batchnorm_forward_infer", batchnorm_forward_infer_ref, batchnorm_forward_infer),
+    "batchnorm_forward_infer": Op("batchnorm_forward_infer", batchnorm_forward_infer_ref,
+                                  batchnorm_forward_infer),
 }
 
 
@@ -380,8 +386,9 @@ def examples(rng):
         backward((3, 5, 4, 3), "3x5x4x3"),
         backward((2, 3, 5, 3), "dx aliases dy", alias=True),
         backward((9, 4), "(N, C) input"),
-        Example("batchnorm_forward_infer", (r(2, 3, 5, 4), r(3), r(3), r(3), np.abs(r(3)) + 0.1, nan(2, 3, 5, 4)),
-                (5,), kwargs={"eps": 1e-3}, rtol=1e-5, atol=1e-5, label="2x3x5x4"),
+        Example("batchnorm_forward_infer",
+                (r(2, 3, 5, 4), r(3), r(3), r(3), np.abs(r(3)) + 0.1, nan(2, 3, 5, 4)), (5,),
+                kwargs={"eps": 1e-3}, rtol=1e-5, atol=1e-5, label="2x3x5x4"),
     ]
 
 

@@ -172,7 +172,8 @@ def _cupy():
 def environment() -> dict:
     """GPU, driver and library versions, and the date, for the JSON record."""
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "numpy": np.__version__, "simulator": bool(config.ENABLE_CUDASIM)}
+           "python": platform.python_version(), "numpy": np.__version__,
+           "simulator": bool(config.ENABLE_CUDASIM)}
     for dist in ("numba", "numba-cuda", "cupy", "cupy-cuda12x", "cupy-cuda13x"):
         try:
             env[dist] = metadata.version(dist)
@@ -189,7 +190,8 @@ def environment() -> dict:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
-        env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        found = out.returncode == 0 and out.stdout.strip()
+        env["driver"] = out.stdout.strip().splitlines()[0] if found else None
     except (OSError, subprocess.SubprocessError):
         env["driver"] = None
     return env
@@ -210,7 +212,8 @@ def bench_gemm(plan: dict) -> list[dict]:
     rows: list[dict] = []
     for si, (m, n, k) in enumerate(plan["gemm_sizes"]):
         size = f"{m}x{n}x{k}"
-        layouts = [(False, False)] + ([(False, True), (True, False)] if plan["gemm_trans"] and si == 0 else [])
+        transposed = [(False, True), (True, False)] if plan["gemm_trans"] and si == 0 else []
+        layouts = [(False, False)] + transposed
         for ta, tb in layouts:
             a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
             b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
@@ -227,17 +230,19 @@ def bench_gemm(plan: dict) -> list[dict]:
                     gemm(d_a, d_b, d_c, trans_a=ta, trans_b=tb, version=version, block=block)
 
                 def row(run=run):
-                    t = time_ms(run, reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
+                    t = time_ms(run, reps=plan["reps"], warmup=plan.get("warmup", 1),
+                                budget_ms=plan["row_budget_ms"])
                     got = d_c.copy_to_host()
                     nonlocal first
                     first = got if first is None else first
                     rate, err = gflops(gemm_flops(m, n, k), t["ms"]), rel_error(got, want)
+                    pct = None if rate is None or not cublas_ms else 100 * cublas_ms / t["ms"]
                     return {**t, "gflops": rate, "rel_err": err, "ok": err <= GEMM_RTOL,
-                            "bit_identical_to_v3": bool(np.array_equal(got, first)),
-                            "pct_of_cublas": None if rate is None or not cublas_ms else 100 * cublas_ms / t["ms"]}
+                            "bit_identical_to_v3": bool(np.array_equal(got, first)), "pct_of_cublas": pct}
 
                 shown = block or gemm_family.DEFAULT_BLOCK[version]
-                _guard(rows, {"size": size, "layout": layout, "impl": version, "block": "x".join(map(str, shown))}, row)
+                _guard(rows, {"size": size, "layout": layout, "impl": version,
+                              "block": "x".join(map(str, shown))}, row)
             d_a = d_b = d_c = None  # free the device buffers before the next size
     return rows
 
@@ -255,7 +260,8 @@ def _gemm_reference(cp, a, b, d_a, d_b, ta, tb, plan, rows, size, layout):
             cc = cp.empty((m, n), dtype=cp.float32)
             t = time_ms(lambda: cp.matmul(ca, cb, out=cc), reps=plan["reps"], warmup=plan.get("warmup", 1),
                         budget_ms=plan["row_budget_ms"])
-            rows.append({**label, **t, "gflops": gflops(gemm_flops(m, n, k), t["ms"]), "pct_of_cublas": 100.0})
+            rows.append({**label, **t, "gflops": gflops(gemm_flops(m, n, k), t["ms"]),
+                         "pct_of_cublas": 100.0})
             return cp.asnumpy(cc), t["ms"]
         except Exception as e:  # e.g. a CuPy built for another CUDA
             rows.append({**label, "error": f"cupy.matmul failed, row skipped: {type(e).__name__}: {e}"[:300]})
@@ -271,7 +277,8 @@ def bench_batched(plan: dict) -> list[dict]:
     rng = np.random.default_rng(0)
     rows: list[dict] = []
     for name, (m, n, k), batch, ta, tb, reduce in plan["batched"]:
-        a_batch = batch if reduce else 1  # the weights, shared (forward, backward-data), or dy (backward-filter)
+        # the weights, shared (forward, backward-data), or dy (backward-filter)
+        a_batch = batch if reduce else 1
         a = rng.standard_normal((a_batch,) + ((k, m) if ta else (m, k)), dtype=np.float32)
         b = rng.standard_normal((batch,) + ((n, k) if tb else (k, n)), dtype=np.float32)
         d_a, d_b = cuda.to_device(a), cuda.to_device(b)
@@ -290,7 +297,8 @@ def bench_batched(plan: dict) -> list[dict]:
         for impl, fn, launches in (("batched", batched, 1), ("one per matrix", per_matrix, batch)):
             def row(fn=fn, launches=launches):
                 nonlocal first
-                t = time_ms(fn, reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
+                t = time_ms(fn, reps=plan["reps"], warmup=plan.get("warmup", 1),
+                            budget_ms=plan["row_budget_ms"])
                 got = d_c.copy_to_host()
                 first = got if first is None else first
                 return {**t, "launches": launches, "gflops": gflops(batch * gemm_flops(m, n, k), t["ms"]),
@@ -320,11 +328,13 @@ def bench_conv(plan: dict) -> list[dict]:
              for key, shape in (("x", x_shape), ("w", w_shape), ("dy", y_shape))}
         d.update(y=cuda.device_array(y_shape, np.float32), dx=cuda.device_array(x_shape, np.float32),
                  dw=cuda.device_array(w_shape, np.float32))
-        args = {"forward": ("x", "w", "y"), "backward_data": ("dy", "w", "dx"), "backward_filter": ("x", "dy", "dw")}
+        args = {"forward": ("x", "w", "y"), "backward_data": ("dy", "w", "dx"),
+                "backward_filter": ("x", "dy", "dw")}
         for op, fn in ops.items():
             first = None
             for algo in algorithms:
-                chunked = algo != "direct" or op == "backward_filter"  # the split backward-filter takes chunks
+                # the split backward-filter takes chunks
+                chunked = algo != "direct" or op == "backward_filter"
                 for chunk in (plan["conv_chunks"] if chunked else [1]):
                     label = {"layer": name, "op": op, "algo": algo, "chunk": chunk}
                     if time.perf_counter() - t0 > plan["section_budget_s"]:
@@ -333,12 +343,14 @@ def bench_conv(plan: dict) -> list[dict]:
 
                     def row(fn=fn, op=op, algo=algo, chunk=chunk):
                         nonlocal first
-                        nbytes = int(workspace_bytes(op, algo, x_shape, w_shape, stride, padding, chunk=chunk))
+                        nbytes = int(workspace_bytes(op, algo, x_shape, w_shape, stride, padding,
+                                                     chunk=chunk))
                         ws = cuda.device_array(max(1, -(-nbytes // 4)), np.float32) if nbytes else None
                         arrays = [d[a] for a in args[op]]
-                        t = time_ms(lambda: fn(*arrays, stride=stride, padding=padding, algo=algo, workspace=ws,
-                                               chunk=chunk), reps=plan["reps"], warmup=plan.get("warmup", 1),
-                                      budget_ms=plan["row_budget_ms"])
+                        t = time_ms(lambda: fn(*arrays, stride=stride, padding=padding, algo=algo,
+                                               workspace=ws, chunk=chunk),
+                                    reps=plan["reps"], warmup=plan.get("warmup", 1),
+                                    budget_ms=plan["row_budget_ms"])
                         got = arrays[2].copy_to_host()
                         first = got if first is None else first
                         n_launches = len(conv.launches(op, algo, x_shape, w_shape, stride, padding, chunk))
@@ -363,7 +375,8 @@ def bench_copy(plan: dict) -> list[dict]:
         for direction, fn in (("host->device", lambda h=host: dev.copy_to_device(h)),
                               ("device->host", lambda h=host: dev.copy_to_host(h))):
             def row(fn=fn):
-                t = time_ms(fn, reps=plan["reps"], warmup=plan.get("warmup", 1), budget_ms=plan["row_budget_ms"])
+                t = time_ms(fn, reps=plan["reps"], warmup=plan.get("warmup", 1),
+                            budget_ms=plan["row_budget_ms"])
                 return {**t, "GB/s": gbytes_per_s(nbytes, t["ms"])}
 
             _guard(rows, {"memory": kind, "direction": direction, "MiB": nbytes >> 20}, row)
@@ -374,7 +387,8 @@ def bench_launch(plan: dict) -> list[dict]:
     n = int(plan["launches"])
     a = cuda.device_array(16, np.float32)
     kernels = (("empty kernel", cuda.jit("void()")(_empty), ()),
-               ("3 array arguments", cuda.jit("void(float32[::1], float32[::1], float32[::1])")(_touch), (a, a, a)))
+               ("3 array arguments", cuda.jit("void(float32[::1], float32[::1], float32[::1])")(_touch),
+                (a, a, a)))
     rows: list[dict] = []
     for label, kernel, args in kernels:
         def row(kernel=kernel, args=args):
@@ -396,7 +410,8 @@ def bench_launch(plan: dict) -> list[dict]:
 SECTIONS = (
     ("gemm", bench_gemm, ["size", "layout", "impl", "block", "ms", "gflops", "pct_of_cublas", "rel_err", "ok",
                           "bit_identical_to_v3", "error"]),
-    ("batched", bench_batched, ["case", "batch", "impl", "launches", "ms", "gflops", "bit_identical", "error"]),
+    ("batched", bench_batched, ["case", "batch", "impl", "launches", "ms", "gflops", "bit_identical",
+                                "error"]),
     ("conv", bench_conv, ["layer", "op", "algo", "chunk", "launches", "ms", "gflops", "workspace_bytes",
                           "same_as_first_algo", "error"]),
     ("copy", bench_copy, ["memory", "direction", "MiB", "ms", "GB/s", "error"]),

@@ -49,8 +49,8 @@ from numba import cuda, float32
 
 from kernels import gemm as _gemm
 from kernels._check import Example, main
-from kernels._common import (MAX_GRID_Z, Launch, Op, ShapeArray, ceil_div, check, cuda_kernel, grid_z_parts, pair,
-                             record_launches, unravel4)
+from kernels._common import (MAX_GRID_Z, Launch, Op, ShapeArray, ceil_div, check, cuda_kernel, grid_z_parts,
+                             pair, record_launches, unravel4)
 from kernels.im2col import _col_value, _out_index, _tap, col2im, col2im_ref, im2col, im2col_ref, output_hw
 
 ALGORITHMS = ("direct", "im2col")
@@ -85,7 +85,8 @@ class Geometry(NamedTuple):
 def _geometry(x_shape, w_shape, stride, padding) -> Geometry:
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if len(x_shape) != 4 or len(w_shape) != 4:
-        raise ValueError(f"conv2d: expected x (N, C, H, W) and w (Cout, C, KH, KW), got x {x_shape}, w {w_shape}")
+        raise ValueError("conv2d: expected x (N, C, H, W) and w (Cout, C, KH, KW), got x "
+                         f"{x_shape}, w {w_shape}")
     n, c, h, wd = x_shape
     co, cw, kh, kw = w_shape
     if c != cw:
@@ -275,7 +276,8 @@ def _backward_filter_v2(x, dy3, dw2, kh_, kw_, ow_, sh, sw, ph, pw):
         dw2[co, k] = dwv
 
 
-@cuda_kernel(f"void({_SIG4}, {_SIG3}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64, int64)")
+@cuda_kernel(f"void({_SIG4}, {_SIG3}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64, "
+             "int64)")
 def _backward_filter_v3(x, dy3, dw2, part, n0, kh_, kw_, ow_, sh, sw, ph, pw):
     # Split over images: block (x, y, z) computes s_n of image n = n0 + z for one tile (v2's sum
     # for one image), so a chunk fills the GPU. Image n0 adds straight onto dw (the epilogue);
@@ -289,8 +291,8 @@ def _backward_filter_v3(x, dy3, dw2, part, n0, kh_, kw_, ow_, sh, sw, ph, pw):
     s = _filter_tile_sum(x, dy3, dyt, ct, n0 + z, k_, kh_, kw_, ow_, sh, sw, ph, pw)
     if co < co_ and k < k_:
         if z == 0:
-            dw2[co, k] = _gemm._epilogue(s, dw2[co, k] if n0 > 0 else float32(0.0), float32(1.0), float32(1.0),
-                                         n0 > 0)
+            dw2[co, k] = _gemm._epilogue(s, dw2[co, k] if n0 > 0 else float32(0.0), float32(1.0),
+                                         float32(1.0), n0 > 0)
         else:
             part[z - 1, co, k] = s
 
@@ -374,13 +376,15 @@ def _prepare(name, op, g, algo, workspace, chunk, version):
     if need == 0:
         return version, None
     if workspace is None:
-        raise ValueError(f"{name}: algo {algo!r} with chunk={chunk} needs a workspace of {4 * need} bytes, got none")
+        raise ValueError(f"{name}: algo {algo!r} with chunk={chunk} needs a workspace of {4 * need} "
+                         "bytes, got none")
     check(f"{name} workspace", workspace)
     if workspace.ndim != 1:
-        raise ValueError(f"{name} workspace: expected a 1-D float32 array, got shape {tuple(workspace.shape)}")
+        raise ValueError(f"{name} workspace: expected a 1-D float32 array, got shape "
+                         f"{tuple(workspace.shape)}")
     if workspace.size < need:
-        raise ValueError(f"{name}: workspace too small for algo {algo!r} with chunk={chunk}: needs {4 * need} "
-                         f"bytes, got {4 * workspace.size} bytes")
+        raise ValueError(f"{name}: workspace too small for algo {algo!r} with chunk={chunk}: needs "
+                         f"{4 * need} bytes, got {4 * workspace.size} bytes")
     return version, workspace[:need]
 
 
@@ -424,13 +428,14 @@ def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=Non
         _forward_v1.launch(_forward_v1_geometry(g), stream, x, w, y, *g.stride, *g.padding)
     elif algo == "direct":  # grid z = images: at most MAX_GRID_Z of them a launch
         for n0, m in grid_z_parts(g.n, MAX_GRID_Z):
-            _forward_v2.launch(_forward_v2_geometry(g._replace(n=m)), stream, x[n0:n0 + m], w.reshape(g.co, g.k),
-                               y3[n0:n0 + m], *_v2_args(g))
+            _forward_v2.launch(_forward_v2_geometry(g._replace(n=m)), stream, x[n0:n0 + m],
+                               w.reshape(g.co, g.k), y3[n0:n0 + m], *_v2_args(g))
     else:  # per chunk: im2col, then y[n] = w @ col[n] for the chunk's images in one launch
         for n0, m in _chunks(g, chunk):
             col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
             im2col(x[n0:n0 + m], col, **_window(g), stream=stream)
-            _gemm.gemm_batched(w.reshape(1, g.co, g.k), col, y3[n0:n0 + m], **_gemm_kwargs(stream, version, block))
+            _gemm.gemm_batched(w.reshape(1, g.co, g.k), col, y3[n0:n0 + m],
+                               **_gemm_kwargs(stream, version, block))
 
 
 def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
@@ -455,8 +460,8 @@ def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", works
         col2im(dcol, dx[n0:n0 + m], **_window(g), stream=stream)
 
 
-def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
-                           version=None, block=None):
+def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1,
+                           stream=0, version=None, block=None):
     """dw = d loss / d w from x and dy, summed over the batch (dw is written, not accumulated)."""
     name = "conv2d_backward_filter"
     check(f"{name} x", x)
@@ -470,7 +475,8 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
     if g.n == 0 or (algo == "direct" and version == "v1"):  # an empty batch: dw = 0, by the direct kernel
         _backward_filter_v1.launch(_backward_filter_v1_geometry(g), stream, x, dy, dw, *g.stride, *g.padding)
     elif algo == "direct" and version == "v2":
-        _backward_filter_v2.launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3, dw2, *_v2_args(g))
+        _backward_filter_v2.launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3,
+                                   dw2, *_v2_args(g))
     elif algo == "direct":  # v3, per chunk: each image's s_n in parallel, then the fold in order
         for c0, cm in _chunks(g, chunk):
             # grid z = images: a chunk of more than MAX_GRID_Z goes in parts, each folded onto dw in
@@ -478,9 +484,12 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
             for n0, m in grid_z_parts(cm, MAX_GRID_Z):
                 n0 += c0
                 # the part's partial sums but the first; one image has none (dw stands in, untouched)
-                part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k) if m > 1 else dw.reshape(1, g.co, g.k)
-                _backward_filter_v3.launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x, dy3, dw2, part,
-                                           n0, *_v2_args(g))
+                if m > 1:
+                    part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k)
+                else:
+                    part = dw.reshape(1, g.co, g.k)
+                _backward_filter_v3.launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x, dy3, dw2,
+                                           part, n0, *_v2_args(g))
                 if m > 1:
                     _fold_v1.launch(_fold_geometry(g, m - 1), stream, part, dw2)
     else:  # per chunk: im2col, then dw (+)= the chunk's s_n, summed in order inside one launch
@@ -488,14 +497,16 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
             col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
             im2col(x[n0:n0 + m], col, **_window(g), stream=stream)
             _gemm.gemm_batched(dy3[n0:n0 + m], col, dw.reshape(1, g.co, g.k), trans_b=True,
-                               beta=0.0 if n0 == 0 else 1.0, reduce=True, **_gemm_kwargs(stream, version, block))
+                               beta=0.0 if n0 == 0 else 1.0, reduce=True,
+                               **_gemm_kwargs(stream, version, block))
 
 
 LAUNCHERS = {"forward": conv2d_forward, "backward_data": conv2d_backward_data,
              "backward_filter": conv2d_backward_filter}
 
 
-def launches(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None, block=None) -> list[Launch]:
+def launches(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None,
+             block=None) -> list[Launch]:
     """The launches ``conv2d_<op>`` makes with these arguments, in order (kernel, grid, block and
     work), recorded from the launcher itself on shape-only arrays: nothing runs, no GPU needed."""
     if op not in LAUNCHERS:
@@ -505,8 +516,8 @@ def launches(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=N
     need = workspace_bytes(op, algo, x_shape, w_shape, stride, padding, chunk, version) // 4
     arrays = {"forward": (x, w, y), "backward_data": (y, w, x), "backward_filter": (x, y, w)}[op]
     with record_launches() as out:
-        LAUNCHERS[op](*arrays, stride=stride, padding=padding, algo=algo, chunk=chunk, version=version, block=block,
-                      workspace=ShapeArray((need,)) if need else None)
+        LAUNCHERS[op](*arrays, stride=stride, padding=padding, algo=algo, chunk=chunk, version=version,
+                      block=block, workspace=ShapeArray((need,)) if need else None)
     return out
 
 
@@ -517,13 +528,16 @@ def launch_counts(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, vers
     counted for all the middle chunks (then the last, if it is smaller)."""
     n = x_shape[0]
     step = min(int(chunk), n)
-    chunked = algo == "im2col" or (op == "backward_filter" and (version == "v3" or (version is None and step > 1)))
+    chunked = algo == "im2col" or (op == "backward_filter"
+                                   and (version == "v3" or (version is None and step > 1)))
     if not chunked or n // step <= 3:
-        return list(Counter(launches(op, algo, x_shape, w_shape, stride, padding, chunk, version, block)).items())
+        every = launches(op, algo, x_shape, w_shape, stride, padding, chunk, version, block)
+        return list(Counter(every).items())
     full, tail = divmod(n, step)
 
     def record(images):
-        return launches(op, algo, (images,) + tuple(x_shape[1:]), w_shape, stride, padding, chunk, version, block)
+        return launches(op, algo, (images,) + tuple(x_shape[1:]), w_shape, stride, padding,
+                        chunk, version, block)
 
     two = record(2 * step)
     first, middle = two[:len(two) // 2], two[len(two) // 2:]
@@ -575,9 +589,10 @@ def examples(rng):
         for op, a in args.items():
             need = workspace_bytes(op, "im2col", xs, ws, stride, padding, chunk) // 4
             hyper = {"stride": stride, "padding": padding}
-            out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "direct"}, rtol=1e-4, atol=1e-5,
-                               versions=DIRECT_VERSIONS[op], label=f"direct {label}"))
-            if op == "backward_filter":  # v3 splits a chunk's images over the grid; the fold needs a workspace
+            out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "direct"}, rtol=1e-4,
+                               atol=1e-5, versions=DIRECT_VERSIONS[op], label=f"direct {label}"))
+            # v3 splits a chunk's images over the grid; the fold needs a workspace
+            if op == "backward_filter":
                 need_d = workspace_bytes(op, "direct", xs, ws, stride, padding, chunk) // 4
                 out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "algo": "direct", "chunk": chunk,
                                                                     "workspace": nan(max(need_d, 1))},

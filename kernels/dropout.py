@@ -29,7 +29,7 @@ order to fix; one version (v1).
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, uint8
+from numba import cuda, uint8
 
 from kernels._check import Example, main
 from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
@@ -164,7 +164,8 @@ def dropout_backward(dy, dx, *, p, seed, stream=0, version="v1", block=BLOCK):
     check("dropout_backward dy", dy)
     check("dropout_backward dx", dx, shape=dy.shape)
     _check_size("dropout_backward", dy)
-    _launch(_dropout_backward_v1, dx.size, block, stream, _flat(dy), _flat(dx), key, threshold, np.float32(scale))
+    _launch(_dropout_backward_v1, dx.size, block, stream, _flat(dy), _flat(dx), key, threshold,
+            np.float32(scale))
 
 
 OPS = {
@@ -190,8 +191,8 @@ def examples(rng):
         kw = {"p": p, "seed": seed}
         out.append(Example("dropout_forward", (r(*shape), nan(*shape)), (1,), kwargs=kw, launch={"block": 64},
                            label=f"{shape} p={p}"))
-        out.append(Example("dropout_backward", (r(*shape), nan(*shape)), (1,), kwargs=kw, launch={"block": 64},
-                           label=f"{shape} p={p}"))
+        out.append(Example("dropout_backward", (r(*shape), nan(*shape)), (1,), kwargs=kw,
+                           launch={"block": 64}, label=f"{shape} p={p}"))
         out.append(Example("dropout_mask", (garbage_mask(*shape),), (0,), kwargs=kw, launch={"block": 64},
                            label=f"{shape} p={p}"))
     dy_in_place = r(3, 5, 11)

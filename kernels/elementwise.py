@@ -186,7 +186,8 @@ def scale(x, out, *, alpha, stream=0, version="v1"):
 def _nc_s(name, y, b):
     check(name, y)
     if y.ndim < 2:
-        raise ValueError(f"{name}: expected (N, C, ...) with at least 2 dimensions, got shape {tuple(y.shape)}")
+        raise ValueError(f"{name}: expected (N, C, ...) with at least 2 dimensions, got shape "
+                         f"{tuple(y.shape)}")
     check(f"{name} bias", b, shape=(y.shape[1],))
     n, c = y.shape[:2]
     return y.reshape(n, c, y.size // (n * c) if n * c else 0)
@@ -232,7 +233,8 @@ def examples(rng):
         Example("accumulate", (r(301), r(301)), (0,), label="301"),
         Example("copy", (r(2, 3, 5, 5), np.zeros((2, 3, 5, 5), np.float32)), (1,), label="2x3x5x5"),
         Example("fill", (r(257),), (0,), kwargs={"value": 1.5}, label="257"),
-        Example("scale", (r(4, 33), np.zeros((4, 33), np.float32)), (1,), kwargs={"alpha": -0.5}, label="4x33"),
+        Example("scale", (r(4, 33), np.zeros((4, 33), np.float32)), (1,),
+                kwargs={"alpha": -0.5}, label="4x33"),
         Example("bias_add", (r(2, 3, 4, 5), r(3)), (0,), label="conv 2x3x4x5"),
         Example("bias_add", (r(7, 11), r(11)), (0,), label="linear 7x11"),
         Example("bias_backward", (r(3, 5, 3, 7), np.zeros(5, np.float32)), (1,), label="conv 3x5x3x7"),

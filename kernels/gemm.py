@@ -344,8 +344,8 @@ def _block(version, block):
             raise ValueError(f"gemm block: v3 micro-tiles are at most 8x8 (registers), got {(tm, tn)}")
         for what, size in (("by*tm", by * tm), ("bx*tn", bx * tn), ("V3_BK", V3_BK)):
             if (bx * by) % size and size % (bx * by):
-                raise ValueError(f"gemm block: v3 needs the thread count bx*by = {bx * by} and {what} = {size} "
-                                 f"to divide one another, got block {block}")
+                raise ValueError(f"gemm block: v3 needs the thread count bx*by = {bx * by} and {what} = "
+                                 f"{size} to divide one another, got block {block}")
     return bx, by, tm, tn
 
 
@@ -372,7 +372,9 @@ def gemm_geometry(version, m, n, k, batch=1, *, reduce=False, trans_a=False, tra
 
 # ---------------------------------------------------------------- launchers
 def _kernel(version, bx, by, tm, tn, trans_a, trans_b):
-    return _gemm_v3(bx, by, tm, tn, trans_a, trans_b) if version == "v3" else {"v1": _gemm_v1, "v2": _gemm_v2}[version]
+    if version == "v3":
+        return _gemm_v3(bx, by, tm, tn, trans_a, trans_b)
+    return {"v1": _gemm_v1, "v2": _gemm_v2}[version]
 
 
 def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, reduce=False, stream=0,
@@ -386,7 +388,8 @@ def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, 
     for name, arr in (("a", a), ("b", b), ("c", c)):
         check(f"gemm_batched {name}", arr)
         if arr.ndim != 3:
-            raise ValueError(f"gemm_batched {name}: expected a 3-D stack of matrices, got shape {tuple(arr.shape)}")
+            raise ValueError(f"gemm_batched {name}: expected a 3-D stack of matrices, got shape "
+                             f"{tuple(arr.shape)}")
     batch = max(a.shape[0], b.shape[0])
     for name, arr in (("a", a), ("b", b)):
         if arr.shape[0] not in (1, batch):
@@ -396,8 +399,8 @@ def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, 
     check("gemm_batched c", c, shape=(1 if reduce else batch, m, n))
     if reduce and batch == 0:
         raise ValueError("gemm_batched: reduce=True needs at least one matrix to sum")
-    geometry = gemm_geometry(version, m, n, k, batch, reduce=reduce, trans_a=trans_a, trans_b=trans_b, beta=beta,
-                             block=block)
+    geometry = gemm_geometry(version, m, n, k, batch, reduce=reduce, trans_a=trans_a, trans_b=trans_b,
+                             beta=beta, block=block)
     if m == 0 or n == 0 or batch == 0:
         return
     kernel = _kernel(version, *_block(version, block), trans_a, trans_b)
@@ -408,7 +411,8 @@ def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, 
         return
     for z0, nz in grid_z_parts(batch, MAX_GRID_Z):  # each matrix is independent: the parts change no bits
         part = gemm_geometry(version, m, n, k, nz, trans_a=trans_a, trans_b=trans_b, beta=beta, block=block)
-        kernel.launch(part, stream, _matrices(a, z0, nz), _matrices(b, z0, nz), c[z0:z0 + nz], *flags, *scalars)
+        kernel.launch(part, stream, _matrices(a, z0, nz), _matrices(b, z0, nz), c[z0:z0 + nz],
+                      *flags, *scalars)
 
 
 def _matrices(x, z0, nz):
@@ -449,8 +453,8 @@ def examples(rng):
             a = r(k, m) if ta else r(m, k)
             b = r(n, k) if tb else r(k, n)
             out.append(Example("gemm", (a, b, nan(m, n)), (2,), kwargs={"trans_a": ta, "trans_b": tb},
-                               launch={"block": (8, 8, 2, 2) if ta == tb else (8, 4, 1, 2)}, rtol=1e-4, atol=1e-5,
-                               label=f"13x11x19 ta={ta:d} tb={tb:d}"))
+                               launch={"block": (8, 8, 2, 2) if ta == tb else (8, 4, 1, 2)}, rtol=1e-4,
+                               atol=1e-5, label=f"13x11x19 ta={ta:d} tb={tb:d}"))
     out.append(Example("gemm", (r(7, 5), r(5, 9), r(7, 9)), (2,), kwargs={"alpha": 0.5, "beta": -2.0},
                        launch={"block": (4, 8, 2, 4)}, rtol=1e-4, atol=1e-5, label="alpha/beta"))
     out.append(Example("gemm", (r(3, 33), r(9, 33), nan(3, 9)), (2,), kwargs={"trans_b": True, "alpha": 2.0},

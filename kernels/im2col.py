@@ -101,7 +101,8 @@ def _out_index(t, s, o_):
 
 
 # ---------------------------------------------------------------- kernels
-@cuda_kernel("void(float32[:, :, :, ::1], float32[:, :, ::1], int64, int64, int64, int64, int64, int64, int64)")
+@cuda_kernel("void(float32[:, :, :, ::1], float32[:, :, ::1], int64, int64, int64, int64, int64, int64, "
+             "int64)")
 def _im2col_v1(x, col, kh_, kw_, ow_, sh, sw, ph, pw):
     # One thread per element of col; neighbouring threads write neighbouring columns p.
     i = cuda.grid(1)
@@ -113,7 +114,8 @@ def _im2col_v1(x, col, kh_, kw_, ow_, sh, sw, ph, pw):
         col[n, k, p] = _col_value(x, n, k, p, kh_, kw_, ow_, sh, sw, ph, pw)
 
 
-@cuda_kernel("void(float32[:, :, ::1], float32[:, :, :, ::1], int64, int64, int64, int64, int64, int64, int64, int64)")
+@cuda_kernel("void(float32[:, :, ::1], float32[:, :, :, ::1], int64, int64, int64, int64, int64, int64, "
+             "int64, int64)")
 def _col2im_v1(col, dx, kh_, kw_, oh_, ow_, sh, sw, ph, pw):
     # One thread per element of dx gathers its taps in the canonical order (kh, then kw).
     i = cuda.grid(1)
@@ -136,7 +138,8 @@ def _geometry(name, x_shape, col_shape, kernel_size, stride, padding):
     """Check both shapes; return the kernel arguments after (x, col): kh, kw, oh, ow, sh, sw, ph, pw."""
     if len(x_shape) != 4:
         raise ValueError(f"{name}: expected an (N, C, H, W) image, got shape {tuple(x_shape)}")
-    (kh, kw), (sh, sw), (ph, pw) = pair(kernel_size, "kernel_size"), pair(stride, "stride"), pair(padding, "padding")
+    (kh, kw), (sh, sw) = pair(kernel_size, "kernel_size"), pair(stride, "stride")
+    ph, pw = pair(padding, "padding")
     oh, ow = output_hw(x_shape[2:], (kh, kw), stride, padding, who=name)
     want = (x_shape[0], x_shape[1] * kh * kw, oh * ow)
     if tuple(col_shape) != want:

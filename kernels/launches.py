@@ -125,7 +125,8 @@ def launch_ms(gpu: Gpu, launch: Launch, res: Resources | None = None) -> float:
     per wave). A launch of 3 blocks uses 3 of the GPU's block slots; the last partial wave of a
     big launch leaves the rest idle."""
     if launch.flops is None or launch.bytes is None:
-        raise ValueError(f"{launch.kernel}: the launcher gives no work (FLOPs, bytes) to estimate a time from")
+        raise ValueError(f"{launch.kernel}: the launcher gives no work (FLOPs, bytes) to "
+                         "estimate a time from")
     slots = gpu.sms * max(occupancy(gpu, launch, res).blocks_per_sm, 1)
     fill = launch.blocks / (math.ceil(launch.blocks / slots) * slots)
     compute_s = launch.flops / (gpu.fp32_tflops * 1e12 * launch.fma_share)
@@ -170,8 +171,8 @@ def run_ptxas(ptx: str, arch: str, ptxas: str) -> Resources:
         src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         for _ in range(2):
             Path(src).write_text(ptx)
-            proc = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", obj], capture_output=True, text=True,
-                                  timeout=300)
+            proc = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", obj], capture_output=True,
+                                  text=True, timeout=300)
             if proc.returncode == 0:
                 return parse_ptxas(proc.stdout + proc.stderr)
             m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", proc.stderr)
@@ -192,7 +193,8 @@ def compile_resources(names=None, archs=ARCHS) -> dict:
         kernels.family(fam)
     ptxas = ptxas_path()
     if ptxas is None:
-        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to measure registers")
+        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to "
+                           "measure registers")
     out = {}
     for spec in kernels.registered_kernels():
         if names is not None and spec.name not in names:
@@ -213,7 +215,8 @@ def measure_resources(names=None, archs=ARCHS) -> dict:
               "names, archs = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
               "print(json.dumps(compile_resources(names, archs)))\n")
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(names) if names else None),
-                           json.dumps(list(archs))], capture_output=True, text=True, env=env, cwd=root, timeout=1800)
+                           json.dumps(list(archs))], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring registers failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout)
@@ -243,7 +246,8 @@ def write_registers(path=None) -> dict:
     path = REGISTERS_FILE if path is None else path
     ptxas = ptxas_path()
     if ptxas is None:
-        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to measure registers")
+        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to "
+                           "measure registers")
     table = {"ptxas": ptxas_version(ptxas), "archs": list(ARCHS), "kernels": measure_resources()}
     Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     _table.cache_clear()
@@ -295,7 +299,8 @@ def _step_io(graph, step, layer, choices):
     return io
 
 
-def step_launches(graph, layer_name: str, phase: str, choices: dict | None = None, accumulate: int = 0) -> list:
+def step_launches(graph, layer_name: str, phase: str, choices: dict | None = None,
+                  accumulate: int = 0) -> list:
     """The launches of one route step of ``graph`` (duck-typed: a snlite Graph): ``accumulate`` fork
     accumulations, then the layer's forward (also for a recomputed forward) or backward, with each
     conv op's algorithm and chunk from ``choices`` (conv op -> an object with algo, chunk and
@@ -342,7 +347,8 @@ def network_launches(graph, conv_choices, optimizer: bool = True) -> list[OpLaun
 
     for step in graph.steps():
         layer = graph.layers[step.layer]
-        if step.phase == "backward" and step.accumulate:  # a fork: its readers' gradients summed into the first
+        # a fork: its readers' gradients are summed into the first
+        if step.phase == "backward" and step.accumulate:
             for _ in step.accumulate:
                 record(step.index, step.layer, step.phase, "accumulate",
                        (_view(layer.out_shape), _view(layer.out_shape)), {})
@@ -355,8 +361,8 @@ def network_launches(graph, conv_choices, optimizer: bool = True) -> list[OpLaun
     if optimizer:
         for layer in graph.layers.values():
             for p, shape in layer.params().items():
-                record(-1, f"{layer.name}.{p}", "optimizer", "sgd_update", (_view(shape), _view(shape), _view(shape)),
-                       {"lr": 0.01, "momentum": 0.9})
+                record(-1, f"{layer.name}.{p}", "optimizer", "sgd_update",
+                       (_view(shape), _view(shape), _view(shape)), {"lr": 0.01, "momentum": 0.9})
     return rows
 
 
@@ -369,7 +375,8 @@ def im2col_launches_per_chunk(row: OpLaunches) -> float:
 
 
 def fewest_waves(row: OpLaunches, gpu: Gpu, measured=None) -> float:
-    return min((waves(gpu, l, resources(l.kernel, gpu.arch, measured)) for l in row.launches), default=math.inf)
+    return min((waves(gpu, l, resources(l.kernel, gpu.arch, measured)) for l in row.launches),
+               default=math.inf)
 
 
 def check_targets(rows, gpu: Gpu, measured=None) -> dict:
@@ -394,18 +401,20 @@ def _span(values) -> str:
 def format_report(rows, gpu: Gpu, measured=None, conv_only: bool = False) -> str:
     """The per-op table, the per-kernel table (registers, spills, occupancy) and the totals."""
     shown = [r for r in rows if r.op in CONV_OP or not conv_only]
-    lines = [f"{'step':>4}  {'layer':14} {'op':24} {'algorithm':12} {'launches':>8}  {'blocks per launch':>18}  "
-             f"{'waves':>7}  {'output elems':>12}"]
+    lines = [f"{'step':>4}  {'layer':14} {'op':24} {'algorithm':12} {'launches':>8}  "
+             f"{'blocks per launch':>18}  {'waves':>7}  {'output elems':>12}"]
     for r in shown:
         blocks = _span([l.blocks for l in r.launches]) if r.launches else "-"
         w = f"{fewest_waves(r, gpu, measured):7.2f}" if r.launches else f"{'-':>7}"
         out = f"{r.output_elements:12,d}" if r.output_elements else f"{'':12}"
         step = f"{r.step:4d}" if r.step >= 0 else f"{'':4}"
-        lines.append(f"{step}  {r.layer[:14]:14} {r.op:24} {r.algo:12} {len(r.launches):8d}  {blocks:>18}  {w}  {out}")
+        lines.append(f"{step}  {r.layer[:14]:14} {r.op:24} {r.algo:12} {len(r.launches):8d}  "
+                     f"{blocks:>18}  {w}  {out}")
     lines.append("(waves: the fewest of the op's launches, on the " + gpu.name + ")")
     kernels_used = Counter(l.kernel for r in shown for l in r.launches)
     example = {l.kernel: l for r in shown for l in r.launches}
-    src = "measured now with ptxas" if measured else f"kernels/registers.json ({_table().get('ptxas', 'no table')})"
+    ptxas = _table().get("ptxas", "no table")
+    src = "measured now with ptxas" if measured else f"kernels/registers.json ({ptxas})"
     lines += ["", f"kernels on the {gpu.name} ({gpu.sms} SMs, {gpu.arch}; registers and spills: {src}):",
               f"{'kernel':44} {'launches':>8} {'threads':>7} {'regs':>5} {'spills':>6} {'smem B':>7} "
               f"{'blocks/SM':>9}  limited by"]
@@ -421,8 +430,8 @@ def format_report(rows, gpu: Gpu, measured=None, conv_only: bool = False) -> str
     worst = t["fewest_waves_op"]
     lines += ["", f"one iteration: {sum(len(r.launches) for r in rows):,d} launches "
                   f"({sum(len(r.launches) for r in conv):,d} by convolutions, in {len(conv)} conv ops)",
-              f"im2col conv ops: {t['im2col_ops']}, at most {t['max_launches_per_chunk']:g} launches per chunk "
-              f"(target <= 2): {t['launches_ok']}",
+              f"im2col conv ops: {t['im2col_ops']}, at most {t['max_launches_per_chunk']:g} launches per "
+              f"chunk (target <= 2): {t['launches_ok']}",
               f"conv ops writing > {TARGET_OUTPUT_ELEMENTS:,d} elements: {t['big_ops']}, fewest waves "
               + (f"{t['fewest_waves']:.2f} ({worst.layer} {worst.op})" if worst else "-")
               + f" (target >= {TARGET_WAVES:g} on the {gpu.name}): {t['waves_ok']}"]
@@ -431,9 +440,11 @@ def format_report(rows, gpu: Gpu, measured=None, conv_only: bool = False) -> str
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.launches",
-                                     description="Re-measure kernels/registers.json with ptxas. The launch report "
-                                                 "of a network is `snlite launches NET` (it needs the model zoo).")
-    parser.add_argument("--registers", action="store_true", help=f"re-measure {REGISTERS_FILE.name} with ptxas")
+                                     description="Re-measure kernels/registers.json with ptxas. The launch "
+                                                 "report of a network is `snlite launches NET` "
+                                                 "(it needs the model zoo).")
+    parser.add_argument("--registers", action="store_true",
+                        help=f"re-measure {REGISTERS_FILE.name} with ptxas")
     args = parser.parse_args(argv)
     if not args.registers:
         parser.error("pass --registers (the launch report of a network is `snlite launches NET`, e.g. "

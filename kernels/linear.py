@@ -50,7 +50,8 @@ def _features(op, x_name, x_shape, w_shape, w_axis):
     """Raise unless axis ``w_axis`` of the weight matches the last axis of ``x`` (or ``dy``)."""
     if w_shape[w_axis] != x_shape[1]:
         want = ("(out_features, {})" if w_axis == 1 else "({}, in_features)").format(x_shape[1])
-        raise ValueError(f"{op} w: expected shape {want} to match {x_name} {tuple(x_shape)}, got {tuple(w_shape)}")
+        raise ValueError(f"{op} w: expected shape {want} to match {x_name} {tuple(x_shape)}, got "
+                         f"{tuple(w_shape)}")
 
 
 def linear_forward(x, w, y, *, stream=0, version="v3", block=None):
@@ -81,7 +82,8 @@ def linear_backward_filter(x, dy, dw, *, stream=0, version="v3", block=None):
 
 OPS = {
     "linear_forward": Op("linear_forward", linear_forward_ref, linear_forward, VERSIONS),
-    "linear_backward_data": Op("linear_backward_data", linear_backward_data_ref, linear_backward_data, VERSIONS),
+    "linear_backward_data": Op("linear_backward_data", linear_backward_data_ref,
+                               linear_backward_data, VERSIONS),
     "linear_backward_filter": Op("linear_backward_filter", linear_backward_filter_ref, linear_backward_filter,
                                  VERSIONS),
 }
@@ -98,16 +100,16 @@ def examples(rng):
     tol = {"rtol": 1e-4, "atol": 1e-5}
     small = {"block": (4, 4, 2, 2)}
     return [
-        Example("linear_forward", (r(n, fin), r(fout, fin), nan(n, fout)), (2,), launch=small, label="7x13 -> 5",
-                **tol),
+        Example("linear_forward", (r(n, fin), r(fout, fin), nan(n, fout)), (2,), launch=small,
+                label="7x13 -> 5", **tol),
         Example("linear_forward", (r(1, 19), r(9, 19), nan(1, 9)), (2,), launch={"block": (8, 4, 1, 2)},
                 label="batch 1, 19 -> 9", **tol),
         Example("linear_backward_data", (r(n, fout), r(fout, fin), nan(n, fin)), (2,), launch=small,
                 label="7x5 -> 13", **tol),
         Example("linear_backward_filter", (r(n, fin), r(n, fout), nan(fout, fin)), (2,), launch=small,
                 label="batch 7, 5x13", **tol),
-        Example("linear_backward_filter", (r(11, 3), r(11, 6), nan(6, 3)), (2,), launch={"block": (4, 8, 2, 4)},
-                label="batch 11, 6x3", **tol),
+        Example("linear_backward_filter", (r(11, 3), r(11, 6), nan(6, 3)), (2,),
+                launch={"block": (4, 8, 2, 4)}, label="batch 11, 6x3", **tol),
     ]
 
 

@@ -138,7 +138,8 @@ def _lrn_backward_v1(x, y, dy, dx, size, alpha_n, beta, k, coef):
 def _check_x(op, x):
     check(f"{op} x", x)
     if x.ndim < 3:
-        raise ValueError(f"{op} x: expected (N, C, ...) with at least 3 dimensions, got shape {tuple(x.shape)}")
+        raise ValueError(f"{op} x: expected (N, C, ...) with at least 3 dimensions, got shape "
+                         f"{tuple(x.shape)}")
 
 
 def lrn_forward(x, y, *, size, alpha=1e-4, beta=0.75, k=1.0, stream=0, version="v1", block=BLOCK):
@@ -196,7 +197,8 @@ def examples(rng):
         dy_in_place = dy.copy()
         out += [
             Example("lrn_forward", (x, nan(*shape)), (1,), kwargs=hp, launch={"block": 64}, label=label),
-            Example("lrn_backward", (x, y, dy, nan(*shape)), (3,), kwargs=hp, launch={"block": 32}, label=label),
+            Example("lrn_backward", (x, y, dy, nan(*shape)), (3,), kwargs=hp,
+                    launch={"block": 32}, label=label),
             Example("lrn_backward", (x, y, dy_in_place, dy_in_place), (3,), kwargs=hp, launch={"block": 32},
                     label=f"dx aliases dy, {label}"),
         ]

@@ -269,7 +269,8 @@ def _avgpool2d_backward_v1(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
                 h0 = oh * sh - ph
                 w0 = ow * sw - pw
                 if h0 <= ih < h0 + kh and w0 <= iw < w0 + kw:
-                    acc += dy[n, c, oh, ow] / _divisor(oh, ow, h_, w_, kh, kw, sh, sw, ph, pw, count_include_pad)
+                    acc += dy[n, c, oh, ow] / _divisor(oh, ow, h_, w_, kh, kw, sh, sw, ph, pw,
+                                                       count_include_pad)
         dx[n, c, ih, iw] = acc
 
 
@@ -335,9 +336,11 @@ def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_
 
 OPS = {
     "maxpool2d_forward": Op("maxpool2d_forward", maxpool2d_forward_ref, maxpool2d_forward, VERSIONS),
-    "maxpool2d_backward": Op("maxpool2d_backward", maxpool2d_backward_ref, maxpool2d_backward, BACKWARD_VERSIONS),
+    "maxpool2d_backward": Op("maxpool2d_backward", maxpool2d_backward_ref, maxpool2d_backward,
+                             BACKWARD_VERSIONS),
     "avgpool2d_forward": Op("avgpool2d_forward", avgpool2d_forward_ref, avgpool2d_forward, VERSIONS),
-    "avgpool2d_backward": Op("avgpool2d_backward", avgpool2d_backward_ref, avgpool2d_backward, BACKWARD_VERSIONS),
+    "avgpool2d_backward": Op("avgpool2d_backward", avgpool2d_backward_ref, avgpool2d_backward,
+                             BACKWARD_VERSIONS),
 }
 
 
@@ -360,10 +363,12 @@ def examples(rng):
         y = np.empty(oshape, np.float32)
         maxpool2d_forward_ref(x, y, **hp)
         out += [
-            Example("maxpool2d_forward", (x, nan(*oshape)), (1,), kwargs=hp, launch={"block": 64}, label=label),
+            Example("maxpool2d_forward", (x, nan(*oshape)), (1,), kwargs=hp,
+                    launch={"block": 64}, label=label),
             Example("maxpool2d_backward", (x, y, r(*oshape), nan(*shape)), (3,), kwargs=hp,
                     launch={"block": 64}, label=label),
-            Example("avgpool2d_forward", (x, nan(*oshape)), (1,), kwargs=hp, launch={"block": 64}, label=label),
+            Example("avgpool2d_forward", (x, nan(*oshape)), (1,), kwargs=hp,
+                    launch={"block": 64}, label=label),
             Example("avgpool2d_backward", (r(*oshape), nan(*shape)), (1,), kwargs=hp, launch={"block": 64},
                     label=label),
         ]
@@ -380,7 +385,8 @@ def examples(rng):
     x.flat[::5], x.flat[2::7] = np.nan, -np.inf
     y = np.empty(oshape, np.float32)
     maxpool2d_forward_ref(x, y, **hp)
-    out += [Example("maxpool2d_forward", (x, nan(*oshape)), (1,), kwargs=hp, launch={"block": 64}, label="NaN, -inf"),
+    out += [Example("maxpool2d_forward", (x, nan(*oshape)), (1,), kwargs=hp, launch={"block": 64},
+                    label="NaN, -inf"),
             Example("maxpool2d_backward", (x, y, r(*oshape), nan(*x.shape)), (3,), kwargs=hp,
                     launch={"block": 64}, label="NaN windows")]
     for include in (True, False):

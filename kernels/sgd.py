@@ -102,7 +102,8 @@ def sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, guard=None, stre
     g = _flat(guard)[:1] if guard is not None else _flat(w)[:1]  # without a guard: any array, never read
     on = np.int32(guard is not None)
     if momentum == 0:
-        _sgd_plain_v1[grid, BLOCK, stream](_flat(w), _flat(dw), g, on, np.float32(lr), np.float32(weight_decay))
+        _sgd_plain_v1[grid, BLOCK, stream](_flat(w), _flat(dw), g, on, np.float32(lr),
+                                           np.float32(weight_decay))
     else:
         _sgd_momentum_v1[grid, BLOCK, stream](_flat(w), _flat(dw), _flat(v), g, on, np.float32(lr),
                                               np.float32(momentum), np.float32(weight_decay))
@@ -125,11 +126,14 @@ def examples(rng):
         Example("sgd_update", (r(300), r(300), np.full(300, np.nan, np.float32)), (0, 2), kwargs={"lr": 0.5},
                 label="no momentum, v untouched"),
         Example("sgd_update", (r(40), r(40), r(40)), (0, 2),
-                kwargs={"lr": 0.1, "momentum": 0.9, "guard": np.array([1.5], np.float32)}, label="finite guard: runs"),
+                kwargs={"lr": 0.1, "momentum": 0.9, "guard": np.array([1.5], np.float32)},
+                label="finite guard: runs"),
         Example("sgd_update", (r(40), r(40), r(40)), (0, 2),
-                kwargs={"lr": 0.1, "momentum": 0.9, "guard": np.array([np.nan], np.float32)}, label="NaN guard: no update"),
+                kwargs={"lr": 0.1, "momentum": 0.9, "guard": np.array([np.nan], np.float32)},
+                label="NaN guard: no update"),
         Example("sgd_update", (r(40), r(40), None), (0,),
-                kwargs={"lr": 0.1, "guard": np.array([-np.inf], np.float32)}, label="infinite guard, no momentum"),
+                kwargs={"lr": 0.1, "guard": np.array([-np.inf], np.float32)},
+                label="infinite guard, no momentum"),
     ]
 
 

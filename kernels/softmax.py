@@ -181,7 +181,8 @@ def _xent_backward_v1(prob, labels, dlogits):
 def _check_nk(op, logits, labels, names):
     check(f"{op} {names[0]}", logits)
     if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
-        raise ValueError(f"{op} {names[0]}: expected a non-empty (N, K) array, got shape {tuple(logits.shape)}")
+        raise ValueError(f"{op} {names[0]}: expected a non-empty (N, K) array, got shape "
+                         f"{tuple(logits.shape)}")
     check(f"{op} labels", labels, shape=logits.shape[:1], dtype=np.int32)
 
 
@@ -220,7 +221,8 @@ def softmax_xent_backward(prob, labels, dlogits, *, stream=0, version="v1"):
 
 
 OPS = {
-    "softmax_xent_forward": Op("softmax_xent_forward", softmax_xent_forward_ref, softmax_xent_forward, VERSIONS),
+    "softmax_xent_forward": Op("softmax_xent_forward", softmax_xent_forward_ref,
+                               softmax_xent_forward, VERSIONS),
     "softmax_xent_backward": Op("softmax_xent_backward", softmax_xent_backward_ref, softmax_xent_backward),
 }
 

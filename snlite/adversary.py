@@ -90,8 +90,8 @@ class AdversarialDevice(HostDevice):
         if order not in ORDERS:
             raise ValueError(f"unknown order {order!r}; choose one of {ORDERS}")
         if copies not in COPY_TIES:
-            raise ValueError(f"unknown copies {copies!r}: how ties between the copy streams break; choose one of "
-                             f"{COPY_TIES}")
+            raise ValueError(f"unknown copies {copies!r}: how ties between the copy streams break; choose "
+                             f"one of {COPY_TIES}")
         self.order, self.copies, self.rng = order, copies, random.Random(seed)
         self.streams: list[QueueStream] = []
         self.deferred = 0  # operations that waited in a queue: how much reordering was possible
@@ -124,7 +124,8 @@ class AdversarialDevice(HostDevice):
         best = min(map(self._rank, ready))
         tied = [s for s in ready if self._rank(s) == best]
         if len(tied) == 1 or self.copies == "out_first":
-            return min(tied, key=lambda s: s.name != COPY_OUT)  # then creation order, the rule before ``copies``
+            # then creation order, the rule before ``copies``
+            return min(tied, key=lambda s: s.name != COPY_OUT)
         if self.copies == "in_first":
             return min(tied, key=lambda s: s.name != COPY_IN)
         return self.rng.choice(tied)
@@ -136,7 +137,8 @@ class AdversarialDevice(HostDevice):
             if not ready:
                 if any(s.queue for s in self.streams):
                     blocked = {s.name: s.queue[0][0] for s in self.streams if s.queue}
-                    raise RuntimeError(f"every stream waits for an event that can no longer be recorded: {blocked}")
+                    raise RuntimeError("every stream waits for an event that can no longer be "
+                                       f"recorded: {blocked}")
                 if until is not None:
                     raise RuntimeError("the host waits for an event that was never recorded on any stream")
                 return

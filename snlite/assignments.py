@@ -47,12 +47,12 @@ THIS = "snlite/assignments.py"  # not scanned: its docstring shows the markers
 GRADERS = "tests/test_assignments.py"
 INSTRUCTOR_ONLY = ("tests/test_student_copy.py", "tests/test_planted_bugs.py")  # left out of the student copy
 # (the round trip needs the solutions; the planted bugs are near-solutions)
-SKIP_DIRS = {".git", ".hg", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "venv", ".tox",
-             ".eggs", ".mypy_cache", ".ruff_cache", "bench-out"}  # the fallback walk's exclusions (no git)
+SKIP_DIRS = {".git", ".hg", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "venv",
+             ".tox", ".eggs", ".mypy_cache", ".ruff_cache", "bench-out"}  # the walk's exclusions without git
 
 MARKER = re.compile(r"^(?P<indent>[ \t]*)# (?P<kind>BEGIN|END) ASSIGNMENT (?P<number>\d+)"
                     r"(?::[ \t]*(?P<title>\S.*?))?[ \t]*$")
-NEAR_MISS = re.compile(r"#.*\b(BEGIN|END)\s+ASSIGNMENT\b", re.IGNORECASE)  # looks like a marker but is not one
+NEAR_MISS = re.compile(r"#.*\b(BEGIN|END)\s+ASSIGNMENT\b", re.IGNORECASE)  # like a marker, but not one
 
 
 class AssignmentError(Exception):
@@ -116,7 +116,8 @@ def scan_file(text: str, path: str) -> tuple[list[Region], list[str]]:
         if not m:
             if NEAR_MISS.search(line):
                 problems.append(f"{path}:{no}: looks like a marker but is not one: {line.strip()!r} "
-                                f"(write '# BEGIN ASSIGNMENT k: title' or '# END ASSIGNMENT k' alone on a line)")
+                                "(write '# BEGIN ASSIGNMENT k: title' "
+                                "or '# END ASSIGNMENT k' alone on a line)")
             continue
         number, indent = int(m["number"]), m["indent"]
         if m["kind"] == "BEGIN":
@@ -171,7 +172,8 @@ def scan_file(text: str, path: str) -> tuple[list[Region], list[str]]:
 def source_files(root: Path) -> list[Path]:
     """The files markers are looked for in."""
     return sorted(p for d in SOURCE_DIRS for p in (root / d).rglob("*.py")
-                  if p.relative_to(root).as_posix() != THIS and not SKIP_DIRS & set(p.relative_to(root).parts))
+                  if p.relative_to(root).as_posix() != THIS
+                  and not SKIP_DIRS & set(p.relative_to(root).parts))
 
 
 def scan(root=None) -> tuple[list[Region], list[str]]:
@@ -190,7 +192,8 @@ def scan(root=None) -> tuple[list[Region], list[str]]:
             problems.append(f"assignment {number} has regions with different titles: {sorted(names)}")
     missing = sorted(set(range(1, max(titles, default=0) + 1)) - set(titles))
     if missing:
-        problems.append(f"assignments are numbered 1..{max(titles)} with no gaps, but {missing} have no region")
+        problems.append(f"assignments are numbered 1..{max(titles)} with no gaps, but {missing} "
+                        "have no region")
     regions.sort(key=lambda r: (r.number, r.path, r.begin))
     return regions, problems
 
@@ -213,12 +216,13 @@ def check(root=None) -> tuple[list[Region], list[str]]:
         try:
             compile(student_text((root / path).read_text(), mine), path, "exec")
         except SyntaxError as e:
-            problems.append(f"{path}: the student copy would not compile (line {e.lineno}: {e.msg}); a region "
-                            f"must be whole statements of one block")
+            problems.append(f"{path}: the student copy would not compile (line {e.lineno}: {e.msg}); a "
+                            "region must be whole statements of one block")
     graders = (root / GRADERS).read_text() if (root / GRADERS).is_file() else ""
     for number in sorted({r.number for r in regions}):
         if not re.search(rf"\bpytest\.mark\.a{number}\b", graders):
-            problems.append(f"assignment {number} has no grader: no test marked pytest.mark.a{number} in {GRADERS}")
+            problems.append(f"assignment {number} has no grader: no test marked pytest.mark.a{number} "
+                            f"in {GRADERS}")
     return regions, problems
 
 
@@ -227,8 +231,8 @@ def repo_files(root: Path) -> list[str]:
     """The repository's files, relative: what git tracks plus untracked files it does not ignore;
     without git, every file except build outputs, caches and virtual environments."""
     if (root / ".git").exists() and shutil.which("git"):
-        proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                               "--exclude-standard"], capture_output=True, text=True)
         if proc.returncode == 0:
             return sorted(p for p in set(proc.stdout.split("\0")) if p and (root / p).is_file())
     out = []
@@ -251,7 +255,8 @@ def make_student(dst, root=None, out=print) -> list[Region]:
         raise AssignmentError(f"{dst} is inside the repository {root}; write the student copy somewhere else")
     regions, problems = scan(root)
     if problems:
-        raise AssignmentError("the assignment markers are not well formed (python -m snlite.assignments check):\n  "
+        raise AssignmentError("the assignment markers are not well formed "
+                              "(python -m snlite.assignments check):\n  "
                               + "\n  ".join(problems))
     files = [f for f in repo_files(root) if f not in INSTRUCTOR_ONLY]
     by_file: dict[str, list[Region]] = {}
@@ -283,8 +288,8 @@ def make_student(dst, root=None, out=print) -> list[Region]:
 def grade_command(numbers, extra=()) -> list[str]:
     """The pytest command that grades the given assignments in one session (from the repository root)."""
     numbers = [numbers] if isinstance(numbers, int) else list(numbers)
-    return [sys.executable, "-m", "pytest", "-p", "snlite.assignments", "-m", " or ".join(f"a{k}" for k in numbers),
-            GRADERS, *extra]
+    return [sys.executable, "-m", "pytest", "-p", "snlite.assignments", "-m",
+            " or ".join(f"a{k}" for k in numbers), GRADERS, *extra]
 
 
 def grade(numbers, root=None, extra=(), out=print) -> int:
@@ -310,7 +315,8 @@ def grade(numbers, root=None, extra=(), out=print) -> int:
         if c.get("failed"):
             verdict = f"FAILED ({c['failed']} of {ran} tests)"
         elif c.get("passed"):
-            verdict = f"passed ({c['passed']} tests" + (f", {c['skipped']} skipped)" if c.get("skipped") else ")")
+            skipped = f", {c['skipped']} skipped" if c.get("skipped") else ""
+            verdict = f"passed ({c['passed']} tests{skipped})"
         else:
             verdict = f"not graded (pytest exit {rc}: see its output above)"
         ok = ok and verdict.startswith("passed")
@@ -329,12 +335,13 @@ def pytest_configure(config):
     except AssignmentError:
         return
     for number in sorted({r.number for r in regions}):
-        config.addinivalue_line("markers", f"a{number}: grades assignment {number} (python -m snlite.assignments grade "
-                                           f"{number})")
+        config.addinivalue_line("markers", f"a{number}: grades assignment {number} (python -m "
+                                           f"snlite.assignments grade {number})")
 
 
 def pytest_runtest_logreport(report):
-    """Plugin hook: count each grader's outcome under its assignment (a failure in set-up or tear-down counts)."""
+    """Plugin hook: count each grader's outcome under its assignment (a failure in set-up or
+    tear-down counts)."""
     numbers = [int(k[1:]) for k in report.keywords if re.fullmatch(r"a\d+", k)]
     outcome = ("failed" if report.failed else "skipped" if report.skipped else
                "passed" if report.when == "call" else None)
@@ -360,16 +367,19 @@ def _list(regions) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snlite.assignments", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m snlite.assignments",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", help="the repository (default: the one this snlite was imported from)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the assignments: number, title, file, function, lines, stub or solution")
-    sub.add_parser("check", help="markers balanced, numbered 1..N, each region inside a function; graders exist")
+    sub.add_parser("check", help="markers balanced, numbered 1..N, each region inside a function; "
+                                 "graders exist")
     p = sub.add_parser("make-student", help="copy the repository into DIR with every region stubbed")
     p.add_argument("dir", metavar="DIR", help="a new or empty directory, outside the repository")
-    p = sub.add_parser("grade", help="run the graders of assignment K (pytest -m aK); what follows the numbers "
-                                     "goes to pytest")
-    p.add_argument("numbers", metavar="K", nargs="*", type=int, help="assignment numbers (default: all, in order)")
+    p = sub.add_parser("grade", help="run the graders of assignment K (pytest -m aK); what follows the "
+                                     "numbers goes to pytest")
+    p.add_argument("numbers", metavar="K", nargs="*", type=int,
+                   help="assignment numbers (default: all, in order)")
     argv, extra = list(sys.argv[1:] if argv is None else argv), []
     if "grade" in argv:  # grade K K ... [pytest arguments]: the first non-number starts pytest's share
         i = argv.index("grade") + 1
@@ -394,8 +404,9 @@ def main(argv=None) -> int:
             print(_list(regions))
         elif not problems:
             files = len({r.path for r in regions})
-            print(f"ok: {len({r.number for r in regions})} assignments, {len(regions)} regions in {files} files, "
-                  f"each inside a function; the stubbed files compile; every assignment has graders in {GRADERS}")
+            print(f"ok: {len({r.number for r in regions})} assignments, {len(regions)} regions in {files} "
+                  "files, each inside a function; the stubbed files compile; every assignment has graders "
+                  f"in {GRADERS}")
         for problem in problems:
             print(f"problem: {problem}", file=sys.stderr)
         return 1 if problems else 0

@@ -29,8 +29,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from snlite.dataflow import DataflowError, check_dataflow
-from snlite.program import COMPUTE, HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
-    Program, Record, Wait, stream_of, without_cycle_collection
+from snlite.program import (COMPUTE, HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait,
+                            HostWrite, Launch, Program, Record, Wait, stream_of, without_cycle_collection)
 from snlite.validate import ProgramError, validate
 
 ALL_STREAMS = (*STREAMS, HOST)
@@ -43,8 +43,8 @@ class RaceError(AssertionError):
         self.races = races
         shown = "\n\n".join(r.explain(program) for r in races[:5])
         more = f"\n\n... and {len(races) - 5} more" if len(races) > 5 else ""
-        super().__init__(f"{len(races)} race(s) in {program.net}'s program ({program.config}, {program.mode}):\n\n"
-                         f"{shown}{more}")
+        super().__init__(f"{len(races)} race(s) in {program.net}'s program "
+                         f"({program.config}, {program.mode}):\n\n{shown}{more}")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,9 @@ class Race:
             return f"freed while another stream may still {'write' if a.write else 'read'} it"
         if a.free:
             return f"{'written' if b.write else 'read'} by its next user before the free is ordered"
-        return "write after write" if a.write and b.write else "read after write" if a.write else "write after read"
+        if a.write:
+            return "write after write" if b.write else "read after write"
+        return "write after read"
 
     def explain(self, program) -> str:
         def show(acc):
@@ -94,11 +96,12 @@ class Race:
         what = f"{a.tensor}" if same else f"{a.tensor} and {b.tensor} (the same bytes, reused)"
         return (f"race on {what}, {self.space} bytes [{self.lo:#x}, {self.hi:#x}): {self.kind}\n"
                 f"  first:  {show(a)}\n  second: {show(b)}\n"
-                f"  nothing orders the second after the first: record an event on {a.stream} after the first and "
-                f"make {b.stream} wait for it before the second")
+                f"  nothing orders the second after the first: record an event on {a.stream} after the first "
+                f"and make {b.stream} wait for it before the second")
 
     def __str__(self) -> str:
-        return (f"{self.kind} on {self.first.tensor} / {self.second.tensor} ({self.space} [{self.lo:#x}, {self.hi:#x})): "
+        return (f"{self.kind} on {self.first.tensor} / {self.second.tensor} "
+                f"({self.space} [{self.lo:#x}, {self.hi:#x})): "
                 f"#{self.first.at[1]} on {self.first.stream} vs #{self.second.at[1]} on {self.second.stream}")
 
 
@@ -145,16 +148,18 @@ def together(seq) -> "Program":
     tensors, installed = {}, {}
     for k, program in enumerate(seq):
         if program.allocator != first.allocator or program.net != first.net:
-            raise ProgramError(f"program {k + 1} is for {program.net} with the {program.allocator} allocator, the "
-                               f"first for {first.net} with the {first.allocator} allocator: they cannot share an "
-                               f"executor")
+            raise ProgramError(f"program {k + 1} is for {program.net} with the {program.allocator} "
+                               f"allocator, the first for {first.net} with the {first.allocator} allocator: "
+                               "they cannot share an executor")
         for name, spec in program.tensors.items():
             if tensors.setdefault(name, spec) != spec:
-                raise ProgramError(f"program {k + 1} gives {name} the spec {spec}, an earlier one {tensors[name]}")
+                raise ProgramError(f"program {k + 1} gives {name} the spec {spec}, an earlier one "
+                                   f"{tensors[name]}")
         for ins in program.setup:
             if installed.setdefault(ins.tensor, ins) != ins:
-                raise ProgramError(f"program {k + 1} places {ins.tensor} elsewhere than an earlier one ({ins}, not "
-                                   f"{installed[ins.tensor]}): programs that share an executor place it alike")
+                raise ProgramError(f"program {k + 1} places {ins.tensor} elsewhere than an earlier one "
+                                   f"({ins}, not {installed[ins.tensor]}): programs that share an executor "
+                                   "place it alike")
     body = []
     for k, program in enumerate(seq):
         own = {ins.tensor for ins in program.setup}
@@ -185,8 +190,8 @@ class _Memory:
         k = bisect.bisect_left(spans, (lo,))
         for other in spans[max(k - 1, 0):k + 1]:
             if other[0] < hi and lo < other[1]:
-                raise ProgramError(f"instruction {at}: {tensor} at {space_key} [{lo:#x}, {hi:#x}) overlaps {other[2]}, "
-                                   f"which is still live at [{other[0]:#x}, {other[1]:#x})")
+                raise ProgramError(f"instruction {at}: {tensor} at {space_key} [{lo:#x}, {hi:#x}) overlaps "
+                                   f"{other[2]}, which is still live at [{other[0]:#x}, {other[1]:#x})")
         spans.insert(k, (lo, hi, tensor))
         self.where[_kind(space_key), tensor] = (space_key, lo, hi)
 
@@ -221,12 +226,14 @@ class _Memory:
             key = f"raw#{offset}"
             spans = self.sorted.get(key)
             if not spans:
-                raise ProgramError(f"instruction {at}: copies {tensor} to or from raw buffer #{offset}, which is not live")
+                raise ProgramError(f"instruction {at}: copies {tensor} to or from raw buffer #{offset}, "
+                                   "which is not live")
             return key, 0, nbytes
         spans = self.sorted.get(space, [])
         k = bisect.bisect_right(spans, (offset, float("inf"))) - 1
         if k < 0 or not (spans[k][0] <= offset and offset + nbytes <= spans[k][1]):
-            raise ProgramError(f"instruction {at}: copies {tensor} at {space} [{offset:#x}, {offset + nbytes:#x}), "
+            raise ProgramError(f"instruction {at}: copies {tensor} at {space} "
+                               f"[{offset:#x}, {offset + nbytes:#x}), "
                                f"which is not inside a live allocation")
         return space, offset, offset + nbytes
 
@@ -330,7 +337,8 @@ def _find_races(program, iterations: int) -> list[Race]:
             if t is Wait or t is HostWait:
                 mark = events.get(f"{ins.event}@{it}")
                 if mark is None:
-                    raise ProgramError(f"instruction {at}: waits for {ins.event}, which was not recorded before it")
+                    raise ProgramError(f"instruction {at}: waits for {ins.event}, which was not "
+                                       "recorded before it")
                 _join(clocks[HOST] if t is HostWait else vc, mark)
                 continue
             if t is Alloc:  # a raw allocation: its NaN fill writes the new buffer on its stream
@@ -340,7 +348,7 @@ def _find_races(program, iterations: int) -> list[Race]:
                 continue
             if t is Free:
                 key, lo, hi = mem.free(ins.space, ins.tensor, at)
-                acc = Access(at, s, vc[index[s]], ins.tensor, True, free=True)  # the block may be reused from here
+                acc = Access(at, s, vc[index[s]], ins.tensor, True, free=True)  # the block is reusable now
                 ranges.setdefault(key, _Ranges()).access(lo, hi, acc, vc, index, key, races)
                 continue
             for key, lo, hi, tensor, write in _accesses(ins, mem, at):
@@ -400,7 +408,8 @@ def races_by_definition(program, iterations: int = 2) -> list[tuple]:
             if t is Wait or t is HostWait:
                 n = recorded.get(f"{ins.event}@{it}")
                 if n is None:
-                    raise ProgramError(f"instruction {at}: waits for {ins.event}, which was not recorded before it")
+                    raise ProgramError(f"instruction {at}: waits for {ins.event}, which was not "
+                                       "recorded before it")
                 before |= pred[n] | (1 << n)
             elif t is Alloc:
                 key = _bookkeeping(ins, mem, at, ranges)
@@ -422,7 +431,8 @@ def races_by_definition(program, iterations: int = 2) -> list[tuple]:
             if pred[b] >> a & 1:
                 continue
             at_a, _, acc_a = nodes[a]
-            if any(x[0] == y[0] and x[1] < y[2] and y[1] < x[2] and (x[4] or y[4]) for x in acc_a for y in acc_b):
+            if any(x[0] == y[0] and x[1] < y[2] and y[1] < x[2] and (x[4] or y[4])
+                   for x in acc_a for y in acc_b):
                 out.append((at_a, at_b))
     return out
 

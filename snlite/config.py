@@ -4,26 +4,33 @@
     MemoryConfig.superneurons()         # everything the paper does
     dataclasses.replace(cfg, offload=True)
 
-| field        | values                                   | saves                                   | costs                          |
-|--------------|------------------------------------------|-----------------------------------------|--------------------------------|
-| liveness     | bool                                     | frees each tensor after its last use    | nothing                        |
-| offload      | bool                                     | CONV outputs wait on the host           | host RAM, PCIe traffic         |
-| cache        | bool                                     | moves data only when memory runs short  | (offload becomes lazy)         |
-| recompute    | off, speed, memory, cost_aware           | drops cheap layers' outputs             | extra forward FLOPs            |
-| recompute_keep | cheap layers' names (a tuple)          | (the re-runs of layers too slow to      | their outputs stay, as a       |
-|              |                                          | repeat on this device: measured)        | checkpoint's do                |
-| workspace    | none, fastest, dynamic                   | (none: no conv workspace at all)        | (none: the slowest conv)       |
-| allocator    | pool, raw                                | pool: no malloc/free per tensor         | raw: one allocation per tensor |
-| fit          | first, best                              | best: less fragmentation                | a longer search                |
-| budget_bytes | None or int >= 1024 (one pool block)     | fails early if the plan cannot fit      |                                |
-| host_budget_bytes | None or int >= 256 (one slot)    | fails early if pinned host memory runs out |                          |
-| count        | all, paper                               | what the trace's peak counts            |                                |
-| schedule     | paper, H200, A100, T4, K40               | GPU name: copies moved in time to hide  | (paper: the paper's op-based   |
-|              |                                          | behind compute on that GPU (timing)     | points; copies may stall)      |
-| update_in_backward | bool                               | each weight gradient lives only until   | nothing (a NaN loss skips the  |
-|              |                                          | its layer's SGD step, run in backward   | updates on the device)         |
-| optimizer_state | device, host, auto                    | host: momentum waits in pinned memory   | PCIe traffic each step         |
-|              |                                          | between updates; auto: only if needed   |                                |
+| field              | values              | saves                                  | costs                  |
+|--------------------|---------------------|----------------------------------------|------------------------|
+| liveness           | bool                | frees each tensor after its last use   | nothing                |
+| offload            | bool                | CONV outputs wait on the host          | host RAM, PCIe traffic |
+| cache              | bool                | moves data only when memory runs short | (offload becomes lazy) |
+| recompute          | off, speed, memory, | drops cheap layers' outputs            | extra forward FLOPs    |
+|                    | cost_aware          |                                        |                        |
+| recompute_keep     | cheap layers' names | (the re-runs of layers too slow to     | their outputs stay, as |
+|                    | (a tuple)           | repeat on this device: measured)       | a checkpoint's do      |
+| workspace          | none, fastest,      | (none: no conv workspace at all)       | (none: the slowest     |
+|                    | dynamic             |                                        | conv)                  |
+| allocator          | pool, raw           | pool: no malloc/free per tensor        | raw: one allocation    |
+|                    |                     |                                        | per tensor             |
+| fit                | first, best         | best: less fragmentation               | a longer search        |
+| budget_bytes       | None or int >= 1024 | fails early if the plan cannot fit     |                        |
+|                    | (one pool block)    |                                        |                        |
+| host_budget_bytes  | None or int >= 256  | fails early if pinned memory runs out  |                        |
+|                    | (one slot)          |                                        |                        |
+| count              | all, paper          | what the trace's peak counts           |                        |
+| schedule           | paper, H200, A100,  | GPU name: copies moved in time to hide | (paper: the paper's    |
+|                    | T4, K40             | behind compute on that GPU (timing)    | op-based points;       |
+|                    |                     |                                        | copies may stall)      |
+| update_in_backward | bool                | each weight gradient lives only until  | nothing (a NaN loss    |
+|                    |                     | its layer's SGD step, run in backward  | skips the updates on   |
+|                    |                     |                                        | the device)            |
+| optimizer_state    | device, host, auto  | host: momentum waits in pinned memory  | PCIe traffic each step |
+|                    |                     | between updates; auto: only if needed  |                        |
 """
 from __future__ import annotations
 
@@ -60,11 +67,13 @@ class MemoryConfig:
     schedule: str = "paper"
     update_in_backward: bool = False
     optimizer_state: str = "device"
-    recompute_keep: tuple[str, ...] = ()  # cheap layers kept like checkpoints (snlite.recompute.expensive_layers)
+    # cheap layers kept like checkpoints (snlite.recompute.expensive_layers)
+    recompute_keep: tuple[str, ...] = ()
 
     def __post_init__(self):
         keep = self.recompute_keep
-        if isinstance(keep, str) or not isinstance(keep, (tuple, list)) or not all(isinstance(k, str) for k in keep):
+        if (isinstance(keep, str) or not isinstance(keep, (tuple, list))
+                or not all(isinstance(k, str) for k in keep)):
             raise ValueError(f"MemoryConfig.recompute_keep must be a tuple of layer names, got {keep!r}")
         object.__setattr__(self, "recompute_keep", tuple(sorted(set(keep))))  # hashable, one order
         for name in ("liveness", "offload", "cache", "update_in_backward"):
@@ -79,8 +88,8 @@ class MemoryConfig:
                              f"{MIN_BUDGET_BYTES:,d} (one block of the pool), got {b!r}")
         h = self.host_budget_bytes
         if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 256):
-            raise ValueError(f"MemoryConfig.host_budget_bytes must be a positive int or None, at least 256 (one "
-                             f"slot of the pinned slab), got {h!r}")
+            raise ValueError("MemoryConfig.host_budget_bytes must be a positive int or None, at least 256 "
+                             f"(one slot of the pinned slab), got {h!r}")
 
     @classmethod
     def baseline(cls) -> "MemoryConfig":

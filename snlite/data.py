@@ -213,7 +213,8 @@ def _read_idx(file: str, magic: int, ndim: int) -> np.ndarray:
     size = header + math.prod(dims)
     if len(raw) != size:
         raise DataError(f"{file}: its header declares {' x '.join(map(str, dims))} values, so expected "
-                        f"{size:,} bytes, found {len(raw):,} ({'truncated' if len(raw) < size else 'extra bytes'})")
+                        f"{size:,} bytes, found {len(raw):,} "
+                        f"({'truncated' if len(raw) < size else 'extra bytes'})")
     return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
 
 
@@ -246,13 +247,15 @@ def _read_cifar_batch(file: str, records: int) -> tuple[np.ndarray, np.ndarray]:
     raw = _read_bytes(file)
     size = records * CIFAR10_RECORD_BYTES
     if len(raw) != size:
-        raise DataError(f"{file}: expected {records:,} records of {CIFAR10_RECORD_BYTES:,} bytes ({size:,} bytes), "
-                        f"found {len(raw):,} bytes ({'truncated' if len(raw) < size else 'extra bytes'})")
+        raise DataError(f"{file}: expected {records:,} records of {CIFAR10_RECORD_BYTES:,} bytes "
+                        f"({size:,} bytes), found {len(raw):,} bytes "
+                        f"({'truncated' if len(raw) < size else 'extra bytes'})")
     table = np.frombuffer(raw, np.uint8).reshape(records, CIFAR10_RECORD_BYTES)
     labels = table[:, 0]
     if labels.size and labels.max() > 9:
         bad = int(np.argmax(labels > 9))
-        raise DataError(f"{file}: record {bad} has label {labels[bad]}, expected 0..9 (a corrupt or shifted file)")
+        raise DataError(f"{file}: record {bad} has label {labels[bad]}, expected 0..9 "
+                        "(a corrupt or shifted file)")
     x = table[:, 1:].reshape(records, 3, 32, 32).astype(np.float32) / 255.0
     return x, labels
 
@@ -268,7 +271,8 @@ def _find(path, name, candidates, expected, what, source) -> str:
         full = os.path.join(path, c)
         if os.path.isfile(full):
             return full
-    raise FileNotFoundError(f"{what}: {name} not found in {path!r}. Expected {', '.join(expected)}: get {source}")
+    raise FileNotFoundError(f"{what}: {name} not found in {path!r}. Expected {', '.join(expected)}: "
+                            f"get {source}")
 
 
 def _read_bytes(file: str) -> bytes:
@@ -279,7 +283,8 @@ def _read_bytes(file: str) -> bytes:
         with gzip.open(file, "rb") as f:
             return f.read()
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-        raise DataError(f"{file}: expected a complete gzip file, found a corrupt or truncated one ({e})") from e
+        raise DataError(f"{file}: expected a complete gzip file, found a corrupt or truncated one "
+                        f"({e})") from e
 
 
 LOADERS = ("synthetic", "digits", "mnist", "cifar10")

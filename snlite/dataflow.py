@@ -81,10 +81,11 @@ def check_dataflow(program, iterations: int = 2) -> None:
     weights = sorted(n for n, k in kind.items() if k == "weight")
     grads = {f"{w}.grad" for w in weights}
     slab = _Slots()
-    kept = {i.offset: i.tensor for i in program.setup if i.space == "slab" and kind.get(i.tensor) in PERSISTENT}
+    persistent = [i for i in program.setup if kind.get(i.tensor) in PERSISTENT]
+    kept = {i.offset: i.tensor for i in persistent if i.space == "slab"}
     for offset, tensor in kept.items():  # momentum kept in the pinned slab holds its value from the start
         slab.put(offset, tensor)
-    lasting = {ins.tensor for ins in program.setup if ins.space != "slab" and kind.get(ins.tensor) in PERSISTENT}
+    lasting = {i.tensor for i in persistent if i.space != "slab"}
     if program.mode == "update":  # it reads the gradients (and the loss) a grads program left
         lasting |= {ins.tensor for ins in program.setup if ins.tensor in grads}
         lasting |= {n for n, k in kind.items() if n.endswith(".loss")}
@@ -97,16 +98,16 @@ def check_dataflow(program, iterations: int = 2) -> None:
         at = f"at the end of iteration {it + 1}"
         stale = [t for o, t in kept.items() if slab.get(o) != t]
         if stale:
-            raise DataflowError(f"{at}: the pinned slot of {stale[0]} does not hold its new value (the copy back to "
-                                f"the host after its update is missing)")
+            raise DataflowError(f"{at}: the pinned slot of {stale[0]} does not hold its new value (the copy "
+                                "back to the host after its update is missing)")
         if program.mode in ("train", "update") and updated != set(weights):
             missing = sorted(set(weights) - updated)
             raise DataflowError(f"{at}: the {program.mode} program never updates {missing[0]}"
                                 + (f" (nor {len(missing) - 1} more weights)" if len(missing) > 1 else ""))
         if program.mode == "grads" and not grads <= held:
             missing = sorted(grads - held)
-            raise DataflowError(f"{at}: the grads program leaves {missing[0]} unwritten (the backward step that "
-                                f"computes it is missing)")
+            raise DataflowError(f"{at}: the grads program leaves {missing[0]} unwritten (the backward step "
+                                "that computes it is missing)")
 
 
 def _check_results(program) -> None:
@@ -124,8 +125,8 @@ def _check_results(program) -> None:
 
 def _need(name: str, held: set, what: str, where: str) -> None:
     if name not in held:
-        raise DataflowError(f"{where}: {what} {name}, whose value was never written in this iteration (a kernel or "
-                            f"copy that writes it is missing, or comes later)")
+        raise DataflowError(f"{where}: {what} {name}, whose value was never written in this iteration (a "
+                            "kernel or copy that writes it is missing, or comes later)")
 
 
 def _step(ins, held, slab, kind, updated, where) -> None:
@@ -146,8 +147,8 @@ def _step(ins, held, slab, kind, updated, where) -> None:
         slab.put(ins.offset, ins.tensor)
     elif t is HostRead:
         if slab.get(ins.offset) != ins.tensor:
-            raise DataflowError(f"{where}: reads {ins.tensor} from a pinned slot that does not hold it (the copy "
-                                f"of the result is missing or comes later)")
+            raise DataflowError(f"{where}: reads {ins.tensor} from a pinned slot that does not hold it (the "
+                                "copy of the result is missing or comes later)")
     elif t is Alloc or t is Free:
         if ins.space == "slab":
             slab.clear(ins.offset, ins.offset + ins.nbytes)  # a new slot holds nothing, nor a freed one
@@ -162,8 +163,8 @@ def _launch(ins, held, slab, kind, updated, where) -> None:
     if not update:
         for name in (*ins.reads, *ins.writes):
             if _weight_of(name) in updated:
-                raise DataflowError(f"{where}: touches {name} after the SGD update of {_weight_of(name)} in this "
-                                    f"iteration (an update comes after the layer's last backward step)")
+                raise DataflowError(f"{where}: touches {name} after the SGD update of {_weight_of(name)} in "
+                                    "this iteration (an update comes after the layer's last backward step)")
     for name in ins.reads:
         _need(name, held, "reads", where)
     inplace = dict(ins.inplace)

@@ -21,6 +21,8 @@ copy moves that view's bytes between that tensor's block and a slot made for it)
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from snlite.layers import StepIO
@@ -36,7 +38,8 @@ class _Mismatch(Exception):
 
 def dropout_seed(seed: int, iteration: int, layer_index: int) -> int:
     """A 32-bit seed that depends only on (model seed, iteration, layer): splitmix64 mixing."""
-    z = (seed * 0x9E3779B97F4A7C15 + iteration * 0xBF58476D1CE4E5B9 + layer_index * 0x94D049BB133111EB) & (2**64 - 1)
+    z = ((seed * 0x9E3779B97F4A7C15 + iteration * 0xBF58476D1CE4E5B9 + layer_index * 0x94D049BB133111EB)
+         & (2**64 - 1))
     for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
         z = ((z ^ (z >> shift)) * mult) & (2**64 - 1)
     return (z ^ (z >> 31)) & 0xFFFFFFFF
@@ -69,7 +72,8 @@ class Executor:
         self._persistent: dict[str, object] = {}
         self._installed: dict[str, Alloc] = {}
         self._spans: list = []
-        self.placed: dict[tuple, tuple] = {}  # (space, tensor) -> (offset or handle, nbytes) of its allocation
+        # (space, tensor) -> (offset or handle, nbytes) of its allocation
+        self.placed: dict[tuple, tuple] = {}
 
     def install(self, program) -> None:
         """Place the persistent tensors (weights, buffers, momentum, gradients) a program's setup
@@ -77,8 +81,8 @@ class Executor:
         program may add the weight gradients a "train" program that updates in backward has not)."""
         moved = [ins.tensor for ins in program.setup if self._installed.get(ins.tensor, ins) != ins]
         if moved:
-            raise ValueError(f"this program places {moved[0]} elsewhere than the one installed: programs that share "
-                             f"an executor must come from the same graph and configuration")
+            raise ValueError(f"this program places {moved[0]} elsewhere than the one installed: programs "
+                             "that share an executor must come from the same graph and configuration")
         for i, ins in enumerate(program.setup):
             if ins.tensor not in self._installed:
                 try:
@@ -96,15 +100,17 @@ class Executor:
         return view if view is not None else self.host_views[name]
 
     # ------------------------------------------------------------ one iteration
-    def run(self, program, inputs: dict | None = None, *, iteration: int = 0, seed: int = 0, sgd: dict | None = None):
+    def run(self, program, inputs: dict | None = None, *, iteration: int = 0, seed: int = 0,
+            sgd: dict | None = None):
         """Replay ``program``'s body once. ``inputs``: the arrays its HostWrites stage (``data``,
         ``labels``; None where the device holds no data); ``sgd``: ``lr``, ``momentum``,
         ``weight_decay`` for its update launches. Returns what its HostReads read, by tensor."""
         self.install(program)
-        self.program, self.inputs, self.iteration, self.seed, self.sgd = program, inputs or {}, iteration, seed, sgd
+        self.program, self.inputs, self.sgd = program, inputs or {}, sgd
+        self.iteration, self.seed = iteration, seed
         self.train = program.mode != "infer"
         self.results: dict[str, np.ndarray] = {}
-        self.in_use_bytes = sum(i.nbytes for i in program.setup if i.space != "slab")  # what this program placed
+        self.in_use_bytes = sum(i.nbytes for i in program.setup if i.space != "slab")  # what it placed
         self._launched = self.launch_bytes[program.mode] = []
         handlers = self._handlers
         i = ins = None
@@ -116,8 +122,9 @@ class Executor:
         self.events.clear()
         if self._spans:
             first = self._spans[0][2]
-            self.stream_events[program.mode] = [dict(stream=s, label=label, start_ms=first.elapsed_ms(a),
-                                                     end_ms=first.elapsed_ms(b)) for s, label, a, b in self._spans]
+            self.stream_events[program.mode] = [
+                dict(stream=s, label=label, start_ms=first.elapsed_ms(a), end_ms=first.elapsed_ms(b))
+                for s, label, a, b in self._spans]
             self._spans = []
         return self.results
 
@@ -133,7 +140,8 @@ class Executor:
         shape, dtype = (program or self.program).spec(ins.tensor)[:2]
         shape = shape if shape is not None else (ins.nbytes // 4,)  # a conv workspace: its whole block
         if ins.space == "raw":
-            buf = self.buffers[ins.offset] = self.device.alloc_arena(ins.nbytes, stream=self.streams[ins.stream])
+            buf = self.device.alloc_arena(ins.nbytes, stream=self.streams[ins.stream])
+            self.buffers[ins.offset] = buf
             view = self.views[ins.tensor] = self.device.view(buf, 0, shape, dtype)
         else:
             view = self.views[ins.tensor] = self.device.view(self.arena, ins.offset, shape, dtype)
@@ -144,7 +152,8 @@ class Executor:
         placed = self.placed.pop((ins.space, ins.tensor), None)
         if placed != (ins.offset, ins.nbytes):
             raise _Mismatch(f"frees {ins.offset:#x}, {ins.nbytes:,d} bytes, but {ins.tensor}'s {ins.space} "
-                            f"allocation is " + ("none" if placed is None else f"{placed[0]:#x}, {placed[1]:,d} bytes"))
+                            "allocation is " + ("none" if placed is None else
+                                                f"{placed[0]:#x}, {placed[1]:,d} bytes"))
         if ins.space == "slab":
             return
         del self.views[ins.tensor]
@@ -167,7 +176,8 @@ class Executor:
         """The pinned view of ``ins.tensor`` at ``offset``, which must start a slot made for it (named
         after it: NAME, or the staging slots NAME:in and NAME:out), and hold ``ins.nbytes``."""
         tensor, placed = ins.tensor, self.placed
-        if all(placed.get(("slab", n), (None,))[0] != offset for n in (tensor, f"{tensor}:in", f"{tensor}:out")):
+        slots = (tensor, f"{tensor}:in", f"{tensor}:out")
+        if all(placed.get(("slab", n), (None,))[0] != offset for n in slots):
             raise _Mismatch(f"slab offset {offset:#x} starts no pinned slot made for {tensor}")
         shape, dtype, _ = self.program.spec(tensor)
         view = self.device.view(self.slab, offset, shape, dtype)
@@ -186,7 +196,8 @@ class Executor:
             if ins.to_host:
                 self.device.copy_to_host(self.views[ins.tensor], self._slab_view(ins, ins.dst_offset), stream)
             else:
-                self.device.copy_to_device(self._slab_view(ins, ins.src_offset), self.views[ins.tensor], stream)
+                self.device.copy_to_device(self._slab_view(ins, ins.src_offset),
+                                           self.views[ins.tensor], stream)
 
     def _record(self, ins) -> None:
         event = self.events[ins.event] = self.device.event()
@@ -229,7 +240,9 @@ class Executor:
         def v(name, shape=None):
             name = names.get(name, name)
             view = views.get(inplace.get(name, name))
-            return view if view is None or shape is None or tuple(shape) == tuple(view.shape) else view.reshape(shape)
+            if view is None or shape is None or tuple(shape) == tuple(view.shape):
+                return view
+            return view.reshape(shape)
 
         def run(op_name, *args, **kwargs):
             self.device.run(op_name, *args, stream=stream, **kwargs)
@@ -261,8 +274,8 @@ class Executor:
         """SGD with momentum (torch.optim.SGD's rule) on one layer's weights; skipped on the device if
         the launch reads the loss (an update inside backward) and the loss is not finite."""
         if self.sgd is None:
-            raise ValueError(f"{self.program.net}'s program updates the weights: run it with sgd=dict(lr=..., "
-                             f"momentum=..., weight_decay=...)")
+            raise ValueError(f"{self.program.net}'s program updates the weights: run it with "
+                             "sgd=dict(lr=..., momentum=..., weight_decay=...)")
         stream = self.streams[ins.stream]
         loss = f"{self.graph.loss_layer}.loss"
         guard = self.views[loss] if loss in ins.reads else None
@@ -275,7 +288,7 @@ class Executor:
         """With ``profile`` on, bracket the work enqueued inside with timing events (on the host,
         wall-clock: work runs as it is issued, one step after another)."""
         if not (self.profile and self.device.name in ("cuda", "host")):
-            return _NULL_SPAN
+            return contextlib.nullcontext()
         return _Span(self, stream_name, stream, label)
 
     _handlers = {Alloc: _alloc, Free: _free, HandOver: _hand_over, Copy: _copy, Record: _record, Wait: _wait,
@@ -300,14 +313,3 @@ class _Span:
         end.record(self.stream)
         self.ex._spans.append((self.stream_name, self.label, self.start, end))
         return False
-
-
-class _NullSpan:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL_SPAN = _NullSpan()

@@ -98,11 +98,13 @@ class Graph:
         if kind not in LAYER_TYPES:
             raise ValueError(f"unknown layer type {kind!r}; known: {sorted(LAYER_TYPES)}")
         if self.loss_layer is not None:
-            raise ValueError(f"cannot add {_who(kind, name)} after softmax_loss: the loss must be the last layer")
+            raise ValueError(f"cannot add {_who(kind, name)} after softmax_loss: the loss must be "
+                             "the last layer")
         nodes = list(inputs)
         for n in nodes:
             if not isinstance(n, Node) or n.graph is not self:
-                raise ValueError(f"{_who(kind, name)}: inputs must be nodes returned by this graph, got {n!r}")
+                raise ValueError(f"{_who(kind, name)}: inputs must be nodes returned by this "
+                                 f"graph, got {n!r}")
         if len({n.name for n in nodes}) != len(nodes):
             raise ValueError(f"{_who(kind, name)}: the same tensor appears twice among its inputs "
                              f"{[n.name for n in nodes]}")
@@ -237,8 +239,10 @@ class Graph:
         for name in self.route()[0]:
             l = self.layers[name]
             p = sum(math.prod(s) for s in l.params().values())
-            rows.append(f"{name:24} {l.kind:13} {str(l.out_shape):22} {p:12,d}  {'yes' if l.checkpoint else ''}")
-        rows.append(f"{len(self.layers)} layers, {self.param_count():,d} parameters, {self.flops():,d} forward FLOPs")
+            rows.append(f"{name:24} {l.kind:13} {str(l.out_shape):22} {p:12,d}  "
+                        f"{'yes' if l.checkpoint else ''}")
+        rows.append(f"{len(self.layers)} layers, {self.param_count():,d} parameters, {self.flops():,d} "
+                    "forward FLOPs")
         return "\n".join(rows)
 
     # compiling roles into names ----------------------------------------------------
@@ -273,7 +277,8 @@ class _Compiler:
             if layer.alias_input:
                 act[name] = act[g.inputs[name][0]]
             else:
-                act[name] = self.tensor(name, layer.out_shape, "input" if layer.kind == "data" else "activation")
+                act[name] = self.tensor(name, layer.out_shape,
+                                        "input" if layer.kind == "data" else "activation")
             for p, shape in layer.params().items():
                 self.tensor(f"{name}.{p}", shape, "weight")
                 self.tensor(f"{name}.{p}.grad", shape, "weight_grad")
@@ -305,8 +310,9 @@ class _Compiler:
         for step in steps:
             missing = [t for t in step.reads if t not in written]
             if missing:
-                raise AssertionError(f"step {step.index} ({step.layer} {step.phase}) reads {missing} before any "
-                                     f"step writes them: the {step.kind} layer's declarations are incomplete")
+                raise AssertionError(f"step {step.index} ({step.layer} {step.phase}) reads {missing} before "
+                                     f"any step writes them: the {step.kind} layer's declarations "
+                                     "are incomplete")
             written.update(step.writes)
             written.update(new for new, _ in step.inplace)
 
@@ -371,7 +377,8 @@ def check_number(v, what, low=None, high=None, open_low=False, open_high=False, 
         return math.isfinite(x) and (low is None or x > low or (x == low and not open_low)) \
             and (high is None or x < high or (x == high and not open_high))
 
-    ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and fits(v)
+    ok = (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+          and fits(v))
     if ok and not float32:
         return float(v)
     if low is not None and high is not None:

@@ -15,128 +15,21 @@ parameters are read by both steps and their gradients written by the backward st
 (BatchNorm's running statistics) are read and written by the training forward.
 :class:`snlite.graph.Graph` turns roles into tensor names; the executor turns names into views
 and calls :meth:`Layer.forward` / :meth:`Layer.backward` with them.
+
+This module holds the layers that compute features and the registry of every layer type
+(``LAYER_TYPES``); :class:`Layer` and :class:`StepIO` are in :mod:`snlite.layers_base`, the data,
+loss, join and flatten layers in :mod:`snlite.layers_structural`. All are importable from here.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import ClassVar
 
 import numpy as np
 
 from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
-
-CONV_OPS = ("forward", "backward_data", "backward_filter")
-
-
-@dataclass
-class StepIO:
-    """The views one step works on, by role, and how to run kernels (filled in by the executor)."""
-
-    run: object  # run(op_name, *args, **kwargs) on the device and stream of this step
-    x: list = field(default_factory=list)
-    y: object = None
-    dy: object = None
-    dx: list = field(default_factory=list)
-    params: dict = field(default_factory=dict)
-    grads: dict = field(default_factory=dict)
-    buffers: dict = field(default_factory=dict)
-    saved: dict = field(default_factory=dict)
-    labels: object = None
-    train: bool = True
-    update_running: bool = True  # BatchNorm: False when a forward step is recomputed
-    seed: int = 0  # dropout: a 32-bit seed for this layer and iteration
-    algo: dict = field(default_factory=dict)  # conv: op -> algorithm ("direct" where absent)
-    chunk: dict = field(default_factory=dict)  # conv: op -> images per im2col chunk
-    workspace: object = None  # conv: a 1-D float32 view, large enough for the chosen algorithms
-
-
-class Layer:
-    """A layer of the graph. Subclasses set the roles below and implement forward/backward."""
-
-    kind: ClassVar[str] = "layer"
-    checkpoint: ClassVar[bool] = False  # SuperNeurons keeps checkpoint outputs; cheap layers are recomputed
-    n_inputs: ClassVar[int | None] = 1  # None: any number >= 2 (joins)
-    fwd_reads: ClassVar[tuple] = ("x",)
-    fwd_writes: ClassVar[tuple] = ("y",)
-    bwd_reads: ClassVar[tuple] = ("dy",)
-    bwd_writes: ClassVar[tuple] = ("dx",)
-    bwd_inplace: ClassVar[bool] = False  # dx (of the single input) is written into dy's buffer
-    alias_input: ClassVar[bool] = False  # the output is the input's storage, reshaped (flatten)
-
-    def __init__(self, name: str, in_shapes: list[tuple], **attrs):
-        self.name = name
-        self.in_shapes = [tuple(s) for s in in_shapes]
-        self.attrs = attrs
-        self.out_shape = self.infer_shape()
-
-    # declarations --------------------------------------------------------------
-    def infer_shape(self) -> tuple:
-        return self.in_shapes[0]
-
-    def params(self) -> dict[str, tuple]:
-        """Learnable parameters, PyTorch's local names (``weight``, ``bias``) -> shape."""
-        return {}
-
-    def buffers(self) -> dict[str, tuple]:
-        """Non-learnable state kept across iterations (BatchNorm's running statistics)."""
-        return {}
-
-    def saved(self) -> dict[str, tuple[tuple, str]]:
-        """Tensors the forward writes for the backward to read: local name -> (shape, dtype)."""
-        return {}
-
-    def flops(self) -> int:
-        """Forward floating-point operations (a multiply-add counts 2)."""
-        return math.prod(self.out_shape)
-
-    def workspace_bytes(self, op: str, algo: str, chunk: int = 1) -> int:
-        return 0
-
-    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return {}
-
-    # execution -----------------------------------------------------------------
-    def forward(self, io: StepIO) -> None:
-        raise NotImplementedError
-
-    def backward(self, io: StepIO) -> None:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"<{self.kind} {self.name}: {self.in_shapes} -> {self.out_shape}>"
-
-
-def _uniform_fan_in(rng, shape, fan_in):
-    """PyTorch's default init for conv and linear (kaiming_uniform with a=sqrt(5) and its bias)."""
-    bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
-
-
-class Data(Layer):
-    """The input batch and its labels. Its backward step reads the gradients of the data (the
-    paper's convention: the first layers compute them, and the route ends at the data layer)."""
-
-    kind = "data"
-    checkpoint = True
-    n_inputs = 0
-    fwd_reads = ()
-    fwd_writes = ("y", "labels")
-    bwd_reads = ("dy",)
-    bwd_writes = ()
-
-    def infer_shape(self):
-        return tuple(self.attrs["shape"])
-
-    def flops(self):
-        return 0
-
-    def forward(self, io):
-        pass  # the executor copies the batch in
-
-    def backward(self, io):
-        pass
+from snlite.layers_base import Layer, StepIO, _uniform_fan_in
+from snlite.layers_structural import Add, Concat, Data, Flatten, SoftmaxLoss
 
 
 class Conv2d(Layer):
@@ -166,7 +59,8 @@ class Conv2d(Layer):
 
     def workspace_bytes(self, op, algo, chunk=1):
         a = self.attrs
-        return conv_workspace_bytes(op, algo, self.in_shapes[0], self.w_shape, a["stride"], a["padding"], chunk)
+        return conv_workspace_bytes(op, algo, self.in_shapes[0], self.w_shape, a["stride"],
+                                    a["padding"], chunk)
 
     def init_params(self, rng):
         fan_in = math.prod(self.w_shape[1:])
@@ -183,10 +77,12 @@ class Conv2d(Layer):
             io.run("bias_add", io.y, io.params["bias"])
 
     def backward(self, io):
-        io.run("conv2d_backward_filter", io.x[0], io.dy, io.grads["weight"], **self._conv_kw(io, "backward_filter"))
+        io.run("conv2d_backward_filter", io.x[0], io.dy, io.grads["weight"],
+               **self._conv_kw(io, "backward_filter"))
         if "bias" in io.grads:
             io.run("bias_backward", io.dy, io.grads["bias"])
-        io.run("conv2d_backward_data", io.dy, io.params["weight"], io.dx[0], **self._conv_kw(io, "backward_data"))
+        io.run("conv2d_backward_data", io.dy, io.params["weight"], io.dx[0],
+               **self._conv_kw(io, "backward_data"))
 
 
 class Linear(Layer):
@@ -201,7 +97,8 @@ class Linear(Layer):
         x = self.in_shapes[0]
         if len(x) != 2:
             raise ValueError(f"linear {self.name!r}: expected an (N, in_features) input, got shape {x}; "
-                             f"flatten it first: g.linear(g.flatten(x), ...) (PyTorch's Linear does not flatten)")
+                             "flatten it first: g.linear(g.flatten(x), ...) (PyTorch's Linear "
+                             "does not flatten)")
         self.in_features = x[1]
         return (x[0], self.attrs["out_features"])
 
@@ -247,7 +144,8 @@ class _Pool(Layer):
     def infer_shape(self):
         a = self.attrs
         try:
-            return tuple(pool_output_shape(self.in_shapes[0], a["kernel"], a["stride"], a["padding"], op=self.kind))
+            return tuple(pool_output_shape(self.in_shapes[0], a["kernel"], a["stride"],
+                                           a["padding"], op=self.kind))
         except ValueError as e:
             raise ValueError(f"{self.kind} {self.name!r}: {e}") from None
 
@@ -293,8 +191,8 @@ class BatchNorm2d(Layer):
         if len(x) != 4:
             raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {x}")
         if x[0] * x[2] * x[3] < 2:
-            raise ValueError(f"batchnorm {self.name!r}: training needs more than 1 value per channel (N*H*W), got "
-                             f"input {x}, as PyTorch's BatchNorm2d")
+            raise ValueError(f"batchnorm {self.name!r}: training needs more than 1 value per channel "
+                             f"(N*H*W), got input {x}, as PyTorch's BatchNorm2d")
         return x
 
     def params(self):
@@ -322,8 +220,8 @@ class BatchNorm2d(Layer):
                    b["running_var"], io.saved["save_mean"], io.saved["save_invstd"],
                    momentum=self.attrs["momentum"], eps=self.attrs["eps"], update_running=io.update_running)
         else:
-            io.run("batchnorm_forward_infer", io.x[0], p["weight"], p["bias"], b["running_mean"], b["running_var"],
-                   io.y, eps=self.attrs["eps"])
+            io.run("batchnorm_forward_infer", io.x[0], p["weight"], p["bias"], b["running_mean"],
+                   b["running_var"], io.y, eps=self.attrs["eps"])
 
     def backward(self, io):
         io.run("batchnorm_backward", io.x[0], io.dy, io.params["weight"], io.saved["save_mean"],
@@ -340,8 +238,8 @@ class LRN(Layer):
     def infer_shape(self):
         x = self.in_shapes[0]
         if len(x) < 3:
-            raise ValueError(f"lrn {self.name!r}: expected an (N, C, H, W) input (PyTorch's LocalResponseNorm "
-                             f"needs 3 dimensions or more), got shape {x}")
+            raise ValueError(f"lrn {self.name!r}: expected an (N, C, H, W) input (PyTorch's "
+                             f"LocalResponseNorm needs 3 dimensions or more), got shape {x}")
         return x
 
     def flops(self):
@@ -376,126 +274,7 @@ class Dropout(Layer):
         io.run("dropout_backward", io.dy, io.dx[0], p=self.attrs["p"], seed=io.seed)
 
 
-class Add(Layer):
-    """Element-wise sum of two or more inputs (residual joins). Backward: the first input's
-    gradient takes over dy's buffer; the others are copies of it."""
-
-    kind = "add"
-    checkpoint = True
-    n_inputs = None
-    bwd_inplace = True
-
-    def infer_shape(self):
-        first = self.in_shapes[0]
-        for i, s in enumerate(self.in_shapes[1:], 1):
-            if s != first:
-                raise ValueError(f"add {self.name!r}: input 0 has shape {first} but input {i} has shape {s}")
-        return first
-
-    def forward(self, io):
-        io.run("add", io.x[0], io.x[1], io.y)
-        for x in io.x[2:]:
-            io.run("accumulate", io.y, x)
-
-    def backward(self, io):
-        for dx in io.dx[1:]:
-            io.run("copy", io.dy, dx)
-        # io.dx[0] is io.dy's buffer: nothing to do
-
-
-class Concat(Layer):
-    """Channel concatenation of two or more (N, C_i, H, W) inputs (Inception, DenseNet)."""
-
-    kind = "concat"
-    checkpoint = True
-    n_inputs = None
-
-    def infer_shape(self):
-        first = self.in_shapes[0]
-        for i, s in enumerate(self.in_shapes):
-            if len(s) != 4 or (s[0], s[2], s[3]) != (first[0], first[2], first[3]):
-                raise ValueError(f"concat {self.name!r}: inputs must agree in N, H, W; input 0 is {first}, "
-                                 f"input {i} is {s}")
-        return (first[0], sum(s[1] for s in self.in_shapes), first[2], first[3])
-
-    def offsets(self):
-        out, o = [], 0
-        for s in self.in_shapes:
-            out.append(o)
-            o += s[1]
-        return out
-
-    def flops(self):
-        return 0
-
-    def forward(self, io):
-        for x, off in zip(io.x, self.offsets()):
-            io.run("concat_forward", x, io.y, offset=off)
-
-    def backward(self, io):
-        for dx, off in zip(io.dx, self.offsets()):
-            io.run("concat_backward", io.dy, dx, offset=off)
-
-
-class Flatten(Layer):
-    """(N, C, H, W) -> (N, C*H*W). No step of its own does any work: its output is its input's
-    storage, reshaped, and its input gradient is its output gradient."""
-
-    kind = "flatten"
-    fwd_reads = ()
-    fwd_writes = ()
-    bwd_reads = ()
-    bwd_writes = ()
-    alias_input = True
-
-    def infer_shape(self):
-        x = self.in_shapes[0]
-        return (x[0], math.prod(x[1:]))
-
-    def flops(self):
-        return 0
-
-    def forward(self, io):
-        pass
-
-    def backward(self, io):
-        pass
-
-
-class SoftmaxLoss(Layer):
-    """Softmax + cross-entropy, mean over the batch (PyTorch's CrossEntropyLoss). Its output is
-    the probabilities; the loss is a saved scalar. Backward writes dlogits into prob's buffer."""
-
-    kind = "softmax_loss"
-    checkpoint = True
-    fwd_reads = ("x", "labels")
-    fwd_writes = ("y", "loss")
-    bwd_reads = ("y", "labels")
-    bwd_inplace = True  # in place of y (the probabilities), not dy: it has no dy
-
-    def infer_shape(self):
-        x = self.in_shapes[0]
-        if len(x) != 2:
-            raise ValueError(f"softmax_loss {self.name!r}: expected (N, classes) logits, got {x}; add a linear layer")
-        if x[1] != self.attrs["num_classes"]:
-            raise ValueError(f"softmax_loss {self.name!r}: logits have {x[1]} classes but the graph was built "
-                             f"with num_classes={self.attrs['num_classes']}")
-        return x
-
-    def saved(self):
-        return {"loss": ((1,), "float32")}
-
-    def flops(self):
-        return 4 * math.prod(self.out_shape)
-
-    def forward(self, io):
-        io.run("softmax_xent_forward", io.x[0], io.labels, io.y, io.saved["loss"])
-
-    def backward(self, io):
-        io.run("softmax_xent_backward", io.y, io.labels, io.dx[0])
-
-
 LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, MaxPool2d, AvgPool2d, BatchNorm2d, LRN,
                                           Dropout, Add, Concat, Flatten, SoftmaxLoss)}
 
-__all__ = ["CONV_OPS", "LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]
+__all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

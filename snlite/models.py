@@ -9,11 +9,12 @@ against it:
     >>> get_model("resnet50", batch=4).param_count()
     25557032
 
-Default batch sizes (``DEFAULT_BATCH``) are the paper's: the width experiment of docs/paper.md section 7 (the largest
-batch SuperNeurons trained on a 12 GB K40) for VGG16, Inception-v4 and the ResNets; 200 for AlexNet
-(a moderate default chosen for this project; the paper's largest is 1792, see ``PAPER_WIDTH_BATCH``);
-16 for the deep grown ResNets of the depth experiment. Nets the paper did not run take their usual training batch:
-LeNet 64 (Caffe's MNIST example), CIFAR ResNets 128 (He et al. 2016), DenseNet-121 64.
+Default batch sizes (``DEFAULT_BATCH``) are the paper's: the width experiment of docs/paper.md
+section 7 (the largest batch SuperNeurons trained on a 12 GB K40) for VGG16, Inception-v4 and the
+ResNets; 200 for AlexNet (a moderate default chosen for this project; the paper's largest is 1792,
+see ``PAPER_WIDTH_BATCH``); 16 for the deep grown ResNets of the depth experiment. Nets the paper
+did not run take their usual training batch: LeNet 64 (Caffe's MNIST example), CIFAR ResNets 128
+(He et al. 2016), DenseNet-121 64.
 
 Differences from the references, forced by snlite's layers: pooling uses floor mode (Caffe's AlexNet
 uses ceil mode, but at 227x227 every pooling divides exactly, so the shapes agree). Inception-v4's
@@ -29,8 +30,8 @@ from snlite.graph import Graph
 PAPER_WIDTH_BATCH = {"alexnet": 1792, "vgg16": 224, "inception_v4": 240, "resnet50": 384, "resnet101": 256,
                      "resnet152": 176}  # docs/paper.md section 7: largest batch SuperNeurons fits in 12 GB
 DEPTH_BATCH = 16  # docs/paper.md section 7: the depth experiment's batch
-DEFAULT_BATCH = dict(PAPER_WIDTH_BATCH, alexnet=200, lenet=64, cifar_resnet=128, densenet121=64, mini_inception=128,
-                     vgg11=64)
+DEFAULT_BATCH = dict(PAPER_WIDTH_BATCH, alexnet=200, lenet=64, cifar_resnet=128, densenet121=64,
+                     mini_inception=128, vgg11=64)
 
 
 # ----------------------------------------------------------------------------- LeNet, AlexNet, VGG
@@ -76,7 +77,8 @@ def alexnet(batch=DEFAULT_BATCH["alexnet"], num_classes=1000) -> Graph:
     return g
 
 
-VGG_CONFIGS = {  # torchvision's configurations: A (VGG-11) and D (VGG-16); numbers are conv widths, "M" a max pool
+# torchvision's configurations: A (VGG-11) and D (VGG-16); numbers are conv widths, "M" a max pool
+VGG_CONFIGS = {
     "vgg11": (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),
     "vgg16": (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"),
 }
@@ -105,8 +107,10 @@ def _vgg(name, batch, num_classes) -> Graph:
             x = g.conv2d(x, v, 3, padding=1, name=f"features.{i}")
             x, i = g.relu(x, name=f"features.{i + 1}"), i + 2
     x = g.flatten(x, name="flatten")  # torchvision: torch.flatten(x, 1)
-    x = g.dropout(g.relu(g.linear(x, 4096, name="classifier.0"), name="classifier.1"), 0.5, name="classifier.2")
-    x = g.dropout(g.relu(g.linear(x, 4096, name="classifier.3"), name="classifier.4"), 0.5, name="classifier.5")
+    x = g.dropout(g.relu(g.linear(x, 4096, name="classifier.0"), name="classifier.1"), 0.5,
+                  name="classifier.2")
+    x = g.dropout(g.relu(g.linear(x, 4096, name="classifier.3"), name="classifier.4"), 0.5,
+                  name="classifier.5")
     g.softmax_loss(g.linear(x, num_classes, name="classifier.6"))
     return g
 
@@ -197,7 +201,8 @@ def cifar_resnet(depth: int, batch=DEFAULT_BATCH["cifar_resnet"], num_classes=10
                 shortcut = g.batchnorm(shortcut, name=f"{name}.downsample.1")
             y = g.conv2d(x, width, 3, stride=stride, padding=1, bias=False, name=f"{name}.conv1")
             y = g.relu(g.batchnorm(y, name=f"{name}.bn1"), name=f"{name}.relu1")
-            y = g.batchnorm(g.conv2d(y, width, 3, padding=1, bias=False, name=f"{name}.conv2"), name=f"{name}.bn2")
+            y = g.batchnorm(g.conv2d(y, width, 3, padding=1, bias=False, name=f"{name}.conv2"),
+                            name=f"{name}.bn2")
             x = g.relu(g.add(y, shortcut, name=f"{name}.add"), name=f"{name}.relu2")
     x = g.avgpool(x, x.shape[2], name="avgpool")
     g.softmax_loss(g.linear(g.flatten(x, name="flatten"), num_classes, name="fc"))
@@ -264,8 +269,8 @@ def inception_v4(batch=DEFAULT_BATCH["inception_v4"], num_classes=1000, dropout=
     x = g.concat([g.maxpool(x, 3, stride=2, name="features.3.maxpool"),
                   _basic(g, x, 96, 3, stride=2, name="features.3.conv")], name="features.3")
     x = g.concat([_chain(g, x, [(64, 1, 1, 0), (96, 3, 1, 0)], "features.4.branch0"),
-                  _chain(g, x, [(64, 1, 1, 0), (64, (1, 7), 1, (0, 3)), (64, (7, 1), 1, (3, 0)), (96, 3, 1, 0)],
-                         "features.4.branch1")], name="features.4")
+                  _chain(g, x, [(64, 1, 1, 0), (64, (1, 7), 1, (0, 3)), (64, (7, 1), 1, (3, 0)),
+                                (96, 3, 1, 0)], "features.4.branch1")], name="features.4")
     x = g.concat([_basic(g, x, 192, 3, stride=2, name="features.5.conv"),
                   g.maxpool(x, 3, stride=2, name="features.5.maxpool")], name="features.5")
     for i in range(6, 10):
@@ -276,8 +281,8 @@ def inception_v4(batch=DEFAULT_BATCH["inception_v4"], num_classes=1000, dropout=
     for i in range(11, 18):
         x = _inception_b(g, x, f"features.{i}")
     x = g.concat([_chain(g, x, [(192, 1, 1, 0), (192, 3, 2, 0)], "features.18.branch0"),
-                  _chain(g, x, [(256, 1, 1, 0), (256, (1, 7), 1, (0, 3)), (320, (7, 1), 1, (3, 0)), (320, 3, 2, 0)],
-                         "features.18.branch1"),
+                  _chain(g, x, [(256, 1, 1, 0), (256, (1, 7), 1, (0, 3)), (320, (7, 1), 1, (3, 0)),
+                                (320, 3, 2, 0)], "features.18.branch1"),
                   g.maxpool(x, 3, stride=2, name="features.18.branch2")], name="features.18")
     for i in range(19, 22):
         x = _inception_c(g, x, f"features.{i}")

@@ -73,13 +73,14 @@ class Model:
         self.state_names = [t.name for t in tensors.values() if t.kind in ("weight", "buffer")]
         self.buffer_names = [t.name for t in tensors.values() if t.kind == "buffer"]
         self.costs = costs  # how conv algorithms are ranked (None: snlite.workspace.CostModel)
-        if costs is None and getattr(self.device, "simulated", True) is False and self.config.workspace != "none":
-            # a real GPU: rank conv algorithms by measuring them (in a scratch arena, given back after)
+        real_gpu = getattr(self.device, "simulated", True) is False
+        if costs is None and real_gpu and self.config.workspace != "none":
+            # rank conv algorithms by measuring them (in a scratch arena, given back after)
             self.costs = measure_conv_costs(graph, self.device, self.config.budget_bytes)
         # SGD inside backward, each weight gradient freed at its update; not with anomaly, which checks
         # every gradient before anything is updated
         config = self.config.replace(update_in_backward=False) if self.anomaly else self.config
-        self.plan = plan or Scheduler(graph, config).plan()  # a plan built elsewhere (sqrt(N) checkpoints) runs too
+        self.plan = plan or Scheduler(graph, config).plan()  # or one built elsewhere (sqrt(N) checkpoints)
         self.in_backward = any(p.op.phase == "update" for p in self.plan.ops)
         self.step_mode = "train" if self.in_backward else "grads"  # the program a training step runs
         # fails here if a budget is too small
@@ -115,9 +116,9 @@ class Model:
             try:
                 program = place(self.graph, self._resolved, mode, costs=self.costs)
             except BudgetError as e:
-                raise BudgetError(f"forward_backward returns every weight's gradient at once, which does not fit: "
-                                  f"{e} (step() needs no such thing: it updates each layer inside backward and frees "
-                                  f"its gradient there)") from None
+                raise BudgetError("forward_backward returns every weight's gradient at once, which does not "
+                                  f"fit: {e} (step() needs no such thing: it updates each layer inside "
+                                  "backward and frees its gradient there)") from None
             check(program, graph=self.graph)
             keep = {n: self._read(n) for n in self.executor._installed} if self.device.has_data else {}
             self.programs[mode] = program
@@ -141,17 +142,9 @@ class Model:
     def trace(self):
         """The trace of a training step's program (``step``; ``forward_backward`` runs the same one
         unless steps update inside backward), read off its program."""
-        return self._trace(self.step_mode)
-
-    @property
-    def inference_trace(self):
-        """The trace of ``predict``'s program (forward only, logits read back)."""
-        return self._trace("infer")
-
-    def _trace(self, mode: str):
-        if mode not in self._traces:
-            self._traces[mode] = trace_program(self.programs[mode], self.config.count)
-        return self._traces[mode]
+        if self.step_mode not in self._traces:
+            self._traces[self.step_mode] = trace_program(self.programs[self.step_mode], self.config.count)
+        return self._traces[self.step_mode]
 
     # parameters -----------------------------------------------------------------
     @property
@@ -171,7 +164,8 @@ class Model:
         wrong = [f"{n}: expected {tensors[n].shape}, got {tuple(np.shape(v))}"
                  for n, v in params.items() if n in tensors and tuple(np.shape(v)) != tensors[n].shape]
         if missing or unexpected or wrong:
-            parts = ([f"missing {missing}"] if missing else []) + ([f"unexpected {unexpected}"] if unexpected else [])
+            parts = [f"missing {missing}"] if missing else []
+            parts += [f"unexpected {unexpected}"] if unexpected else []
             raise ValueError("parameters do not match the graph: " + "; ".join(parts + wrong))
         values = {}
         for n, v in params.items():
@@ -206,7 +200,8 @@ class Model:
         if self.in_backward:  # the updates run inside backward; a non-finite loss skips them on the device
             loss, logits = self._train_iteration(x, labels, "train", sgd)
         else:
-            loss, logits = self._train_iteration(x, labels, "grads")  # checked: a bad step raises before the update
+            # checked: a bad step raises before the update
+            loss, logits = self._train_iteration(x, labels, "grads")
             self._run("update", {}, sgd=sgd)
         return (loss, logits) if return_logits else loss
 
@@ -236,18 +231,19 @@ class Model:
             start = i - i % n
             where = anomaly.first_nonfinite(self.graph, self.params, _padded(x[start:start + n], n, shape),
                                             train=False, iteration=self.iteration, seed=self.seed)
-            raise NonFiniteError(f"evaluate: the logits of {int(bad.sum()):,d} of {len(x):,d} samples are not "
-                                 f"finite (the first: sample {i}); the first non-finite values appear in "
-                                 f"{where or 'no layer of a host re-run (the device and the references disagree)'}")
+            where = where or "no layer of a host re-run (the device and the references disagree)"
+            raise NonFiniteError(f"evaluate: the logits of {int(bad.sum()):,d} of {len(x):,d} samples are "
+                                 f"not finite (the first: sample {i}); the first non-finite values appear in "
+                                 f"{where}")
         return float(np.mean(logits.argmax(axis=1) == labels))
 
     # internals ------------------------------------------------------------------
     def _needs_data(self, who: str) -> None:
         """A ValueError if the device computes nothing (the meta device: shapes and bytes only)."""
         if not self.device.has_data:
-            raise ValueError(f"{who}: the {self.device.name} device holds no data (shapes and bytes only), so it "
-                             f"computes nothing; train and predict on device='host' (NumPy) or 'cuda', and use the "
-                             f"meta device for memory only (model.trace, model.programs)")
+            raise ValueError(f"{who}: the {self.device.name} device holds no data (shapes and bytes only), "
+                             "so it computes nothing; train and predict on device='host' (NumPy) or 'cuda', "
+                             "and use the meta device for memory only (model.trace, model.programs)")
 
     @property
     def logits(self) -> str:
@@ -306,12 +302,13 @@ class Model:
         re-run (and the gradients) only after a non-finite loss, or every step with ``anomaly``."""
         if math.isfinite(loss) and not self.anomaly:
             return None
-        where = anomaly.first_nonfinite(self.graph, self.params, x, labels, train=True, iteration=self.iteration,
-                                        seed=self.seed)
+        where = anomaly.first_nonfinite(self.graph, self.params, x, labels, train=True,
+                                        iteration=self.iteration, seed=self.seed)
         if not math.isfinite(loss):
             return (f"the loss is {loss}; the first non-finite values appear in " + where if where else
                     f"the loss is {loss}, but a host re-run of the forward pass with the NumPy references is "
-                    f"finite everywhere: the {self.device.name} device's kernels and their references disagree")
+                    f"finite everywhere: the {self.device.name} device's kernels and their "
+                    "references disagree")
         if where:
             return f"the loss is finite, but anomaly detection found non-finite values in {where}"
         for n in self.learnable:
@@ -349,10 +346,11 @@ def param_problem(graph, name: str, a: np.ndarray) -> str | None:
     if bad:
         return f"{name} is not finite: {bad}"
     layer, _, local = name.rpartition(".")
-    if local == "running_var" and getattr(graph.layers.get(layer), "kind", None) == "batchnorm" and (a < 0).any():
+    kind = getattr(graph.layers.get(layer), "kind", None)
+    if local == "running_var" and kind == "batchnorm" and (a < 0).any():
         i = np.unravel_index(int(np.argmax(a < 0)), a.shape)
-        return (f"{name} is a BatchNorm variance, which cannot be negative: {int((a < 0).sum()):,d} of {a.size:,d} "
-                f"values are (the first at {tuple(map(int, i))}: {a[i].item()!r})")
+        return (f"{name} is a BatchNorm variance, which cannot be negative: {int((a < 0).sum()):,d} of "
+                f"{a.size:,d} values are (the first at {tuple(map(int, i))}: {a[i].item()!r})")
     return None
 
 
@@ -373,9 +371,11 @@ def _samples(graph, x, who: str, empty_ok: bool = False) -> np.ndarray:
     a = _numbers(x, who)
     shape = graph.input_shape[1:]
     if a.shape[1:] != shape or a.ndim != len(graph.input_shape):
-        raise ValueError(f"{who}: expected samples of shape (any, {', '.join(map(str, shape))}), got shape {a.shape}")
+        raise ValueError(f"{who}: expected samples of shape (any, {', '.join(map(str, shape))}), got "
+                         f"shape {a.shape}")
     if not len(a) and not empty_ok:
-        raise ValueError(f"{who}: got no samples (shape {a.shape}); pass at least one sample of shape {shape}")
+        raise ValueError(f"{who}: got no samples (shape {a.shape}); pass at least one sample of "
+                         f"shape {shape}")
     return a
 
 
@@ -411,8 +411,8 @@ def _check_batch(graph, x, labels) -> tuple[np.ndarray, np.ndarray]:
     valid class index per sample; else a ValueError saying what is wrong."""
     x = _numbers(x, "input batch")
     if x.ndim and not len(x):
-        raise ValueError(f"input batch is empty (shape {x.shape}); a training step takes one batch of the graph's "
-                         f"{graph.input_shape}")
+        raise ValueError(f"input batch is empty (shape {x.shape}); a training step takes one batch of the "
+                         f"graph's {graph.input_shape}")
     if x.shape != graph.input_shape:
         raise ValueError(f"input batch has shape {x.shape}, the graph expects {graph.input_shape}")
     return x, _labels(labels, graph.input_shape[0], graph.num_classes, "training batch")
@@ -433,8 +433,8 @@ def _programs(graph, config, plan, costs, in_backward: bool) -> tuple[dict, Memo
         host = "host budget" in str(e)
         need = smallest_budget(graph, config if host else config.replace(host_budget_bytes=None), costs=costs,
                                host=host)
-        raise BudgetError(f"{e} The smallest {'host ' if host else ''}budget that works under this configuration is "
-                          f"{need:,d} bytes ({format_size(need)}).") from None
+        raise BudgetError(f"{e} The smallest {'host ' if host else ''}budget that works under this "
+                          f"configuration is {need:,d} bytes ({format_size(need)}).") from None
     for program in programs.values():
         check(program, graph=graph)  # proven race-free before anything runs (linear in the program's length)
     return programs, resolved

@@ -77,7 +77,8 @@ def _header(program) -> None:
         if not _is_int(value) or value < 0:
             raise ProgramError(f"{name} is {value!r}; it should be a number of bytes >= 0")
     if not isinstance(program.tensors, dict):
-        raise ProgramError(f"tensors is a {type(program.tensors).__name__}, not a dict of name -> (shape, dtype, kind)")
+        raise ProgramError(f"tensors is a {type(program.tensors).__name__}, not a dict of name -> "
+                           "(shape, dtype, kind)")
 
 
 def _tensors(program, graph) -> dict:
@@ -93,7 +94,8 @@ def _tensors(program, graph) -> dict:
             raise ProgramError(f"tensor {name}: dtype {dtype!r} is not one of {tuple(ITEMSIZE)}")
         if shape is None:
             if kind != "workspace":
-                raise ProgramError(f"tensor {name}: shape None, which only a workspace (sized by its Alloc) may have")
+                raise ProgramError(f"tensor {name}: shape None, which only a workspace "
+                                   "(sized by its Alloc) may have")
             out[name] = None
             continue
         if not isinstance(shape, tuple) or not shape or not all(_is_int(d) and d > 0 for d in shape):
@@ -117,11 +119,12 @@ def _against(program, graph) -> None:
                 t = dataclasses.replace(specs[base], name=name, kind="optimizer")
             elif staged is not None and staged in specs:
                 t = specs[staged]
-            elif kind == "workspace" and name.endswith(".workspace") and name[:-len(".workspace")] in graph.layers:
+            elif (kind == "workspace" and name.endswith(".workspace")
+                  and name[:-len(".workspace")] in graph.layers):
                 continue
             else:
-                raise ProgramError(f"tensor {name}: {graph.name} has no such tensor (nor is it momentum, a workspace "
-                                   f"or a staging slot)")
+                raise ProgramError(f"tensor {name}: {graph.name} has no such tensor (nor is it momentum, a "
+                                   "workspace or a staging slot)")
         if tuple(t.shape) != shape or t.dtype != dtype or t.kind != kind:
             raise ProgramError(f"tensor {name}: ({shape}, {dtype}, {kind}) in the program, but "
                                f"({tuple(t.shape)}, {t.dtype}, {t.kind}) in {graph.name}")
@@ -146,8 +149,8 @@ class _Validator:
         self.handles: dict[int, str] = {}  # raw handle -> the tensor holding it
         self.at = None
         self._handlers = {Alloc: self._alloc, Free: self._free, HandOver: self._hand_over, Copy: self._copy,
-                          Record: self._event, Wait: self._event, HostWait: self._event, HostWrite: self._host,
-                          HostRead: self._host, Launch: self._launch}
+                          Record: self._event, Wait: self._event, HostWait: self._event,
+                          HostWrite: self._host, HostRead: self._host, Launch: self._launch}
 
     def fail(self, what: str):
         part, i, ins = self.at
@@ -188,8 +191,8 @@ class _Validator:
 
     def space(self, space: str) -> None:
         if space not in ("slab", self.device):
-            self.fail(f"space {space!r}: a program of the {self.program.allocator} allocator places tensors in the "
-                      f"{self.device} and the slab")
+            self.fail(f"space {space!r}: a program of the {self.program.allocator} allocator places tensors "
+                      f"in the {self.device} and the slab")
 
     def device_block(self, tensor: str) -> tuple:
         loc = self.live.get((self.device, tensor))
@@ -202,7 +205,8 @@ class _Validator:
         self.space(ins.space)
         owner = self.slot_owner(ins.tensor) if ins.space == "slab" else ins.tensor
         need = self.bytes_of(owner)
-        self.stream(ins, STREAMS if ins.space == "raw" else (None,), "stream (a raw allocation's fill runs on one)")
+        self.stream(ins, STREAMS if ins.space == "raw" else (None,),
+                    "stream (a raw allocation's fill runs on one)")
         block, word = BLOCK[ins.space], {"arena": "offset", "slab": "offset", "raw": "handle"}[ins.space]
         if ins.offset < 0:
             self.fail(f"{word} {ins.offset} is negative")
@@ -214,14 +218,15 @@ class _Validator:
             self.fail(f"nbytes {ins.nbytes:,d} should be at least {least:,d}, in whole {block}-byte blocks "
                       f"({size})")
         if ins.space != "raw" and ins.offset + ins.nbytes > self.limit[ins.space]:
-            self.fail(f"ends at {ins.offset + ins.nbytes:#x}, past {ins.space}_bytes {self.limit[ins.space]:,d}; "
-                      f"{ins.space}_bytes should be at least {ins.offset + ins.nbytes:,d}")
+            self.fail(f"ends at {ins.offset + ins.nbytes:#x}, past {ins.space}_bytes "
+                      f"{self.limit[ins.space]:,d}; {ins.space}_bytes should be at least "
+                      f"{ins.offset + ins.nbytes:,d}")
         if (ins.space, ins.tensor) in self.live:
             self.fail(f"{ins.tensor} already holds a live {ins.space} allocation")
         if ins.space == "raw":
             if ins.offset in self.handles:
-                self.fail(f"handle {ins.offset} is still held by {self.handles[ins.offset]}; a new allocation "
-                          f"needs a new handle")
+                self.fail(f"handle {ins.offset} is still held by {self.handles[ins.offset]}; a new "
+                          "allocation needs a new handle")
             self.handles[ins.offset] = ins.tensor
         self.live[ins.space, ins.tensor] = (ins.offset, ins.nbytes)
 
@@ -279,8 +284,8 @@ class _Validator:
                 return
         slots = [f"{n} at {self.live['slab', n][0]:#x}" for n in (tensor, *(tensor + s for s in STAGING))
                  if ("slab", n) in self.live]
-        self.fail(f"slab offset {offset:#x} is not the start of a live pinned slot made for {tensor} (its slots: "
-                  f"{', '.join(slots) or 'none'})")
+        self.fail(f"slab offset {offset:#x} is not the start of a live pinned slot made for {tensor} (its "
+                  f"slots: {', '.join(slots) or 'none'})")
 
     def _event(self, ins) -> None:
         if type(ins) is HostWait:
@@ -319,17 +324,19 @@ class _Validator:
             if not (isinstance(conv, tuple) and len(conv) == 4 and isinstance(conv[0], str)
                     and isinstance(conv[1], str) and _is_int(conv[2]) and conv[2] > 0 and _is_int(conv[3])
                     and conv[3] >= 0):
-                self.fail(f"convs holds {conv!r}, which should be (conv op, algorithm, images per chunk >= 1, "
-                          f"workspace bytes >= 0)")
+                self.fail(f"convs holds {conv!r}, which should be (conv op, algorithm, images per chunk >= "
+                          "1, workspace bytes >= 0)")
             largest = max(largest, conv[3])
         if ins.workspace is not None:
             if self.program.tensors.get(ins.workspace, (0, 0, None))[2] != "workspace":
                 self.fail(f"workspace {ins.workspace} is not a workspace tensor of the program")
             block = self.device_block(ins.workspace)
             if block[1] < largest:
-                self.fail(f"the workspace block holds {block[1]:,d} bytes, but the conv algorithms need {largest:,d}")
+                self.fail(f"the workspace block holds {block[1]:,d} bytes, but the conv algorithms need "
+                          f"{largest:,d}")
         elif largest:
-            self.fail(f"the conv algorithms need a workspace of {largest:,d} bytes, but the launch names none")
+            self.fail(f"the conv algorithms need a workspace of {largest:,d} bytes, but the "
+                      "launch names none")
 
 
 def _is_int(v) -> bool:

@@ -13,10 +13,11 @@ How they are fast, and what they keep:
   the column buffer is laid out (K, N*P) (K = C*KH*KW, P = OH*OW), so forward is ``w (Cout x K) @
   col``, backward-filter ``(col @ dy^T)^T`` for dy as (Cout x N*P) (the sum over images and
   positions inside the BLAS reduction) and backward-data ``w^T @ dy`` followed by col2im's gather
-  in (kh, kw) order (compiled, :func:`kernels.host.conv._col2im`). The columns are copied tap by tap from x, the
-  padding's share zeroed (no padded copy of x), into rows one cache line longer than their width
-  (``conv._rows``). The results agree with the references within the conv tolerance (rtol 1e-4,
-  atol 1e-5): a BLAS sums in its own order, so the bits can differ from the reference's.
+  in (kh, kw) order (compiled, :func:`kernels.host.conv._col2im`). The columns are copied tap by
+  tap from x, the padding's share zeroed (no padded copy of x), into rows one cache line longer
+  than their width (``conv._rows``). The results agree with the references within the conv
+  tolerance (rtol 1e-4, atol 1e-5): a BLAS sums in its own order, so the bits can differ from the
+  reference's.
 - With stride 1 and a kernel of at most 3x3 and at least as many input as output channels
   (``conv._transposed``), backward-data is instead the forward conv of dy with the flipped,
   transposed filter, and backward-filter, which runs first, computes dw from those same columns
@@ -83,3 +84,8 @@ from kernels.host.batchnorm import batchnorm_backward, batchnorm_forward_train  
 from kernels.host.conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward  # noqa: E402
 from kernels.host.pooling import (avgpool2d_backward, avgpool2d_forward, maxpool2d_backward,  # noqa: E402
                                   maxpool2d_forward)
+
+__all__ = ["FAST", "compiled", "fast", "host_kernel", "matmul",
+           "avgpool2d_backward", "avgpool2d_forward", "batchnorm_backward", "batchnorm_forward_train",
+           "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward", "maxpool2d_backward",
+           "maxpool2d_forward", "relu_backward", "relu_forward"]

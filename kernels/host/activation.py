@@ -15,7 +15,8 @@ def relu_forward(x, y):
 @fast("relu_backward")
 def relu_backward(x, y, dy, dx):
     """dx = dy where x is not <= 0 (x > 0 or NaN); dx may alias dy or x."""
-    if not (x.flags.c_contiguous and dy.flags.c_contiguous and dx.flags.c_contiguous and dy.dtype == np.float32):
+    if not (x.flags.c_contiguous and dy.flags.c_contiguous and dx.flags.c_contiguous
+            and dy.dtype == np.float32):
         _keep(dy, ~(x <= 0), out=dx)
     elif _same_memory(dx, dy):  # in place, as the executor runs it: one array to write
         _relu_grad_in_place(x.reshape(-1), dx.reshape(-1).view(np.uint32))

@@ -87,12 +87,14 @@ def batchnorm_forward_train(x, gamma, beta, y, running_mean, running_var, save_m
     if n < 2:
         raise ValueError(f"batchnorm_forward_train: expected more than 1 value per channel, got {n}")
     if not _compiled_takes(x, y, gamma, beta):
-        return batchnorm_forward_train_ref(x, gamma, beta, y, running_mean, running_var, save_mean, save_invstd,
-                                           momentum=momentum, eps=eps, update_running=update_running)
+        return batchnorm_forward_train_ref(x, gamma, beta, y, running_mean, running_var, save_mean,
+                                           save_invstd, momentum=momentum, eps=eps,
+                                           update_running=update_running)
     mean, m2, invstd = (np.empty(c, x.dtype) for _ in range(3))
     _bn_forward(x.reshape(x.shape[0], c, -1), gamma, beta, np.float32(eps), y.reshape(x.shape[0], c, -1),
                 mean, m2, invstd)
-    save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var, momentum, update_running)
+    save_statistics(mean, m2, invstd, n, save_mean, save_invstd, running_mean, running_var,
+                    momentum, update_running)
 
 
 @fast("batchnorm_backward")

@@ -24,7 +24,8 @@ def _col(x, g):
     up to twice as fast at stride 2)."""
     (sh, sw), (ph, pw) = g.stride, g.padding
     col = _rows(g.k, g.n * g.p, x.dtype)
-    taps = col.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)  # a view: the row stride splits, the rows do not move
+    # a view: the row stride splits, the rows do not move
+    taps = col.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)
     xt = x.transpose(1, 0, 2, 3)
     for a in range(g.kh):
         r0, r1 = _inside(a, sh, ph, g.oh, g.h)
@@ -37,12 +38,14 @@ def _col(x, g):
             tap[:, :, r0:r1, q1:] = 0.0
             if r0 < r1 and q0 < q1:
                 i, j = r0 * sh + a - ph, q0 * sw + b - pw
-                tap[:, :, r0:r1, q0:q1] = xt[:, :, i:i + sh * (r1 - r0 - 1) + 1:sh, j:j + sw * (q1 - q0 - 1) + 1:sw]
+                tap[:, :, r0:r1, q0:q1] = xt[:, :, i:i + sh * (r1 - r0 - 1) + 1:sh,
+                                             j:j + sw * (q1 - q0 - 1) + 1:sw]
     return col
 
 
 def _inside(a, s, p, out, size):
-    """The outputs [o0, o1) whose tap ``a`` (stride s, padding p) falls inside [0, size): 0 <= o*s + a - p < size."""
+    """The outputs [o0, o1) whose tap ``a`` (stride s, padding p) falls inside [0, size):
+    0 <= o*s + a - p < size."""
     o0 = min(out, max(0, -((a - p) // s)))
     o1 = min(out, (size - 1 - a + p) // s + 1) if size - 1 - a + p >= 0 else 0
     return o0, max(o0, o1)

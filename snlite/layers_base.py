@@ -1,0 +1,95 @@
+"""What every layer is: :class:`Layer`, whose class attributes declare the roles its forward and
+backward steps read and write, and :class:`StepIO`, the views a step works on, by role.
+:mod:`snlite.layers` explains the roles and holds the registry of layer types.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+
+@dataclass
+class StepIO:
+    """The views one step works on, by role, and how to run kernels (filled in by the executor)."""
+
+    run: object  # run(op_name, *args, **kwargs) on the device and stream of this step
+    x: list = field(default_factory=list)
+    y: object = None
+    dy: object = None
+    dx: list = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    grads: dict = field(default_factory=dict)
+    buffers: dict = field(default_factory=dict)
+    saved: dict = field(default_factory=dict)
+    labels: object = None
+    train: bool = True
+    update_running: bool = True  # BatchNorm: False when a forward step is recomputed
+    seed: int = 0  # dropout: a 32-bit seed for this layer and iteration
+    algo: dict = field(default_factory=dict)  # conv: op -> algorithm ("direct" where absent)
+    chunk: dict = field(default_factory=dict)  # conv: op -> images per im2col chunk
+    workspace: object = None  # conv: a 1-D float32 view, large enough for the chosen algorithms
+
+
+class Layer:
+    """A layer of the graph. Subclasses set the roles below and implement forward/backward."""
+
+    kind: ClassVar[str] = "layer"
+    checkpoint: ClassVar[bool] = False  # SuperNeurons keeps checkpoint outputs; cheap layers are recomputed
+    n_inputs: ClassVar[int | None] = 1  # None: any number >= 2 (joins)
+    fwd_reads: ClassVar[tuple] = ("x",)
+    fwd_writes: ClassVar[tuple] = ("y",)
+    bwd_reads: ClassVar[tuple] = ("dy",)
+    bwd_writes: ClassVar[tuple] = ("dx",)
+    bwd_inplace: ClassVar[bool] = False  # dx (of the single input) is written into dy's buffer
+    alias_input: ClassVar[bool] = False  # the output is the input's storage, reshaped (flatten)
+
+    def __init__(self, name: str, in_shapes: list[tuple], **attrs):
+        self.name = name
+        self.in_shapes = [tuple(s) for s in in_shapes]
+        self.attrs = attrs
+        self.out_shape = self.infer_shape()
+
+    # declarations --------------------------------------------------------------
+    def infer_shape(self) -> tuple:
+        return self.in_shapes[0]
+
+    def params(self) -> dict[str, tuple]:
+        """Learnable parameters, PyTorch's local names (``weight``, ``bias``) -> shape."""
+        return {}
+
+    def buffers(self) -> dict[str, tuple]:
+        """Non-learnable state kept across iterations (BatchNorm's running statistics)."""
+        return {}
+
+    def saved(self) -> dict[str, tuple[tuple, str]]:
+        """Tensors the forward writes for the backward to read: local name -> (shape, dtype)."""
+        return {}
+
+    def flops(self) -> int:
+        """Forward floating-point operations (a multiply-add counts 2)."""
+        return math.prod(self.out_shape)
+
+    def workspace_bytes(self, op: str, algo: str, chunk: int = 1) -> int:
+        return 0
+
+    def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {}
+
+    # execution -----------------------------------------------------------------
+    def forward(self, io: StepIO) -> None:
+        raise NotImplementedError
+
+    def backward(self, io: StepIO) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.name}: {self.in_shapes} -> {self.out_shape}>"
+
+
+def _uniform_fan_in(rng, shape, fan_in):
+    """PyTorch's default init for conv and linear (kaiming_uniform with a=sqrt(5) and its bias)."""
+    bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
