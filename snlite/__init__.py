@@ -21,6 +21,6 @@ from snlite.train import Model
 
 __version__ = "0.1.0"
 
-__all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig", "MetaArray",
-           "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step", "TensorSpec", "align_up",
-           "get_device", "models", "nbytes_of", "place", "simulate", "__version__"]
+__all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig",
+           "MetaArray", "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step",
+           "TensorSpec", "align_up", "get_device", "models", "nbytes_of", "place", "simulate", "__version__"]
