@@ -20,6 +20,6 @@ from snlite.scheduler import Scheduler
 from snlite.train import Model
 from snlite.version import __version__
 
-__all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig", "MetaArray",
-           "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step", "TensorSpec", "align_up",
-           "get_device", "models", "nbytes_of", "place", "simulate", "__version__"]
+__all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig",
+           "MetaArray", "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step",
+           "TensorSpec", "align_up", "get_device", "models", "nbytes_of", "place", "simulate", "__version__"]

@@ -43,8 +43,8 @@ def smallest_budget(graph, config: MemoryConfig, lo: int = 0, hi: int | None = N
     shared = plan if optimizer or not config.update_in_backward else None
     if hi is None:
         specs = {**graph.tensors(), **optimizer_specs(graph)} if optimizer else dict(graph.tensors())
-        unlimited = placement.Placer(graph, config.replace(**{field: None}), plan, specs, costs or ws.CostModel(),
-                                     "train")
+        unlimited = placement.Placer(graph, config.replace(**{field: None}), plan, specs,
+                                     costs or ws.CostModel(), "train")
         hi = unlimited.host.capacity_bytes if host else unlimited.capacity
 
     def fitting(nbytes):

@@ -44,13 +44,14 @@ def host_message(graph, describe: str, host_budget: int, tensor: str, nbytes: in
     """The pinned slab is full: ``held`` is what waits on the host, ``staging`` the fixed slots."""
     held = sorted(held, key=lambda p: -p[1]) + staging
     return (f"{graph.name} does not fit a host budget of {host_budget:,d} bytes of pinned memory under "
-            f"{describe}: {where(graph, step)}, {tensor} needs {nbytes:,d} bytes but the largest free slot is "
-            f"{largest:,d} bytes. " + (f"On the host there: {_named(held)}." if held else
-                                       "Nothing else was on the host there."))
+            f"{describe}: {where(graph, step)}, {tensor} needs {nbytes:,d} bytes but the largest free slot "
+            f"is {largest:,d} bytes. "
+            + (f"On the host there: {_named(held)}." if held else "Nothing else was on the host there."))
 
 
 def staging_message(graph, describe: str, host_budget: int, state_bytes: int, staging_bytes: int) -> str:
     """The pinned slab cannot even hold its fixed slots (the batch in, the results out)."""
     state = f"with the optimizer state waiting there ({state_bytes:,d} bytes), " if state_bytes else ""
-    return (f"{graph.name} does not fit a host budget of {host_budget:,d} bytes of pinned memory under {describe}: "
-            f"{state}while staging the batch, the input, its labels and the results need {staging_bytes:,d} bytes")
+    return (f"{graph.name} does not fit a host budget of {host_budget:,d} bytes of pinned memory under "
+            f"{describe}: {state}while staging the batch, the input, its labels and the results need "
+            f"{staging_bytes:,d} bytes")

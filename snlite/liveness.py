@@ -28,7 +28,8 @@ def step_tensors(reads, writes, inplace=()) -> set[str]:
     """The tensors one step holds at once, each once: what it reads and what it writes, where a
     tensor written into another's buffer (``inplace``: (new, old) pairs, e.g. dx into dy's) is the
     same buffer and counted once. Their bytes are the step's working set, the paper's l_i, and the
-    largest over the route is l_peak (:func:`snlite.recompute.step_bytes`, :func:`snlite.trace.trace_program`)."""
+    largest over the route is l_peak (:func:`snlite.recompute.step_bytes`,
+    :func:`snlite.trace.trace_program`)."""
     new = {n for n, _ in inplace} if inplace else ()
     return {t for t in (*reads, *writes) if t not in new}
 
@@ -110,5 +111,6 @@ def format_table(result: list[StepLiveness], labels=None) -> str:
     rows = [f"{'step':>4}  {'':16} {'in':40} out"]
     for r in result:
         label = labels[r.step] if labels else ""
-        rows.append(f"{r.step:>4}  {label:16} {'{' + ','.join(r.live_in) + '}':40} {'{' + ','.join(r.live_out) + '}'}")
+        rows.append(f"{r.step:>4}  {label:16} {'{' + ','.join(r.live_in) + '}':40} "
+                    f"{'{' + ','.join(r.live_out) + '}'}")
     return "\n".join(rows)

@@ -41,8 +41,9 @@ def parse_size(text: str, exact: bool = False) -> int:
     m = re.fullmatch(r"\s*([-+]?)([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = m[3].lower() if m else None
     if m is None or unit not in UNITS:
-        raise ValueError(f"not a size: {text!r}; expected a number of bytes with an optional unit, e.g. 4096, "
-                         f"64KiB, 500MB, 1.5GB, 12GiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+        raise ValueError(f"not a size: {text!r}; expected a number of bytes with an optional unit, "
+                         f"e.g. 4096, 64KiB, 500MB, 1.5GB, 12GiB "
+                         f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
     try:
         nbytes = Decimal(m[1] + m[2]) * UNITS[unit]
     except InvalidOperation:
@@ -51,15 +52,15 @@ def parse_size(text: str, exact: bool = False) -> int:
         raise ValueError(f"a size must be positive, got {text!r}")
     if exact and unit not in ("", "b") and nbytes != nbytes.to_integral_value():
         low = int(nbytes.to_integral_value(rounding="ROUND_FLOOR"))
-        raise ValueError(f"{text!r} is {nbytes.normalize():,f} bytes, not a whole number of bytes; give whole bytes, "
-                         + (f"e.g. {low} or {low + 1}" if low else "at least 1"))
+        raise ValueError(f"{text!r} is {nbytes.normalize():,f} bytes, not a whole number of bytes; "
+                         "give whole bytes, " + (f"e.g. {low} or {low + 1}" if low else "at least 1"))
     if unit not in ("", "b"):
         nbytes = nbytes.to_integral_value(rounding="ROUND_FLOOR")
         if nbytes <= 0:
             raise ValueError(f"a size must be at least 1 byte, got {text!r}")
     if nbytes != nbytes.to_integral_value():
-        raise ValueError(f"{text!r} is not a size in whole bytes ({nbytes} B); a unit is missing, e.g. {m[2]}GiB "
-                         f"or {m[2]}MB")
+        raise ValueError(f"{text!r} is not a size in whole bytes ({nbytes} B); a unit is missing, "
+                         f"e.g. {m[2]}GiB or {m[2]}MB")
     return int(nbytes)
 
 
@@ -132,8 +133,9 @@ class Measurement:
                 "peak_layer": t.steps[t.peak_op].layer if t.steps else None,
                 "recompute_count": t.recompute_count, "extra_flops": t.extra_flops,
                 "forward_flops": self.forward_flops, "d2h_bytes": t.d2h_bytes, "h2d_bytes": t.h2d_bytes,
-                "cache_hits": t.cache_hits, "cache_misses": t.cache_misses, "host_peak_bytes": t.host_peak_bytes,
-                "arena_bytes": self.arena_bytes, "slab_bytes": self.slab_bytes, "by_kind": by_kind_json(t)}
+                "cache_hits": t.cache_hits, "cache_misses": t.cache_misses,
+                "host_peak_bytes": t.host_peak_bytes, "arena_bytes": self.arena_bytes,
+                "slab_bytes": self.slab_bytes, "by_kind": by_kind_json(t)}
 
 
 def by_kind_json(trace) -> dict | None:

@@ -51,7 +51,8 @@ def retime(plan, start: list[float], nbytes: dict, prof, peak: int, peak_of) -> 
         if found is not None and found[0] <= peak:
             return candidate
         at = found[1] if found is not None else None
-        reverted = [old if at is None or _holds(new, old, at) else new for new, old in zip(moved, plan.transfers)]
+        reverted = [old if at is None or _holds(new, old, at) else new
+                    for new, old in zip(moved, plan.transfers)]
         if reverted == moved:
             return plan
         moved = reverted

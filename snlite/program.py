@@ -103,7 +103,8 @@ class Copy:
 
     def __str__(self):
         return (f"copy {self.tensor} {'device -> host' if self.to_host else 'host -> device'} ({self.why}, "
-                f"{_size(self.nbytes)}) {_where(self.src, self.src_offset)} -> {_where(self.dst, self.dst_offset)}")
+                f"{_size(self.nbytes)}) {_where(self.src, self.src_offset)} -> "
+                f"{_where(self.dst, self.dst_offset)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +202,8 @@ class Launch:
         return f"launch {self.layer} {self.phase}" + (f" (op {self.op})" if self.op >= 0 else "") + algo
 
 
-INSTRUCTIONS = {c.__name__: c for c in (Alloc, Free, HandOver, Copy, Record, Wait, HostWait, HostWrite, HostRead,
-                                        Launch)}
+INSTRUCTIONS = {c.__name__: c for c in (Alloc, Free, HandOver, Copy, Record, Wait, HostWait, HostWrite,
+                                        HostRead, Launch)}
 
 
 def stream_of(ins) -> str | None:
@@ -276,7 +277,8 @@ class Program:
         return {"format": FORMAT, "net": self.net, "config": self.config, "mode": self.mode,
                 "allocator": self.allocator, "arena_bytes": self.arena_bytes, "slab_bytes": self.slab_bytes,
                 "stats": self.stats,
-                "tensors": {n: [None if s is None else list(s), d, k] for n, (s, d, k) in self.tensors.items()},
+                "tensors": {n: [None if s is None else list(s), d, k]
+                            for n, (s, d, k) in self.tensors.items()},
                 "setup": [_ins_json(i) for i in self.setup], "body": [_ins_json(i) for i in self.body]}
 
     @classmethod
@@ -286,7 +288,8 @@ class Program:
             raise ValueError(f"not an snlite program: expected format {FORMAT!r}, found {found!r}")
         try:
             return cls(data["net"], data["config"], data["mode"], data["allocator"],
-                       {n: (None if s is None else tuple(s), d, k) for n, (s, d, k) in data["tensors"].items()},
+                       {n: (None if s is None else tuple(s), d, k)
+                        for n, (s, d, k) in data["tensors"].items()},
                        tuple(_ins_from(x) for x in data["setup"]), tuple(_ins_from(x) for x in data["body"]),
                        int(data["arena_bytes"]), int(data["slab_bytes"]), dict(data.get("stats", {})))
         except (KeyError, TypeError, ValueError) as e:

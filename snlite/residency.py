@@ -46,13 +46,14 @@ class Residency:
                 offset = self.pool.alloc(nbytes, t.name, step)
                 break
             except PoolFullError as e:
-                victim = self.config.cache and choose_victim(self.lru, self.tensors, self.planned_evictions.get(
-                    self.op_index), self.behind_in_flight)
+                victim = self.config.cache and choose_victim(
+                    self.lru, self.tensors, self.planned_evictions.get(self.op_index), self.behind_in_flight)
                 if not victim:
                     live = [(x.name, x.nbytes) for x in self.tensors.values() if x.resident]
                     raise BudgetError(self._budget_message(t.name, step, e, live)) from None
                 self._evict(victim)
-        self.out.append(Alloc(t.name, self.emit.space, offset, self.reserved(nbytes), COMPUTE if self.raw else None))
+        self.out.append(Alloc(t.name, self.emit.space, offset, self.reserved(nbytes),
+                              COMPUTE if self.raw else None))
         return offset
 
     def _alloc(self, t: Tensor, step) -> None:
@@ -156,6 +157,7 @@ class Residency:
         self._finish_offload(t)
 
     def _budget_message(self, name: str, step, err: PoolFullError, live) -> str:
-        nbytes = self.nbytes.get(base_name(name), 0) if name not in self.tensors else self.tensors[name].nbytes
+        nbytes = (self.nbytes.get(base_name(name), 0) if name not in self.tensors
+                  else self.tensors[name].nbytes)
         return device_message(self.graph, self.config.describe(), self.capacity, name, nbytes, step,
                               err.stats.largest_free_bytes, live)

@@ -48,9 +48,10 @@ def execution_route(successors: dict, source) -> tuple[list, list]:
     forward = join_counting_dfs(successors, source)
     missing = set(successors) - set(forward)
     if missing:
-        raise ValueError(f"layers not reachable from {source!r} (or part of a cycle): {sorted(map(str, missing))}")
+        raise ValueError(f"layers not reachable from {source!r} (or part of a cycle): "
+                         f"{sorted(map(str, missing))}")
     backward = join_counting_dfs(reverse(successors), forward[-1])
     if len(backward) != len(forward):
-        raise ValueError(f"the network has more than one output layer; the backward route from {forward[-1]!r} "
-                         f"misses {sorted(map(str, set(forward) - set(backward)))}")
+        raise ValueError(f"the network has more than one output layer; the backward route from "
+                         f"{forward[-1]!r} misses {sorted(map(str, set(forward) - set(backward)))}")
     return forward, backward

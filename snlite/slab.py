@@ -56,8 +56,8 @@ def layout(graph, nbytes: dict, host_state, train: bool) -> Layout:
         offset += slot_bytes(max(nbytes[name], 1))
     state_bytes = offset
     logits = graph.output_tensor(graph.inputs[graph.loss_layer][0])
-    staged = [("data", "in"), ("labels", "in"), (f"{graph.loss_layer}.loss", "out"), (logits, "out")] if train \
-        else [("data", "in"), (logits, "out")]
+    staged = [("data", "in"), ("labels", "in"), (f"{graph.loss_layer}.loss", "out"), (logits, "out")] \
+        if train else [("data", "in"), (logits, "out")]
     staging = {}
     for tensor, way in staged:
         slot = Slot(tensor, way, offset, slot_bytes(nbytes[tensor]))
@@ -69,7 +69,8 @@ def layout(graph, nbytes: dict, host_state, train: bool) -> Layout:
 def incarnations(specs: dict, plan) -> list[str]:
     """The original tensor of every tensor and incarnation of the iteration (the graph's, the
     optimizer's, every recomputed one), once per incarnation."""
-    return list(specs) + [t.split("#", 1)[0] for p in plan.ops if p.op.phase == "recompute" for t in p.op.writes]
+    return list(specs) + [t.split("#", 1)[0] for p in plan.ops if p.op.phase == "recompute"
+                          for t in p.op.writes]
 
 
 def arena_upper_bound(nbytes: dict, bases: list[str], largest_workspace: int) -> int:

@@ -105,8 +105,9 @@ class Timeline:
 
     def summary(self) -> str:
         busy = ", ".join(f"{s} {self.busy_ms.get(s, 0.0):,.2f} ms" for s in STREAMS)
-        return (f"{self.profile}: step {self.step_ms:,.2f} ms ({self.launches:,d} kernel launches); busy: {busy}; "
-                f"moves {self.transfer_ms:,.2f} ms, exposed {self.exposed_ms:,.2f} ms, overlap {self.overlap:.0%}")
+        return (f"{self.profile}: step {self.step_ms:,.2f} ms ({self.launches:,d} kernel launches); "
+                f"busy: {busy}; moves {self.transfer_ms:,.2f} ms, exposed {self.exposed_ms:,.2f} ms, "
+                f"overlap {self.overlap:.0%}")
 
 
 def copy_ms(prof: Profile, nbytes: int, to_host: bool) -> float:
@@ -243,7 +244,8 @@ class _Costs:
                    for op, algo, chunk, ws in ins.convs}
         phase = "backward" if ins.phase == "backward" else "forward"
         launched = L.step_launches(self.graph, ins.layer, phase, choices, accumulate=len(ins.accumulate))
-        ms = sum(L.launch_ms(gpu, l, L.resources(l.kernel, gpu.arch)) for l in launched if l.flops is not None)
+        ms = sum(L.launch_ms(gpu, l, L.resources(l.kernel, gpu.arch))
+                 for l in launched if l.flops is not None)
         if any(l.flops is None for l in launched):  # the memory-bound kernels: the step's tensors, once
             ms += self._bytes({*ins.reads, *ins.writes}) / bw
         return self.prof.kernel_scale * ms, len(launched)
@@ -273,7 +275,8 @@ def calibrate(prof, measured_events, modelled: Timeline) -> Profile:
     model = modelled.busy_ms.get(COMPUTE, 0.0)
     if measured <= 0 or model <= 0:
         raise ValueError("calibrate needs compute-stream events and a timeline with kernel time")
-    return dataclasses.replace(prof, name=f"{prof.name}, calibrated", kernel_scale=prof.kernel_scale * measured / model)
+    return dataclasses.replace(prof, name=f"{prof.name}, calibrated",
+                               kernel_scale=prof.kernel_scale * measured / model)
 
 
 __all__ = ["MOVING", "PROFILES", "Profile", "Timeline", "calibrate", "estimate", "profile"]

@@ -144,7 +144,8 @@ class Ranked:
         """One conv step's choices: ``((op, algo, chunk, workspace bytes), ...)`` for each conv op the
         step runs (a recomputation re-runs forward), and the workspace the step needs (their largest)."""
         ops = ("forward",) if phase in ("forward", "recompute") else ("backward_filter", "backward_data")
-        choices = [(op, choose(layer, op, mode, largest_free_bytes, self.model, self(layer, op))) for op in ops]
+        choices = [(op, choose(layer, op, mode, largest_free_bytes, self.model, self(layer, op)))
+                   for op in ops]
         return tuple((op, c.algo, c.chunk, c.workspace_bytes) for op, c in choices), \
             max(c.workspace_bytes for _, c in choices)
 
@@ -175,13 +176,14 @@ def measure_conv_costs(graph, device, budget_bytes: int | None = None, reps: int
         for name, shape in zip("xwy", shapes[layer.name]):
             views.append(device.view(arena, pool.alloc(4 * math.prod(shape), f"measure.{name}"), shape))
         x, w, y = views
-        calls = {"forward": ("conv2d_forward", (x, w, y)), "backward_data": ("conv2d_backward_data", (y, w, x)),
+        calls = {"forward": ("conv2d_forward", (x, w, y)),
+                 "backward_data": ("conv2d_backward_data", (y, w, x)),
                  "backward_filter": ("conv2d_backward_filter", (x, y, w))}
         for l, op, c in runs:
             if l is layer:
                 kernel, arrays = calls[op]
-                table[(conv_key(layer), op, c.algo, c.chunk)] = _time(device, stream, arena, pool, layer, kernel,
-                                                                      arrays, c, reps)
+                table[(conv_key(layer), op, c.algo, c.chunk)] = _time(device, stream, arena, pool, layer,
+                                                                      kernel, arrays, c, reps)
         for offset in list(pool.allocations()):
             pool.free(offset)
     return MeasuredCosts(table)
@@ -190,8 +192,8 @@ def measure_conv_costs(graph, device, budget_bytes: int | None = None, reps: int
 def _time(device, stream, arena, pool, layer, kernel, arrays, choice, reps) -> float:
     offset = pool.alloc(choice.workspace_bytes, "measure.workspace") if choice.workspace_bytes else None
     wk = device.view(arena, offset, (choice.workspace_bytes // 4,)) if offset is not None else None
-    kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo, chunk=choice.chunk,
-              workspace=wk)
+    kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo,
+              chunk=choice.chunk, workspace=wk)
     device.run(kernel, *arrays, stream=stream, **kw)  # warm up: compiles the kernels
     start, end = device.event(timing=True), device.event(timing=True)
     start.record(stream)
