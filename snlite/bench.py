@@ -20,10 +20,11 @@ import sys
 import tempfile
 import time
 
+from snlite import bench_host
 from snlite.config import MemoryConfig
-from snlite.search import min_budget
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.pipeline import place, simulate
+from snlite.search import min_budget
 from snlite.trace import trace_program
 
 PRESETS = {
@@ -149,8 +150,6 @@ def main(argv=None) -> int:
                    "by layer kind and phase, and its BLAS share (one thread unless --threads)")
     args = p.parse_args(argv)
     if args.what == "host":
-        from snlite import bench_host
-
         if args.breakdown:
             for net in args.nets:
                 print(bench_host.breakdown_table(bench_host.breakdown(net, threads=(args.threads or [1])[0])))

@@ -14,7 +14,7 @@ from snlite.config import MemoryConfig
 from snlite.costs import cost_table, measure_layer_costs
 from snlite.device import DEVICE_NAMES
 from snlite.models import get_model
-from snlite.placement import simulate
+from snlite.pipeline import simulate
 from snlite.recompute import expensive_layers
 
 

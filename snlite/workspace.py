@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from kernels import conv as conv_kernels
 from kernels import launches as launch_model
+from snlite.pool import TensorPool
 
 MODES = ("none", "fastest", "dynamic")
 CONV_OPS = ("forward", "backward_data", "backward_filter")
@@ -157,8 +158,6 @@ def measure_conv_costs(graph, device, budget_bytes: int | None = None, reps: int
     starts. Meaningful on a real GPU; on the simulator the same code runs and the times are the
     simulation's wall-clock cost. A candidate whose workspace, beside the conv's input, weight and
     output, exceeds ``budget_bytes`` is skipped: it could never be chosen."""
-    from snlite.pool import TensorPool
-
     layers = list({conv_key(l): l for l in graph.layers.values() if l.kind == "conv2d"}.values())
     if not layers:
         return MeasuredCosts({})

@@ -8,6 +8,7 @@ import types
 import numpy as np
 import pytest
 
+from snlite import budget
 from snlite import BudgetError, Graph, MemoryConfig, Model, cli, cli_args, measure, search, simulate
 from snlite.models import get_model, resnet
 from snlite.scheduler import Scheduler, validate
@@ -143,11 +144,11 @@ def test_the_suggestions_that_say_they_fit_really_fit():
     assert any(s.fits for s in ex.suggestions) and any(not s.fits for s in ex.suggestions)
     for s in ex.suggestions:
         assert s.config.budget_bytes == BUDGET
-        assert measure.fits(alexnet(s.batch), s.config) == s.fits, s.change
+        assert budget.fits(alexnet(s.batch), s.config) == s.fits, s.change
     keys = [s.rank_key() for s in ex.suggestions]
     assert keys == sorted(keys)
     smaller = next(s for s in ex.suggestions if s.change.startswith("--batch"))
-    assert smaller.batch < 16 and not measure.fits(alexnet(smaller.batch + 1), smaller.config)
+    assert smaller.batch < 16 and not budget.fits(alexnet(smaller.batch + 1), smaller.config)
     assert search.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=2**31)).fits
 
 
@@ -228,7 +229,7 @@ def small_net(batch=2):
 def test_checkpoint_plan_is_valid_and_saves_memory(net):
     plan = measure.checkpoint_plan(net)
     validate(plan, Scheduler(net).persistent())
-    trace = measure.run(net, plan.config.replace(count="paper"), plan)
+    trace = simulate(net, plan.config.replace(count="paper"), plan=plan)
     assert trace.recompute_count > 0 and trace.extra_flops <= net.flops()
     assert trace.peak_bytes <= simulate(net, MemoryConfig(count="paper")).peak_bytes
 
@@ -269,7 +270,7 @@ def test_maxbatch_result_fits_and_one_more_does_not(capsys):
     batch = rows["liveness"]["batch"]
     config = MemoryConfig(liveness=True, budget_bytes=12 * 2**20)
     assert batch > 1 and rows["liveness"]["next"] == batch + 1
-    assert measure.fits(get_model("lenet", batch), config) and not measure.fits(get_model("lenet", batch + 1), config)
+    assert budget.fits(get_model("lenet", batch), config) and not budget.fits(get_model("lenet", batch + 1), config)
     assert rows["superneurons"]["batch"] >= rows["baseline"]["batch"]
 
 
@@ -305,7 +306,7 @@ def test_maxdepth_result_fits_and_the_next_valid_depth_does_not(capsys):
     next_depth = {16: 101, 33: 152}.get(units, depth + 3)
     assert rows["liveness"]["next"] == next_depth
     config = MemoryConfig(liveness=True, budget_bytes=2**30)
-    assert measure.fits(resnet(depth, 1), config) and not measure.fits(resnet(next_depth, 1), config)
+    assert budget.fits(resnet(depth, 1), config) and not budget.fits(resnet(next_depth, 1), config)
     depths = [rows[k]["depth"] for k in ("baseline", "liveness", "+ offload", "+ recompute")]
     assert depths == sorted(depths)
     base, sn = rows["baseline"]["by_kind"], rows["superneurons"]["by_kind"]

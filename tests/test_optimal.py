@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("scipy", reason="the exact planner needs scipy: pip install -e '.[optimal]'")
 
 from nets import data_for, mixed_net  # noqa: E402
+from snlite.pipeline import simulate
 from snlite import Graph, MemoryConfig, Model, cli, gap, measure, optimal  # noqa: E402
 from snlite import optimal_offload as oo  # noqa: E402
 from snlite.checker import check  # noqa: E402
@@ -182,7 +183,7 @@ def brute():
     out = []
     for k in range(len(optimal.candidates(g)) + 1):
         for dropped in itertools.combinations(optimal.candidates(g), k):
-            trace = measure.run(g, optimal.CONFIG, optimal.plan_for(g, dropped))
+            trace = simulate(g, optimal.CONFIG, plan=optimal.plan_for(g, dropped))
             out.append((dropped, trace.peak_bytes, trace.extra_flops))
     return g, out
 
@@ -197,7 +198,7 @@ def test_brute_force_on_a_chain_agrees_with_the_solver(brute):
         r = optimal.solve(g, allowance=allowance, model=model)
         assert r.optimal and r.gap == 0.0
         assert r.peak_bytes == best, allowance
-        assert measure.run(g, r.plan.config, r.plan).peak_bytes == best
+        assert simulate(g, r.plan.config, plan=r.plan).peak_bytes == best
         # among the plans of that peak, the fewest extra FLOPs
         assert r.extra_flops == min(f for _, p, f in plans
                                     if p == best and (allowance is None or f <= allowance))
@@ -232,7 +233,7 @@ def test_the_optimal_plan_runs_bit_identically_with_the_planned_peak(build):
     p0, p1 = base.params, model.params
     assert all(np.array_equal(p0[k], p1[k]) for k in p0)
     assert model.trace.recompute_count > 0
-    assert measure.run(g, plan.config.replace(count="paper"), plan).peak_bytes == peak
+    assert simulate(g, plan.config.replace(count="paper"), plan=plan).peak_bytes == peak
 
 
 def test_a_graph_too_big_for_the_time_limit_says_so():
@@ -242,7 +243,7 @@ def test_a_graph_too_big_for_the_time_limit_says_so():
     # the best plan found (by the solver, or the best simple one), with its gap where there is a bound
     assert r.plan is not None and (r.gap is None or r.gap >= 0)
     assert r.gap is None or r.bound <= r.peak_bytes
-    assert measure.run(g, r.plan.config, r.plan).peak_bytes == r.peak_bytes
+    assert simulate(g, r.plan.config, plan=r.plan).peak_bytes == r.peak_bytes
 
 
 def test_bad_requests_say_what_to_do():
@@ -280,14 +281,14 @@ def test_brute_force_over_every_any_plan_of_a_chain_agrees_with_the_solver():
     model = optimal.Model(g, "paper", reruns="any")
     plans = []
     for chosen in _every_plan(model):
-        trace = measure.run(g, optimal.CONFIG.replace(count="paper"), optimal.plan_for(g, chosen))
+        trace = simulate(g, optimal.CONFIG.replace(count="paper"), plan=optimal.plan_for(g, chosen))
         plans.append((chosen, trace.peak_bytes, trace.extra_flops))
     assert len(plans) > 100 and any(len(s) > 1 for c, _, _ in plans for s in c.values())
     for allowance in (None, *sorted({f for _, _, f in plans})):
         best = min(p for _, p, f in plans if allowance is None or f <= allowance)
         r = optimal.solve(g, allowance=allowance, model=model)
         assert r.optimal and r.peak_bytes == best, allowance
-        assert measure.run(g, r.plan.config.replace(count="paper"), r.plan).peak_bytes == best
+        assert simulate(g, r.plan.config.replace(count="paper"), plan=r.plan).peak_bytes == best
     for budget in sorted({p for _, p, _ in plans}):
         r = optimal.solve(g, "flops", budget=budget, model=model)
         assert r.extra_flops == min(f for _, p, f in plans if p <= budget), budget
@@ -306,7 +307,7 @@ def test_brute_force_over_every_any_plan_of_a_six_layer_chain_agrees_with_the_so
     assert len(corners) >= 5
     cfg = optimal.CONFIG.replace(count="paper")
     for i in corners + random.Random(5).sample(range(len(plans)), 40):
-        trace = measure.run(g, cfg, optimal.plan_for(g, plans[i]))
+        trace = simulate(g, cfg, plan=optimal.plan_for(g, plans[i]))
         assert (trace.peak_bytes, trace.extra_flops) == (peaks[i], flops[i]), plans[i]
     # the solver just below three corners' FLOPs, and at budgets of three corners' peaks
     for i in corners[1:4]:
@@ -317,7 +318,7 @@ def test_brute_force_over_every_any_plan_of_a_six_layer_chain_agrees_with_the_so
         assert r.optimal and r.extra_flops == flops[peaks <= peaks[i]].min() and r.peak_bytes <= peaks[i], i
     r = optimal.solve(g, model=model)
     assert r.peak_bytes == peaks.min() and r.extra_flops == flops[peaks == peaks.min()].min()
-    assert measure.run(g, cfg, r.plan).peak_bytes == peaks.min()
+    assert simulate(g, cfg, plan=r.plan).peak_bytes == peaks.min()
 
 
 @pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
@@ -327,7 +328,7 @@ def test_superneurons_plans_are_plans_of_the_any_program_with_the_same_peak(buil
     for strategy in ("speed", "memory", "cost_aware"):
         plan = Scheduler(g, optimal.CONFIG.replace(recompute=strategy)).plan()
         chosen = optimal.reruns_of(g, plan)
-        trace = measure.run(g, optimal.CONFIG.replace(count="paper"), plan)
+        trace = simulate(g, optimal.CONFIG.replace(count="paper"), plan=plan)
         assert model.peak_of(chosen) == trace.peak_bytes and model.extra_flops_of(chosen) == trace.extra_flops
 
 
@@ -374,7 +375,7 @@ def test_the_offload_program_counts_every_launch_and_runs_bit_identically(count)
         check(program)
     assert base.step(x, labels, lr=0.1) == run.step(x, labels, lr=0.1)
     assert all(np.array_equal(base.params[k], run.params[k]) for k in base.params)
-    trace = measure.run(g, r.plan.config.replace(count=count), r.plan)
+    trace = simulate(g, r.plan.config.replace(count=count), plan=r.plan)
     assert trace.peak_bytes == r.peak_bytes and trace.d2h_bytes + trace.h2d_bytes == r.moved_bytes
 
 
@@ -453,7 +454,7 @@ def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objectiv
     model = optimal.Model(g, "paper")
     res, chosen, _ = model.solve("peak")
     assert res.status == 0 and 0 < len(chosen) < len(model.cands)
-    trace = measure.run(g, optimal.CONFIG.replace(count="paper"), optimal.plan_for(g, chosen))
+    trace = simulate(g, optimal.CONFIG.replace(count="paper"), plan=optimal.plan_for(g, chosen))
     assert trace.peak_bytes == model.peak_of(chosen)
     assert abs(res.fun * model.unit - trace.peak_bytes) < model.grain / 2  # the objective: the executed peak
     assert trace.peak_bytes < measure.run(g, optimal.CONFIG.replace(count="paper")).peak_bytes
