@@ -339,7 +339,7 @@ def test_the_any_optimum_runs_with_its_peak_and_no_heuristic_beats_it():
     once = optimal.solve(g, count="paper", reruns="once")
     best = optimal.solve(g, count="paper")
     assert best.optimal and best.peak_bytes <= once.peak_bytes
-    assert measure.run(g, best.plan.config.replace(count="paper"), best.plan).peak_bytes == best.peak_bytes
+    assert simulate(g, best.plan.config.replace(count="paper"), plan=best.plan).peak_bytes == best.peak_bytes
     x, labels = data_for(g)
     base = Model(g, MemoryConfig(), device="host")
     model = Model(g, best.plan.config, device="host", plan=best.plan)
@@ -457,7 +457,7 @@ def test_the_any_optimum_of_a_fork_and_concat_net_runs_with_the_solvers_objectiv
     trace = simulate(g, optimal.CONFIG.replace(count="paper"), plan=optimal.plan_for(g, chosen))
     assert trace.peak_bytes == model.peak_of(chosen)
     assert abs(res.fun * model.unit - trace.peak_bytes) < model.grain / 2  # the objective: the executed peak
-    assert trace.peak_bytes < measure.run(g, optimal.CONFIG.replace(count="paper")).peak_bytes
+    assert trace.peak_bytes < simulate(g, optimal.CONFIG.replace(count="paper")).peak_bytes
 
 
 @pytest.mark.parametrize("build", [mixed_net, lambda: cifar_resnet(8, 1)], ids=["mixed", "resnet8"])
