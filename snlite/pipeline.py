@@ -17,12 +17,14 @@ Every pass takes plain data and returns plain data; each can be called, printed 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from snlite import overlap, placement, timing
 from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
 from snlite.config import MemoryConfig
 from snlite.pool import TensorPool
-from snlite.program import MODES, Copy, Program, without_cycle_collection
+from snlite.program import MODES, Program, without_cycle_collection
 from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
 from snlite.tensor import IllegalTransition
 from snlite.trace import trace_program
@@ -45,20 +47,53 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
     Raises :class:`~snlite.errors.BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``)
     is too small."""
     config = _checked(config or MemoryConfig(), mode, optimizer, plan)
-    if config.optimizer_state == "auto":
-        return _auto_state(graph, config, mode, plan, costs, optimizer, refine)
     with without_cycle_collection():
-        plan = plan or Scheduler(graph, config).plan()
-        specs = _specs(graph, optimizer)
-        costs = costs or ws.CostModel()
-        if config.schedule != "paper" and mode in ("train", "grads") and plan.transfers:
-            placed = _retimed(graph, config, plan, specs, costs, mode)
-        else:
-            placed = _walk(graph, config, plan, specs, costs, mode)
-        if refine and config.cache and config.schedule != "paper" and (placed.evictions or placed.fetches):
-            placed = _refined(graph, config, plan, specs, costs, mode, placed)
+        job, placed = _first(graph, config, mode, plan, costs, optimizer)
+        if refine:
+            placed = _refined(job, placed)
     program = placed.program
     return program.without_updates() if mode == "grads" else program
+
+
+@dataclass
+class Job:
+    """What the passes after the first placement work on: the config resolved (where the momentum
+    waits), the plan, every tensor's spec, the conv costs and the mode."""
+
+    graph: object
+    config: MemoryConfig
+    plan: object
+    specs: dict
+    costs: object
+    mode: str
+
+
+@dataclass
+class Probe:
+    """One training iteration that fits: ``program`` as first placed, and :meth:`final`, what
+    :func:`place` returns (the cache's second placement, where it applies, made only when asked)."""
+
+    job: Job
+    placed: placement.Placed
+
+    @property
+    def program(self) -> Program:
+        return self.placed.program
+
+    def final(self) -> Program:
+        with without_cycle_collection():
+            return _refined(self.job, self.placed).program
+
+
+def probe(graph, config: MemoryConfig, plan=None) -> Probe | None:
+    """Does one training iteration of ``graph`` fit ``config``'s budgets? None where it does not;
+    else a :class:`Probe`. A search asks this of each candidate and places only the answer in full."""
+    config = _checked(config, "train", True, plan)
+    try:
+        with without_cycle_collection():
+            return Probe(*_first(graph, config, "train", plan, None, True))
+    except BudgetError:
+        return None
 
 
 def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, costs=None, plan=None):
@@ -68,14 +103,6 @@ def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, 
     config = config or MemoryConfig()
     program = place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs, optimizer=optimizer)
     return trace_program(program, config.count)
-
-
-def is_final(config: MemoryConfig, program: Program) -> bool:
-    """Whether a program placed with ``refine=False`` is already what :func:`place` returns: unless
-    the cache (under a GPU schedule) moved something, there is no second placement to make."""
-    if not config.cache or config.schedule == "paper":
-        return True
-    return not any(type(ins) is Copy and ins.why in ("evict", "fetch") for ins in program.body)
 
 
 def _checked(config: MemoryConfig, mode: str, optimizer: bool, plan) -> MemoryConfig:
@@ -98,28 +125,35 @@ def _specs(graph, optimizer: bool) -> dict:
     return {**graph.tensors(), **optimizer_specs(graph)} if optimizer else dict(graph.tensors())
 
 
-def _walk(graph, config, plan, specs, costs, mode, hints=None) -> placement.Placed:
-    placed = placement.walk(graph, config, plan, specs, costs, mode, hints)
+def _walk(job: Job, plan, hints=None) -> placement.Placed:
+    placed = placement.walk(job.graph, job.config, plan, job.specs, job.costs, job.mode, hints)
     for check in AFTER_PLACEMENT:
-        check(placed.program, graph)
+        check(placed.program, job.graph)
     return placed
 
 
-def _auto_state(graph, config, mode, plan, costs, optimizer, refine) -> Program:
-    """``optimizer_state="auto"``: the momentum on the device if the iteration fits that way, else
-    in the pinned slab (a device too small even for the weights and their momentum is not tried)."""
-    def tried(state):
-        return place(graph, config.replace(optimizer_state=state), mode, plan=plan, costs=costs,
-                     optimizer=optimizer, refine=refine)
-
-    if mode == "infer" or not optimizer:
-        return tried("device")
-    if config.budget_bytes is None or _held_bytes(graph) <= config.budget_bytes:
-        try:
-            return tried("device")
-        except BudgetError:
-            pass
-    return tried("host")
+def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.Placed]:
+    """The first placement: the momentum's place decided (``optimizer_state="auto"``: on the device if
+    the iteration fits that way, else in the pinned slab; a device too small even for the weights
+    and their momentum is not tried), the copies retimed for a GPU schedule."""
+    if config.optimizer_state == "auto":
+        if mode == "infer" or not optimizer:
+            states = ("device",)
+        elif config.budget_bytes is None or _held_bytes(graph) <= config.budget_bytes:
+            states = ("device", "host")
+        else:
+            states = ("host",)
+        for state in states[:-1]:
+            try:
+                return _first(graph, config.replace(optimizer_state=state), mode, plan, costs, optimizer)
+            except BudgetError:
+                pass
+        return _first(graph, config.replace(optimizer_state=states[-1]), mode, plan, costs, optimizer)
+    job = Job(graph, config, plan or Scheduler(graph, config).plan(), _specs(graph, optimizer),
+              costs or ws.CostModel(), mode)
+    if config.schedule != "paper" and mode in ("train", "grads") and job.plan.transfers:
+        return job, _retimed(job)
+    return job, _walk(job, job.plan)
 
 
 def _held_bytes(graph) -> int:
@@ -129,41 +163,48 @@ def _held_bytes(graph) -> int:
     return sum(block(max(specs[n].nbytes, 1)) for n in persistent_tensors(specs, without_grads=True))
 
 
-def _retimed(graph, config, plan, specs, costs, mode) -> placement.Placed:
+def _retimed(job: Job) -> placement.Placed:
     """The plan's offload copies moved in time for the GPU ``config.schedule`` (:func:`overlap.retime`),
     placed; each candidate is placed once, and the one kept is the program returned."""
-    first = _walk(graph, config, plan, specs, costs, mode)
+    plan, config = job.plan, job.config
+    first = _walk(job, plan)
     placed = [(plan, first)]
 
     def peak_of(candidate):
         try:
-            placed.append((candidate, _walk(graph, config, candidate, specs, costs, mode)))
+            placed.append((candidate, _walk(job, candidate)))
         except BudgetError:  # held longer, a block no longer fits the budget somewhere
             return None
         trace = trace_program(placed[-1][1].program, "all")
         return trace.peak_bytes, trace.steps[trace.peak_op].op
 
-    start = timing.op_starts(first.program, graph, config.schedule, len(plan.ops))
-    nbytes = {tr.tensor: specs[tr.tensor].nbytes for tr in plan.transfers}
+    start = timing.op_starts(first.program, job.graph, config.schedule, len(plan.ops))
+    nbytes = {tr.tensor: job.specs[tr.tensor].nbytes for tr in plan.transfers}
     peak = trace_program(first.program, "all").peak_bytes
     chosen = overlap.retime(plan, start, nbytes, timing.profile(config.schedule), peak, peak_of)
+    job.plan = chosen
     return next(p for c, p in placed if c is chosen)
 
 
-def _refined(graph, config, plan, specs, costs, mode, first: placement.Placed) -> placement.Placed:
+def _refined(job: Job, first: placement.Placed) -> placement.Placed:
     """The cache's moves moved in time (``schedule`` names a GPU): a second placement follows the
     first one's evictions, each eviction's copy started right after the tensor's last use before it
     (write-behind) and each fetch as early as its block fits but no earlier than it must land
-    (read-ahead); kept only if it moves no more bytes and its peak is no higher."""
-    start = timing.op_starts(first.program, graph, config.schedule, len(plan.ops))
-    nbytes = {n: t.nbytes for n, t in specs.items()}
+    (read-ahead); kept only if it moves no more bytes and its peak is no higher. Nothing to do
+    without the cache, under the paper's schedule, or where the cache moved nothing."""
+    config = job.config
+    if not (config.cache and config.schedule != "paper" and (first.evictions or first.fetches)):
+        return first
+    start = timing.op_starts(first.program, job.graph, config.schedule, len(job.plan.ops))
+    nbytes = {n: t.nbytes for n, t in job.specs.items()}
     old = trace_program(first.program, "all")
+    moved = old.d2h_bytes + old.h2d_bytes
     for hints in overlap.cache_hints(first.evictions, first.fetches, start, nbytes, timing.profile(config.schedule)):
         try:
-            candidate = _walk(graph, config, plan, specs, costs, mode, hints)
+            candidate = _walk(job, job.plan, hints)
         except (BudgetError, PlanError, IllegalTransition):  # it strayed from the first pass: keep that one
             continue
         new = trace_program(candidate.program, "all")
-        if new.peak_bytes <= old.peak_bytes and new.d2h_bytes + new.h2d_bytes <= old.d2h_bytes + old.h2d_bytes:
+        if new.peak_bytes <= old.peak_bytes and new.d2h_bytes + new.h2d_bytes <= moved:
             return candidate
     return first

@@ -213,92 +213,111 @@ def expensive_layers(graph, forward_ms: dict, ratio: float = 0.5) -> tuple[str, 
 
 def expand(graph, strategy: str, persistent=frozenset(), keep=()) -> tuple[list[Op], RecomputeInfo]:
     """The route as ops, with the recompute ops the strategy needs inserted before backward steps;
-    the cheap layers in ``keep`` keep their outputs, as checkpoints do."""
+    the cheap layers in ``keep`` keep their outputs, as checkpoints do (see :class:`_Expansion`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown recompute strategy {strategy!r}; choose one of {STRATEGIES}")
     check_keep(graph, keep)
-    steps = graph.steps()
-    info = RecomputeInfo(strategy)
-    ops: list[Op] = []
-
-    def add(step, layer, phase, reads, writes, inplace=(), accumulate=(), names=()):
-        ops.append(Op(len(ops), step, layer, phase, tuple(reads), tuple(writes), tuple(inplace), tuple(accumulate),
-                      tuple(names)))
-
     if strategy == "off":
+        return [Op(s.index, s.index, s.layer, s.phase, s.reads, s.writes, s.inplace, s.accumulate)
+                for s in graph.steps()], RecomputeInfo(strategy)
+    return _Expansion(graph, strategy, persistent, keep).run()
+
+
+class _Expansion:
+    """One walk over the route that inserts the re-runs, in three steps per backward step:
+
+    1. :meth:`rebuild_reads`: each dropped tensor the step reads and that is not there is rebuilt;
+       speed-centric re-runs its whole segment (and keeps it until the segment's last use),
+       memory-centric only the chain from the nearest tensor still there (:meth:`rebuild`);
+    2. the step itself, reading the incarnations (``relu1#r2``) the re-runs wrote;
+    3. :meth:`carry_over`: memory-centric re-runs' outputs die after the step, unless the next
+       step reads them too.
+    """
+
+    def __init__(self, graph, strategy: str, persistent, keep):
+        self.graph = graph
+        self.drop = droppable(graph, keep)  # tensor -> the cheap layer that writes it
+        self.roots = segments(graph, keep)  # cheap layer -> its segment's checkpoint
+        self.per_segment = choose_strategies(graph, strategy, persistent, keep)
+        self.info = RecomputeInfo(strategy, tuple(self.drop), self.per_segment)
+        self.fwd_step = {s.layer: s for s in graph.steps() if s.phase == "forward"}
+        self.order = {name: i for i, name in enumerate(graph.route()[0])}
+        self.members: dict[str, list[str]] = {}  # checkpoint -> the cheap layers of its segment
+        for layer, r in self.roots.items():
+            self.members.setdefault(r, []).append(layer)
+        self.current: dict[str, str] = {}  # dropped tensor -> its live recomputed incarnation
+        self.groups: list[tuple[str, ...]] = []  # memory-centric re-runs' outputs, alive until unread
+        self.serial = 0  # incarnations numbered in the order they are made
+        self.ops: list[Op] = []
+
+    def run(self) -> tuple[list[Op], RecomputeInfo]:
+        steps = self.graph.steps()
+        busy = [s for s in steps if not self.graph.layers[s.layer].alias_input]  # steps that compute
+        after = {a.index: b for a, b in zip(busy, busy[1:])}
+        current = self.current
         for s in steps:
-            add(s.index, s.layer, s.phase, s.reads, s.writes, s.inplace, s.accumulate)
-        return ops, info
-    drop = droppable(graph, keep)
-    roots = segments(graph, keep)
-    per_segment = choose_strategies(graph, strategy, persistent, keep)
-    info.dropped, info.segment_strategy = tuple(drop), per_segment
-    fwd_step = {s.layer: s for s in steps if s.phase == "forward"}
-    order = {name: i for i, name in enumerate(graph.route()[0])}
-    current: dict[str, str] = {}  # dropped tensor -> its live recomputed incarnation
-    groups: list[tuple[str, ...]] = []  # memory-centric re-runs' outputs, alive until a step stops reading them
-    members: dict[str, list[str]] = {}
-    for layer, r in roots.items():
-        members.setdefault(r, []).append(layer)
-    serial = [0]
+            backward = s.phase == "backward"
+            if backward:
+                self.rebuild_reads(s)
+            names = tuple((t, current[t]) for t in (*s.reads, *s.writes) if t in current) if backward else ()
+            reads = tuple(current.get(t, t) for t in s.reads) if backward else s.reads
+            self.ops.append(Op(len(self.ops), s.index, s.layer, s.phase, reads, s.writes, s.inplace, s.accumulate,
+                               names))
+            if self.groups and backward and s.index in after:
+                self.carry_over(s, after[s.index])
+        return self.ops, self.info
 
-    def rerun(layer, step_index):
-        fs = fwd_step[layer]
-        buffers = {f"{layer}.{b}" for b in graph.layers[layer].buffers()}
-        reads = [current.get(t, t) for t in fs.reads]
-        writes, names = [], []
-        for t in fs.writes:
-            if t in buffers:
-                continue  # a recomputed BatchNorm never updates its running statistics
-            serial[0] += 1
-            current[t] = f"{t}#r{serial[0]}"
-            writes.append(current[t])
-            names.append((t, current[t]))
-        if per_segment[roots[layer]] == "memory":
-            groups.append(tuple(t for t, _ in names))
-        names += [(t, current[t]) for t in fs.reads if t in current]
-        add(step_index, layer, "recompute", reads, writes, names=names)
-        info.count += 1
-        info.extra_flops += graph.layers[layer].flops()
+    def rebuild_reads(self, s) -> None:
+        for t in s.reads:
+            if t not in self.drop or t in self.current:
+                continue
+            root = self.roots[self.drop[t]]
+            if self.per_segment[root] == "speed":
+                for layer in sorted(self.members[root], key=self.order.get):
+                    if any(w not in self.current for w in self.fwd_step[layer].writes if w in self.drop):
+                        self.rerun(layer, s.index)
+            else:
+                self.rebuild(t, s.index)
 
-    def rebuild(t, step_index):
+    def rebuild(self, t: str, step_index: int) -> None:
         """Memory-centric: re-run the chain from the nearest tensor still there to ``t``."""
-        producer = drop[t]
-        for x in fwd_step[producer].reads:
-            if x in drop and x not in current:
-                rebuild(x, step_index)
-        rerun(producer, step_index)
+        producer = self.drop[t]
+        for x in self.fwd_step[producer].reads:
+            if x in self.drop and x not in self.current:
+                self.rebuild(x, step_index)
+        self.rerun(producer, step_index)
 
-    busy = [s for s in steps if not graph.layers[s.layer].alias_input]  # steps that compute (not flatten's)
-    after = {a.index: b for a, b in zip(busy, busy[1:])}
-    for s in steps:
-        if s.phase == "backward":
-            for t in s.reads:
-                if t not in drop or t in current:
-                    continue
-                root = roots[drop[t]]
-                if per_segment[root] == "speed":
-                    for layer in sorted(members[root], key=order.get):
-                        if any(w not in current for w in fwd_step[layer].writes if w in drop):
-                            rerun(layer, s.index)
-                else:
-                    rebuild(t, s.index)
-        names = tuple((t, current[t]) for t in (*s.reads, *s.writes) if t in current)
-        reads = [current.get(t, t) if s.phase == "backward" else t for t in s.reads]
-        add(s.index, s.layer, s.phase, reads, s.writes, s.inplace, s.accumulate, names if s.phase == "backward" else ())
-        if groups and s.phase == "backward" and s.index in after:
-            # memory-centric: what this step read stays for the next step if that one reads it too
-            # (e.g. a segment's output, read by the next checkpoint's backward and by the segment's
-            # last layer's backward); the rest was rebuilt for this step only
-            nxt = after.get(s.index)
-            later = set(nxt.reads) if nxt is not None and nxt.phase == "backward" else set()
-            read, kept = set(s.reads), []
-            for group in groups:  # the outputs of one re-run (BatchNorm's: y and its saved statistics)
-                stay = tuple(t for t in group if t in later) if read.intersection(group) else ()
-                if stay:
-                    kept.append(stay)
-                for t in group:
-                    if t not in stay:
-                        del current[t]
-            groups[:] = kept
-    return ops, info
+    def rerun(self, layer: str, step_index: int) -> None:
+        """One forward re-run of ``layer`` for the backward step ``step_index``: each output a new
+        incarnation (a recomputed BatchNorm never updates its running statistics)."""
+        fs, current = self.fwd_step[layer], self.current
+        buffers = {f"{layer}.{b}" for b in self.graph.layers[layer].buffers()}
+        reads = tuple(current.get(t, t) for t in fs.reads)
+        names = []
+        for t in fs.writes:
+            if t not in buffers:
+                self.serial += 1
+                current[t] = f"{t}#r{self.serial}"
+                names.append((t, current[t]))
+        writes = tuple(new for _, new in names)
+        if self.per_segment[self.roots[layer]] == "memory":
+            self.groups.append(tuple(t for t, _ in names))
+        names += [(t, current[t]) for t in fs.reads if t in current]
+        self.ops.append(Op(len(self.ops), step_index, layer, "recompute", reads, writes, names=tuple(names)))
+        self.info.count += 1
+        self.info.extra_flops += self.graph.layers[layer].flops()
+
+    def carry_over(self, s, nxt) -> None:
+        """Memory-centric: what step ``s`` read stays for the next step if that one reads it too
+        (e.g. a segment's output, read by the next checkpoint's backward and by the segment's last
+        layer's backward); the rest was rebuilt for ``s`` only."""
+        later = set(nxt.reads) if nxt.phase == "backward" else set()
+        read, kept = set(s.reads), []
+        for group in self.groups:  # the outputs of one re-run (BatchNorm's: y and its saved statistics)
+            stay = tuple(t for t in group if t in later) if read.intersection(group) else ()
+            if stay:
+                kept.append(stay)
+            for t in group:
+                if t not in stay:
+                    del self.current[t]
+        self.groups[:] = kept

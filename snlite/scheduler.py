@@ -41,8 +41,11 @@ def persistent_tensors(specs: dict, without_grads: bool = False) -> list[str]:
     """The names of ``specs`` (name -> anything with a ``kind``) that live the whole run, in
     placement order; ``without_grads``: the weight gradients live only until their update (SGD in
     backward) or do not exist (inference)."""
-    return [n for k in PERSISTENT_KINDS if not (without_grads and k == "weight_grad")
-            for n, t in specs.items() if t.kind == k]
+    by_kind: dict[str, list[str]] = {k: [] for k in PERSISTENT_KINDS}
+    for n, t in specs.items():
+        if t.kind in by_kind:
+            by_kind[t.kind].append(n)
+    return [n for k in PERSISTENT_KINDS if not (without_grads and k == "weight_grad") for n in by_kind[k]]
 
 
 def optimizer_specs(graph) -> dict[str, TensorSpec]:
@@ -107,8 +110,13 @@ def _planned(ops, transfers, frees) -> list[PlannedOp]:
         before_rel.setdefault(tr.release_before, []).append(tr.tensor)
         if tr.prefetch_before is not None:
             before_pre.setdefault(tr.prefetch_before, []).append(tr.tensor)
-    return [PlannedOp(getattr(op, "op", op), tuple(before_rel.get(i, ())), tuple(before_pre.get(i, ())),
-                      tuple(after_off.get(i, ())), tuple(frees.get(i, ()))) for i, op in enumerate(ops)]
+    rel, pre, off, fr = ({i: tuple(ts) for i, ts in d.items() if ts} for d in (before_rel, before_pre, after_off, frees))
+    if not (rel or pre or off):  # the common case, without transfers: one lookup per op
+        return [PlannedOp(getattr(op, "op", op), frees=fr[i]) if i in fr else PlannedOp(getattr(op, "op", op))
+                for i, op in enumerate(ops)]
+    none = ()
+    return [PlannedOp(getattr(op, "op", op), rel.get(i, none), pre.get(i, none), off.get(i, none), fr.get(i, none))
+            for i, op in enumerate(ops)]
 
 
 class Stage:
@@ -157,7 +165,8 @@ class UpdateStage(Stage):
             return ops
         out = []
         for op in ops:
-            out.append(dataclasses.replace(op, index=len(out)))
+            out.append(Op(len(out), op.step, op.layer, op.phase, op.reads, op.writes, op.inplace, op.accumulate,
+                          op.names))
             if op.phase == "backward" and graph.layers[op.layer].params():
                 out.append(update_op(graph, op.layer, len(out), op.step, guard=f"{graph.loss_layer}.loss"))
         self.summary = f"{sum(o.phase == 'update' for o in out)} updates in backward, each freeing its weight gradients"

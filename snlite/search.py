@@ -24,7 +24,7 @@ from snlite.config import MemoryConfig
 from snlite.errors import BudgetError
 from snlite.measure import _LO, Measurement, measure, no_progress
 from snlite.models import PAPER_WIDTH_BATCH, resnet
-from snlite.pipeline import is_final, place, simulate
+from snlite.pipeline import place, probe, simulate
 from snlite.scheduler import Scheduler
 from snlite.trace import Trace, trace_program
 
@@ -157,18 +157,15 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     t0 = time.perf_counter()
     config = config.replace(count="all")
     traces: dict[int, bool] = {}  # candidate index -> fits
-    best: dict = {}  # the program of the largest candidate that fit so far (the answer, in the end)
+    best: dict = {}  # the probe of the largest candidate that fit so far (the answer, in the end)
 
     def ok(i):
         if i not in traces:
             progress(f"{label}: probe {len(traces) + 1}, {what(candidates[i])}")
-            try:
-                program = place(build(candidates[i]), config, refine=False)  # does it fit? (all a probe asks)
-            except BudgetError:
-                program = None
-            traces[i] = program is not None
-            if program is not None and i >= best.get("i", -1):
-                best.update(i=i, program=program)
+            found = probe(build(candidates[i]), config)  # does it fit? (all a probe asks)
+            traces[i] = found is not None
+            if found is not None and i >= best.get("i", -1):
+                best.update(i=i, probe=found)
         return traces[i]
 
     if guess_from:
@@ -179,11 +176,7 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     nxt = candidates[i + 1] if i is not None and i + 1 < len(candidates) else (candidates[0] if i is None else None)
     trace = None
     if i is not None:
-        program = best.pop("program")
-        if not is_final(config, program):  # the cache's second placement applies: the answer placed in full
-            progress(f"{label}: the trace of {what(candidates[i])}")
-            program = place(build(candidates[i]), config)
-        trace = trace_program(program, config.count)
+        trace = trace_program(best.pop("probe").final(), config.count)  # the cache's second placement, if any
     return Found(label, config, None if i is None else candidates[i], trace, nxt,
                  len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1)
 
