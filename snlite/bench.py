@@ -77,8 +77,10 @@ def deep(units: int = 2500, batch: int = 1, scaling=SCALING) -> dict:
 # with the lean planner's targets (docs/architecture.md): (name, command, target seconds)
 TUTORIALS = pathlib.Path(__file__).resolve().parent.parent / "tutorials"
 SEARCHES = (
-    ("maxdepth --batch 16 --budget 12GiB", ["-m", "snlite.cli", "maxdepth", "--batch", "16", "--budget", "12GiB"], 30),
-    ("maxdepth --batch 1 --budget 12GiB", ["-m", "snlite.cli", "maxdepth", "--batch", "1", "--budget", "12GiB"], 30),
+    ("maxdepth --batch 16 --budget 12GiB", ["-m", "snlite.cli", "maxdepth", "--batch", "16", "--budget",
+                                            "12GiB"], 30),
+    ("maxdepth --batch 1 --budget 12GiB", ["-m", "snlite.cli", "maxdepth", "--batch", "1", "--budget",
+                                           "12GiB"], 30),
     ("paper", ["-m", "snlite.cli", "paper", "--out", "{tmp}/paper"], 90),
     ("tutorial 07 (full mode)", [str(TUTORIALS / "07_end_to_end.py")], 60),
 )
@@ -114,14 +116,16 @@ def searches(names=None, show=print) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [sys.executable] + [a.replace("{tmp}", tmp) for a in argv]
             t0, cpu0 = time.perf_counter(), _children_cpu()
-            done = subprocess.run(cmd, env={**env, "SNLITE_TUTORIAL_OUT": tmp}, capture_output=True, text=True,
+            done = subprocess.run(cmd, env={**env, "SNLITE_TUTORIAL_OUT": tmp}, capture_output=True,
+                                  text=True,
                                   preexec_fn=_one_core)
             seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
         row = {"name": name, "seconds": seconds, "cpu_s": cpu, "target_s": target, "status": done.returncode}
         rows.append(row)
         verdict = "within" if seconds <= target else "OVER"
         show(f"  {name:36} {seconds:7.1f} s wall, {cpu:7.1f} s CPU  (target {target} s: {verdict})"
-             + (f"  exit status {done.returncode}: {done.stderr.strip().splitlines()[-1:]}" if done.returncode else ""))
+             + (f"  exit status {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+                if done.returncode else ""))
     return rows
 
 
@@ -148,19 +152,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m snlite.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     d = sub.add_parser("deep", help="simulate a ResNet with thousands of residual units, timed")
-    d.add_argument("--units", type=int, default=2500, help="residual units of the deepest ResNet (default 2500)")
+    d.add_argument("--units", type=int, default=2500,
+                   help="residual units of the deepest ResNet (default 2500)")
     d.add_argument("--batch", type=int, default=1)
     z = sub.add_parser("zoo", help="peak and peak/l_peak of the zoo under each preset, as Markdown")
     z.add_argument("--batch", type=int, default=None, help="one batch for all (default: each model's)")
     z.add_argument("--count", choices=("all", "paper"), default="paper")
-    s = sub.add_parser("searches", help="maxdepth, paper and tutorial 07, each a whole command on one core, timed")
-    s.add_argument("only", nargs="*", help="names to run (a prefix each: maxdepth, paper, tutorial); default all")
+    s = sub.add_parser("searches",
+                       help="maxdepth, paper and tutorial 07, each a whole command on one core, timed")
+    s.add_argument("only", nargs="*",
+                   help="names to run (a prefix each: maxdepth, paper, tutorial); default all")
     h = sub.add_parser("host", help="train LeNet and ResNet-8 on the host device and in PyTorch (CPU), img/s")
     h.add_argument("--repeats", type=int, default=5, help="timed repeats, interleaved; the median is shown")
     h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
     h.add_argument("--nets", nargs="+", choices=("lenet", "resnet8"), default=["lenet", "resnet8"])
     h.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all)")
-    h.add_argument("--breakdown", action="store_true", help="instead: where one baseline step of each net goes, "
+    h.add_argument("--breakdown", action="store_true",
+                   help="instead: where one baseline step of each net goes, "
                    "by layer kind and phase, and its BLAS share (one thread unless --threads)")
     args = p.parse_args(argv)
     if args.what == "host":
@@ -179,16 +187,20 @@ def main(argv=None) -> int:
         return 1 if any(r["status"] for r in rows) else 0
     if args.what == "deep":
         r = deep(args.units, args.batch)
-        print(f"ResNet-{r['depth']} ({args.units} residual units, {r['layers']:,d} layers), batch {args.batch}: "
+        print(f"ResNet-{r['depth']} ({args.units} residual units, {r['layers']:,d} layers), "
+              f"batch {args.batch}: "
               f"graph built in {r['build_s']:.2f} s")
         for label in ("baseline", "superneurons"):
             s = r[label]
-            print(f"  {label:13} program of {s['instructions']:,d} instructions ({s['steps']:,d} ops) built in "
+            print(f"  {label:13} program of {s['instructions']:,d} instructions ({s['steps']:,d} ops) "
+                  f"built in "
                   f"{s['program_s']:.2f} s (scheduler + placement), traced in {s['trace_s']:.2f} s; peak "
-                  f"{s['peak_bytes'] / 2**20:,.1f} MiB (paper count), l_peak {s['l_peak_bytes'] / 2**20:,.1f} MiB")
+                  f"{s['peak_bytes'] / 2**20:,.1f} MiB (paper count), "
+                  f"l_peak {s['l_peak_bytes'] / 2**20:,.1f} MiB")
         sn = r["superneurons"]
         total = r["build_s"] + sn["program_s"] + sn["trace_s"]
-        print(f"  superneurons(): graph + program + trace {total:.2f} s (the lean planner's target at 2,500 units: "
+        print(f"  superneurons(): graph + program + trace {total:.2f} s "
+              f"(the lean planner's target at 2,500 units: "
               f"3 s on one core)")
         print("superneurons() program build time by depth (linear in depth: ms per unit stays flat):")
         print(f"  {'units':>6} {'layers':>8} {'instructions':>13} {'seconds':>8} {'ms per unit':>12}")

@@ -101,7 +101,8 @@ def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, 
     a :class:`~snlite.train.Model` (SGD with momentum, unless ``optimizer`` is False) then holds on
     the host or CUDA device, byte for byte. ``costs``: the conv timings a GPU measured."""
     config = config or MemoryConfig()
-    program = place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs, optimizer=optimizer)
+    program = place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs,
+                    optimizer=optimizer)
     return trace_program(program, config.count)
 
 
@@ -110,11 +111,13 @@ def _checked(config: MemoryConfig, mode: str, optimizer: bool, plan) -> MemoryCo
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     if mode in ("train", "update") and not optimizer:
-        raise ValueError("mode 'train' updates the weights, which needs the optimizer state; use mode 'grads'")
+        raise ValueError("mode 'train' updates the weights, which needs the optimizer state; "
+                         "use mode 'grads'")
     if config.update_in_backward and (mode != "train" or not optimizer):
         # gradients read back whole, an update alone, inference: nothing to update inside backward
         if plan is not None and any(p.op.phase == "update" for p in plan.ops):
-            raise ValueError(f"this plan updates the weights inside backward, which only a 'train' program does; "
+            raise ValueError(f"this plan updates the weights inside backward, which only a 'train' "
+                             f"program does; "
                              f"for mode {mode!r} plan under config.replace(update_in_backward=False)")
         config = config.replace(update_in_backward=False)
     return config
@@ -199,7 +202,8 @@ def _refined(job: Job, first: placement.Placed) -> placement.Placed:
     nbytes = {n: t.nbytes for n, t in job.specs.items()}
     old = trace_program(first.program, "all")
     moved = old.d2h_bytes + old.h2d_bytes
-    for hints in overlap.cache_hints(first.evictions, first.fetches, start, nbytes, timing.profile(config.schedule)):
+    for hints in overlap.cache_hints(first.evictions, first.fetches, start, nbytes,
+                                     timing.profile(config.schedule)):
         try:
             candidate = _walk(job, job.plan, hints)
         except (BudgetError, PlanError, IllegalTransition):  # it strayed from the first pass: keep that one

@@ -55,7 +55,8 @@ class Placer(Residency):
     """One placement: the walk over the plan's ops; the moves each makes are :class:`Residency`'s."""
 
     def __init__(self, graph, config, plan, specs, costs, mode: str, hints: Hints | None = None):
-        self.graph, self.config, self.plan, self.specs, self.costs, self.mode = graph, config, plan, specs, costs, mode
+        self.graph, self.config, self.plan, self.specs = graph, config, plan, specs
+        self.costs, self.mode = costs, mode
         self.hints = hints or Hints()
         self.planned_evictions = {k: list(v) for k, v in self.hints.evictions.items()}
         self._ahead_next, self._ready = 0, []  # hints.ahead[:_ahead_next] came due; _ready: due, not started
@@ -90,7 +91,8 @@ class Placer(Residency):
         if config.host_budget_bytes is not None and config.host_budget_bytes < self.layout.staging_bytes:
             raise BudgetError(staging_message(graph, config.describe(), config.host_budget_bytes,
                                               self.layout.state_bytes, self.layout.staging_bytes))
-        self.host = HostPool((config.host_budget_bytes - self.layout.staging_bytes) if config.host_budget_bytes
+        self.host = HostPool((config.host_budget_bytes - self.layout.staging_bytes)
+                             if config.host_budget_bytes
                              else self._host_bound())  # tensors waiting on the host, after the fixed part
         self.tensors: dict[str, Tensor] = {}
         conv_outputs = {graph.output_tensor(n) for n, layer in graph.layers.items() if layer.kind == "conv2d"}
@@ -119,10 +121,14 @@ class Placer(Residency):
             raise BudgetError(self._budget_message(e.name, "setup", e, live)) from None
         setup = []
         for name, offset in zip(self.persistent, offsets):
-            t = self.tensors[name] = Tensor(name, self.nbytes[name], self.kinds[name], State.ON_DEVICE, offset)
-            setup.append(Alloc(name, self.emit.space, offset, self.reserved(t.nbytes), COMPUTE if self.raw else None))
-        for name, offset in self.layout.state.items():  # momentum waiting in the slab, before the staging area
-            self.tensors[name] = Tensor(name, self.nbytes[name], "optimizer", State.ON_HOST, host_offset=offset,
+            t = self.tensors[name] = Tensor(name, self.nbytes[name], self.kinds[name], State.ON_DEVICE,
+                                            offset)
+            setup.append(Alloc(name, self.emit.space, offset, self.reserved(t.nbytes),
+                               COMPUTE if self.raw else None))
+        # momentum waiting in the slab, before the staging area
+        for name, offset in self.layout.state.items():
+            self.tensors[name] = Tensor(name, self.nbytes[name], "optimizer", State.ON_HOST,
+                                        host_offset=offset,
                                         host_valid=True)
             setup.append(Alloc(name, "slab", offset, slab.slot_bytes(max(self.nbytes[name], 1))))
         return tuple(setup)
@@ -213,7 +219,8 @@ class Placer(Residency):
         slab_bytes = self.layout.state_bytes if self.mode == "update" else \
             self.layout.staging_bytes + self.host.high_water_bytes
         return Program(self.graph.name, self.config.describe(), self.mode, self.config.allocator, self.table,
-                       self.setup, tuple(self.out), self.pool.high_water_bytes if not self.raw else 0, slab_bytes,
+                       self.setup, tuple(self.out), self.pool.high_water_bytes if not self.raw else 0,
+                       slab_bytes,
                        stats)
 
     def _place_op(self, planned) -> None:
@@ -231,7 +238,8 @@ class Placer(Residency):
         for name in planned.prefetch if train else ():
             self._start_prefetch(tensors[name], op.step, "prefetch")
         touched = []
-        for name in dict.fromkeys((*op.reads, *op.writes)):  # in order: the program must not depend on hashing
+        # in order: the program must not depend on hashing
+        for name in dict.fromkeys((*op.reads, *op.writes)):
             if name not in persistent or name in self.host_state:  # weights never move: nothing to lock
                 t = tensors.get(name) or self._tensor(name)
                 t.locked = True
@@ -272,7 +280,8 @@ class Placer(Residency):
             t.locked = False
         if op.phase == "update":
             for name in op.writes:
-                if name in self.host_state:  # the new momentum back to its pinned slot; its block freed next op
+                # the new momentum back to its pinned slot; its block freed next op
+                if name in self.host_state:
                     self._start_offload(tensors[name], op.step, "state")
                     self.state_out.append(tensors[name])
         for name in planned.offload if train else ():
@@ -321,7 +330,8 @@ class Placer(Residency):
         layer = self.graph.layers[op.layer]
         if layer.kind != "conv2d" or op.phase == "update":
             return (), None
-        convs, nbytes = self.ranked.step(layer, op.phase, self.config.workspace, self.pool.largest_free_block())
+        convs, nbytes = self.ranked.step(layer, op.phase, self.config.workspace,
+                                         self.pool.largest_free_block())
         if nbytes == 0:
             return convs, None
         t = self.tensors[f"{op.layer}.workspace"] = Tensor(f"{op.layer}.workspace", nbytes, "workspace")

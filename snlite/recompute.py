@@ -146,7 +146,8 @@ def choose_strategies(graph, strategy: str, persistent, keep=()) -> dict[str, st
     fwd = {s.layer: s for s in steps if s.phase == "forward"}
     owned: dict[str, set[str]] = {}  # segment -> its tensors
     for layer, r in roots.items():
-        owned.setdefault(r, set()).update(t for t in (*fwd[layer].reads, *fwd[layer].writes) if t not in persistent)
+        owned.setdefault(r, set()).update(t for t in (*fwd[layer].reads, *fwd[layer].writes)
+                                          if t not in persistent)
     chosen = {}
     for r, mine in owned.items():
         starts = [first_read[t] for t in mine if t in first_read]
@@ -181,9 +182,11 @@ def check_keep(graph, keep) -> None:
     cheap = cheap_layers(graph)
     wrong = [k for k in keep if k not in cheap]
     if wrong:
-        what = ", ".join(f"{k!r} ({'a checkpoint: its output stays anyway' if k in graph.layers else 'no such layer'})"
-                         for k in wrong)
-        raise ValueError(f"recompute_keep names {what}; it takes cheap layers of {graph.name}: {', '.join(cheap)}")
+        why = {k: "a checkpoint: its output stays anyway" if k in graph.layers else "no such layer"
+               for k in wrong}
+        what = ", ".join(f"{k!r} ({why[k]})" for k in wrong)
+        raise ValueError(f"recompute_keep names {what}; it takes cheap layers of {graph.name}: "
+                         f"{', '.join(cheap)}")
 
 
 def expensive_layers(graph, forward_ms: dict, ratio: float = 0.5) -> tuple[str, ...]:
@@ -200,7 +203,8 @@ def expensive_layers(graph, forward_ms: dict, ratio: float = 0.5) -> tuple[str, 
     cheap = cheap_layers(graph)
     missing = [n for n in heavy + cheap if n not in forward_ms]
     if missing:
-        raise ValueError(f"expensive_layers: no time for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+        raise ValueError(f"expensive_layers: no time for {', '.join(missing[:5])}"
+                         f"{' ...' if len(missing) > 5 else ''}; "
                          f"measure every layer of {graph.name} (snlite.costs.measure_layer_costs)")
     bad = {n: forward_ms[n] for n in heavy + cheap if not (forward_ms[n] >= 0)}
     if bad:
@@ -261,7 +265,8 @@ class _Expansion:
                 self.rebuild_reads(s)
             names = tuple((t, current[t]) for t in (*s.reads, *s.writes) if t in current) if backward else ()
             reads = tuple(current.get(t, t) for t in s.reads) if backward else s.reads
-            self.ops.append(Op(len(self.ops), s.index, s.layer, s.phase, reads, s.writes, s.inplace, s.accumulate,
+            self.ops.append(Op(len(self.ops), s.index, s.layer, s.phase, reads, s.writes, s.inplace,
+                               s.accumulate,
                                names))
             if self.groups and backward and s.index in after:
                 self.carry_over(s, after[s.index])

@@ -78,7 +78,8 @@ class Plan:
 
     def with_transfers(self, transfers) -> "Plan":
         """The same plan with other offload times (``snlite.overlap`` retimes them for a GPU)."""
-        return dataclasses.replace(self, ops=_planned(self.ops, transfers, {i: p.frees for i, p in enumerate(self.ops)}),
+        frees = {i: p.frees for i, p in enumerate(self.ops)}
+        return dataclasses.replace(self, ops=_planned(self.ops, transfers, frees),
                                    transfers=list(transfers))
 
     def table(self, limit: int | None = None) -> str:
@@ -110,12 +111,14 @@ def _planned(ops, transfers, frees) -> list[PlannedOp]:
         before_rel.setdefault(tr.release_before, []).append(tr.tensor)
         if tr.prefetch_before is not None:
             before_pre.setdefault(tr.prefetch_before, []).append(tr.tensor)
-    rel, pre, off, fr = ({i: tuple(ts) for i, ts in d.items() if ts} for d in (before_rel, before_pre, after_off, frees))
+    rel, pre, off, fr = ({i: tuple(ts) for i, ts in d.items() if ts}
+                         for d in (before_rel, before_pre, after_off, frees))
     if not (rel or pre or off):  # the common case, without transfers: one lookup per op
         return [PlannedOp(getattr(op, "op", op), frees=fr[i]) if i in fr else PlannedOp(getattr(op, "op", op))
                 for i, op in enumerate(ops)]
     none = ()
-    return [PlannedOp(getattr(op, "op", op), rel.get(i, none), pre.get(i, none), off.get(i, none), fr.get(i, none))
+    return [PlannedOp(getattr(op, "op", op), rel.get(i, none), pre.get(i, none), off.get(i, none),
+                      fr.get(i, none))
             for i, op in enumerate(ops)]
 
 
@@ -143,7 +146,8 @@ class RecomputeStage(Stage):
         ops, info = recompute.expand(graph, self.strategy, persistent, self.keep)
         if self.enabled:
             kinds = sorted(set(info.segment_strategy.values()))
-            self.summary = (f"{self.strategy}: {len(info.dropped)} tensors dropped, {info.count} forward re-runs "
+            self.summary = (f"{self.strategy}: {len(info.dropped)} tensors dropped, "
+                            f"{info.count} forward re-runs "
                             f"({', '.join(kinds)}-centric segments), +{info.extra_flops:,d} FLOPs"
                             + (f"; kept (too slow to re-run): {', '.join(self.keep)}" if self.keep else ""))
         return ops, info
@@ -165,11 +169,13 @@ class UpdateStage(Stage):
             return ops
         out = []
         for op in ops:
-            out.append(Op(len(out), op.step, op.layer, op.phase, op.reads, op.writes, op.inplace, op.accumulate,
+            out.append(Op(len(out), op.step, op.layer, op.phase, op.reads, op.writes, op.inplace,
+                          op.accumulate,
                           op.names))
             if op.phase == "backward" and graph.layers[op.layer].params():
                 out.append(update_op(graph, op.layer, len(out), op.step, guard=f"{graph.loss_layer}.loss"))
-        self.summary = f"{sum(o.phase == 'update' for o in out)} updates in backward, each freeing its weight gradients"
+        self.summary = (f"{sum(o.phase == 'update' for o in out)} updates in backward, "
+                        f"each freeing its weight gradients")
         return out
 
     @staticmethod
@@ -216,7 +222,8 @@ class OffloadStage(Stage):
     def apply(self, ops, graph):
         if not self.enabled or self.lazy:
             if self.enabled:
-                self.summary = "lazy: the LRU cache moves data (CONV outputs first) only when memory runs short"
+                self.summary = ("lazy: the LRU cache moves data (CONV outputs first) "
+                                "only when memory runs short")
             return []
         transfers = offload.schedule(ops, graph)
         self.summary = f"{len(transfers)} CONV outputs to pinned host memory and back"
@@ -228,7 +235,8 @@ class CacheStage(Stage):
 
     def __init__(self, enabled: bool, conv_first: bool):
         super().__init__(enabled)
-        self.summary = ("LRU eviction of activations and gradients" + (", CONV outputs first" if conv_first else "")
+        self.summary = ("LRU eviction of activations and gradients"
+                        + (", CONV outputs first" if conv_first else "")
                         + " when an allocation would fail")
 
 

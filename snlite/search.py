@@ -173,7 +173,10 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     guess = _estimate(build, config, guess_from, further)
     start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
     i = largest(len(candidates), ok, start)
-    nxt = candidates[i + 1] if i is not None and i + 1 < len(candidates) else (candidates[0] if i is None else None)
+    if i is None:
+        nxt = candidates[0]
+    else:
+        nxt = candidates[i + 1] if i + 1 < len(candidates) else None
     trace = None
     if i is not None:
         trace = trace_program(best.pop("probe").final(), config.count)  # the cache's second placement, if any
@@ -223,7 +226,8 @@ MAX_BATCH = 1 << 16
 # still fits there (a large budget) ends in about a minute: each probe places the whole network,
 # 3 * units + 2 layers, and holds its program in this machine's memory (PLANNER_BYTES_PER_UNIT).
 MAX_UNITS = 3_000
-PLANNER_BYTES_PER_UNIT = 128 << 10  # host RAM the planner holds per residual unit (superneurons(), measured ~120 KiB)
+# host RAM the planner holds per residual unit (superneurons(), measured ~120 KiB)
+PLANNER_BYTES_PER_UNIT = 128 << 10
 SEARCH = {
     "baseline": MemoryConfig(),
     "liveness": MemoryConfig(liveness=True),
@@ -255,7 +259,8 @@ def resnet_units(max_units: int = 10_000) -> list[int]:
     """Residual units of every valid ImageNet ResNet depth (depth = 3 * units + 2) up to
     ``max_units``: 50 and 101 (16 and 33 units), then 152, 155, ... (50, 51, ... units)."""
     if max_units < MIN_UNITS:
-        raise ValueError(f"max_units must be at least {MIN_UNITS} (ResNet-50, the shallowest ImageNet ResNet), "
+        raise ValueError(f"max_units must be at least {MIN_UNITS} "
+                         f"(ResNet-50, the shallowest ImageNet ResNet), "
                          f"got {max_units}")
     return [u for u in (16, 33) if u <= max_units] + list(range(50, max_units + 1))
 
@@ -295,8 +300,9 @@ def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH, progress=no_p
                     host_budget_bytes: int | None = None) -> list[Found]:
     """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5); with
     ``host_budget_bytes`` a batch whose plan needs more pinned host memory does not fit either."""
-    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes), label, hi=hi,
-                      progress=_numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
+    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes),
+                      label, hi=hi, progress=_numbered(progress, i, len(SEARCH)))
+            for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 
 def max_depth_table(batch: int, budget_bytes: int, max_units: int = MAX_UNITS, progress=no_progress,
@@ -304,9 +310,9 @@ def max_depth_table(batch: int, budget_bytes: int, max_units: int = MAX_UNITS, p
     """:func:`max_depth` under every strategy of ``SEARCH`` (the paper's Table 4), sharing the graphs;
     with ``host_budget_bytes`` a depth whose plan needs more pinned host memory does not fit either."""
     build = _resnet_builder(batch)
-    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes), label,
-                      max_units, build,
-                      _numbered(progress, i, len(SEARCH))) for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
+    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes),
+                      label, max_units, build, _numbered(progress, i, len(SEARCH)))
+            for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 
 # ---------------------------------------------------------------------------- why it does not fit
@@ -336,7 +342,8 @@ class Suggestion:
         return 100.0 * self.extra_flops / self.forward_flops if self.forward_flops else 0.0
 
     def rank_key(self):
-        return (not self.fits, COSTS.index(self.cost), self.extra_flops, self.moved_bytes, self.peak_bytes or 0)
+        return (not self.fits, COSTS.index(self.cost), self.extra_flops, self.moved_bytes,
+                self.peak_bytes or 0)
 
 
 @dataclass
@@ -409,9 +416,11 @@ def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
         found = max_batch(build, config, lo=1, hi=batch - 1)
         if found.value is not None:
             t = found.trace
-            suggestions.append(Suggestion(f"--batch {found.value}", "the largest batch that fits as configured",
-                                          config, found.value, True, t.peak_bytes, need.peak_bytes - t.peak_bytes,
-                                          t.extra_flops, build(found.value).flops(), t.d2h_bytes + t.h2d_bytes,
+            suggestions.append(Suggestion(f"--batch {found.value}",
+                                          "the largest batch that fits as configured",
+                                          config, found.value, True, t.peak_bytes,
+                                          need.peak_bytes - t.peak_bytes, t.extra_flops,
+                                          build(found.value).flops(), t.d2h_bytes + t.h2d_bytes,
                                           t.host_peak_bytes, "a smaller batch"))
     suggestions.sort(key=Suggestion.rank_key)
     return Explanation(graph.name, batch, config, False, message, need, suggestions)

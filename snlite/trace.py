@@ -24,9 +24,11 @@ from snlite.liveness import step_tensors
 from snlite.program import Alloc, Copy, Free, HandOver, Launch, without_cycle_collection
 from snlite.scheduler import PERSISTENT_KINDS
 
-CATEGORIES = ("weights", "weight_grads", "optimizer", "input", "activations", "gradients", "workspace", "in_flight")
-KIND_CATEGORY = {"weight": "weights", "buffer": "weights", "weight_grad": "weight_grads", "optimizer": "optimizer",
-                 "input": "input", "activation": "activations", "gradient": "gradients", "workspace": "workspace"}
+CATEGORIES = ("weights", "weight_grads", "optimizer", "input", "activations", "gradients", "workspace",
+              "in_flight")
+KIND_CATEGORY = {"weight": "weights", "buffer": "weights", "weight_grad": "weight_grads",
+                 "optimizer": "optimizer", "input": "input", "activation": "activations",
+                 "gradient": "gradients", "workspace": "workspace"}
 PAPER_CATEGORIES = ("activations", "gradients")
 PERSISTENT_CATEGORIES = ("weights", "weight_grads", "optimizer")  # the parameters and their kin
 
@@ -91,11 +93,13 @@ class Trace:
         mib = 1 << 20
         peak_layer = self.steps[self.peak_op].layer if 0 <= self.peak_op < len(self.steps) else "-"
         return "\n".join([
-            f"peak {self.peak_bytes / mib:,.2f} MiB ({self.count} count) at step {self.peak_step} ({peak_layer}); "
+            f"peak {self.peak_bytes / mib:,.2f} MiB ({self.count} count) "
+            f"at step {self.peak_step} ({peak_layer}); "
             f"l_peak {self.l_peak_bytes / mib:,.2f} MiB; peak/l_peak {self.ratio:.2f}",
             f"recomputed {self.recompute_count} layer forwards (+{self.extra_flops:,d} FLOPs); "
             f"to host {self.d2h_bytes / mib:,.2f} MiB, back {self.h2d_bytes / mib:,.2f} MiB; "
-            f"cache hits {self.cache_hits}, misses {self.cache_misses}; host peak {self.host_peak_bytes / mib:,.2f} MiB",
+            f"cache hits {self.cache_hits}, misses {self.cache_misses}; "
+            f"host peak {self.host_peak_bytes / mib:,.2f} MiB",
         ])
 
     def by_kind(self) -> dict[str, tuple[int, int]]:
@@ -109,13 +113,15 @@ class Trace:
         return {"weights": (at.get("weights", 0), 0),
                 "weight gradients": (at.get("weight_grads", 0), 0),
                 "optimizer state": (at.get("optimizer", 0), self.host_optimizer_bytes),
-                "activations, gradients, batch, workspace": (rest, self.host_peak_bytes - self.host_optimizer_bytes)}
+                "activations, gradients, batch, workspace":
+                    (rest, self.host_peak_bytes - self.host_optimizer_bytes)}
 
     def table(self, limit: int | None = None) -> str:
         """One row per op: bytes by category (KiB)."""
         short = {"weights": "wts", "weight_grads": "wgrad", "optimizer": "opt", "input": "input",
                  "activations": "act", "gradients": "grad", "workspace": "wksp", "in_flight": "flight"}
-        head = f"{'op':>5} {'step':>5} {'layer':22} {'phase':9}" + "".join(f"{short[c]:>9}" for c in CATEGORIES)
+        head = f"{'op':>5} {'step':>5} {'layer':22} {'phase':9}" + \
+            "".join(f"{short[c]:>9}" for c in CATEGORIES)
         rows = [head + f"{'host':>9}{'counted':>10}"]
         for r in self.steps[:limit]:
             rows.append(f"{r.op:>5} {r.step:>5} {r.layer[:22]:22} {r.phase:9}"
@@ -137,21 +143,30 @@ def trace_program(program, count: str = "all") -> Trace:
         return _trace_program(program, count)
 
 
+class _Memo(dict):
+    """A dict that computes a missing value once (``of(key)``): a lookup, not a call, on every hit."""
+
+    def __init__(self, of):
+        super().__init__()
+        self.of = of
+
+    def __missing__(self, key):
+        value = self[key] = self.of(key)
+        return value
+
+
 def _trace_program(program, count: str) -> Trace:
     stats = program.stats
     tr = Trace(count=count, arena_bytes=program.arena_bytes, recompute_count=stats.get("recompute_count", 0),
                extra_flops=stats.get("extra_flops", 0), cache_hits=stats.get("cache_hits", 0),
                cache_misses=stats.get("cache_misses", 0))
     cats = PAPER_CATEGORIES if count == "paper" else None
-    kind = {}  # tensor -> its kind, memoised
     own = {}  # tensor -> its own bytes (the paper's count), memoised
     tensors = program.tensors
-
-    def kind_of(name):
-        k = kind.get(name)
-        if k is None:
-            k = kind[name] = tensors[name.split("#", 1)[0]][2]
-        return k
+    kind = _Memo(lambda name: tensors[name.split("#", 1)[0]][2])  # tensor -> its kind
+    # tensor -> whether its bytes count in an op's working set (l_i): not persistent, and counted
+    in_working_set = _Memo(lambda name: kind[name] not in PERSISTENT_KINDS
+                           and (cats is None or KIND_CATEGORY[kind[name]] in cats))
 
     itemsize = {}
 
@@ -170,20 +185,22 @@ def _trace_program(program, count: str) -> Trace:
     host = host_state = resident = 0
     log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body: the peak's live set
     peak_log = 0
-    persistent = PERSISTENT_KINDS
     for body, instructions in ((False, program.setup), (True, program.body)):
         for ins in instructions:
             t = type(ins)
             if t is Launch:
                 if ins.op < 0:  # the SGD step after backward: the weights and their kin, nothing more
                     continue
-                working = sum(held[n] for n in step_tensors(ins.reads, ins.writes, ins.inplace)  # l_i
-                              if kind_of(n) not in persistent and (cats is None or KIND_CATEGORY[kind_of(n)] in cats))
+                working = 0  # l_i
+                for n in step_tensors(ins.reads, ins.writes, ins.inplace):
+                    if in_working_set[n]:
+                        working += held[n]
                 if count == "all":
                     working += device["weights"] + device["weight_grads"] + device["optimizer"]
                     working += held[ins.workspace] if ins.workspace else 0
                 total = counted(device, count)
-                tr.steps.append(StepRecord(ins.op, ins.step, ins.layer, ins.phase, dict(device), host, resident,
+                tr.steps.append(StepRecord(ins.op, ins.step, ins.layer, ins.phase, dict(device), host,
+                                           resident,
                                            total, working))
                 tr.l_peak_bytes = max(tr.l_peak_bytes, working)
                 if total > tr.peak_bytes:
@@ -195,11 +212,11 @@ def _trace_program(program, count: str) -> Trace:
                 if ins.space == "slab":
                     host += ins.nbytes
                     tr.host_peak_bytes = max(tr.host_peak_bytes, host)
-                    if kind_of(ins.tensor) == "optimizer":
+                    if kind[ins.tensor] == "optimizer":
                         host_state += ins.nbytes
                         tr.host_optimizer_bytes = max(tr.host_optimizer_bytes, host_state)
                     continue
-                c = cat_of[ins.tensor] = KIND_CATEGORY[kind_of(ins.tensor)]
+                c = cat_of[ins.tensor] = KIND_CATEGORY[kind[ins.tensor]]
                 n = ins.nbytes if cats is None else (own.get(ins.tensor) or size_of(ins))
                 held[ins.tensor] = n
                 device[c] += n
@@ -209,7 +226,7 @@ def _trace_program(program, count: str) -> Trace:
             elif t is Free:
                 if ins.space == "slab":
                     host -= ins.nbytes
-                    if kind_of(ins.tensor) == "optimizer":
+                    if kind[ins.tensor] == "optimizer":
                         host_state -= ins.nbytes
                     continue
                 n = held.pop(ins.tensor)
@@ -219,7 +236,7 @@ def _trace_program(program, count: str) -> Trace:
             elif t is HandOver:
                 n = held.pop(ins.old)
                 device[cat_of.pop(ins.old)] -= n
-                c = cat_of[ins.new] = KIND_CATEGORY[kind_of(ins.new)]
+                c = cat_of[ins.new] = KIND_CATEGORY[kind[ins.new]]
                 held[ins.new] = n
                 device[c] += n
                 log += [(ins.old, -n), (ins.new, n)]
@@ -235,6 +252,6 @@ def _trace_program(program, count: str) -> Trace:
     live: dict[str, int] = {}
     for name, nbytes in log[:peak_log]:
         live[name] = live.get(name, 0) + nbytes
-    tr.peak_tensors = tuple(sorted(((n, b) for n, b in live.items() if b > 0
-                                    and (cats is None or KIND_CATEGORY[kind_of(n)] in cats)), key=lambda p: -p[1]))
+    shown = ((n, b) for n, b in live.items() if b > 0 and (cats is None or KIND_CATEGORY[kind[n]] in cats))
+    tr.peak_tensors = tuple(sorted(shown, key=lambda p: -p[1]))
     return tr
