@@ -52,11 +52,22 @@ def smallest_budget(graph, config: MemoryConfig, lo: int = 0, hi: int | None = N
 
     if not fitting(hi):
         raise BudgetError(f"{graph.name} does not fit even {hi:,d} bytes under {config.describe()}")
-    lo, hi = max(lo // block, 0), math.ceil(hi / block)
-    while lo + 1 < hi:
+    return first_fitting(lambda n: fitting(n * block), max(lo // block, 0), math.ceil(hi / block)) * block
+
+
+def first_fitting(fitting, lo: int, hi: int | None = None, step: int = 1) -> int:
+    """The smallest whole number above ``lo`` for which ``fitting`` holds, taking ``fitting(lo)`` to
+    be False: by bisection of ``(lo, hi]`` where ``hi`` is known to fit, else by galloping up from
+    ``lo`` first (``lo + step``, then steps twice as long) until a number fits. Fitting is taken to be
+    monotone; where fragmentation bends that, the answer still fits and the number below it does not."""
+    if hi is None:
+        while not fitting(lo + step):
+            lo, step = lo + step, 2 * step
+        hi = lo + step
+    while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fitting(mid * block):
+        if fitting(mid):
             hi = mid
         else:
             lo = mid
-    return hi * block
+    return hi

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from snlite import timing
+from snlite.program import format_size as format_size  # one size format for the package: measure.format_size
 from snlite.config import MemoryConfig
 from snlite.errors import BudgetError
 from snlite.pipeline import place
@@ -62,18 +63,6 @@ def parse_size(text: str, exact: bool = False) -> int:
         raise ValueError(f"{text!r} is not a size in whole bytes ({nbytes} B); a unit is missing, "
                          f"e.g. {m[2]}GiB or {m[2]}MB")
     return int(nbytes)
-
-
-def format_size(nbytes: int | None) -> str:
-    """``2.57 GiB``, ``812.0 MiB``, ``64.0 KiB``, ``512 B`` (binary units); ``-`` for None."""
-    if nbytes is None:
-        return "-"
-    n = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.{2 if unit == 'GiB' else 1}f} {unit}"
-        n /= 1024
-    return f"{n:,.2f} GiB"
 
 
 # ---------------------------------------------------------------------------- one measurement

@@ -75,6 +75,8 @@ class Probe:
 
     job: Job
     placed: placement.Placed
+    auto: MemoryConfig | None = None  # optimizer_state "auto" answered with the momentum on the host first
+    plan: object = None  # the plan the caller gave, if any
 
     @property
     def program(self) -> Program:
@@ -82,15 +84,33 @@ class Probe:
 
     def final(self) -> Program:
         with without_cycle_collection():
-            return _refined(self.job, self.placed).program
+            job, placed = self.job, self.placed
+            if self.auto is not None:  # as place() decides: on the device, where the iteration fits that way
+                try:
+                    job, placed = _first(job.graph, self.auto.replace(optimizer_state="device"), "train",
+                                         self.plan, None, True)
+                except BudgetError:
+                    pass
+            return _refined(job, placed).program
 
 
 def probe(graph, config: MemoryConfig, plan=None) -> Probe | None:
     """Does one training iteration of ``graph`` fit ``config``'s budgets? None where it does not;
-    else a :class:`Probe`. A search asks this of each candidate and places only the answer in full."""
+    else a :class:`Probe`. A search asks this of each candidate and places only the answer in full.
+    With ``optimizer_state="auto"`` under a budget the momentum is tried on the host first: where
+    that fits, so does :func:`place` (on the device or, failing that, on the host), and the probe
+    is answered by one placement; only where it does not is the device tried."""
     config = _checked(config, "train", True, plan)
     try:
         with without_cycle_collection():
+            if config.optimizer_state == "auto" and config.budget_bytes is not None:
+                try:
+                    host = config.replace(optimizer_state="host")
+                    return Probe(*_first(graph, host, "train", plan, None, True), auto=config, plan=plan)
+                except BudgetError:
+                    if _held_bytes(graph) > config.budget_bytes:
+                        raise
+                    config = config.replace(optimizer_state="device")
             return Probe(*_first(graph, config, "train", plan, None, True))
     except BudgetError:
         return None
@@ -162,8 +182,9 @@ def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.
 def _held_bytes(graph) -> int:
     """The arena bytes of the weights, buffers and momentum: what the device holds all iteration."""
     block = TensorPool(1024).reserved_bytes
-    specs = _specs(graph, optimizer=True)
-    return sum(block(max(specs[n].nbytes, 1)) for n in persistent_tensors(specs, without_grads=True))
+    tensors = graph.tensors()  # each weight's momentum is a float32 buffer of the weight's size
+    return sum(block(max(tensors[n].nbytes, 1)) * (2 if tensors[n].kind == "weight" else 1)
+               for n in persistent_tensors(tensors, without_grads=True))
 
 
 def _retimed(job: Job) -> placement.Placed:

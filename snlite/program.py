@@ -349,12 +349,16 @@ def _where(space: str, offset: int) -> str:
     return f"raw #{offset}" if space == "raw" else f"{space}+{offset:#x}"
 
 
-def format_size(nbytes: int) -> str:
-    """``1.5 GiB``, ``12.0 MiB``, ``3.0 KiB``, ``48 B``."""
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= div:
-            return f"{nbytes / div:,.1f} {unit}"
-    return f"{nbytes} B"
+def format_size(nbytes: int | None) -> str:
+    """``2.57 GiB``, ``812.0 MiB``, ``64.0 KiB``, ``512 B`` (binary units); ``-`` for None."""
+    if nbytes is None:
+        return "-"
+    n = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.{2 if unit == 'GiB' else 1}f} {unit}"
+        n /= 1024
+    return f"{n:,.2f} GiB"
 
 
 _size = format_size

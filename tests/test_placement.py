@@ -194,3 +194,24 @@ def test_simulate_without_optimizer_has_no_updates():
         place(g, MemoryConfig(), "train", optimizer=False)
     with pytest.raises(ValueError, match="unknown mode"):
         place(g, MemoryConfig(), "eval")
+
+
+def test_a_probe_answers_as_place_does_and_finishes_to_its_program():
+    """pipeline.probe (what a search asks: does it fit?) agrees with place() at every budget around
+    the edge, and its final() is place()'s program byte for byte (auto state, cache refinement)."""
+    import json
+
+    from snlite.pipeline import probe
+
+    for g in (mixed_net(), get_model("lenet", batch=8)):
+        full = place(g, MemoryConfig.superneurons()).arena_bytes
+        for tenth in range(3, 12):
+            config = MemoryConfig.superneurons(budget_bytes=max(1024, full * tenth // 10 // 1024 * 1024))
+            try:
+                expected = json.dumps(place(g, config).to_json(), sort_keys=True)
+            except BudgetError:
+                expected = None
+            found = probe(g, config)
+            assert (found is None) == (expected is None), (g.name, tenth)
+            if found is not None:
+                assert json.dumps(found.final().to_json(), sort_keys=True) == expected, (g.name, tenth)
