@@ -148,7 +148,7 @@ def zoo_table(batch: int | None = None, count: str = "paper") -> str:
     return "\n".join(rows)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m snlite.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     d = sub.add_parser("deep", help="simulate a ResNet with thousands of residual units, timed")
@@ -170,7 +170,11 @@ def main(argv=None) -> int:
     h.add_argument("--breakdown", action="store_true",
                    help="instead: where one baseline step of each net goes, "
                    "by layer kind and phase, and its BLAS share (one thread unless --threads)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     if args.what == "host":
         if args.breakdown:
             for net in args.nets:

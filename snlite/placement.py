@@ -224,29 +224,42 @@ class Placer(Residency):
                        stats)
 
     def _place_op(self, planned) -> None:
-        """One op: releases and prefetches before it, what it reads made resident, what it writes
-        allocated, its workspace, its launch, then hand-overs, offloads and frees after it."""
-        g, op, train, cache = self.graph, planned.op, self.train, self.config.cache
-        tensors, ON_DEVICE, persistent = self.tensors, State.ON_DEVICE, self.persistent_set
+        """One op, in the order a GPU needs it: the moves planned before it, what it reads and
+        writes made resident, its launch, then what happens after it."""
+        op = planned.op
         self.op_index = op.index
+        self._before(planned)
+        touched = self._resident(op)
+        self._launch(op)
+        for t in touched:
+            t.locked = False
+        self._after(planned, touched)
+
+    def _before(self, planned) -> None:
+        """Momentum copied back last op released; read-ahead; the plan's releases and prefetches."""
         if self.state_out:
             self._release_state()
         if self._ready or self._ahead_next < len(self.hints.ahead):
-            self._read_ahead(op)
-        for name in planned.release if train else ():
-            self._finish_offload(tensors[name])
-        for name in planned.prefetch if train else ():
-            self._start_prefetch(tensors[name], op.step, "prefetch")
+            self._read_ahead(planned.op)
+        if self.train:
+            for name in planned.release:
+                self._finish_offload(self.tensors[name])
+            for name in planned.prefetch:
+                self._start_prefetch(self.tensors[name], planned.op.step, "prefetch")
+
+    def _resident(self, op) -> list[Tensor]:
+        """Lock what the op reads and writes (weights never move: nothing to lock), make its reads
+        readable (a cache hit, or a fetch), allocate its writes; returns the locked tensors."""
+        tensors, persistent, cache = self.tensors, self.persistent_set, self.config.cache
         touched = []
-        # in order: the program must not depend on hashing
-        for name in dict.fromkeys((*op.reads, *op.writes)):
-            if name not in persistent or name in self.host_state:  # weights never move: nothing to lock
+        for name in dict.fromkeys((*op.reads, *op.writes)):  # in order: not hashing's
+            if name not in persistent or name in self.host_state:
                 t = tensors.get(name) or self._tensor(name)
                 t.locked = True
                 touched.append(t)
         for name in op.reads:
             t = tensors[name]
-            if t.state is ON_DEVICE:  # the common case, without a call: a cache hit if the cache holds it
+            if t.state is State.ON_DEVICE:  # the common case, without a call: a hit if the cache holds it
                 if cache and name in self.lru:
                     self.stats["cache_hits"] += 1
                     self.lru.touch(name)
@@ -256,9 +269,15 @@ class Placer(Residency):
         for name in op.writes:
             t = tensors[name]
             if name not in handed:
-                if t.state is not ON_DEVICE:
+                if t.state is not State.ON_DEVICE:
                     self._alloc(t, op.step)
                 t.mark_written()
+        return touched
+
+    def _launch(self, op) -> None:
+        """The batch uploaded (the data layer), the workspace placed, the kernel launched, then
+        in-place hand-overs, the workspace freed, and the loss and logits copied out."""
+        g, tensors = self.graph, self.tensors
         if op.layer == "data" and op.phase == "forward":
             self.emit.upload([(s.tensor, s.offset, tensors[s.tensor].offset, self.nbytes[s.tensor])
                               for s in self.staged])
@@ -274,22 +293,24 @@ class Placer(Residency):
         if workspace is not None:
             self._release_block(workspace, workspace.free())
             del tensors[workspace.name]
-        if train and op.layer == g.loss_layer and op.phase == "forward":
+        if self.train and op.layer == g.loss_layer and op.phase == "forward":
             self.results += [self._copy_out(f"{g.loss_layer}.loss"), self._copy_out(self.logits)]
-        for t in touched:
-            t.locked = False
+
+    def _after(self, planned, touched) -> None:
+        """New momentum back to the host, the plan's offloads and frees, the cache's clock and its
+        write-behind copies."""
+        op, tensors = planned.op, self.tensors
         if op.phase == "update":
             for name in op.writes:
-                # the new momentum back to its pinned slot; its block freed next op
-                if name in self.host_state:
+                if name in self.host_state:  # back to its pinned slot; its block freed next op
                     self._start_offload(tensors[name], op.step, "state")
                     self.state_out.append(tensors[name])
-        for name in planned.offload if train else ():
+        for name in planned.offload if self.train else ():
             self._start_offload(tensors[name], op.step, "offload")
         for name in planned.frees:
-            if train or name != self.logits:
+            if self.train or name != self.logits:
                 self._free(name)
-        if cache:
+        if self.config.cache:
             for t in touched:
                 self.last_use[t.name] = op.index
             self._write_behind(op)

@@ -156,102 +156,127 @@ class _Memo(dict):
 
 
 def _trace_program(program, count: str) -> Trace:
-    stats = program.stats
-    tr = Trace(count=count, arena_bytes=program.arena_bytes, recompute_count=stats.get("recompute_count", 0),
-               extra_flops=stats.get("extra_flops", 0), cache_hits=stats.get("cache_hits", 0),
-               cache_misses=stats.get("cache_misses", 0))
-    cats = PAPER_CATEGORIES if count == "paper" else None
-    own = {}  # tensor -> its own bytes (the paper's count), memoised
-    tensors = program.tensors
-    kind = _Memo(lambda name: tensors[name.split("#", 1)[0]][2])  # tensor -> its kind
-    # tensor -> whether its bytes count in an op's working set (l_i): not persistent, and counted
-    in_working_set = _Memo(lambda name: kind[name] not in PERSISTENT_KINDS
-                           and (cats is None or KIND_CATEGORY[kind[name]] in cats))
+    reader = _Reader(program, count)
+    handlers = {Launch: reader.launch, Alloc: reader.alloc, Free: reader.free, HandOver: reader.hand_over,
+                Copy: reader.copy}
+    for ins in program.setup:
+        handlers[type(ins)](ins)
+    reader.body = True
+    for ins in program.body:
+        handler = handlers.get(type(ins))  # records, waits and host reads hold no memory
+        if handler is not None:
+            handler(ins)
+    return reader.finish()
 
-    itemsize = {}
 
-    def size_of(ins):
-        """The paper's count: the tensor's own bytes (its block's for a workspace), memoised."""
-        shape, dtype, _ = tensors[ins.tensor.split("#", 1)[0]]
-        if shape is None:
-            return ins.nbytes
-        size = itemsize.get(dtype) or itemsize.setdefault(dtype, np.dtype(dtype).itemsize)
-        n = own[ins.tensor] = math.prod(shape) * size
-        return n
+class _Reader:
+    """The device's memory followed instruction by instruction, one handler per kind of instruction
+    that holds or moves memory: ``device`` bytes by category, ``held`` bytes by tensor, the pinned
+    ``host`` bytes, and a log of the body's allocations to name what was live at the peak."""
 
-    device = dict.fromkeys(CATEGORIES, 0)
-    held: dict[str, int] = {}  # device tensor -> its block's bytes
-    cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
-    host = host_state = resident = 0
-    log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body: the peak's live set
-    peak_log = 0
-    for body, instructions in ((False, program.setup), (True, program.body)):
-        for ins in instructions:
-            t = type(ins)
-            if t is Launch:
-                if ins.op < 0:  # the SGD step after backward: the weights and their kin, nothing more
-                    continue
-                working = 0  # l_i
-                for n in step_tensors(ins.reads, ins.writes, ins.inplace):
-                    if in_working_set[n]:
-                        working += held[n]
-                if count == "all":
-                    working += device["weights"] + device["weight_grads"] + device["optimizer"]
-                    working += held[ins.workspace] if ins.workspace else 0
-                total = counted(device, count)
-                tr.steps.append(StepRecord(ins.op, ins.step, ins.layer, ins.phase, dict(device), host,
-                                           resident,
-                                           total, working))
-                tr.l_peak_bytes = max(tr.l_peak_bytes, working)
-                if total > tr.peak_bytes:
-                    tr.peak_bytes, tr.peak_step, tr.peak_op = total, ins.step, len(tr.steps) - 1
-                    peak_log = len(log)
-                for op, algo, chunk, nbytes in ins.convs:
-                    tr.conv_choices.append(ConvChoice(ins.step, ins.layer, op, algo, chunk, nbytes))
-            elif t is Alloc:
-                if ins.space == "slab":
-                    host += ins.nbytes
-                    tr.host_peak_bytes = max(tr.host_peak_bytes, host)
-                    if kind[ins.tensor] == "optimizer":
-                        host_state += ins.nbytes
-                        tr.host_optimizer_bytes = max(tr.host_optimizer_bytes, host_state)
-                    continue
-                c = cat_of[ins.tensor] = KIND_CATEGORY[kind[ins.tensor]]
-                n = ins.nbytes if cats is None else (own.get(ins.tensor) or size_of(ins))
-                held[ins.tensor] = n
-                device[c] += n
-                resident += 1
-                if body:
-                    log.append((ins.tensor, n))
-            elif t is Free:
-                if ins.space == "slab":
-                    host -= ins.nbytes
-                    if kind[ins.tensor] == "optimizer":
-                        host_state -= ins.nbytes
-                    continue
-                n = held.pop(ins.tensor)
-                device[cat_of.pop(ins.tensor)] -= n
-                resident -= 1
-                log.append((ins.tensor, -n))
-            elif t is HandOver:
-                n = held.pop(ins.old)
-                device[cat_of.pop(ins.old)] -= n
-                c = cat_of[ins.new] = KIND_CATEGORY[kind[ins.new]]
-                held[ins.new] = n
-                device[c] += n
-                log += [(ins.old, -n), (ins.new, n)]
-            elif t is Copy and ins.why not in ("input", "result"):  # the batch in, the loss out: not traffic
-                if ins.to_host:  # offload, evict, or momentum written back ("state")
-                    n = held[ins.tensor]
-                    device[cat_of[ins.tensor]] -= n
-                    device["in_flight"] += n
-                    cat_of[ins.tensor] = "in_flight"
-                    tr.d2h_bytes += ins.nbytes
-                else:  # prefetch, fetch, or momentum read back ("state")
-                    tr.h2d_bytes += ins.nbytes
-    live: dict[str, int] = {}
-    for name, nbytes in log[:peak_log]:
-        live[name] = live.get(name, 0) + nbytes
-    shown = ((n, b) for n, b in live.items() if b > 0 and (cats is None or KIND_CATEGORY[kind[n]] in cats))
-    tr.peak_tensors = tuple(sorted(shown, key=lambda p: -p[1]))
-    return tr
+    def __init__(self, program, count: str):
+        stats, tensors = program.stats, program.tensors
+        self.count, self.tensors = count, tensors
+        self.tr = Trace(count=count, arena_bytes=program.arena_bytes,
+                        recompute_count=stats.get("recompute_count", 0),
+                        extra_flops=stats.get("extra_flops", 0), cache_hits=stats.get("cache_hits", 0),
+                        cache_misses=stats.get("cache_misses", 0))
+        self.cats = cats = PAPER_CATEGORIES if count == "paper" else None
+        self.kind = kind = _Memo(lambda name: tensors[name.split("#", 1)[0]][2])  # tensor -> its kind
+        # tensor -> whether its bytes count in an op's working set (l_i): not persistent, and counted
+        self.in_working_set = _Memo(lambda name: kind[name] not in PERSISTENT_KINDS
+                                    and (cats is None or KIND_CATEGORY[kind[name]] in cats))
+        self.own = _Memo(self._own_bytes)  # tensor -> its own bytes (the paper's count)
+        self.device = dict.fromkeys(CATEGORIES, 0)
+        self.held: dict[str, int] = {}  # device tensor -> its bytes (its block's, or its own: paper)
+        self.cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
+        self.host = self.host_state = self.resident = 0
+        self.log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body
+        self.peak_log = 0  # how much of the log led up to the peak
+        self.body = False
+
+    def _own_bytes(self, name: str) -> int | None:
+        """The paper's count: a tensor's own bytes (None for a workspace: its block's)."""
+        shape, dtype, _ = self.tensors[name.split("#", 1)[0]]
+        return None if shape is None else math.prod(shape) * np.dtype(dtype).itemsize
+
+    def launch(self, ins) -> None:
+        """An op's busiest moment: its inputs, outputs and workspace held; one StepRecord."""
+        if ins.op < 0:  # the SGD step after backward: the weights and their kin, nothing more
+            return
+        tr, device, held, in_working_set = self.tr, self.device, self.held, self.in_working_set
+        working = 0  # l_i
+        for n in step_tensors(ins.reads, ins.writes, ins.inplace):
+            if in_working_set[n]:
+                working += held[n]
+        if self.count == "all":
+            working += device["weights"] + device["weight_grads"] + device["optimizer"]
+            working += held[ins.workspace] if ins.workspace else 0
+        total = counted(device, self.count)
+        tr.steps.append(StepRecord(ins.op, ins.step, ins.layer, ins.phase, dict(device), self.host,
+                                   self.resident, total, working))
+        tr.l_peak_bytes = max(tr.l_peak_bytes, working)
+        if total > tr.peak_bytes:
+            tr.peak_bytes, tr.peak_step, tr.peak_op = total, ins.step, len(tr.steps) - 1
+            self.peak_log = len(self.log)
+        for op, algo, chunk, nbytes in ins.convs:
+            tr.conv_choices.append(ConvChoice(ins.step, ins.layer, op, algo, chunk, nbytes))
+
+    def alloc(self, ins) -> None:
+        if ins.space == "slab":
+            self.host += ins.nbytes
+            self.tr.host_peak_bytes = max(self.tr.host_peak_bytes, self.host)
+            if self.kind[ins.tensor] == "optimizer":
+                self.host_state += ins.nbytes
+                self.tr.host_optimizer_bytes = max(self.tr.host_optimizer_bytes, self.host_state)
+            return
+        c = self.cat_of[ins.tensor] = KIND_CATEGORY[self.kind[ins.tensor]]
+        own = None if self.cats is None else self.own[ins.tensor]
+        n = ins.nbytes if own is None else own
+        self.held[ins.tensor] = n
+        self.device[c] += n
+        self.resident += 1
+        if self.body:
+            self.log.append((ins.tensor, n))
+
+    def free(self, ins) -> None:
+        if ins.space == "slab":
+            self.host -= ins.nbytes
+            if self.kind[ins.tensor] == "optimizer":
+                self.host_state -= ins.nbytes
+            return
+        n = self.held.pop(ins.tensor)
+        self.device[self.cat_of.pop(ins.tensor)] -= n
+        self.resident -= 1
+        self.log.append((ins.tensor, -n))
+
+    def hand_over(self, ins) -> None:
+        n = self.held.pop(ins.old)
+        self.device[self.cat_of.pop(ins.old)] -= n
+        c = self.cat_of[ins.new] = KIND_CATEGORY[self.kind[ins.new]]
+        self.held[ins.new] = n
+        self.device[c] += n
+        self.log += [(ins.old, -n), (ins.new, n)]
+
+    def copy(self, ins) -> None:
+        if ins.why in ("input", "result"):  # the batch in, the loss out: not traffic
+            return
+        if ins.to_host:  # offload, evict, or momentum written back ("state"): in flight until freed
+            n = self.held[ins.tensor]
+            self.device[self.cat_of[ins.tensor]] -= n
+            self.device["in_flight"] += n
+            self.cat_of[ins.tensor] = "in_flight"
+            self.tr.d2h_bytes += ins.nbytes
+        else:  # prefetch, fetch, or momentum read back ("state")
+            self.tr.h2d_bytes += ins.nbytes
+
+    def finish(self) -> Trace:
+        """The trace, with what was live at the peak, largest first."""
+        live: dict[str, int] = {}
+        for name, nbytes in self.log[:self.peak_log]:
+            live[name] = live.get(name, 0) + nbytes
+        kind, cats = self.kind, self.cats
+        shown = ((n, b) for n, b in live.items()
+                 if b > 0 and (cats is None or KIND_CATEGORY[kind[n]] in cats))
+        self.tr.peak_tensors = tuple(sorted(shown, key=lambda p: -p[1]))
+        return self.tr
