@@ -174,8 +174,8 @@ class _Reader:
     that holds or moves memory: ``device`` bytes by category, ``held`` bytes by tensor, the pinned
     ``host`` bytes, and a log of the body's allocations to name what was live at the peak."""
 
-    __slots__ = ("count", "tensors", "tr", "cats", "kind", "in_working_set", "own", "device", "held", "cat_of",
-                 "host", "host_state", "resident", "log", "peak_log", "body")
+    __slots__ = ("count", "tensors", "tr", "cats", "kind", "in_working_set", "own", "device", "held",
+                 "cat_of", "host", "host_state", "resident", "log", "peak_log", "body")
 
     def __init__(self, program, count: str):
         stats, tensors = program.stats, program.tensors

@@ -28,7 +28,8 @@ def _cuda_mode() -> tuple[str, bool]:
     from numba import cuda
 
     if not REAL_GPU_REQUESTED:
-        return "CUDA simulator (NUMBA_ENABLE_CUDASIM=1): kernels run as Python, streams are synchronous", False
+        return ("CUDA simulator (NUMBA_ENABLE_CUDASIM=1): kernels run as Python, streams are synchronous",
+                False)
     if cuda.is_available():
         dev = cuda.get_current_device()
         return f"real GPU: {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}", True
@@ -95,7 +96,8 @@ def _quick_safe_simulator():
         with lock:
             if key not in self._allocations:
                 as_numpy = isinstance(dtype, kernelapi.types.Type)
-                self._allocations[key] = np.empty(shape, kernelapi.numpy_support.as_dtype(dtype) if as_numpy else dtype)
+                numpy_dtype = kernelapi.numpy_support.as_dtype(dtype) if as_numpy else dtype
+                self._allocations[key] = np.empty(shape, numpy_dtype)
             return self._allocations[key]
 
     old = sys.getswitchinterval()

@@ -7,8 +7,9 @@ from snlite.config import MemoryConfig
 from snlite.graph import Graph
 from snlite.train import Model
 
-FLAGS = dict(liveness=(False, True), offload=(False, True), cache=(False, True), update_in_backward=(False, True),
-             recompute=("off", "speed", "memory", "cost_aware"), workspace=("none", "fastest", "dynamic"))
+FLAGS = dict(liveness=(False, True), offload=(False, True), cache=(False, True),
+             update_in_backward=(False, True), recompute=("off", "speed", "memory", "cost_aware"),
+             workspace=("none", "fastest", "dynamic"))
 # every combination of the switches; the momentum waits on the host in every other one (workspace, the
 # last switch, has three values, so each combination of the others sees both places)
 ALL_CONFIGS = [MemoryConfig(**dict(zip(FLAGS, values)), optimizer_state=("device", "host")[i % 2])

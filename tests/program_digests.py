@@ -63,7 +63,8 @@ def small_cases():
     full = place(g, MemoryConfig.superneurons()).arena_bytes
     for sched in ("paper", "H200", "T4"):
         for frac in (None, 0.5, 0.7):
-            c = MemoryConfig.superneurons(schedule=sched, budget_bytes=frac and int(full * frac) // 1024 * 1024)
+            budget = frac and int(full * frac) // 1024 * 1024
+            c = MemoryConfig.superneurons(schedule=sched, budget_bytes=budget)
             yield f"mixed/superneurons/{sched}/{frac}", (lambda c=c: place(g, c))
             c = c.replace(host_budget_bytes=1024)
             yield f"mixed/superneurons/{sched}/{frac}/host", (lambda c=c: place(g, c))

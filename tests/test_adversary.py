@@ -38,7 +38,8 @@ def test_an_eviction_and_a_fetch_that_race_give_wrong_numbers_only_when_the_fetc
     config = MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024)
     program = place(g, config, "grads")
     base = train_steps(g, config, "host")
-    targets = [i for i, ins in enumerate(program.body) if type(ins) is Wait and _evict_fetch_race(program.without(i))]
+    targets = [i for i, ins in enumerate(program.body) if type(ins) is Wait
+               and _evict_fetch_race(program.without(i))]
     assert targets, "the tight cache must evict and fetch the same bytes behind a wait"
     hidden = []
     for i in targets:
@@ -46,7 +47,8 @@ def test_an_eviction_and_a_fetch_that_race_give_wrong_numbers_only_when_the_fetc
         if _right(train_steps(g, config, AdversarialDevice("late", copies="out_first"), mutant), base):
             hidden.append(i)
         try:
-            wrong = not _right(train_steps(g, config, AdversarialDevice("late", copies="in_first"), mutant), base)
+            wrong = not _right(train_steps(g, config, AdversarialDevice("late", copies="in_first"),
+                                           mutant), base)
         except (ValueError, FloatingPointError, NonFiniteError):  # NaN bytes fetched: also a wrong result
             wrong = True
         assert wrong, f"without #{i} ({program.body[i]}) the fetch ran first and still gave the right numbers"
@@ -63,6 +65,6 @@ def test_every_tie_rule_trains_a_correct_program_bit_identically():
 
 
 def test_an_unknown_tie_rule_is_refused():
-    with pytest.raises(ValueError, match=r"unknown copies 'both': how ties between the copy streams break; choose "
-                                         r"one of \('out_first', 'in_first', 'random'\)"):
+    with pytest.raises(ValueError, match=r"unknown copies 'both': how ties between the copy streams break; "
+                                         r"choose one of \('out_first', 'in_first', 'random'\)"):
         AdversarialDevice("late", copies="both")

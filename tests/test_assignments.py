@@ -83,7 +83,8 @@ class S:
     writes: tuple
 
 
-# docs/paper.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, SOFTMAX5, backward 6..11.
+# docs/paper.md section 3, Fig. 4: DATA0 -> CONV1 -> POOL2 -> FC4 and DATA0 -> CONV3 -> FC4, SOFTMAX5,
+# backward 6..11.
 FIG4 = [("DATA", S((), ("t0",))), ("CONV", S(("t0",), ("t1",))), ("POOL", S(("t1",), ("t3",))),
         ("CONV", S(("t0",), ("t2",))), ("FC", S(("t3", "t2"), ("t4",))), ("SOFTMAX", S(("t4",), ("prob",))),
         ("SOFTMAX bwd", S(("prob",), ("t5",))), ("FC bwd", S(("t3", "t2", "t5"), ("t6",))),
@@ -91,15 +92,18 @@ FIG4 = [("DATA", S((), ("t0",))), ("CONV", S(("t0",), ("t1",))), ("POOL", S(("t1
         ("CONV bwd", S(("t0", "t6"), ("t9",))), ("DATA", S(("t8", "t9"), ()))]
 FIG4_TABLE = [  # (in, out), exactly as the paper prints them (compared as sets: the paper lists t7 before t6)
     ((), ("t0",)), (("t0",), ("t0", "t1")), (("t0", "t1"), ("t0", "t1", "t3")),
-    (("t0", "t1", "t3"), ("t0", "t1", "t3", "t2")), (("t0", "t1", "t3", "t2"), ("t0", "t1", "t3", "t2", "t4")),
+    (("t0", "t1", "t3"), ("t0", "t1", "t3", "t2")),
+    (("t0", "t1", "t3", "t2"), ("t0", "t1", "t3", "t2", "t4")),
     (("t0", "t1", "t3", "t2", "t4"), ("t0", "t1", "t3", "t2", "prob")),
     (("t0", "t1", "t3", "t2", "prob"), ("t0", "t1", "t3", "t2", "t5")),
-    (("t0", "t1", "t3", "t2", "t5"), ("t0", "t1", "t3", "t6")), (("t0", "t1", "t3", "t6"), ("t0", "t7", "t6")),
+    (("t0", "t1", "t3", "t2", "t5"), ("t0", "t1", "t3", "t6")),
+    (("t0", "t1", "t3", "t6"), ("t0", "t7", "t6")),
     (("t0", "t7", "t6"), ("t0", "t6", "t8")), (("t0", "t6", "t8"), ("t8", "t9")), (("t8", "t9"), ())]
 
 
 def reference_liveness(steps, persistent=frozenset()):
-    """The definition, by brute force: (first, last, [(live_in, live_out, frees)]), tuples in order of first use."""
+    """The definition, by brute force: (first, last, [(live_in, live_out, frees)]), tuples in order of
+    first use."""
     names = []  # in order of first use
     for s in steps:
         for t in (*s.reads, *s.writes):
@@ -107,7 +111,8 @@ def reference_liveness(steps, persistent=frozenset()):
                 names.append(t)
     uses = {t: [i for i, s in enumerate(steps) if t in s.reads or t in s.writes] for t in names}
     first, last = {t: u[0] for t, u in uses.items()}, {t: u[-1] for t, u in uses.items()}
-    rows = [(tuple(t for t in names if first[t] < i <= last[t]), tuple(t for t in names if first[t] <= i < last[t]),
+    rows = [(tuple(t for t in names if first[t] < i <= last[t]),
+             tuple(t for t in names if first[t] <= i < last[t]),
              tuple(t for t in names if last[t] == i)) for i in range(len(steps))]
     return first, last, rows
 
@@ -134,8 +139,8 @@ def test_a1_fig4_table_exactly():
     assert len(result) == len(FIG4_TABLE)
     for r, (want_in, want_out) in zip(result, FIG4_TABLE):
         assert (set(r.live_in), set(r.live_out)) == (set(want_in), set(want_out)), \
-            f"Fig. 4, step {r.step} ({FIG4[r.step][0]}): in {r.live_in} out {r.live_out}; the paper: {want_in} " \
-            f"{want_out}"
+            f"Fig. 4, step {r.step} ({FIG4[r.step][0]}): in {r.live_in} out {r.live_out}; the paper: " \
+            f"{want_in} {want_out}"
     assert_liveness_matches([s for _, s in FIG4], what="Fig. 4")
     assert "{t0,t1,t3,t2,prob}" in format_table(result, [label for label, _ in FIG4])
 
@@ -162,7 +167,8 @@ def test_a1_frees_are_the_last_uses_on_a_real_network(name):
        st.sets(st.sampled_from("abcdefgh"), max_size=2))
 def test_a1_random_routes_match_the_definition(route, persistent):
     steps = [S(tuple(r), tuple(w)) for r, w in route]
-    assert_liveness_matches(steps, frozenset(persistent), what=f"route {route}, persistent {sorted(persistent)}")
+    assert_liveness_matches(steps, frozenset(persistent),
+                            what=f"route {route}, persistent {sorted(persistent)}")
 
 
 class CountingStep:
@@ -247,9 +253,11 @@ def assert_pool_matches(pool, used, live):
     b = pool.block_bytes
     assert pool.free_regions() == tuple((s * b, n * b) for s, n in free_runs(used)), \
         f"free list {pool.free_regions()} but the free blocks are {free_runs(used)} (in blocks of {b})"
-    assert {off: size for off, (_, size) in pool.allocations().items()} == {off: n * b for off, n in live.items()}
+    assert {off: size for off, (_, size) in pool.allocations().items()} == \
+        {off: n * b for off, n in live.items()}
     stats = pool.stats()
-    assert stats.in_use_bytes == sum(live.values()) * b and stats.free_bytes + stats.in_use_bytes == pool.capacity_bytes
+    assert stats.in_use_bytes == sum(live.values()) * b \
+        and stats.free_bytes + stats.in_use_bytes == pool.capacity_bytes
 
 
 @pytest.mark.a2
@@ -276,13 +284,14 @@ def test_a2_choices_on_a_fragmented_pool(fit, blocks):
 @pytest.mark.parametrize("fit", ["first", "best"])
 def test_a2_ties_go_to_the_lowest_address(fit):
     pool = TensorPool(12 * KB, fit)
-    offsets = [pool.alloc(n * KB, f"t{i}") for i, n in enumerate([2, 1, 3, 1, 2, 1, 2])]  # holes of 2, 3, 2, 2
+    offsets = [pool.alloc(n * KB, f"t{i}") for i, n in enumerate([2, 1, 3, 1, 2, 1, 2])]  # holes: 2, 3, 2, 2
     for i in (0, 2, 4, 6):
         pool.free(offsets[i])
     used = [False] * 2 + [True] + [False] * 3 + [True] + [False] * 2 + [True] + [False] * 2
     assert_pool_matches(pool, used, {2 * KB: 1, 6 * KB: 1, 9 * KB: 1})
     assert pool.alloc(2 * KB, "x") == 0, f"{fit} fit: three 2-block holes tie; the lowest address wins"
-    want = 3 if fit == "first" else 7  # first fit: the 3-block hole; best fit: the lowest of the 2-block ties left
+    # first fit: the 3-block hole; best fit: the lowest of the 2-block ties left
+    want = 3 if fit == "first" else 7
     assert pool.alloc(KB, "y") == want * KB, f"{fit} fit: 1 block from holes of 3, 2 and 2 blocks"
 
 
@@ -306,7 +315,8 @@ def test_a2_any_sequence_matches_a_block_bitmap(fit, nblocks, ops):
                     pool.alloc(arg, f"t{i}", step=i)
                 assert state(pool) == before, "a failed alloc must change nothing"
                 continue
-            assert pool.alloc(arg, f"t{i}", step=i) == want * KB, f"{fit} fit of {need} blocks in {free_runs(used)}"
+            assert pool.alloc(arg, f"t{i}", step=i) == want * KB, \
+                f"{fit} fit of {need} blocks in {free_runs(used)}"
             used[want:want + need] = [True] * need
             live[want * KB] = need
         elif live:
@@ -371,7 +381,8 @@ def test_a2_training_in_the_pool_is_bit_identical_to_one_allocation_per_tensor(f
 
 # ================================================================ assignment 3: the tiled GEMM kernel
 def canonical_gemm(a, b, c, ta, tb, alpha, beta):
-    """The canonical order in float32: acc = 0; acc += a*b for k = 0..K-1 (each step rounded), then the epilogue."""
+    """The canonical order in float32: acc = 0; acc += a*b for k = 0..K-1 (each step rounded), then the
+    epilogue."""
     a_, b_ = (a.T if ta else a), (b.T if tb else b)
     acc = np.zeros((a_.shape[0], b_.shape[1]), np.float32)
     for k in range(a_.shape[1]):
@@ -402,10 +413,12 @@ def assert_v2_correct(a, b, c, ta, tb, alpha, beta, block):
     got = run_gemm("v2", a, b, c, block, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta)
     ref = c.astype(np.float64)
     gemm_ref(a.astype(np.float64), b.astype(np.float64), ref, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta)
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=f"v2 vs NumPy, block {block}, ta={ta} tb={tb}")
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4,
+                               err_msg=f"v2 vs NumPy, block {block}, ta={ta} tb={tb}")
     v1 = run_gemm("v1", a, b, c, block, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta)
     assert np.array_equal(got, v1), f"v2 is not bit-identical to v1 (block {block}, ta={ta} tb={tb})"
-    assert np.array_equal(got, canonical_gemm(a, b, c, ta, tb, alpha, beta)), "v2 does not follow the canonical order"
+    assert np.array_equal(got, canonical_gemm(a, b, c, ta, tb, alpha, beta)), \
+        "v2 does not follow the canonical order"
 
 
 @pytest.mark.a3
@@ -421,7 +434,8 @@ def test_a3_beta_zero_never_reads_c_and_k_zero(rng):
     a, b = operands(rng, 9, 6, 11, False, True)
     nan = np.full((9, 6), np.nan, np.float32)
     got = run_gemm("v2", a, b, nan, (4, 4), trans_b=True, alpha=2.0)
-    assert np.array_equal(got, canonical_gemm(a, b, nan, False, True, 2.0, 0.0)), "with beta == 0, C is not read"
+    assert np.array_equal(got, canonical_gemm(a, b, nan, False, True, 2.0, 0.0)), \
+        "with beta == 0, C is not read"
     nan = np.full((5, 6), np.nan, np.float32)
     empty = run_gemm("v2", np.zeros((5, 0), np.float32), np.zeros((0, 6), np.float32), nan, (4, 4))
     assert np.array_equal(empty, np.zeros((5, 6), np.float32)), "K = 0: C = alpha * 0"
@@ -441,11 +455,13 @@ def test_a3_v2_batched_and_reduced_follow_the_canonical_order(rng):
     gemm_batched(cuda.to_device(a), cuda.to_device(b), d_c, version="v2", block=(4, 4))
     for z in range(3):
         want = canonical_gemm(a[0], b[z], None, False, False, 1.0, 0.0)
-        assert np.array_equal(d_c.copy_to_host()[z], want), f"matrix {z} of the batch is not its canonical product"
+        assert np.array_equal(d_c.copy_to_host()[z], want), \
+            f"matrix {z} of the batch is not its canonical product"
     a3 = rng.standard_normal((3, 6, 5)).astype(np.float32)
     c0 = rng.standard_normal((1, 6, 7)).astype(np.float32)
     d_c = cuda.to_device(c0)
-    gemm_batched(cuda.to_device(a3), cuda.to_device(b), d_c, version="v2", block=(4, 4), beta=0.5, reduce=True)
+    gemm_batched(cuda.to_device(a3), cuda.to_device(b), d_c, version="v2", block=(4, 4),
+                 beta=0.5, reduce=True)
     want = canonical_gemm(a3[0], b[0], c0[0], False, False, 1.0, 0.5)
     for z in (1, 2):
         want = canonical_gemm(a3[z], b[z], want, False, False, 1.0, 1.0)
@@ -484,22 +500,26 @@ def test_a3_v2_is_tiled_each_value_read_from_global_memory_once_per_block(rng):
     from kernels.gemm import gemm
 
     if not config.ENABLE_CUDASIM:
-        pytest.skip("counts global reads through the CUDA simulator's arrays (run without NUMBA_ENABLE_CUDASIM=0)")
+        pytest.skip("counts global reads through the CUDA simulator's arrays (run without "
+                    "NUMBA_ENABLE_CUDASIM=0)")
     m, n, k, (bx, by) = 12, 16, 10, (4, 4)
     a, b = operands(rng, m, n, k, False, False)
     bounds = {"A": m * k * math.ceil(n / bx), "B": k * n * math.ceil(m / by)}
     counts = {}
     for version in ("v1", "v2"):
-        (d_a, reads_a), (d_b, reads_b), (d_c, reads_c) = counted(a), counted(b), counted(np.zeros((m, n), np.float32))
+        (d_a, reads_a), (d_b, reads_b), (d_c, reads_c) = \
+            counted(a), counted(b), counted(np.zeros((m, n), np.float32))
         gemm(d_a, d_b, d_c, version=version, block=(bx, by))  # beta == 0: C must not be read
         assert np.array_equal(d_c.copy_to_host(), canonical_gemm(a, b, None, False, False, 1.0, 0.0))
         counts[version] = {"A": len(reads_a), "B": len(reads_b), "C": len(reads_c)}
     assert counts["v1"]["A"] > bounds["A"], "sanity: the naive kernel reads A once per output"
-    assert counts["v2"]["C"] == 0, f"with beta == 0, C is written without being read (v2 read it {counts['v2']['C']}x)"
+    assert counts["v2"]["C"] == 0, \
+        f"with beta == 0, C is written without being read (v2 read it {counts['v2']['C']}x)"
     for what, bound in bounds.items():
         assert counts["v2"][what] <= bound, (
-            f"v2 read {what} {counts['v2'][what]} times from global memory; a {bx}x{by} tiled kernel reads each "
-            f"element at most once per block that needs it: {bound} (v1 read it {counts['v1'][what]} times)")
+            f"v2 read {what} {counts['v2'][what]} times from global memory; a {bx}x{by} tiled kernel reads "
+            f"each element at most once per block that needs it: {bound} (v1 read it "
+            f"{counts['v1'][what]} times)")
 
 
 @pytest.mark.a3
@@ -508,8 +528,8 @@ def test_a3_v2_compiles_for_a_real_gpu():
               "from numba.cuda import compile_ptx\n"
               "spec = next(s for s in registered_kernels() if s.name == 'kernels.gemm._gemm_v2')\n"
               "compile_ptx(spec.py_func, spec.signature, cc=(9, 0))\nprint('ok')\n")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
-        "PYTHONPATH")])))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300)
     assert proc.returncode == 0 and "ok" in proc.stdout, \
@@ -548,10 +568,12 @@ def assert_schedule_properties(ops, g, transfers):
     for tr in transfers:
         k = conv_outputs.index(tr.tensor)
         assert tr.offload_after == convs[k].index, f"{tr.tensor}: offload right after its CONV's forward"
-        assert tr.release_before == convs[k + 1].index, f"{tr.tensor}: release when the next CONV's forward starts"
+        assert tr.release_before == convs[k + 1].index, \
+            f"{tr.tensor}: release when the next CONV's forward starts"
         assert tr.prefetch_before is not None and tr.release_before < tr.prefetch_before
         readers = [op.index for op in ops[tr.release_before:] if tr.tensor in op.reads]
-        assert readers and tr.prefetch_before <= readers[0], f"{tr.tensor}: prefetched after its first read back"
+        assert readers and tr.prefetch_before <= readers[0], \
+            f"{tr.tensor}: prefetched after its first read back"
         assert ops[readers[0]].phase != "forward"
 
 
@@ -566,7 +588,8 @@ def test_a4_offload_schedule_on_a_conv_chain():
     assert [tr.tensor for tr in transfers] == ["conv1", "conv2", "conv3"], "every CONV output but the last"
     bwd = {op.layer: op.index for op in ops if op.phase == "backward"}
     for k, tr in enumerate(transfers, 1):
-        assert tr.prefetch_before == bwd[f"conv{k + 1}"], f"conv{k} comes back when backward reaches conv{k + 1}"
+        assert tr.prefetch_before == bwd[f"conv{k + 1}"], \
+            f"conv{k} comes back when backward reaches conv{k + 1}"
     assert transfers == expected_transfers(ops, g)
 
 
@@ -622,7 +645,8 @@ def speed_centric_peaks(g, persistent):
     peaks = {}
     for root, ms in members.items():
         mine = {t for m in ms for t in (*fwd[m].reads, *fwd[m].writes) if t not in persistent}
-        needing = [s.index for s in steps if s.phase == "backward" and any(t in drop and t in mine for t in s.reads)]
+        needing = [s.index for s in steps if s.phase == "backward"
+                   and any(t in drop and t in mine for t in s.reads)]
         if not needing:
             peaks[root] = None
             continue
@@ -687,12 +711,14 @@ def test_a5_a_kept_cheap_layer_starts_a_segment_of_its_own():
 def test_a5_a_segment_that_needs_exactly_l_peak_is_speed_centric():
     from snlite.recompute import choose_strategies
 
-    g = Graph(input_shape=(1, 3, 2, 2), num_classes=2, name="boundary")  # sizes found so the tie happens (l_peak
-    y = g.relu(g.conv2d(g.input(), 2, 1, name="conv1"), name="relu1")  # is conv1's backward, after the segment)
+    # sizes found so the tie happens (l_peak is conv1's backward, after the segment)
+    g = Graph(input_shape=(1, 3, 2, 2), num_classes=2, name="boundary")
+    y = g.relu(g.conv2d(g.input(), 2, 1, name="conv1"), name="relu1")
     g.softmax_loss(g.linear(g.flatten(g.conv2d(y, 2, 1, name="conv2"), name="flat"), 2, name="fc"))
     persistent = persistent_of(g)
     l_peak = max(sum(g.tensors()[t].nbytes for t in held(s, persistent)) for s in g.steps())
-    assert speed_centric_peaks(g, persistent)["conv1"] == l_peak, "the test net no longer ties; pick new sizes"
+    assert speed_centric_peaks(g, persistent)["conv1"] == l_peak, \
+        "the test net no longer ties; pick new sizes"
     assert choose_strategies(g, "cost_aware", persistent)["conv1"] == "speed", "the rule is <= l_peak"
 
 
@@ -717,9 +743,11 @@ def test_a5_a_segment_tensor_past_its_last_use_is_not_counted():
 @pytest.mark.parametrize("name", NETS5)
 def test_a5_cost_aware_peak_is_at_most_speed_centric(name):
     g = net5(name)
-    traces = {s: simulate(g, MemoryConfig(liveness=True, recompute=s)) for s in ("speed", "memory", "cost_aware")}
+    traces = {s: simulate(g, MemoryConfig(liveness=True, recompute=s))
+              for s in ("speed", "memory", "cost_aware")}
     assert traces["cost_aware"].peak_bytes <= traces["speed"].peak_bytes
-    assert traces["memory"].recompute_count >= traces["cost_aware"].recompute_count >= traces["speed"].recompute_count
+    assert traces["memory"].recompute_count >= traces["cost_aware"].recompute_count >= \
+        traces["speed"].recompute_count
 
 
 @pytest.mark.a5

@@ -11,8 +11,8 @@ from snlite.train import Model
 
 def test_the_table_without_pytorch_times_snlite_alone():
     rows = bench_host.host(("lenet",), repeats=1, steps=1, threads=[1], torch_too=False)
-    assert [(r["net"], r["threads"], sorted(r["img_s"])) for r in rows] == [("lenet", 1, ["baseline", "measured",
-                                                                                         "superneurons"])]
+    assert [(r["net"], r["threads"], sorted(r["img_s"])) for r in rows] == \
+        [("lenet", 1, ["baseline", "measured", "superneurons"])]
     lines = bench_host.table(rows).splitlines()
     assert f"({', '.join(rows[0]['kept']) or 'none'}) |" in lines[2]  # the layers measured too slow to re-run
     assert "PyTorch" not in lines[0] and lines[2].startswith("| lenet (64) | 1 | ")
@@ -43,5 +43,6 @@ def test_the_breakdown_accounts_for_the_step_and_times_the_blas_products():
     assert sum(kinds.values()) <= b["step_ms"]  # the spans lie inside the step
     assert fast.matmul is np.matmul  # the timing wrapper is gone again
     table = bench_host.breakdown_table(b).splitlines()
-    assert table[0].startswith("lenet (batch 64), 1 thread(s): one baseline step") and "BLAS products" in table[0]
+    assert table[0].startswith("lenet (batch 64), 1 thread(s): one baseline step") \
+        and "BLAS products" in table[0]
     assert len(table) == 2 + len(kinds)

@@ -21,7 +21,8 @@ def tiny(*body, setup=()):
     return Program("tiny", "by hand", "train", "pool", tensors, tuple(setup), tuple(body), 4096, 1024)
 
 
-ALLOC_X, ALLOC_Y, SLOT = Alloc("x", "arena", 0, 1024), Alloc("y", "arena", 1024, 1024), Alloc("x", "slab", 0, 1024)
+ALLOC_X, ALLOC_Y, SLOT = \
+    Alloc("x", "arena", 0, 1024), Alloc("y", "arena", 1024, 1024), Alloc("x", "slab", 0, 1024)
 WRITE_X = Launch(0, 0, "a", "forward", "compute", (), ("x",))
 READ_X = Launch(1, 1, "b", "forward", "compute", ("x",), ("y",))
 D2H = Copy("x", "offload", "arena", 0, "slab", 0, 1024, "copy_out")
@@ -41,23 +42,26 @@ def test_one_stream_is_ordered_and_waits_are_transitive():
     same_stream = tiny(ALLOC_X, ALLOC_Y, WRITE_X, READ_X)
     assert find_races(same_stream, iterations=1) == []
     # compute -> copy_out -> copy_in: copy_in is ordered after compute through copy_out's event
-    chain = tiny(ALLOC_X, SLOT, WRITE_X, Record("a", "compute"), Wait("a", "copy_out"), Record("b", "copy_out"),
-                 Wait("b", "copy_in"), H2D)
+    chain = tiny(ALLOC_X, SLOT, WRITE_X, Record("a", "compute"), Wait("a", "copy_out"),
+                 Record("b", "copy_out"), Wait("b", "copy_in"), H2D)
     assert [r.kind for r in find_races(chain, iterations=1)] == []
-    broken = tiny(ALLOC_X, SLOT, WRITE_X, Record("a", "compute"), Record("b", "copy_out"), Wait("b", "copy_in"), H2D)
+    broken = tiny(ALLOC_X, SLOT, WRITE_X, Record("a", "compute"), Record("b", "copy_out"),
+                  Wait("b", "copy_in"), H2D)
     assert [r.kind for r in find_races(broken, iterations=1)] == ["write after write"]
     assert find_races(broken, iterations=1)[0].on_data
 
 
 def test_a_free_is_a_write_so_releasing_a_block_under_a_copy_is_a_race():
-    body = [ALLOC_X, SLOT, WRITE_X, Record("e", "compute"), Wait("e", "copy_out"), D2H, Record("d", "copy_out")]
+    body = [ALLOC_X, SLOT, WRITE_X, Record("e", "compute"), Wait("e", "copy_out"), D2H,
+            Record("d", "copy_out")]
     racy = tiny(*body, Free("x", "arena", 0, 1024), ALLOC_Y)
     (race,) = find_races(racy, iterations=1)
     assert race.kind == "freed while another stream may still read it" and race.first.tensor == "x"
     assert race.second.at == (0, 7) and not race.on_data
     text = race.explain(racy)
     assert "copy x device -> host" in text and "free x" in text
-    assert "record an event on copy_out after the first and make compute wait for it before the second" in text
+    assert "record an event on copy_out after the first and make compute wait for it before the " \
+           "second" in text
     assert find_races(tiny(*body, Wait("d", "compute"), Free("x", "arena", 0, 1024)), iterations=1) == []
 
 
@@ -67,8 +71,8 @@ def test_the_host_orders_what_it_enqueues_after_it_but_not_what_came_before():
     unsynced = tiny(ALLOC_X, SLOT, WRITE_X, Record("e", "compute"), Wait("e", "copy_out"), D2H,
                     HostRead("x", 0, 1024))
     assert [r.kind for r in find_races(unsynced, iterations=1)] == ["read after write"]
-    synced = tiny(ALLOC_X, SLOT, WRITE_X, Record("e", "compute"), Wait("e", "copy_out"), D2H, Record("d", "copy_out"),
-                  HostWait("d"), HostRead("x", 0, 1024))
+    synced = tiny(ALLOC_X, SLOT, WRITE_X, Record("e", "compute"), Wait("e", "copy_out"), D2H,
+                  Record("d", "copy_out"), HostWait("d"), HostRead("x", 0, 1024))
     assert find_races(synced, iterations=1) == []
 
 
@@ -104,7 +108,8 @@ REPRESENTATIVE = {
     "eager offload": lambda: (mixed_net(), MemoryConfig(liveness=True, offload=True)),
     "cache under a tight budget": lambda: (mixed_net(n=4), _tight(mixed_net(n=4))),
     "cache and recompute": lambda: (mixed_net(n=4), _tight(mixed_net(n=4), recompute="cost_aware")),
-    "raw allocator with offload": lambda: (mixed_net(), MemoryConfig(liveness=True, offload=True, allocator="raw")),
+    "raw allocator with offload": lambda: (mixed_net(),
+                                           MemoryConfig(liveness=True, offload=True, allocator="raw")),
 }
 
 
@@ -118,7 +123,8 @@ def test_every_removed_wait_is_caught_exactly_when_it_creates_a_race(name):
     for i in waits:
         mutant = program.without(i)
         fast, slow = find_races(mutant), races_by_definition(mutant)
-        assert bool(fast) == bool(slow), f"removing #{i} ({program.body[i]}): checker {fast} vs definition {slow}"
+        assert bool(fast) == bool(slow), \
+            f"removing #{i} ({program.body[i]}): checker {fast} vs definition {slow}"
         assert {(r.first.at, r.second.at) for r in fast} <= set(slow)
         if fast:
             caught.add(program.body[i].why)
@@ -136,8 +142,9 @@ def test_the_adversarial_device_turns_missing_release_and_prefetch_waits_into_wr
     g, config = REPRESENTATIVE[name]()
     program = place(g, config, "grads")  # what Model.step runs before its SGD update
     base = train_steps(g, config, "host")
-    targets = [i for i, ins in enumerate(program.body) if type(ins) is Wait and ins.why in ("release", "landed")
-               and _after_transfer(program, ins) and any(r.on_data for r in find_races(program.without(i)))]
+    targets = [i for i, ins in enumerate(program.body)
+               if type(ins) is Wait and ins.why in ("release", "landed") and _after_transfer(program, ins)
+               and any(r.on_data for r in find_races(program.without(i)))]
     assert {program.body[i].why for i in targets} == {"release", "landed"}
     for i in targets:
         mutant = program.without(i)
@@ -160,7 +167,7 @@ def _after_transfer(program, wait) -> bool:
     return type(prev) is Copy and prev.why in ("offload", "evict", "prefetch", "fetch")
 
 
-# ------------------------------------------------------------------------------ programs that share an executor
+# ---------------------------------------------------------------------------- programs that share an executor
 TOGETHER = {"baseline": MemoryConfig.baseline(), "superneurons": MemoryConfig.superneurons(),
             "in backward, momentum on the host": MemoryConfig.superneurons(update_in_backward=True,
                                                                            optimizer_state="host")}
@@ -175,7 +182,8 @@ def test_a_models_programs_run_one_after_another_without_races(name):
     a, b = list(model.programs.values())[:2]
     seq = together((a, b, a, b))
     assert len(seq.body) > 2 * (len(a.body) + len(b.body)) - 1 and f"; {a.mode} -> {b.mode} -> " in seq.config
-    assert len({i.event for i in seq.body if type(i) is Record}) == 2 * sum(type(i) is Record for i in a.body + b.body)
+    assert len({i.event for i in seq.body if type(i) is Record}) == \
+        2 * sum(type(i) is Record for i in a.body + b.body)
 
 
 def test_check_together_catches_work_one_program_leaves_running_into_the_next():

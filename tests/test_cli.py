@@ -48,7 +48,8 @@ def test_demo_on_the_meta_device_shows_the_plan_only(capsys):
 def test_train_one_short_epoch_on_synthetic_data(capsys):
     code, out, err = run(capsys, *TRAIN)
     assert code == 0, err
-    bar = re.search(r"epoch 1/1 \[#{20}\] 8/8  loss ([0-9.]+)  acc [0-9.]+%  [0-9,]+ img/s  peak device memory [0-9.]+ MiB",
+    bar = re.search(r"epoch 1/1 \[#{20}\] 8/8  loss ([0-9.]+)  acc [0-9.]+%  [0-9,]+ img/s  peak device "
+                    r"memory [0-9.]+ MiB",
                     out)
     assert bar, out
     assert re.search(r"epoch 1/1: test accuracy [0-9.]+%", out)
@@ -77,7 +78,8 @@ def test_load_reports_mismatches_in_one_line(tmp_path, capsys):
     np.savez(tmp_path / "bad.npz", **params)
     code, out, err = run(capsys, *TRAIN, "--load", str(tmp_path / "bad.npz"))
     assert code == 1 and len(err.strip().splitlines()) == 1
-    assert "does not fit this network" in err and "conv1.bias" in err and "ip2.weight: expected (4, 500)" in err
+    assert "does not fit this network" in err and "conv1.bias" in err \
+        and "ip2.weight: expected (4, 500)" in err
     (tmp_path / "junk.npz").write_bytes(b"not a zip file")
     code, _, err = run(capsys, *TRAIN, "--load", str(tmp_path / "junk.npz"))
     assert code == 1 and "not a readable .npz" in err
@@ -121,8 +123,8 @@ def test_help(argv, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["demo", "--steps", "0"], ["demo", "--device", "tpu"], ["train", "lenet", "--batch", "-3"],
-    ["train", "lenet", "--lr", "0"], ["train", "lenet", "--momentum", "1"], ["train", "lenet", "--epochs", "x"],
-    ["train"], [],
+    ["train", "lenet", "--lr", "0"], ["train", "lenet", "--momentum", "1"],
+    ["train", "lenet", "--epochs", "x"], ["train"], [],
 ])
 def test_bad_flags_are_argparse_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
@@ -131,7 +133,8 @@ def test_bad_flags_are_argparse_errors(argv, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--data", "mnist:/no/such/dir"], "no directory '/no/such/dir'. Expected it to hold train-images-idx3-ubyte"),
+    (["--data", "mnist:/no/such/dir"],
+     "no directory '/no/such/dir'. Expected it to hold train-images-idx3-ubyte"),
     (["--data", "cifar10:/no/such/dir"], "data_batch_1.bin"),
     (["--data", "synthetic", "--batch", "4096"], "larger than the 2048 training images"),
     (["--device", "meta"], "cannot train"),
@@ -189,8 +192,8 @@ def test_demo_needs_neither_scikit_learn_nor_a_gpu():
 
 
 def test_streams_needs_a_cuda_device(capsys):
-    code, _, err = run(capsys, "train", "lenet", "--data", "synthetic", "--limit", "16", "--batch", "8", "--epochs", "1",
-                       "--device", "host", "--streams", "x.png")
+    code, _, err = run(capsys, "train", "lenet", "--data", "synthetic", "--limit", "16", "--batch", "8",
+                       "--epochs", "1", "--device", "host", "--streams", "x.png")
     assert code != 0 and "--streams" in err and "needs --device cuda" in err and "Traceback" not in err
 
 
@@ -228,7 +231,8 @@ def test_load_refuses_weights_that_are_not_finite(tmp_path, capsys):
     np.savez(tmp_path / "nan.npz", **params)
     code, out, err = run(capsys, *TRAIN, "--load", str(tmp_path / "nan.npz"))
     assert code == 1 and "epoch" not in out
-    assert "conv2.bias is not finite (1 NaN of 50 values (the first at (3,): nan)); refusing to train from it" in err
+    assert "conv2.bias is not finite (1 NaN of 50 values (the first at (3,): nan)); refusing to train " \
+           "from it" in err
 
 
 def test_load_refuses_another_dtype_naming_the_tensor_and_the_fix(tmp_path, capsys):
@@ -238,8 +242,8 @@ def test_load_refuses_another_dtype_naming_the_tensor_and_the_fix(tmp_path, caps
         np.savez(tmp_path / "cast.npz", **{**params, "ip1.bias": params["ip1.bias"].astype(dtype)})
         code, out, err = run(capsys, *TRAIN, "--load", str(tmp_path / "cast.npz"))
         assert code == 1 and "epoch" not in out and len(err.strip().splitlines()) == 1, err
-        assert (f"--load {tmp_path / 'cast.npz'}: ip1.bias has dtype {np.dtype(dtype)}, but parameters are float32: "
-                f"convert it first, value.astype(np.float32); refusing to train from it") in err, err
+        assert (f"--load {tmp_path / 'cast.npz'}: ip1.bias has dtype {np.dtype(dtype)}, but parameters are "
+                "float32: convert it first, value.astype(np.float32); refusing to train from it") in err, err
 
 
 def test_load_refuses_a_negative_batchnorm_variance(tmp_path):
@@ -247,21 +251,25 @@ def test_load_refuses_a_negative_batchnorm_variance(tmp_path):
     from snlite.graph import Graph
 
     g = Graph(input_shape=(2, 1, 4, 4), num_classes=2)
-    g.softmax_loss(g.linear(g.flatten(g.batchnorm(g.conv2d(g.input(), 2, 3, padding=1, name="c1"), name="bn")), 2))
+    g.softmax_loss(g.linear(g.flatten(g.batchnorm(g.conv2d(g.input(), 2, 3, padding=1, name="c1"),
+                                                  name="bn")), 2))
     model = Model(g, device="host")
     before = model.params
     bad = {**before, "bn.running_var": np.array([1.0, -1.0], np.float32)}
     np.savez(tmp_path / "bad.npz", **bad)
-    with pytest.raises(cli.CliError, match=r"bn.running_var is a BatchNorm variance, which cannot be negative: 1 of "
-                                           r"2 values are \(the first at \(1,\): -1.0\); refusing to train from it"):
+    with pytest.raises(cli.CliError, match=r"bn.running_var is a BatchNorm variance, which cannot be "
+                                           r"negative: 1 of 2 values are \(the first at \(1,\): -1.0\); "
+                                           r"refusing to train from it"):
         cli.load_params(str(tmp_path / "bad.npz"), model)
     for name, value in model.params.items():
         np.testing.assert_array_equal(value, before[name])
 
 
 def test_save_never_writes_weights_that_are_not_finite(tmp_path):
-    with pytest.raises(cli.CliError, match=r"--save .*: w is not finite \(1 \+inf of 3 values.*nothing was written"):
-        cli.save_params(str(tmp_path / "w.npz"), {"v": np.zeros(2, np.float32), "w": np.array([0, np.inf, 1])})
+    with pytest.raises(cli.CliError,
+                       match=r"--save .*: w is not finite \(1 \+inf of 3 values.*nothing was written"):
+        cli.save_params(str(tmp_path / "w.npz"),
+                        {"v": np.zeros(2, np.float32), "w": np.array([0, np.inf, 1])})
     assert os.listdir(tmp_path) == []
 
 
@@ -280,8 +288,8 @@ def test_saved_file_mode_is_the_umasks(tmp_path, umask):
 def test_a_diverging_run_stops_naming_the_epoch_the_step_and_the_layer(tmp_path, capsys):
     code, out, err = run(capsys, *TRAIN, "--lr", "1e30", "--save", str(tmp_path / "w.npz"))
     assert code == 1 and len(err.strip().splitlines()) == 1, err
-    assert re.match(r"snlite train: error: epoch 1, step \d+: training iteration \d+: the loss is nan; the first "
-                    r"non-finite values appear in layer '\w+' \(\w+, forward step \d+\)", err), err
+    assert re.match(r"snlite train: error: epoch 1, step \d+: training iteration \d+: the loss is nan; the "
+                    r"first non-finite values appear in layer '\w+' \(\w+, forward step \d+\)", err), err
     assert not os.listdir(tmp_path)
 
 
@@ -292,31 +300,39 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "lenet", "--seed", "-1"], r"argument --seed: expected an integer in \[0, 4294967295\], got '-1'"),
+    (["train", "lenet", "--seed", "-1"],
+     r"argument --seed: expected an integer in \[0, 4294967295\], got '-1'"),
     (["demo", "--seed", "2.5"], r"argument --seed: expected an integer"),
     (["train", "lenet", "--lr", "-0.1"], r"argument --lr: expected a learning rate > 0, got -0.1"),
     # finite as a Python float, not in float32 (the update's precision): inf, 0 and 1 there
-    (["train", "lenet", "--lr", "1e39"], r"argument --lr: expected a learning rate > 0; the value must be a finite "
-                                         r"number > 0 in float32, .*got 1e\+39, which float32 rounds to inf"),
-    (["train", "lenet", "--lr", "1e-50"], r"argument --lr: .* in float32, .*got 1e-50, which float32 rounds to 0.0"),
-    (["train", "lenet", "--momentum", "0.99999999"], r"argument --momentum: .*in \[0, 1\) in float32, .*rounds to "
-                                                     r"1.0"),
-    (["train", "lenet", "--weight-decay", "1e39"], r"argument --weight-decay: .* in float32, .*rounds to inf"),
-    (TRAIN + ["--momentum", "1e-50"], r"argument --momentum: .* in float32, .*got 1e-50, which float32 rounds to "
-                                      r"0.0: .* \(0 only if it is 0\)"),
+    (["train", "lenet", "--lr", "1e39"], r"argument --lr: expected a learning rate > 0; the value must be a "
+                                         r"finite number > 0 in float32, .*got 1e\+39, which float32 "
+                                         r"rounds to inf"),
+    (["train", "lenet", "--lr", "1e-50"],
+     r"argument --lr: .* in float32, .*got 1e-50, which float32 rounds to 0.0"),
+    (["train", "lenet", "--momentum", "0.99999999"], r"argument --momentum: .*in \[0, 1\) in float32, "
+                                                     r".*rounds to 1.0"),
+    (["train", "lenet", "--weight-decay", "1e39"],
+     r"argument --weight-decay: .* in float32, .*rounds to inf"),
+    (TRAIN + ["--momentum", "1e-50"], r"argument --momentum: .* in float32, .*got 1e-50, which float32 "
+                                      r"rounds to 0.0: .* \(0 only if it is 0\)"),
     (TRAIN + ["--weight-decay", "1e-50"], r"argument --weight-decay: .* in float32, .*rounds to 0.0"),
     (["train", "lenet", "--budget", "-5GiB"], r"argument --budget: a size must be positive, got '-5GiB'"),
-    (["train", "lenet", "--budget", "1.5"], r"argument --budget: '1.5' is not a size in whole bytes \(1.5 B\)"),
+    (["train", "lenet", "--budget", "1.5"],
+     r"argument --budget: '1.5' is not a size in whole bytes \(1.5 B\)"),
     (["train", "lenet", "--budget", "1000"], r"argument --budget: a budget must be at least 1,024 bytes"),
-    (["train", "lenet", "--budget", "1.0000001GiB"], r"argument --budget: '1.0000001GiB' is 1,073,741,931.3741824 "
-     r"bytes, not a whole number of bytes; give whole bytes, e.g. 1073741931 or 1073741932"),
-    (["plan", "lenet", "--host-budget", "2.1GiB"], r"argument --host-budget: '2.1GiB' is 2,254,857,830.4 bytes"),
+    (["train", "lenet", "--budget", "1.0000001GiB"],
+     r"argument --budget: '1.0000001GiB' is 1,073,741,931.3741824 bytes, not a whole number of bytes; give "
+     r"whole bytes, e.g. 1073741931 or 1073741932"),
+    (["plan", "lenet", "--host-budget", "2.1GiB"],
+     r"argument --host-budget: '2.1GiB' is 2,254,857,830.4 bytes"),
     (["maxdepth", "--budget", "0.3KiB"], r"argument --budget: '0.3KiB' is 307.2 bytes, not a whole number"),
     (["train", "lenet", "--batch", "-3"], r"argument --batch: expected a positive integer, got -3"),
     # a batch no grid launches (plan ran without end at 1e20, one launch per 65,535 images)
-    (["plan", "lenet", "--batch", "99999999999999999999"], r"argument --batch: expected a batch of at most "
-                                                            r"1,048,576 images, got 99,999,999,999,999,999,999"),
-    (["maxbatch", "lenet", "--max-batch", "2000000"], r"argument --max-batch: expected a batch of at most 1,048,576"),
+    (["plan", "lenet", "--batch", "99999999999999999999"],
+     r"argument --batch: expected a batch of at most 1,048,576 images, got 99,999,999,999,999,999,999"),
+    (["maxbatch", "lenet", "--max-batch", "2000000"],
+     r"argument --max-batch: expected a batch of at most 1,048,576"),
 ])
 def test_bad_numbers_are_usage_errors_that_name_the_flag(argv, message, capsys):
     """Exit status 2, one line naming the flag (--budget -5GiB was 'expected one argument', --seed -1
@@ -352,12 +368,14 @@ def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
     (["maxbatch", "cifar_resnet21"], "no CIFAR ResNet of depth 21"),
     (["optimal", "nope"], "unknown model 'nope'"),
     (["train", "lenett", "--data", "synthetic"], "unknown model 'lenett'"),
-    (["plan", "lenet", "--gpu", "X100"], "--gpu: unknown GPU profile 'X100'; choose one of H200, A100, T4, K40"),
+    (["plan", "lenet", "--gpu", "X100"],
+     "--gpu: unknown GPU profile 'X100'; choose one of H200, A100, T4, K40"),
     (["compare", "lenet", "--gpu", ""], "--gpu: unknown GPU profile ''; choose one of"),
     (["train", "lenet", "--data", "imagenet"], "--data 'imagenet': expected one of synthetic"),
     (["train", "lenet", "--data", "mnist"], "--data 'mnist': expected one of"),
     (["plan", "lenet", "--liveness", "--recompute", "speed", "--recompute-keep", "foo"],
-     "--recompute-keep: recompute_keep names 'foo' (no such layer); it takes cheap layers of lenet: pool1, pool2"),
+     "--recompute-keep: recompute_keep names 'foo' (no such layer); it takes cheap layers of lenet: "
+     "pool1, pool2"),
     (["train", "lenet", "--data", "synthetic", "--recompute-keep", "foo"], "recompute_keep names 'foo'"),
 ])
 def test_a_name_that_names_nothing_is_a_usage_error(argv, message, capsys, monkeypatch):
@@ -385,9 +403,11 @@ def test_check_and_save_say_an_empty_name_is_empty(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["plan", "lenet", "--timeline", "{missing}/t.png"], "--timeline {missing}/t.png: its folder does not exist"),
+    (["plan", "lenet", "--timeline", "{missing}/t.png"],
+     "--timeline {missing}/t.png: its folder does not exist"),
     (["plan", "lenet", "--plot", "{missing}/p.png"], "--plot {missing}/p.png: its folder does not exist"),
-    (["plan", "lenet", "--budget", "1KiB", "--json", "{missing}/x.json"], "--json {missing}/x.json: its folder"),
+    (["plan", "lenet", "--budget", "1KiB", "--json", "{missing}/x.json"],
+     "--json {missing}/x.json: its folder"),
     (["plan", "lenet", "--save-program", "{tmp}"], "--save-program {tmp}: is a folder"),
     (["compare", "lenet", "--plot", "{file}/p.png"], "--plot {file}/p.png: {file} is a file, not a folder"),
     (["maxbatch", "lenet", "--json", "{missing}/x.json"], "its folder does not exist"),
@@ -398,22 +418,25 @@ def test_check_and_save_say_an_empty_name_is_empty(capsys):
     (["paper", "--quick", "--out", "{file}/sub"], "{file} is a file, so the folder cannot be created"),
     (["bench", "--out", "{file}/b"], "{file} is a file, so the folder cannot be created"),
 ])
-def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, message, tmp_path, capsys, monkeypatch):
+def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, message, tmp_path,
+                                                                     capsys, monkeypatch):
     """Every output path is checked before anything is computed: the planner, the searches, the
     report, the benchmark and training are all forbidden to start here."""
     from snlite import bench, gap, measure, report, search
 
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the output path was checked")
-    for module, names in ((measure, ("measure", "compare", "run")), (search, ("max_batch_table", "max_depth_table",
-                          "explain_budget")), (report, ("paper_report",)), (bench, ("main",)), (gap, ("gap_rows",)),
+    for module, names in ((measure, ("measure", "compare")),
+                          (search, ("max_batch_table", "max_depth_table", "explain_budget")),
+                          (report, ("paper_report",)), (bench, ("main",)), (gap, ("gap_rows",)),
                           (cli, ("load_data",))):
         for name in names:
             monkeypatch.setattr(module, name, no_work)
     (tmp_path / "f").write_text("")
     fill = {"missing": str(tmp_path / "no" / "such"), "tmp": str(tmp_path), "file": str(tmp_path / "f")}
     code, out, err = run(capsys, *[a.format(**fill) for a in argv])
-    assert code == cli.EXIT_ERROR and len(err.strip().splitlines()) == 1 and message.format(**fill) in err, err
+    assert code == cli.EXIT_ERROR and len(err.strip().splitlines()) == 1 \
+        and message.format(**fill) in err, err
 
 
 def test_maxdepth_stops_at_a_stated_ceiling_and_says_why(capsys, monkeypatch):
@@ -428,18 +451,18 @@ def test_maxdepth_stops_at_a_stated_ceiling_and_says_why(capsys, monkeypatch):
     code, out, err = run(capsys, "maxdepth", "--batch", "1", "--budget", "200GiB", "--quiet")
     assert code == 0 and not err, err
     assert re.search(r"^superneurons +>= 182 +60 ", out, re.M), out
-    assert ">=: still fits at the ceiling 182 (60 residual units; planning a deeper ResNet would hold more than the " \
-           "7.5 MiB of this machine's memory that is free, about 128.0 KiB a residual unit); " \
+    assert ">=: still fits at the ceiling 182 (60 residual units; planning a deeper ResNet would hold more " \
+           "than the 7.5 MiB of this machine's memory that is free, about 128.0 KiB a residual unit); " \
            "raise it with --max-units" in out
 
 
 def test_maxbatch_says_when_it_stopped_at_its_ceiling_and_takes_a_host_budget(capsys):
     code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "12GiB", "--max-batch", "64", "--quiet")
     assert code == 0 and re.search(r"^superneurons +>= 64 ", out, re.M), err
-    assert ">=: still fits at the ceiling, batch 64 (--max-batch, default 65,536: the search probes no further); " \
-           "raise it with --max-batch" in out
-    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "16MiB", "--host-budget", "300KiB", "--max-batch",
-                         "4096", "--json", "-")
-    rows = {r["strategy"]: r for r in json.loads(out)["rows"]}  # without it: + offload 75 (3.5 MiB on the host)
+    assert ">=: still fits at the ceiling, batch 64 (--max-batch, default 65,536: the search probes no " \
+           "further); raise it with --max-batch" in out
+    code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "16MiB", "--host-budget", "300KiB",
+                         "--max-batch", "4096", "--json", "-")
+    rows = {r["strategy"]: r for r in json.loads(out)["rows"]}  # without it: + offload 75 (3.5 MiB on host)
     assert code == 0 and all(r["batch"] and r["host_peak_bytes"] <= 300 << 10 for r in rows.values()), rows
     assert rows["+ offload"]["batch"] < 75

@@ -48,7 +48,8 @@ def test_backward_references_match_central_differences(rng, xs, ws, stride, padd
     dx, dw = np.empty_like(x), np.empty_like(w)
     conv.conv2d_backward_data_ref(dy, w, dx, stride=stride, padding=padding)
     conv.conv2d_backward_filter_ref(x, dy, dw, stride=stride, padding=padding)
-    check_backward("conv2d", lambda: _ref_forward(x, w, stride, padding), {"x": dx, "w": dw}, {"x": x, "w": w}, dy)
+    check_backward("conv2d", lambda: _ref_forward(x, w, stride, padding), {"x": dx, "w": dw},
+                   {"x": x, "w": w}, dy)
 
 
 def test_forward_reference_matches_the_definition(rng):
@@ -89,7 +90,8 @@ def _inputs(rng, op, xs, ws, stride, padding):
             "backward_filter": (x, r(*ys), nan(ws))}[op]
 
 
-_X_W = {"forward": (0, 1), "backward_data": (2, 1), "backward_filter": (0, 2)}  # where x and w (or dx, dw) are
+# where x and w (or dx, dw) are
+_X_W = {"forward": (0, 1), "backward_data": (2, 1), "backward_filter": (0, 2)}
 
 
 def _run(op, args, stride, padding, algo, version, chunk=1, block=None, extra_floats=0):
@@ -170,7 +172,8 @@ def _assert_split_bit_identical(rng, xs, ws, stride, padding, gemm_block):
         dev = [cuda.to_device(a) for a in args]
         work = cuda.to_device(np.full(need + 1, np.nan, np.float32))
         with no_device_allocation():
-            conv.conv2d_backward_filter(*dev, stride=stride, padding=padding, algo=algo, workspace=work, chunk=chunk,
+            conv.conv2d_backward_filter(*dev, stride=stride, padding=padding, algo=algo,
+                                        workspace=work, chunk=chunk,
                                         version=version, block=gemm_block if algo == "im2col" else None)
         got = dev[2].copy_to_host()
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=label)
@@ -196,7 +199,8 @@ def test_a_batch_over_grid_z_is_launched_in_parts_with_the_same_bits(rng, monkey
             dev = [cuda.to_device(a) for a in args]
             work = cuda.to_device(np.full(need + 1, np.nan, np.float32))
             getattr(conv, f"conv2d_{op}")(*dev, stride=stride, padding=padding, algo=algo, workspace=work,
-                                          chunk=chunk, version=version, block=(4, 4) if algo == "im2col" else None)
+                                          chunk=chunk, version=version,
+                                          block=(4, 4) if algo == "im2col" else None)
             outs.append(dev[2].copy_to_host())
         return outs
 
@@ -222,23 +226,27 @@ def test_a_batch_over_grid_z_is_counted_in_parts():
                                      ("backward_filter", "direct", 70_000, "v3")):
         launched = conv.launches(op, algo, (270_000, 1, 28, 28), (20, 1, 5, 5), 1, 0, chunk, version)
         assert max(launch.grid[2] for launch in launched) == gemm.MAX_GRID_Z
-        assert Counter(launched) == Counter(dict(conv.launch_counts(op, algo, (270_000, 1, 28, 28), (20, 1, 5, 5),
-                                                                    1, 0, chunk, version)))
+        assert Counter(launched) == Counter(dict(conv.launch_counts(op, algo, (270_000, 1, 28, 28),
+                                                                    (20, 1, 5, 5), 1, 0, chunk, version)))
 
 
 def test_split_backward_filter_defaults_and_workspace(rng):
     """version=None: v3 when the chunk is more than one image (it needs the workspace), else v2; v3 refuses
     a workspace too small for its partial sums."""
     xs, ws = (4, 2, 4, 4), (3, 2, 2, 2)
-    assert [l.kernel.rsplit(".", 1)[1] for l in conv.launches("backward_filter", "direct", xs, ws, chunk=1)] == \
+    assert [l.kernel.rsplit(".", 1)[1]
+            for l in conv.launches("backward_filter", "direct", xs, ws, chunk=1)] == \
         ["_backward_filter_v2"]
-    assert [l.kernel.rsplit(".", 1)[1] for l in conv.launches("backward_filter", "direct", xs, ws, chunk=3)] == \
+    assert [l.kernel.rsplit(".", 1)[1]
+            for l in conv.launches("backward_filter", "direct", xs, ws, chunk=3)] == \
         ["_backward_filter_v3", "_fold_v1", "_backward_filter_v3"]  # chunks of 3 and 1 images
     args = [cuda.to_device(a) for a in _inputs(rng, "backward_filter", xs, ws, 1, 0)]
     need = conv.workspace_bytes("backward_filter", "direct", xs, ws, chunk=3)
     assert need == 4 * 2 * 3 * 8
-    with pytest.raises(ValueError, match=f"workspace too small for algo 'direct' with chunk=3: needs {need} bytes"):
-        conv.conv2d_backward_filter(*args, algo="direct", chunk=3, workspace=cuda.to_device(np.zeros(4, np.float32)))
+    with pytest.raises(ValueError,
+                       match=f"workspace too small for algo 'direct' with chunk=3: needs {need} bytes"):
+        conv.conv2d_backward_filter(*args, algo="direct", chunk=3,
+                                    workspace=cuda.to_device(np.zeros(4, np.float32)))
 
 
 @pytest.mark.gpu
@@ -281,8 +289,8 @@ def test_launcher_needs_exactly_workspace_bytes(rng, op, chunk):
     args = _inputs(rng, op, xs, ws, stride, padding)
     need = conv.workspace_bytes(op, "im2col", xs, ws, stride, padding, chunk)
     _run(op, args, stride, padding, "im2col", "v1", chunk)  # exactly the bytes asked for: fine
-    with pytest.raises(ValueError, match=f"conv2d_{op}: workspace too small .*chunk={chunk}: needs {need} bytes, "
-                                         f"got {need - 4} bytes"):
+    with pytest.raises(ValueError, match=f"conv2d_{op}: workspace too small .*chunk={chunk}: needs {need} "
+                                         f"bytes, got {need - 4} bytes"):
         _run(op, args, stride, padding, "im2col", "v1", chunk, extra_floats=-1)
     dev = [cuda.to_device(a) for a in args]
     launch = getattr(conv, f"conv2d_{op}")
@@ -307,14 +315,15 @@ def test_output_shape_and_flops():
     assert conv.output_shape((2, 3, 227, 227), (96, 3, 11, 11), 4, 0) == (2, 96, 55, 55)  # AlexNet conv1
     xs, ws = (3, 5, 9, 8), (7, 5, 3, 2)
     n, co, oh, ow = conv.output_shape(xs, ws, 2, (1, 0))
-    assert conv.conv_flops(xs, ws, 2, (1, 0)) == n * gemm.gemm_flops(co, oh * ow, 5 * 3 * 2)  # one gemm per image
+    # one gemm per image
+    assert conv.conv_flops(xs, ws, 2, (1, 0)) == n * gemm.gemm_flops(co, oh * ow, 5 * 3 * 2)
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: conv.output_shape((2, 3, 5, 5), (4, 2, 3, 3)), r"x has 3 channels \(shape \(2, 3, 5, 5\)\) but w "
-                                                            r"expects 2 \(shape \(4, 2, 3, 3\)\)"),
-    (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 7, 3), 1, (0, 1)), r"kernel 7x3 is larger than the padded "
-                                                                        r"input 5x7"),
+    (lambda: conv.output_shape((2, 3, 5, 5), (4, 2, 3, 3)), r"x has 3 channels \(shape \(2, 3, 5, 5\)\) but "
+                                                            r"w expects 2 \(shape \(4, 2, 3, 3\)\)"),
+    (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 7, 3), 1, (0, 1)), r"kernel 7x3 is larger than the "
+                                                                        r"padded input 5x7"),
     (lambda: conv.output_shape((2, 3, 5), (4, 3, 3, 3)), r"expected x \(N, C, H, W\)"),
     (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 3, 3), 0), "stride must be >= 1"),
     (lambda: conv.output_shape((2, 3, 5, 5), (4, 3, 3, 3), 1, (-1, 0)), "padding must be >= 0"),
@@ -332,11 +341,13 @@ def test_launcher_errors(rng):
     x, w = cuda.to_device(rng.standard_normal((2, 3, 5, 5)).astype(np.float32)), cuda.to_device(
         rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
     y = cuda.to_device(np.zeros((2, 4, 3, 3), np.float32))
-    with pytest.raises(ValueError, match=r"conv2d_forward y: expected shape \(2, 4, 5, 5\), got \(2, 4, 3, 3\)"):
+    with pytest.raises(ValueError,
+                       match=r"conv2d_forward y: expected shape \(2, 4, 5, 5\), got \(2, 4, 3, 3\)"):
         conv.conv2d_forward(x, w, y, padding=1, algo="direct")
     with pytest.raises(ValueError, match="conv2d_forward: unknown algo 'winograd'"):
         conv.conv2d_forward(x, w, y, algo="winograd")
-    with pytest.raises(ValueError, match=r"conv2d_backward_data: algo 'direct' has versions \('v1',\), got 'v2'"):
+    with pytest.raises(ValueError,
+                       match=r"conv2d_backward_data: algo 'direct' has versions \('v1',\), got 'v2'"):
         conv.conv2d_backward_data(y, w, x, algo="direct", version="v2")
     with pytest.raises(ValueError, match="conv2d_forward: algo 'im2col' has versions .*, got 'v9'"):
         conv.conv2d_forward(x, w, y, algo="im2col", version="v9")

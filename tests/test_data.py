@@ -25,7 +25,8 @@ def test_dataset_checks_its_arrays():
     with pytest.raises(ValueError, match="N, C, H, W"):
         Dataset(np.zeros((3, 4)), [0, 1, 0], "bad", ["a", "b"])
     d = small()
-    assert d.x.dtype == np.float32 and d.labels.dtype == np.int32 and d.shape == (1, 2, 2) and d.num_classes == 3
+    assert d.x.dtype == np.float32 and d.labels.dtype == np.int32 and d.shape == (1, 2, 2) \
+        and d.num_classes == 3
 
 
 def test_batches_cover_each_image_once_and_drop_the_last():
@@ -130,7 +131,8 @@ def test_mnist_truncated_file(tmp_path):
     write_mnist(tmp_path)
     f = tmp_path / "train-images-idx3-ubyte"
     f.write_bytes(f.read_bytes()[:-100])
-    with pytest.raises(DataError, match=r"train-images-idx3-ubyte.*expected 3,936 bytes, found 3,836 \(truncated\)"):
+    with pytest.raises(DataError,
+                       match=r"train-images-idx3-ubyte.*expected 3,936 bytes, found 3,836 \(truncated\)"):
         data.mnist(tmp_path)
 
 
@@ -138,7 +140,8 @@ def test_mnist_wrong_magic(tmp_path):
     write_mnist(tmp_path)
     f = tmp_path / "t10k-labels-idx1-ubyte"
     f.write_bytes(struct.pack(">I", 2051) + f.read_bytes()[4:])  # an images magic on a labels file
-    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte: expected the IDX magic number 2049.*found 2051"):
+    with pytest.raises(DataError,
+                       match=r"t10k-labels-idx1-ubyte: expected the IDX magic number 2049.*found 2051"):
         data.mnist(tmp_path)
 
 
@@ -184,7 +187,8 @@ def write_cifar(folder, records=3):
 def test_cifar10_reads_valid_files(tmp_path):
     tables = write_cifar(tmp_path / "cifar-10-batches-bin")
     train, test = data.cifar10(tmp_path, records_per_file=3)  # finds the folder tar makes
-    assert train.x.shape == (15, 3, 32, 32) and test.x.shape == (3, 3, 32, 32) and train.classes[0] == "airplane"
+    assert train.x.shape == (15, 3, 32, 32) and test.x.shape == (3, 3, 32, 32) \
+        and train.classes[0] == "airplane"
     t = tables["data_batch_2.bin"]
     assert np.array_equal(train.labels[3:6], t[:, 0])
     assert np.allclose(train.x[3, 1] * 255, t[0, 1025:2049].reshape(32, 32))  # green plane of record 0
@@ -194,8 +198,8 @@ def test_cifar10_truncated_and_corrupt(tmp_path):
     write_cifar(tmp_path)
     f = tmp_path / "data_batch_3.bin"
     f.write_bytes(f.read_bytes()[:-7])
-    with pytest.raises(DataError, match=r"data_batch_3.bin: expected 3 records of 3,073 bytes \(9,219 bytes\), "
-                                        r"found 9,212 bytes \(truncated\)"):
+    with pytest.raises(DataError, match=r"data_batch_3.bin: expected 3 records of 3,073 bytes \(9,219 "
+                                        r"bytes\), found 9,212 bytes \(truncated\)"):
         data.cifar10(tmp_path, records_per_file=3)
     write_cifar(tmp_path)
     bad = bytearray((tmp_path / "test_batch.bin").read_bytes())

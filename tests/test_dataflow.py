@@ -13,11 +13,13 @@ from snlite.program import Alloc, Copy, Free, HandOver, HostRead, HostWrite, Lau
 
 def tiny(*body, mode="infer", setup=(), extra=None):
     """Two 1 KiB activations x and y, a 1 KiB pinned slot; ``extra`` adds tensors."""
-    tensors = {"x": ((256,), "float32", "activation"), "y": ((256,), "float32", "activation"), **(extra or {})}
+    tensors = {"x": ((256,), "float32", "activation"), "y": ((256,), "float32", "activation"),
+               **(extra or {})}
     return Program("tiny", "by hand", mode, "pool", tensors, tuple(setup), tuple(body), 8192, 2048)
 
 
-ALLOC_X, ALLOC_Y, SLOT = Alloc("x", "arena", 0, 1024), Alloc("y", "arena", 1024, 1024), Alloc("x", "slab", 0, 1024)
+ALLOC_X, ALLOC_Y, SLOT = \
+    Alloc("x", "arena", 0, 1024), Alloc("y", "arena", 1024, 1024), Alloc("x", "slab", 0, 1024)
 WRITE_X = Launch(0, 0, "a", "forward", "compute", (), ("x",))
 READ_X = Launch(1, 1, "b", "forward", "compute", ("x",), ("y",))
 D2H = Copy("x", "offload", "arena", 0, "slab", 0, 1024, "copy_out")
@@ -48,7 +50,8 @@ def test_a_copy_back_needs_the_copy_out_and_brings_the_value():
     with pytest.raises(DataflowError, match="reads x"):
         check_dataflow(tiny(*ok[:6], shifted, *ok[7:]))
     # a copy of a value never written is harmless until something reads it (an evicted unused input)
-    check_dataflow(tiny(ALLOC_X, SLOT, D2H, Free("x", "arena", 0, 1024), ALLOC_X, H2D, ALLOC_Y, WRITE_X, READ_X))
+    check_dataflow(tiny(ALLOC_X, SLOT, D2H, Free("x", "arena", 0, 1024), ALLOC_X, H2D, ALLOC_Y,
+                        WRITE_X, READ_X))
 
 
 def test_an_in_place_write_ends_the_old_value():
@@ -61,8 +64,8 @@ def test_an_in_place_write_ends_the_old_value():
 
 def test_results_are_read_from_a_slot_their_copy_filled():
     out = Alloc("y:out", "slab", 1024, 256)
-    body = (ALLOC_X, ALLOC_Y, WRITE_X, READ_X, out, Copy("y", "result", "arena", 1024, "slab", 1024, 1024, "copy_out"),
-            HostRead("y", 1024, 1024))
+    body = (ALLOC_X, ALLOC_Y, WRITE_X, READ_X, out,
+            Copy("y", "result", "arena", 1024, "slab", 1024, 1024, "copy_out"), HostRead("y", 1024, 1024))
     check_dataflow(tiny(*body))
     with pytest.raises(DataflowError, match="reads y from a pinned slot that does not hold it"):
         check_dataflow(tiny(*body[:5], body[6]))
@@ -116,7 +119,8 @@ def test_a_grads_program_leaves_every_gradient_and_an_update_program_reads_them(
 
 @pytest.mark.parametrize("config", [MemoryConfig.baseline(), MemoryConfig.superneurons(),
                                     MemoryConfig(liveness=True, offload=True, allocator="raw"),
-                                    MemoryConfig.superneurons(update_in_backward=True, optimizer_state="host")],
+                                    MemoryConfig.superneurons(update_in_backward=True,
+                                                              optimizer_state="host")],
                          ids=["baseline", "superneurons", "raw", "in backward, momentum on the host"])
 def test_the_planners_programs_pass_and_every_dropped_kernel_or_copy_is_refused(config):
     g = mixed_net()
@@ -164,5 +168,6 @@ def test_results_sent_to_the_host_are_read_and_training_returns_its_loss():
     reads = [i for i, ins in enumerate(program.body) if type(ins) is HostRead]
     check_dataflow(program)
     for i in reads:  # the loss and the logits: dropping either read loses what Model returns
-        with pytest.raises(DataflowError, match=f"{program.body[i].tensor} is copied to the host as a result, but"):
+        with pytest.raises(DataflowError,
+                           match=f"{program.body[i].tensor} is copied to the host as a result, but"):
             check_dataflow(program.without(i))

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from snlite.device import (ALIGNMENT_BYTES, CudaDevice, HostDevice, MetaArray, MetaDevice, align_up, get_device,
-                           nbytes_of)
+from snlite.device import (ALIGNMENT_BYTES, CudaDevice, HostDevice, MetaArray, MetaDevice, align_up,
+                           get_device, nbytes_of)
 
 DATA_DEVICES = [HostDevice, CudaDevice]  # CudaDevice is the simulator in CI
 

@@ -36,7 +36,8 @@ def _device_masks(shape, p, seed):
     ones = np.ones(shape, np.float32)
     d_mask = cuda.to_device(np.full(shape, 7, np.uint8))
     D.dropout_mask(d_mask, p=p, seed=seed)
-    return d_mask.copy_to_host(), (_device_forward(ones, p, seed) != 0), (_device_backward(ones, p, seed) != 0)
+    return d_mask.copy_to_host(), (_device_forward(ones, p, seed) != 0), \
+        (_device_backward(ones, p, seed) != 0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -44,7 +44,8 @@ def test_every_flag_combination_is_bit_identical_and_runs_as_planned(config, bas
     model = run[2]
     trace = simulate(g, config)
     assert model.trace.peak_bytes == trace.peak_bytes, "planned peak != executed peak"
-    assert model.executor.launch_bytes[model.step_mode] == [r.counted_bytes for r in trace.steps], "the device held other bytes"
+    assert model.executor.launch_bytes[model.step_mode] == [r.counted_bytes for r in trace.steps], \
+        "the device held other bytes"
     if not config.cache:
         validate(model.plan, Scheduler(g, config).persistent())
 
@@ -124,17 +125,20 @@ def test_no_hidden_stream_every_operation_of_an_iteration_names_a_program_stream
         model.step(x, labels, **SGD)
         model.predict(x)
         streams = {s for _, s in dev.ops}
-        assert streams <= set(STREAMS), f"operations on streams {streams - set(STREAMS)} under {config.describe()}"
+        assert streams <= set(STREAMS), \
+            f"operations on streams {streams - set(STREAMS)} under {config.describe()}"
         assert {"sgd_update", "copy_to_host", "copy_to_device"} <= {op for op, _ in dev.ops}
         assert dev.synchronized == 0, "no device-wide synchronize inside an iteration"
-        assert config.allocator == "pool" or ("alloc", "compute") in dev.ops, "a raw buffer is filled on compute"
+        assert config.allocator == "pool" or ("alloc", "compute") in dev.ops, \
+            "a raw buffer is filled on compute"
 
 
 def test_many_iterations_leak_nothing_and_keep_the_planned_peak():
     """Regression: in-place handovers once leaked host slots and drifted the per-category bytes."""
     g = mixed_net(n=4)
     relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
-    cfg = MemoryConfig(liveness=True, cache=True, recompute="cost_aware", budget_bytes=relaxed.peak_bytes - 8 * 1024)
+    cfg = MemoryConfig(liveness=True, cache=True, recompute="cost_aware",
+                       budget_bytes=relaxed.peak_bytes - 8 * 1024)
     planned = simulate(g, cfg)
     model = Model(g, cfg, device="host")
     persistent = set(model.executor.views)
@@ -155,8 +159,8 @@ def test_forward_backward_returns_gradients_without_updating():
     before = model.params
     loss, grads = model.forward_backward(x, labels)
     assert np.isfinite(loss) and set(grads) == set(model.learnable)
-    assert all(np.array_equal(model.params[n], v) for n, v in before.items() if not n.endswith(("running_mean",
-                                                                                                "running_var")))
+    assert all(np.array_equal(model.params[n], v) for n, v in before.items()
+               if not n.endswith(("running_mean", "running_var")))
     host = Model(g, MemoryConfig(), device="host")
     loss2, grads2 = host.forward_backward(x, labels)
     assert loss2 == loss and all(np.array_equal(grads2[n], grads[n]) for n in grads)
@@ -196,7 +200,8 @@ def test_simulator_matches_host_and_plan_and_allocates_nothing_outside_the_pool(
     assert [loss] == sim_baseline[0], "on the simulator too, optimizations change no bit"
     assert all(np.array_equal(model.params[n], v) for n, v in sim_baseline[1].items())
     np.testing.assert_allclose(sim_baseline[0], host[0], rtol=1e-5)
-    assert model.executor.launch_bytes[model.step_mode] == [r.counted_bytes for r in simulate(g, config).steps]
+    assert model.executor.launch_bytes[model.step_mode] == \
+        [r.counted_bytes for r in simulate(g, config).steps]
 
 
 def test_lru_cache_on_the_simulator_moves_data_through_pinned_memory_bit_identically(sim_baseline):

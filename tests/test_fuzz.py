@@ -24,7 +24,8 @@ SETTINGS = settings(max_examples=600, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 BAD = {  # what users get wrong: a float, zero, a negative, a bool, a string, NaN
-    "out_channels": [0, -1, 2.5, 2.0, True, "2"], "out_features": [0, 2.5, "2"], "kernel": [0, 1.5, (2,), "3"],
+    "out_channels": [0, -1, 2.5, 2.0, True, "2"], "out_features": [0, 2.5, "2"],
+    "kernel": [0, 1.5, (2,), "3"],
     "stride": [0, 1.5], "padding": [-1, 0.5], "eps": [-1.0, float("nan"), "1e-5"],
     "momentum": [-0.1, 1.5, float("nan")], "size": [0, 17, 2.5], "alpha": [-1.0, float("inf")],
     "k": [0.0, -1.0], "p": [-0.1, 1.0, float("nan"), "0.5", None],
@@ -38,7 +39,8 @@ def layer(draw):
                                  "concat", "flatten", "linear"]))
     kw = {}
     if kind == "conv2d":
-        kw = dict(out_channels=draw(st.integers(1, 3)), kernel=draw(st.sampled_from([1, 2, 3, (1, 2), (3, 1)])),
+        kw = dict(out_channels=draw(st.integers(1, 3)),
+                  kernel=draw(st.sampled_from([1, 2, 3, (1, 2), (3, 1)])),
                   stride=draw(st.sampled_from([1, 1, 2])), padding=draw(st.sampled_from([0, 1])))
     elif kind in ("maxpool", "avgpool"):
         kw = dict(kernel=draw(st.sampled_from([1, 2, 3, (2, 1)])), stride=draw(st.sampled_from([None, 1, 2])),
@@ -106,7 +108,8 @@ def batch(draw, shape, classes):
 
 
 CONFIG = st.builds(MemoryConfig, liveness=st.booleans(), offload=st.booleans(), cache=st.booleans(),
-                   recompute=st.sampled_from(CHOICES["recompute"]), workspace=st.sampled_from(CHOICES["workspace"]),
+                   recompute=st.sampled_from(CHOICES["recompute"]),
+                   workspace=st.sampled_from(CHOICES["workspace"]),
                    budget_bytes=st.sampled_from([None] * 4 + [1024, 16 << 10, 256 << 10, 1 << 20]))
 
 
@@ -119,8 +122,10 @@ def _clear(e):
 @SETTINGS
 @given(n=st.sampled_from([1, 2, 3] * 6 + [0, 2.5]), c=st.integers(1, 3), hw=st.integers(2, 7),
        flat_input=st.sampled_from([False] * 5 + [True]), classes=st.sampled_from([2, 3, 4] * 6 + [1, 2.5]),
-       layers=st.lists(layer(), max_size=4), flatten_last=st.sampled_from([True] * 9 + [False]), data=st.data(),
-       config=CONFIG, lr=st.sampled_from([0.01, 0.1, 1.0] * 6 + [0.0, -0.1, float("inf"), float("nan"), "0.1"]),
+       layers=st.lists(layer(), max_size=4),
+       flatten_last=st.sampled_from([True] * 9 + [False]), data=st.data(),
+       config=CONFIG,
+       lr=st.sampled_from([0.01, 0.1, 1.0] * 6 + [0.0, -0.1, float("inf"), float("nan"), "0.1"]),
        seed=st.integers(0, 3))
 def test_random_graphs_and_inputs_fail_clearly_or_match_the_reference(n, c, hw, flat_input, classes, layers,
                                                                       flatten_last, data, config, lr, seed):
@@ -170,7 +175,8 @@ def test_predict_and_evaluate_fail_clearly_or_match_the_reference(samples, poiso
     if poison is not None and samples:
         x[-1, 0, 1, 1] = poison
     y = {"good": rng.integers(0, 3, samples), "short": np.zeros(max(samples - 1, 0), int),
-         "float": rng.integers(0, 3, samples) + 0.25, "strings": np.array(["1"] * samples), "none": None}[labels]
+         "float": rng.integers(0, 3, samples) + 0.25, "strings": np.array(["1"] * samples),
+         "none": None}[labels]
     logits = model.predict(x)
     assert logits.shape == (samples, 3)
     for start in range(0, samples, 2):  # each batch of 2 (padded), as the reference computes it

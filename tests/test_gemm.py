@@ -51,11 +51,13 @@ def _assert_all_versions_canonical(a, b, c, ta, tb, alpha, beta, block):
     want = _canonical(a, b, c, ta, tb, alpha, beta)
     for version in VERSIONS:
         got = _run(version, a, b, c, block, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta)
-        assert np.array_equal(got, want), f"{version} with block {block} is not bit-identical to the canonical order"
+        assert np.array_equal(got, want), \
+            f"{version} with block {block} is not bit-identical to the canonical order"
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
-@pytest.mark.parametrize("m,n,k,block", [(13, 11, 19, BLOCKS[0]), (5, 17, 9, BLOCKS[1]), (16, 8, 24, BLOCKS[2])])
+@pytest.mark.parametrize("m,n,k,block",
+                         [(13, 11, 19, BLOCKS[0]), (5, 17, 9, BLOCKS[1]), (16, 8, 24, BLOCKS[2])])
 def test_versions_are_bit_identical(rng, m, n, k, block, ta, tb):
     a, b = _operands(rng, m, n, k, ta, tb)
     c = rng.standard_normal((m, n)).astype(np.float32)
@@ -90,7 +92,8 @@ def test_batched_is_one_canonical_gemm_per_matrix(rng, ta, tb, shared):
     a = np.stack([p[0] for p in pairs][:1 if shared == "a" else batch])
     b = np.stack([p[1] for p in pairs][:1 if shared == "b" else batch])
     c = rng.standard_normal((batch, m, n)).astype(np.float32)
-    want = np.stack([_canonical(a[z if a.shape[0] > 1 else 0], b[z if b.shape[0] > 1 else 0], c[z], ta, tb, 0.5, 2.0)
+    want = np.stack([_canonical(a[z if a.shape[0] > 1 else 0], b[z if b.shape[0] > 1 else 0], c[z],
+                                ta, tb, 0.5, 2.0)
                      for z in range(batch)])
     for version, block in zip(VERSIONS, [(4, 4), (4, 8), (4, 4, 2, 2)]):
         got = _run_batched(version, a, b, c, block, trans_a=ta, trans_b=tb, alpha=0.5, beta=2.0)
@@ -121,7 +124,8 @@ def test_batched_geometry_is_one_launch_with_grid_z_the_batch():
         with record_launches() as launched:
             gemm_batched(a, b, c, version="v3", block=(4, 4, 2, 2), reduce=reduce)
         assert len(launched) == 1
-        assert launched[0].grid == (2, 1, 1 if reduce else 9) and launched[0].block == (4, 4, 1)  # 11/8, 6/8, z
+        # the grid: 11/8, 6/8, z
+        assert launched[0].grid == (2, 1, 1 if reduce else 9) and launched[0].block == (4, 4, 1)
         assert launched[0].kernel == "kernels.gemm._gemm_v3_4x4_2x2_nn"
         assert launched[0] == gemm_geometry("v3", 6, 11, 5, 9, reduce=reduce, block=(4, 4, 2, 2))
         assert launched[0].flops == 9 * gemm_flops(6, 11, 5)
@@ -151,7 +155,8 @@ def test_a_batch_over_grid_z_is_launched_in_parts_with_the_same_bits(rng, monkey
             gemm_ref(a[z if a.shape[0] > 1 else 0], b[z], want[z], alpha=0.5, beta=2.0)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         got = _run_batched(version, a, b, c[:1], block, beta=2.0, reduce=True)
-        assert np.array_equal(got.view(np.uint32), summed[version].view(np.uint32)), f"{version}: reduce differs"
+        assert np.array_equal(got.view(np.uint32), summed[version].view(np.uint32)), \
+            f"{version}: reduce differs"
     d = [cuda.to_device(x) for x in (a, b, c)]
     with record_launches() as launched:
         gemm_batched(*d, version="v3", block=(4, 4, 2, 2))
@@ -220,7 +225,8 @@ def _dev(*shape, dtype=np.float32):
     (lambda: gemm(_dev(3, 4), _dev(4, 2), _dev(2, 3)), r"gemm c: expected shape \(3, 2\), got \(2, 3\)"),
     (lambda: gemm(_dev(3, 4, dtype=np.float64), _dev(4, 2), _dev(3, 2)), "gemm a: expected dtype float32"),
     (lambda: gemm(_dev(12), _dev(4, 2), _dev(3, 2)), "gemm a: expected a 2-D array"),
-    (lambda: gemm(_dev(4, 3), _dev(2, 4), _dev(3, 2), trans_a=True, trans_b=True, version="v2", block=(64, 4)),
+    (lambda: gemm(_dev(4, 3), _dev(2, 4), _dev(3, 2), trans_a=True, trans_b=True,
+                  version="v2", block=(64, 4)),
      "v2 tiles are at most 32"),
     (lambda: gemm(_dev(3, 4), _dev(4, 2), _dev(3, 2), version="v1", block=(64, 32)), "more than the 1024"),
     (lambda: gemm(_dev(3, 4), _dev(4, 2), _dev(3, 2), block=(4, 4, 3)), r"expected \(bx, by\) or"),
@@ -255,10 +261,11 @@ def test_versions_are_bit_identical_on_a_real_gpu(rng, ta, tb):
 
 # ---------------------------------------------------------------- the GPU benchmark
 def test_bench_without_gpu_says_so_and_exits_0(tmp_path):
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = tmp_path / "bench-out"
-    proc = subprocess.run([sys.executable, "-m", "kernels.bench", "--out", str(out)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "kernels.bench", "--out", str(out)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and "No GPU benchmark" in lines[0] and "simulator" in lines[0], proc.stdout
@@ -279,9 +286,12 @@ def test_bench_helpers():
     table = bench.format_table("t", [{"a": 1.23456, "b": None}, {"a": "x"}], ["a", "b"]).splitlines()
     assert table[0] == "t" and table[1].split() == ["a", "b"] and table[2].split() == ["1.235", "-"]
     assert len(table) == 4
-    rows = [{"impl": "v3", "layout": "nn", "size": "8x8x8", "gflops": 50.0, "block": "a", "pct_of_cublas": 25.0},
-            {"impl": "v3", "layout": "nn", "size": "64x64x64", "gflops": 10.0, "block": "b", "pct_of_cublas": 20.0},
-            {"impl": "v3", "layout": "nn", "size": "64x64x64", "gflops": 30.0, "block": "c", "pct_of_cublas": 40.0},
+    rows = [{"impl": "v3", "layout": "nn", "size": "8x8x8", "gflops": 50.0, "block": "a",
+             "pct_of_cublas": 25.0},
+            {"impl": "v3", "layout": "nn", "size": "64x64x64", "gflops": 10.0, "block": "b",
+             "pct_of_cublas": 20.0},
+            {"impl": "v3", "layout": "nn", "size": "64x64x64", "gflops": 30.0, "block": "c",
+             "pct_of_cublas": 40.0},
             {"impl": "cupy", "layout": "nn", "size": "64x64x64", "gflops": 75.0}]
     assert "64x64x64: best 30 GFLOP/s with block c = 40% of cuBLAS" in bench.gemm_summary(rows)
     assert bench.gemm_summary(rows[3:]) is None
@@ -313,11 +323,12 @@ def test_bench_runs_end_to_end_on_the_simulator(tmp_path, monkeypatch):
     conv = record["conv"]
     assert not any("error" in r for r in conv) and all(r["same_as_first_algo"] for r in conv), conv
     split = [r for r in conv if r["op"] == "backward_filter" and r["algo"] == "direct"]
-    assert [(r["chunk"], r["launches"]) for r in split] == [(1, 1), (2, 3)]  # v2; v3: chunks of 2 and 1 (+ a fold)
+    # v2; v3: chunks of 2 and 1 (+ a fold)
+    assert [(r["chunk"], r["launches"]) for r in split] == [(1, 1), (2, 3)]
     assert [r["launches"] for r in conv if r["algo"] == "im2col"] == [6, 4] * 3  # 2 a chunk: 3 chunks, then 2
     ours = [r for r in record["gemm"] if r["impl"] != "cupy"]
-    assert [(r["layout"], r["impl"]) for r in ours] == [("nn", "v3"), ("nn", "v1"), ("nn", "v2"), ("nn", "v3"),
-                                                        ("nt", "v3"), ("tn", "v3")]
+    assert [(r["layout"], r["impl"]) for r in ours] == [("nn", "v3"), ("nn", "v1"), ("nn", "v2"),
+                                                        ("nn", "v3"), ("nt", "v3"), ("tn", "v3")]
     assert all(r["ok"] and r["bit_identical_to_v3"] for r in ours), ours
     assert len(record["copy"]) == 4 and len(record["launch"]) == 2
     assert not any("error" in r for r in record["copy"] + record["launch"])

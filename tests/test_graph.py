@@ -83,17 +83,19 @@ def test_route_has_two_steps_per_layer_and_checkpoints():
     assert [s.index for s in steps] == list(range(len(steps)))
     fwd, bwd = g.route()
     assert fwd[0] == "data" and fwd[-1] == "softmax" and bwd[0] == "softmax" and bwd[-1] == "data"
-    assert {n for n, l in g.layers.items() if l.checkpoint} == {"data", "conv1", "conv2", "add1", "cat1", "fc1",
+    assert {n for n, l in g.layers.items() if l.checkpoint} == \
+        {"data", "conv1", "conv2", "add1", "cat1", "fc1",
                                                                  "softmax"}
 
 
 @pytest.mark.parametrize("build,match", [
     (lambda g, x: g.conv2d(x, 4, 9), r"conv2d 'conv1'.*kernel"),
-    (lambda g, x: g.add(g.conv2d(x, 4, 3), g.conv2d(x, 5, 3)), r"add 'add1': input 0 has shape \(2, 4, 6, 6\) "
-                                                                r"but input 1 has shape \(2, 5, 6, 6\)"),
+    (lambda g, x: g.add(g.conv2d(x, 4, 3), g.conv2d(x, 5, 3)),
+     r"add 'add1': input 0 has shape \(2, 4, 6, 6\) but input 1 has shape \(2, 5, 6, 6\)"),
     (lambda g, x: g.concat([g.conv2d(x, 4, 3), x]), r"concat 'concat1': inputs must agree in N, H, W"),
     (lambda g, x: g._add("conv3d", [x], None), r"unknown layer type 'conv3d'"),
-    (lambda g, x: g.softmax_loss(g.linear(g.flatten(x), 7)), r"7 classes but the graph was built with num_classes=4"),
+    (lambda g, x: g.softmax_loss(g.linear(g.flatten(x), 7)),
+     r"7 classes but the graph was built with num_classes=4"),
     (lambda g, x: g.conv2d(x, 4, 3, name="data"), r"'data' .* already used"),
     (lambda g, x: g.add(x, x), r"same tensor appears twice"),
     (lambda g, x: g.dropout(x, p=1.0), r"p must be in \[0, 1\)"),
@@ -167,12 +169,14 @@ def test_input_ranks_are_pytorchs():
     g = Graph((2, 3, 4, 4), 4)
     x = g.input()
     with pytest.raises(ValueError, match=r"linear 'fc': expected an \(N, in_features\) input, got shape "
-                                         r"\(2, 3, 4, 4\); flatten it first: g.linear\(g.flatten\(x\), ...\)"):
+                                         r"\(2, 3, 4, 4\); flatten it first: "
+                                         r"g.linear\(g.flatten\(x\), ...\)"):
         g.linear(x, 4, name="fc")
     assert g.linear(g.flatten(x), 4).shape == (2, 4)
     g = Graph((2, 6), 4)
     x = g.input()
-    for build, match in ((lambda: g.lrn(x), r"lrn 'lrn1': expected an \(N, C, H, W\) input .* got shape \(2, 6\)"),
+    for build, match in ((lambda: g.lrn(x),
+                          r"lrn 'lrn1': expected an \(N, C, H, W\) input .* got shape \(2, 6\)"),
                          (lambda: g.conv2d(x, 4, 1), r"conv2d 'conv1': expected an \(N, C, H, W\) input"),
                          (lambda: g.maxpool(x, 1), r"maxpool 'maxpool1'.*expected x of shape \(N, C, H, W\)"),
                          (lambda: g.batchnorm(x), r"batchnorm 'bn1': expected an \(N, C, H, W\) input")):

@@ -58,7 +58,8 @@ def test_conv_matches_the_reference(rng, xs, ws, stride, padding):
         hyper = {"stride": stride, "padding": padding, "algo": "im2col", "chunk": 2, "workspace": None}
         want = _run(OPS[name].reference, a, out, **hyper)
         got = _run(H.FAST[name], a, out, **hyper)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{name} {xs} {ws} s{stride} p{padding}")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{name} {xs} {ws} s{stride} p{padding}")
 
 
 POOL_CASES = [  # (x shape, hyper-parameters)
@@ -140,7 +141,8 @@ def test_every_fast_kernel_is_a_known_op_and_the_host_device_runs_it(rng):
     w = rng.standard_normal((8, 6, 3, 3)).astype(np.float32)
     y = np.empty(conv.output_shape(x.shape, w.shape, 1, 1), np.float32)
     dev.run("conv2d_forward", x, w, y, stride=1, padding=1, algo="im2col", chunk=2, stream=None, version="v1")
-    _bits_equal(y, _run(H.conv2d_forward, (x, w, np.empty_like(y)), 2, stride=1, padding=1), "host device conv")
+    _bits_equal(y, _run(H.conv2d_forward, (x, w, np.empty_like(y)), 2, stride=1, padding=1),
+                "host device conv")
 
 
 @pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 5, 1, 1), (3, 2, 9, 4)])
@@ -148,7 +150,8 @@ def test_batchnorm_matches_the_reference(rng, shape):
     c = shape[1]
     x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
-    stats = (rng.standard_normal(c).astype(np.float32), np.abs(rng.standard_normal(c)).astype(np.float32) + 0.5)
+    stats = (rng.standard_normal(c).astype(np.float32),
+             np.abs(rng.standard_normal(c)).astype(np.float32) + 0.5)
     for update in (True, False):
         args = (x, gamma, beta, np.empty_like(x), *stats, np.empty(c, np.float32), np.empty(c, np.float32))
         hyper = {"momentum": 0.1, "eps": 1e-5, "update_running": update}
@@ -157,7 +160,8 @@ def test_batchnorm_matches_the_reference(rng, shape):
         got = [a.copy() for a in args]
         H.batchnorm_forward_train(*got, **hyper)
         for i in (3, 4, 5, 6, 7):  # y, running mean and var, saved mean and invstd
-            np.testing.assert_allclose(got[i], want[i], rtol=1e-4, atol=1e-5, err_msg=f"output {i}, update={update}")
+            np.testing.assert_allclose(got[i], want[i], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"output {i}, update={update}")
     dy = rng.standard_normal(shape).astype(np.float32)
     for alias in (False, True):  # dx may be dy itself
         def run(fn):

@@ -30,5 +30,6 @@ def test_op_names_are_unique_and_complete():
         assert op.name == name
         assert callable(op.reference) and callable(op.launch)
     # every op has at least one example, so none goes untested
-    tested = {ex.op for fam in kernels.FAMILIES for ex in kernels.family(fam).examples(np.random.default_rng(0))}
+    tested = {ex.op for fam in kernels.FAMILIES
+              for ex in kernels.family(fam).examples(np.random.default_rng(0))}
     assert set(ops) <= tested, f"ops without a self-check example: {sorted(set(ops) - tested)}"

@@ -71,7 +71,8 @@ def test_im2col_is_one_transform_and_one_gemm_per_chunk(op, chunk):
             assert _short(transform) == "_im2col_v1" and transform.blocks == math.ceil(m * k * p / 128)
         assert product.kernel.startswith("kernels.gemm._gemm_v3_16x16_8x8")
         rows, cols = (4, p) if op == "forward" else (k, p) if op == "backward_data" else (4, k)
-        assert product.grid == (math.ceil(cols / 128), math.ceil(rows / 128), 1 if op == "backward_filter" else m)
+        assert product.grid == \
+            (math.ceil(cols / 128), math.ceil(rows / 128), 1 if op == "backward_filter" else m)
 
 
 def test_direct_launches():
@@ -129,8 +130,9 @@ def test_launch_ms_charges_for_the_part_of_the_gpu_left_idle():
 
     assert ms(slots, 10**9) == pytest.approx(ms(slots // 2, 10**9 // 2))  # same work per block, one wave
     assert ms(slots // 2, 10**9) == pytest.approx(2 * ms(slots, 10**9))  # half the GPU idle: twice the time
-    assert ms(slots + 1, 10**9) == pytest.approx(ms(slots, 10**9) * 2 * slots / (slots + 1))  # a 2nd wave of 1
-    assert L.launch_ms(H200, Launch("k", slots, 256, flops=0, bytes=4.8e9), res) == pytest.approx(1.0)  # 4.8 TB/s
+    assert ms(slots + 1, 10**9) == pytest.approx(ms(slots, 10**9) * 2 * slots / (slots + 1))  # 2nd wave of 1
+    assert L.launch_ms(H200, Launch("k", slots, 256, flops=0, bytes=4.8e9), res) == \
+        pytest.approx(1.0)  # 4.8 TB/s
     with pytest.raises(ValueError, match="no work"):
         L.launch_ms(H200, Launch("k", 1, 1))
 
@@ -148,7 +150,8 @@ def test_a_bigger_workspace_buys_a_faster_estimated_conv(op):
         c = {(x.algo, x.chunk): x for x in ranked}
         none = ws.choose(layer, op, "none", None)
         assert none.workspace_bytes == 0 and ranked[0].workspace_bytes > 0 and ranked[0].est_ms < none.est_ms
-        if op != "backward_filter":  # (there im2col's GEMM sums the chunk in one block per tile: chunks save launches)
+        if op != "backward_filter":
+            # (there im2col's GEMM sums the chunk in one block per tile: chunks save launches)
             assert c[("im2col", 200)].est_ms < 0.7 * c[("im2col", 1)].est_ms, (name, op)
     if op == "backward_filter":
         conv1 = {(x.algo, x.chunk): x for x in ws.candidates(net.layers["conv1"], op)}
@@ -164,7 +167,8 @@ def test_the_cost_model_is_its_launches():
             want = sum(L.launch_ms(H200, l, L.resources(l.kernel, "sm_90")) for l in launched)
             assert model.estimate(layer, op, algo, chunk) == pytest.approx(want)
     slow_launch = ws.CostModel(launch_us=1000.0)
-    per_image = slow_launch.estimate(layer, "forward", "im2col", 1) - model.estimate(layer, "forward", "im2col", 1)
+    per_image = slow_launch.estimate(layer, "forward", "im2col", 1) - \
+        model.estimate(layer, "forward", "im2col", 1)
     assert per_image == pytest.approx(2 * 16 * 1.0)  # 16 chunks of 2 launches, 1 ms each
 
 
@@ -189,7 +193,8 @@ def test_zoo_targets_at_the_papers_batch_sizes(name, workspace):
             big += 1
             for l in r.launches:
                 w = L.waves(H200, l, L.resources(l.kernel, "sm_90"))
-                assert w >= 2, f"{r.layer} {r.op} ({r.algo}): {l.kernel} runs {l.blocks} blocks, {w:.2f} waves"
+                assert w >= 2, \
+                    f"{r.layer} {r.op} ({r.algo}): {l.kernel} runs {l.blocks} blocks, {w:.2f} waves"
     assert big > 0
 
 
@@ -252,8 +257,10 @@ def test_measuring_one_kernel_gives_the_tables_numbers():
     if L.ptxas_version(L.ptxas_path()) != table["ptxas"]:
         pytest.skip("this ptxas is not the one the table was measured with")
     measured = L.measure_resources({"kernels.conv._fold_v1"}, ("sm_90",))  # a subprocess, simulator off
-    assert measured == {"kernels.conv._fold_v1": {"sm_90": table["kernels"]["kernels.conv._fold_v1"]["sm_90"]}}
-    assert L.resources("kernels.conv._fold_v1", "sm_90", measured) == L.resources("kernels.conv._fold_v1", "sm_90")
+    assert measured == \
+        {"kernels.conv._fold_v1": {"sm_90": table["kernels"]["kernels.conv._fold_v1"]["sm_90"]}}
+    assert L.resources("kernels.conv._fold_v1", "sm_90", measured) == \
+        L.resources("kernels.conv._fold_v1", "sm_90")
 
 
 def test_the_registers_command_writes_the_table(tmp_path, monkeypatch, capsys):
@@ -276,6 +283,6 @@ def test_a_family_self_check_runs_as_a_script():
     the names their launch geometry uses (kernels.im2col._im2col_v1, not __main__._im2col_v1)."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, "-m", "kernels.im2col"], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "kernels.im2col"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)
     assert proc.returncode == 0 and "0 failure(s)" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

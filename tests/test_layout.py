@@ -5,7 +5,8 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OPTIONAL = ("scipy", "matplotlib", "torch", "sklearn", "threadpoolctl", "IPython", "cupy")  # extras, maybe absent
+# packages of the extras (or none): they may be absent, so they are imported where they are used
+OPTIONAL = ("scipy", "matplotlib", "torch", "sklearn", "threadpoolctl", "IPython", "cupy")
 MAX_LINES = 450
 MAX_PLACEMENT_LINES = 400
 
@@ -67,7 +68,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycle_in_snlite():
     graph = edges("snlite")
     inward = sorted(m for m, deps in graph.items() if "snlite" in deps and m != "snlite")
-    assert not inward, f"{inward} import the package snlite (which imports everything); import the module instead"
+    assert not inward, f"{inward} import the package snlite (which imports everything); " \
+        "import the module instead"
     cycle = find_cycle({m: deps for m, deps in graph.items() if m != "snlite"})
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -107,7 +109,8 @@ def test_the_reading_order_names_real_files_with_their_sizes():
     assert len(rows) >= 15 and any(path.endswith("placement.py") for path, _ in rows)
     for path, stated in rows:
         actual = len((ROOT / path).read_text().splitlines())
-        assert abs(actual - int(stated)) <= 15, f"{path}: docs/architecture.md says {stated} lines, it has {actual}"
+        assert abs(actual - int(stated)) <= 15, \
+            f"{path}: docs/architecture.md says {stated} lines, it has {actual}"
 
 
 def test_the_reading_order_is_the_import_order():

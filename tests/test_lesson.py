@@ -1,4 +1,5 @@
-"""snlite.lesson, the tutorials' one import: checked claims, plots saved and shown inline, the output folder."""
+"""snlite.lesson, the tutorials' one import: checked claims, plots saved and shown inline, the output
+folder."""
 import sys
 import types
 
@@ -11,7 +12,8 @@ from snlite import lesson
 def test_expect_prints_the_claim_and_that_the_run_shows_it(capsys):
     assert lesson.expect("the peak is in backward", 3 > 2, why="gradients arrive") is None  # no stray True
     out = capsys.readouterr().out.splitlines()
-    assert out == ["You should see: the peak is in backward", "  -> yes: this run shows it", "  Why: gradients arrive"]
+    assert out == \
+        ["You should see: the peak is in backward", "  -> yes: this run shows it", "  Why: gradients arrive"]
 
 
 def test_a_claim_the_run_does_not_show_stops_the_lesson(capsys):

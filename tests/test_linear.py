@@ -74,7 +74,8 @@ def _dev(*shape):
 @pytest.mark.parametrize("call,match", [
     (lambda: linear_forward(_dev(7, 13), _dev(5, 12), _dev(7, 5)),
      r"linear_forward w: expected shape \(out_features, 13\)"),
-    (lambda: linear_forward(_dev(7, 13), _dev(5, 13), _dev(5, 7)), r"linear_forward y: expected shape \(7, 5\)"),
+    (lambda: linear_forward(_dev(7, 13), _dev(5, 13), _dev(5, 7)),
+     r"linear_forward y: expected shape \(7, 5\)"),
     (lambda: linear_forward(_dev(91), _dev(5, 13), _dev(7, 5)), "linear_forward x: expected a 2-D array"),
     (lambda: linear_backward_data(_dev(7, 5), _dev(4, 13), _dev(7, 13)),
      r"linear_backward_data w: expected shape \(5, in_features\)"),
@@ -84,7 +85,8 @@ def _dev(*shape):
      "linear_backward_filter dy: expected batch 7"),
     (lambda: linear_backward_filter(_dev(7, 13), _dev(7, 5), _dev(13, 5)),
      r"linear_backward_filter dw: expected shape \(5, 13\)"),
-    (lambda: linear_forward(_dev(7, 13), _dev(5, 13), _dev(7, 5), version="v2", block=(64, 4)), "v2 tiles are at most"),
+    (lambda: linear_forward(_dev(7, 13), _dev(5, 13), _dev(7, 5), version="v2", block=(64, 4)),
+     "v2 tiles are at most"),
 ])
 def test_bad_arguments_are_refused(call, match):
     with pytest.raises(ValueError, match=match):

@@ -85,8 +85,8 @@ def test_errors():
     with pytest.raises(ValueError, match="lrn_backward: size must be an int"):
         L.lrn_backward(x, x, x, x, size=0)
     with pytest.raises(ValueError, match="at least 3 dimensions"):
-        L.lrn_forward(cuda.to_device(np.zeros((2, 4), np.float32)), cuda.to_device(np.zeros((2, 4), np.float32)),
-                      size=3)
+        L.lrn_forward(cuda.to_device(np.zeros((2, 4), np.float32)),
+                      cuda.to_device(np.zeros((2, 4), np.float32)), size=3)
     with pytest.raises(ValueError, match=r"lrn_backward dx: expected shape \(1, 4, 2, 2\)"):
         L.lrn_backward(x, x, x, cuda.to_device(np.zeros((1, 4, 2), np.float32)), size=3)
     with pytest.raises(ValueError, match="size must be an int"):

@@ -57,9 +57,10 @@ def test_every_memory_config_field_is_a_flag_and_flags_override_the_preset():
     fields = {f.name for f in dataclasses.fields(MemoryConfig)}
     assert set(cli_args.MEMORY_FLAGS) | {"budget_bytes", "host_budget_bytes"} == fields
     parser = cli.build_parser()
-    args = parser.parse_args(["plan", "lenet", "--no-cache", "--preset", "superneurons", "--recompute", "speed",
-                              "--workspace", "none", "--allocator", "raw", "--fit", "best", "--count", "paper",
-                              "--budget", "64MiB", "--host-budget", "1GiB"])
+    args = parser.parse_args(["plan", "lenet", "--no-cache", "--preset", "superneurons",
+                              "--recompute", "speed", "--workspace", "none", "--allocator", "raw",
+                              "--fit", "best", "--count", "paper", "--budget", "64MiB",
+                              "--host-budget", "1GiB"])
     assert cli.memory_config(args) == MemoryConfig.superneurons(
         cache=False, recompute="speed", workspace="none", allocator="raw", fit="best", count="paper",
         budget_bytes=64 * 2**20, host_budget_bytes=2**30)
@@ -78,8 +79,8 @@ def test_bad_size_flag_is_an_argparse_error(capsys):
 def test_plan_prints_the_peak_the_live_tensors_and_the_conv_table(capsys):
     code, out, err = run(capsys, "plan", "alexnet", "--batch", 8, "--preset", "superneurons", "--steps")
     assert code == 0, err
-    for text in ("Scheduler for alexnet", "peak ", "l_peak (largest step)", "peak / l_peak", "recomputation: ",
-                 "transfers: ", "cache: ", "convolution workspace", "per step (KiB)"):
+    for text in ("Scheduler for alexnet", "peak ", "l_peak (largest step)", "peak / l_peak",
+                 "recomputation: ", "transfers: ", "cache: ", "convolution workspace", "per step (KiB)"):
         assert text in out, text
     trace = simulate(alexnet(8), MemoryConfig.superneurons())
     assert measure.format_size(trace.peak_bytes) in out
@@ -101,7 +102,8 @@ def test_plan_json_has_totals_steps_config_and_conv_choices(tmp_path, capsys):
     trace = simulate(get_model("lenet", 4), config)
     paper = simulate(get_model("lenet", 4), config.replace(count="paper"))
     assert data["config"] == json.loads(json.dumps(dataclasses.asdict(config))) and data["batch"] == 4
-    assert data["totals"]["peak_bytes"] == trace.peak_bytes and data["totals"]["paper_peak_bytes"] == paper.peak_bytes
+    assert data["totals"]["peak_bytes"] == trace.peak_bytes \
+        and data["totals"]["paper_peak_bytes"] == paper.peak_bytes
     assert data["totals"]["extra_flops"] == trace.extra_flops > 0
     assert len(data["steps"]) == len(trace.steps) and data["steps"][0]["device_bytes"]
     assert {c["op"] for c in data["conv_choices"]} == {"forward", "backward_data", "backward_filter"}
@@ -127,7 +129,8 @@ def test_a_budget_too_small_explains_and_ranks_the_changes(capsys):
     suggestions = json.loads(js)["explanation"]["suggestions"]
     assert code == cli.EXIT_DOES_NOT_FIT and len(suggestions) >= 6
     flags = [s["change"] for s in suggestions]
-    assert {"--liveness", "--offload", "--cache", "--recompute cost_aware", "--recompute memory"} <= set(flags)
+    assert {"--liveness", "--offload", "--cache", "--recompute cost_aware",
+            "--recompute memory"} <= set(flags)
     assert any(f.startswith("--batch ") for f in flags)
     fits = [s["fits"] for s in suggestions]
     assert fits == sorted(fits, reverse=True), "the changes that fit come first"
@@ -181,7 +184,8 @@ def test_compare_prints_one_row_per_strategy_in_order(capsys):
     assert list(rows) == labels
     for key in ("peak_bytes", "paper_peak_bytes"):
         for recompute in ("speed", "memory", "cost_aware"):
-            chain = [rows[k][key] for k in ("baseline", "liveness", "+ offload", f"+ offload + recompute {recompute}")]
+            chain = [rows[k][key]
+                     for k in ("baseline", "liveness", "+ offload", f"+ offload + recompute {recompute}")]
             assert chain == sorted(chain, reverse=True), (key, recompute, chain)
         assert rows["+ offload"][key] < rows["baseline"][key]
     assert rows["+ offload"]["d2h_bytes"] > 0 and rows[measure.SQRT_LABEL]["extra_flops"] > 0
@@ -203,7 +207,8 @@ def test_min_budget_is_the_first_budget_that_fits_and_compare_prints_it(capsys):
     assert code == 0, err
     assert json.loads(out)["min_budget"]["budget_bytes"] == m.budget_bytes
     code, out, _ = run(capsys, "compare", "alexnet", "--batch", 16)
-    assert f"superneurons() runs in {measure.format_size(m.budget_bytes)} at the least, {m.ratio:.2f} x" in out
+    assert f"superneurons() runs in {measure.format_size(m.budget_bytes)} at the least, " \
+           f"{m.ratio:.2f} x" in out
 
 
 def test_compare_under_a_budget_says_which_fit(capsys):
@@ -270,7 +275,8 @@ def test_maxbatch_result_fits_and_one_more_does_not(capsys):
     batch = rows["liveness"]["batch"]
     config = MemoryConfig(liveness=True, budget_bytes=12 * 2**20)
     assert batch > 1 and rows["liveness"]["next"] == batch + 1
-    assert budget.fits(get_model("lenet", batch), config) and not budget.fits(get_model("lenet", batch + 1), config)
+    assert budget.fits(get_model("lenet", batch), config) \
+        and not budget.fits(get_model("lenet", batch + 1), config)
     assert rows["superneurons"]["batch"] >= rows["baseline"]["batch"]
 
 
@@ -322,7 +328,8 @@ def test_maxdepth_prints_the_table_and_its_time(capsys):
     assert code == 0, err
     assert "SuperNeurons 1,920" in out and re.search(r"took \d+\.\d s", out)
     assert re.search(r"^superneurons +>= 182 +60 .* 1,920$", out, re.M)
-    assert ">=: still fits at the ceiling 182 (60 residual units; --max-units 60); raise it with --max-units" in out
+    assert ">=: still fits at the ceiling 182 (60 residual units; --max-units 60); raise it with " \
+           "--max-units" in out
     assert re.search(r"^baseline +\d+ +\d+ ", out, re.M)
     assert re.search(r"^strategy +weights +weight grads +momentum +on host +the rest +on host$", out, re.M)
 
@@ -385,7 +392,8 @@ def test_help(command, capsys):
 
 
 @pytest.mark.parametrize("argv,message,status", [
-    (["plan", "lenett"], "unknown model 'lenett'", 2), (["compare", "resnet51"], "no bottleneck ResNet of depth 51", 2),
+    (["plan", "lenett"], "unknown model 'lenett'", 2),
+    (["compare", "resnet51"], "no bottleneck ResNet of depth 51", 2),
     (["maxbatch", "nope", "--budget", "1GiB"], "unknown model 'nope'", 2),
     (["plan", "lenet", "--json", "/no/such/dir/x.json"], "its folder does not exist", 1),
 ])
@@ -398,7 +406,8 @@ def test_errors_are_one_line(argv, message, status, capsys):
 def test_nothing_fits_is_exit_status_3_everywhere(capsys):
     """compare lenet --budget 1KiB used to exit 0 with a table of 'no'."""
     code, out, err = run(capsys, "compare", "lenet", "--batch", 2, "--budget", "1KiB")
-    assert code == 3 and "no strategy fits 1.0 KiB" in out and "snlite plan lenet --batch 2 --budget 1024" in out
+    assert code == 3 and "no strategy fits 1.0 KiB" in out \
+        and "snlite plan lenet --batch 2 --budget 1024" in out
     assert run(capsys, "compare", "lenet", "--batch", 2, "--budget", "1KiB", "--json")[0] == 3
     code, out, err = run(capsys, "maxbatch", "lenet", "--budget", "4KiB", "--max-batch", 4)
     assert code == 3 and "not even a batch of 1 fits" in out
@@ -410,10 +419,10 @@ def test_a_budget_below_the_first_weight_says_nothing_else_was_live(capsys):
     """The runtime's message used to end in 'Live there: .'."""
     code, out, err = run(capsys, "plan", "lenet", "--budget", "1KiB")
     assert code == 3 and "Live there: ." not in out
-    assert "conv1.weight needs 2,000 bytes but the largest free block is 1,024 bytes. Nothing else was live there." \
-        in out
-    with pytest.raises(BudgetError, match=r"largest free block is 1,024 bytes\. Nothing else was live there\. "
-                                                    r"The smallest budget"):
+    assert "conv1.weight needs 2,000 bytes but the largest free block is 1,024 bytes. Nothing else was " \
+           "live there." in out
+    with pytest.raises(BudgetError, match=r"largest free block is 1,024 bytes\. Nothing else was live "
+                                                    r"there\. The smallest budget"):
         Model(get_model("lenet", 2), MemoryConfig(budget_bytes=1024), device="host")
 
 
@@ -432,7 +441,8 @@ def test_maxdepth_never_reports_a_depth_above_max_units(capsys):
 @pytest.mark.parametrize("flags,named", [
     (["--recompute", "cost_aware", "--no-liveness"], "--recompute cost_aware without liveness"),
     (["--cache"], "--cache without liveness"),
-    (["--preset", "superneurons", "--no-liveness"], "--offload, --cache and --recompute cost_aware without liveness"),
+    (["--preset", "superneurons", "--no-liveness"],
+     "--offload, --cache and --recompute cost_aware without liveness"),
 ])
 def test_optimizations_without_liveness_are_warned_about(flags, named, capsys):
     code, out, err = run(capsys, "plan", "lenet", "--batch", 2, *flags)
@@ -468,7 +478,8 @@ class Terminal:
      [r"snlite compare: lenet: baseline \(1/8\)", r"snlite compare: lenet: sqrt\(N\) checkpoints \(8/8\)"]),
 ])
 def test_long_commands_show_what_they_probe_on_a_terminal(argv, shown, monkeypatch, capsys):
-    """Only on a terminal (capsys's stderr is not one), never with --quiet; the line is wiped before the results."""
+    """Only on a terminal (capsys's stderr is not one), never with --quiet; the line is wiped before the
+    results."""
     code, _, err = run(capsys, *argv)
     assert code == 0 and err == ""
     monkeypatch.setenv("COLUMNS", "300")  # a narrow terminal truncates the line
@@ -492,6 +503,7 @@ def test_the_progress_line_fits_the_terminal(monkeypatch):
     status = cli_args.Status("snlite maxdepth", stream=tty)
     status("superneurons: probe 3, depth 2,819 (939 units) [strategy 5/5]")
     line = tty.text.removeprefix("\r").removesuffix("\033[K")
-    assert len(line) == 39 and line.startswith("snlite maxdepth: superneurons") and line.endswith("...  (0 s)")
+    assert len(line) == 39 and line.startswith("snlite maxdepth: superneurons") \
+        and line.endswith("...  (0 s)")
     status.clear()
     assert tty.text.endswith("\r\033[K")

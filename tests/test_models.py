@@ -1,8 +1,8 @@
 """The model zoo: published parameter counts, shapes, names, depths, and that every net compiles."""
 import pytest
 
-from snlite.models import (DEFAULT_BATCH, MODELS, PAPER_WIDTH_BATCH, alexnet, cifar_resnet, densenet121, get_model,
-                           inception_v4, lenet, resnet, vgg16)
+from snlite.models import (DEFAULT_BATCH, MODELS, PAPER_WIDTH_BATCH, alexnet, cifar_resnet, densenet121,
+                           get_model, inception_v4, lenet, resnet, vgg16)
 
 # Published counts: Caffe's LeNet and BVLC AlexNet (groups removed), torchvision (vgg11, vgg16, resnet*,
 # densenet121), pretrainedmodels / timm (inceptionv4 with 1000 classes).
@@ -60,13 +60,16 @@ def test_mini_inception_forks_four_ways_and_concats():
 
 
 @pytest.mark.parametrize("name,shapes", [
-    ("alexnet", {"pool1": (2, 96, 27, 27), "pool2": (2, 256, 13, 13), "pool5": (2, 256, 6, 6), "fc6": (2, 4096)}),
+    ("alexnet",
+     {"pool1": (2, 96, 27, 27), "pool2": (2, 256, 13, 13), "pool5": (2, 256, 6, 6), "fc6": (2, 4096)}),
     ("vgg16", {"features.30": (2, 512, 7, 7), "classifier.0": (2, 4096)}),
-    ("resnet50", {"maxpool": (2, 64, 56, 56), "layer1.2.relu3": (2, 256, 56, 56), "layer2.3.relu3": (2, 512, 28, 28),
+    ("resnet50",
+     {"maxpool": (2, 64, 56, 56), "layer1.2.relu3": (2, 256, 56, 56), "layer2.3.relu3": (2, 512, 28, 28),
                   "layer3.5.relu3": (2, 1024, 14, 14), "layer4.2.relu3": (2, 2048, 7, 7)}),
     ("inception_v4", {"features.3": (2, 160, 73, 73), "features.4": (2, 192, 71, 71),
                       "features.5": (2, 384, 35, 35), "features.10": (2, 1024, 17, 17),
-                      "features.18": (2, 1536, 8, 8), "features.21": (2, 1536, 8, 8), "avg_pool": (2, 1536, 1, 1)}),
+                      "features.18": (2, 1536, 8, 8), "features.21": (2, 1536, 8, 8),
+                      "avg_pool": (2, 1536, 1, 1)}),
     ("densenet121", {"features.pool0": (2, 64, 56, 56), "features.denseblock1": (2, 256, 56, 56),
                      "features.transition1.pool": (2, 128, 28, 28), "features.denseblock3": (2, 1024, 14, 14),
                      "features.denseblock4": (2, 1024, 7, 7)}),
@@ -82,7 +85,8 @@ def test_intermediate_and_output_shapes(name, shapes):
 
 def test_torchvision_style_names():
     t = vgg16(batch=1).tensors()
-    assert t["features.28.weight"].shape == (512, 512, 3, 3) and t["classifier.6.weight"].shape == (1000, 4096)
+    assert t["features.28.weight"].shape == (512, 512, 3, 3) \
+        and t["classifier.6.weight"].shape == (1000, 4096)
     t = resnet(50, batch=1).tensors()
     assert t["layer1.0.downsample.0.weight"].shape == (256, 64, 1, 1)
     assert t["layer2.0.conv2.weight"].shape == (128, 128, 3, 3) and "layer1.0.conv1.bias" not in t

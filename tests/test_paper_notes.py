@@ -13,8 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTES = ROOT / "docs" / "paper.md"
-SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".hypothesis", "build", "dist", "bench-out",
-             "paper-out", "out"}
+SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".hypothesis", "build", "dist",
+             "bench-out", "paper-out", "out"}
 
 SECTION_REF = re.compile(r"paper\.md[,:]?\s+sections?\s+(\d+)")  # "docs/paper.md section 4"
 ANCHOR_REF = re.compile(r"paper\.md#([\w-]+)")  # a Markdown link to a heading
@@ -25,8 +25,8 @@ HEADING = re.compile(r"^## (\d+)\. (.+)$", re.M)
 def checkout_files():
     """Relative paths of the checkout's files, as a fresh clone (or the student copy) has them."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, text=True, check=True, timeout=60).stdout
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout
         return sorted({p for p in out.split("\0") if p and (ROOT / p).is_file()})
     except (OSError, subprocess.CalledProcessError):
         paths = []
@@ -69,7 +69,8 @@ def test_every_reference_to_the_notes_resolves():
         for no, line in enumerate(text.splitlines(), 1):
             for m in MISSING_NOTES.finditer(line):
                 if m.group(0) not in names:
-                    bad.append(f"{rel}:{no}: cites {m.group(0)}, which is not in the repository (cite docs/paper.md)")
+                    bad.append(f"{rel}:{no}: cites {m.group(0)}, which is not in the repository (cite "
+                               "docs/paper.md)")
         for m in SECTION_REF.finditer(text):
             n = int(m.group(1))
             cited.add(n)
@@ -81,7 +82,8 @@ def test_every_reference_to_the_notes_resolves():
             if m.group(1) not in anchors:
                 no = text.count("\n", 0, m.start()) + 1
                 bad.append(f"{rel}:{no}: links to docs/paper.md#{m.group(1)}, which is no heading there")
-    for m in re.finditer(r"\]\(#([\w-]+)\)", NOTES.read_text(encoding="utf-8")):  # the notes' own table of contents
+    # the notes' own table of contents
+    for m in re.finditer(r"\]\(#([\w-]+)\)", NOTES.read_text(encoding="utf-8")):
         if m.group(1) not in anchors:
             bad.append(f"docs/paper.md: links to #{m.group(1)}, which is no heading there")
     assert not bad, "dangling references to the paper's notes:\n" + "\n".join(bad)

@@ -18,8 +18,8 @@ from snlite.train import Model
 
 def high_water(program, space: str) -> int:
     """The highest end offset any allocation of ``space`` reaches, recomputed from the instructions."""
-    return max((i.offset + i.nbytes for i in (*program.setup, *program.body) if type(i) is Alloc and i.space == space),
-               default=0)
+    return max((i.offset + i.nbytes for i in (*program.setup, *program.body)
+                if type(i) is Alloc and i.space == space), default=0)
 
 
 def test_offload_moves_conv_outputs_and_frees_device_memory():
@@ -44,8 +44,10 @@ def test_offload_moves_conv_outputs_and_frees_device_memory():
 def test_recompute_strategies_trade_compute_for_memory():
     g = mixed_net(n=4)
     lv = simulate(g, MemoryConfig(liveness=True))
-    traces = {s: simulate(g, MemoryConfig(liveness=True, recompute=s)) for s in ("speed", "memory", "cost_aware")}
-    assert traces["memory"].recompute_count >= traces["cost_aware"].recompute_count >= traces["speed"].recompute_count > 0
+    traces = {s: simulate(g, MemoryConfig(liveness=True, recompute=s))
+              for s in ("speed", "memory", "cost_aware")}
+    assert traces["memory"].recompute_count >= traces["cost_aware"].recompute_count >= \
+        traces["speed"].recompute_count > 0
     assert traces["memory"].peak_bytes <= traces["speed"].peak_bytes <= lv.peak_bytes
     assert traces["cost_aware"].peak_bytes <= traces["speed"].peak_bytes
     for t in traces.values():
@@ -75,8 +77,8 @@ def test_workspace_modes():
     assert all(i.workspace is None or i.workspace.endswith(".workspace") for i in launches)
 
 
-@pytest.mark.parametrize("name", ["lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4",
-                                  "densenet121", "cifar_resnet20"])
+@pytest.mark.parametrize("name", ["lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152",
+                                  "inception_v4", "densenet121", "cifar_resnet20"])
 def test_peaks_never_rise_as_stages_are_added(name):
     g = get_model(name, batch=8)
     ladder = [MemoryConfig(), MemoryConfig(liveness=True), MemoryConfig(liveness=True, offload=True),
@@ -92,7 +94,8 @@ def test_peaks_never_rise_as_stages_are_added(name):
 
 @pytest.mark.parametrize("name,config", [
     ("lenet", MemoryConfig()), ("alexnet", MemoryConfig(liveness=True, offload=True)),
-    ("resnet50", MemoryConfig.superneurons()), ("inception_v4", MemoryConfig.superneurons(recompute="memory")),
+    ("resnet50", MemoryConfig.superneurons()),
+    ("inception_v4", MemoryConfig.superneurons(recompute="memory")),
     ("densenet121", MemoryConfig(liveness=True, allocator="raw"))])
 def test_arena_and_slab_are_the_programs_high_water_marks(name, config):
     g = get_model(name, batch=4)
@@ -104,7 +107,8 @@ def test_arena_and_slab_are_the_programs_high_water_marks(name, config):
     arena = max(p.arena_bytes for p in programs)
     if config.allocator == "raw":  # no arena: one device buffer per tensor, the weights' so far
         arena = sum(i.nbytes for i in model.programs[model.step_mode].setup)
-    assert model.device.arena_bytes == arena and model.device.pinned_bytes == max(p.slab_bytes for p in programs)
+    assert model.device.arena_bytes == arena \
+        and model.device.pinned_bytes == max(p.slab_bytes for p in programs)
     if config.allocator == "pool":  # the arena is what the placement reached, not "every tensor at once"
         tensors = [*g.tensors().values(), *optimizer_specs(g).values()]
         everything = sum(-(-max(t.nbytes, 1) // 1024) * 1024 for t in tensors)
@@ -129,8 +133,9 @@ def test_a_budget_too_small_fails_before_running_and_names_the_fix():
     need = smallest_budget(g, cfg)
     assert need >= simulate(g, cfg).peak_bytes
     Model(g, cfg.replace(budget_bytes=need), device="host")  # fits exactly
-    with pytest.raises(BudgetError, match=r"at step \d+ \(\w+ \w+\), .* needs [\d,]+ bytes .* Live there: .*The "
-                                          rf"smallest budget that works under this configuration is {need:,d} bytes"):
+    with pytest.raises(BudgetError, match=r"at step \d+ \(\w+ \w+\), .* needs [\d,]+ bytes .* Live there: "
+                                          r".*The smallest budget that works under this configuration is "
+                                          rf"{need:,d} bytes"):
         Model(g, cfg.replace(budget_bytes=need - 1024), device="host")
     with pytest.raises(BudgetError, match="while placing the weights"):
         Model(g, cfg.replace(budget_bytes=4096), device="host")
@@ -141,9 +146,9 @@ def test_a_host_budget_too_small_fails_early_and_names_the_pinned_memory():
     cfg = MemoryConfig(liveness=True, offload=True)
     slab = place(g, cfg).slab_bytes
     Model(g, cfg.replace(host_budget_bytes=slab), device="host")  # exactly the slab: fits
-    with pytest.raises(BudgetError, match=r"does not fit a host budget of [\d,]+ bytes of pinned memory .* at step "
-                                          r"\d+ \(\w+ \w+\), [\w.:]+ needs [\d,]+ bytes .* On the host there: "
-                                          r".*The smallest host budget that works .* is "):
+    with pytest.raises(BudgetError, match=r"does not fit a host budget of [\d,]+ bytes of pinned memory .* "
+                                          r"at step \d+ \(\w+ \w+\), [\w.:]+ needs [\d,]+ bytes .* On the "
+                                          r"host there: .*The smallest host budget that works .* is "):
         Model(g, cfg.replace(host_budget_bytes=slab - 256), device="host")
     with pytest.raises(BudgetError, match="while staging the batch"):
         place(g, cfg.replace(host_budget_bytes=256))
@@ -157,7 +162,8 @@ def test_trace_and_plan_are_readable():
     for stage in ("recompute", "liveness", "offload", "cache", "workspace"):
         assert stage in text
     table = sched.plan().table()
-    assert "offload conv2" in table and "release conv2" in table and "prefetch conv2" in table and "recompute" in table
+    assert "offload conv2" in table and "release conv2" in table and "prefetch conv2" in table \
+        and "recompute" in table
     tr = simulate(g, cfg)
     assert tr.steps and tr.peak_step >= 0 and tr.peak_tensors and tr.ratio >= 1.0
     assert sum(b for _, b in tr.peak_tensors) <= tr.peak_bytes
@@ -170,8 +176,8 @@ def test_every_wait_says_why_and_copies_wait_for_their_producers():
     assert whys == {"ready", "reuse", "release", "landed", "end"}
     for k, ins in enumerate(program.body):
         if type(ins) is Copy and ins.stream == "copy_out":
-            assert type(program.body[k - 1]) is Wait and program.body[k - 1].why == "ready", program.table(start=k - 3,
-                                                                                                          limit=5)
+            assert type(program.body[k - 1]) is Wait and program.body[k - 1].why == "ready", \
+                program.table(start=k - 3, limit=5)
 
 
 def test_inference_program_reads_the_logits_and_moves_nothing_eagerly():

@@ -49,7 +49,8 @@ def rescans_the_route_per_step(steps, persistent=frozenset()):
         order = list(uses)
         out.append(liveness.StepLiveness(
             i, tuple(t for t in order if uses[t][0] < i <= uses[t][-1]),
-            tuple(t for t in order if uses[t][0] <= i < uses[t][-1]), tuple(t for t in order if uses[t][-1] == i)))
+            tuple(t for t in order if uses[t][0] <= i < uses[t][-1]),
+            tuple(t for t in order if uses[t][-1] == i)))
     return out
 
 
@@ -68,7 +69,8 @@ def free_merging_the_right_neighbour_only(self, offset):
 
 
 def alloc_rounding_down(self, nbytes, name, step=None):
-    return ORIGINAL[TensorPool, "alloc"](self, max(1, nbytes // self.block_bytes * self.block_bytes), name, step)
+    return ORIGINAL[TensorPool, "alloc"](self, max(1, nbytes // self.block_bytes * self.block_bytes),
+                                         name, step)
 
 
 def alloc_one_block_too_many_at_exact_multiples(self, nbytes, name, step=None):
@@ -122,7 +124,8 @@ def gemm_kernels():
                 acc += av * bv
             c[row, col] = alpha * acc + beta * c[row, col]
 
-    return {"sums k backwards": sums_k_backwards, "reads C even when beta is 0": reads_c_even_when_beta_is_zero}
+    return {"sums k backwards": sums_k_backwards,
+            "reads C even when beta is 0": reads_c_even_when_beta_is_zero}
 
 
 # ---------------------------------------------------------------- assignment 4: offload and prefetch
@@ -134,7 +137,8 @@ def releases_one_op_early(ops, graph):
 def prefetches_one_segment_late(ops, graph):
     """The copy back starts when backward reaches the tensor's own CONV, after the step before reads it."""
     own = {graph.output_tensor(op.layer): op.index for op in ops if op.phase == "backward"}
-    return [dataclasses.replace(t, prefetch_before=own[t.tensor]) for t in ORIGINAL[offload, "schedule"](ops, graph)]
+    return [dataclasses.replace(t, prefetch_before=own[t.tensor])
+            for t in ORIGINAL[offload, "schedule"](ops, graph)]
 
 
 def never_prefetches(ops, graph):
@@ -157,8 +161,9 @@ def cost_aware_rule(compare, with_backward=True):
         members = {}
         for layer, root in recompute.segments(graph).items():
             members.setdefault(root, []).append(layer)
-        return {r: "speed" if compare(sum(fwd[m] for m in ms) + (max(bwd[m] for m in ms) if with_backward else 0),
-                                      max(sizes)) else "memory" for r, ms in members.items()}
+        return {r: "speed" if compare(sum(fwd[m] for m in ms)
+                                      + (max(bwd[m] for m in ms) if with_backward else 0), max(sizes))
+                else "memory" for r, ms in members.items()}
 
     return choose
 
@@ -168,9 +173,10 @@ def speed_centric_everywhere(graph, strategy, persistent):
                                                     persistent)
 
 
-ORIGINAL = {(liveness, "first_and_last_use"): liveness.first_and_last_use, (liveness, "analyze"): liveness.analyze,
-            (TensorPool, "free"): TensorPool.free, (TensorPool, "alloc"): TensorPool.alloc,
-            (TensorPool, "_find"): TensorPool._find, (offload, "schedule"): offload.schedule,
+ORIGINAL = {(liveness, "first_and_last_use"): liveness.first_and_last_use,
+            (liveness, "analyze"): liveness.analyze, (TensorPool, "free"): TensorPool.free,
+            (TensorPool, "alloc"): TensorPool.alloc, (TensorPool, "_find"): TensorPool._find,
+            (offload, "schedule"): offload.schedule,
             (recompute, "choose_strategies"): recompute.choose_strategies}
 
 # (assignment, the wrong solution): (object, attribute, replacement)
@@ -179,11 +185,13 @@ PLANTED = {
     (1, "counts weights as live"): (liveness, "first_and_last_use", counts_weights_as_live),
     (1, "rescans the route for every step (O(N^2))"): (liveness, "analyze", rescans_the_route_per_step),
     (2, "no coalescing"): (TensorPool, "free", free_without_coalescing),
-    (2, "coalesces with the right neighbour only"): (TensorPool, "free", free_merging_the_right_neighbour_only),
+    (2, "coalesces with the right neighbour only"): (TensorPool, "free",
+                                                     free_merging_the_right_neighbour_only),
     (2, "off-by-one alignment: rounds down to whole blocks"): (TensorPool, "alloc", alloc_rounding_down),
     (2, "off-by-one alignment: an extra block at exact multiples"):
         (TensorPool, "alloc", alloc_one_block_too_many_at_exact_multiples),
-    (2, "best fit breaks ties toward the highest address"): (TensorPool, "_find", best_fit_ties_to_the_highest_address),
+    (2, "best fit breaks ties toward the highest address"): (TensorPool, "_find",
+                                                             best_fit_ties_to_the_highest_address),
     (2, "first fit takes the last region that fits"): (TensorPool, "_find", first_fit_takes_the_last_region),
     (3, "untiled (the naive kernel)"): ("kernels.gemm", "_gemm_v2", "_gemm_v1"),
     (3, "sums k backwards"): ("kernels.gemm", "_gemm_v2", "sums k backwards"),
@@ -192,7 +200,8 @@ PLANTED = {
     (4, "prefetches one segment late"): (offload, "schedule", prefetches_one_segment_late),
     (4, "never prefetches"): (offload, "schedule", never_prefetches),
     (4, "keeps the first CONV output on the device"): (offload, "schedule", keeps_the_first_conv_output),
-    (5, "< instead of <= against l_peak"): (recompute, "choose_strategies", cost_aware_rule(lambda a, b: a < b)),
+    (5, "< instead of <= against l_peak"): (recompute, "choose_strategies",
+                                            cost_aware_rule(lambda a, b: a < b)),
     (5, "forgets the segment's backward step"):
         (recompute, "choose_strategies", cost_aware_rule(lambda a, b: a <= b, with_backward=False)),
     (5, "speed-centric everywhere"): (recompute, "choose_strategies", speed_centric_everywhere),
@@ -215,8 +224,9 @@ class Plant:
         self.undo.undo()
 
     def pytest_collection_modifyitems(self, config, items):
+        # (test_a3_v2_compiles_for_a_real_gpu runs a subprocess: no planted bug reaches it)
         randomized = [i for i in items if getattr(getattr(i, "obj", None), "is_hypothesis_test", False)
-                      or i.name == "test_a3_v2_compiles_for_a_real_gpu"]  # a subprocess: no planted bug reaches it
+                      or i.name == "test_a3_v2_compiles_for_a_real_gpu"]
         if randomized:
             items[:] = [i for i in items if i not in randomized]
             config.hook.pytest_deselected(items=randomized)
@@ -231,7 +241,8 @@ def target_of(obj, attr, replacement):
 
 
 def grade(pytester, markers, target=None, stop_at_first=True):
-    """The graders selected by ``markers`` (``a2``, ``a1 or a2``), run in this process with ``target`` planted.
+    """The graders selected by ``markers`` (``a2``, ``a1 or a2``), run in this process with ``target``
+    planted.
 
     The graders module is imported afresh inside the run, after the bug is planted, as a grading
     run imports it: its ``from snlite.liveness import analyze`` then binds the planted function.
@@ -280,4 +291,5 @@ def test_the_graders_reject_each_planted_bug(pytester, number, bug):
 
 
 def test_planting_restores_the_solution():
-    assert all(getattr(obj, attr) is fn for (obj, attr), fn in ORIGINAL.items()), "a planted bug outlived its run"
+    assert all(getattr(obj, attr) is fn for (obj, attr), fn in ORIGINAL.items()), \
+        "a planted bug outlived its run"

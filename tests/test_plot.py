@@ -47,7 +47,8 @@ def synthetic_trace(n=50_000, seed=0):
         dev.update(weights=8 * MIB, activations=int(act[i]), gradients=int(act[i]) // 2 if i >= n // 2 else 0,
                    in_flight=MIB if i % 97 == 0 else 0)
         total = sum(dev.values())
-        steps.append(StepRecord(i, i, f"layer{i}", "forward" if i < n // 2 else "backward", dev, 0, 3, total, total))
+        steps.append(StepRecord(i, i, f"layer{i}", "forward" if i < n // 2 else "backward", dev, 0,
+                                3, total, total))
     totals = [r.counted_bytes for r in steps]
     peak = int(np.argmax(totals))
     return Trace(count="all", steps=steps, peak_bytes=totals[peak], peak_step=peak, peak_op=peak,
@@ -85,7 +86,8 @@ def test_timeline_series_paper_count_stacks_activations_and_gradients(lenet_trac
     trace = lenet_traces["superneurons()"]
     tl = plot.timeline_series(trace, count="paper")
     assert set(tl.categories) <= {"activations", "gradients"}
-    assert tl.peak_mib * MIB == max(r.device_bytes["activations"] + r.device_bytes["gradients"] for r in trace.steps)
+    assert tl.peak_mib * MIB == \
+        max(r.device_bytes["activations"] + r.device_bytes["gradients"] for r in trace.steps)
     full = plot.timeline_series(trace)
     assert full.peak_op == trace.peak_op and full.peak_mib * MIB == trace.peak_bytes
 
@@ -95,8 +97,8 @@ def test_without_matplotlib_the_error_says_how_to_install(tmp_path):
             "from snlite import plot\n"
             "assert 'matplotlib' not in sys.modules, 'snlite.plot imported matplotlib at import time'\n"
             "sys.modules['matplotlib'] = None\n"
-            "try:\n    plot.plot_streams([{'stream': 'compute', 'start_ms': 0, 'end_ms': 1, 'label': 'a'}], 'x.png')\n"
-            "except plot.PlotUnavailable as e:\n    print('UNAVAILABLE', e)\n")
+            "try:\n    plot.plot_streams([{'stream': 'compute', 'start_ms': 0, 'end_ms': 1, 'label': 'a'}], "
+            "'x.png')\nexcept plot.PlotUnavailable as e:\n    print('UNAVAILABLE', e)\n")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                          timeout=120)
@@ -129,7 +131,8 @@ def test_plot_timeline_writes_a_png(lenet_traces, tmp_path, count):
 
 @needs_mpl
 def test_plot_timeline_of_50k_ops_finishes(tmp_path):
-    assert png_size(plot.plot_timeline(synthetic_trace(), tmp_path / "long.png", title="50,000 ops"))[0] == 1320
+    assert png_size(plot.plot_timeline(synthetic_trace(), tmp_path / "long.png",
+                                       title="50,000 ops"))[0] == 1320
 
 
 @needs_mpl
@@ -141,8 +144,8 @@ def test_plot_compare_timelines_writes_a_png(lenet_traces, tmp_path):
 @needs_mpl
 def test_plot_tradeoff_writes_a_png(lenet_traces, tmp_path):
     g = snlite.models.lenet(batch=8)
-    rows = [{"label": name, "peak_bytes": t.peak_bytes, "extra_flops": t.extra_flops, "moved_bytes": t.d2h_bytes}
-            for name, t in lenet_traces.items()]
+    rows = [{"label": name, "peak_bytes": t.peak_bytes, "extra_flops": t.extra_flops,
+             "moved_bytes": t.d2h_bytes} for name, t in lenet_traces.items()]
     rows.append({"label": "made up", "peak_bytes": 5 * MIB, "extra_flops": 10**7})
     png_size(plot.plot_tradeoff(rows, tmp_path / "gflops.png"))
     png_size(plot.plot_tradeoff(rows, tmp_path / "pct.png", base_flops=g.flops()))
@@ -162,7 +165,8 @@ def test_plot_streams_writes_a_png(tmp_path):
                                         memory=[(0.0, 2**20), (10.0, 3 * 2**20), (40.0, 2**20)]))
     assert w2 == 1320 and h2 > h, "the model's rows and the memory curve make the figure taller"
     with pytest.raises(ValueError, match="ends before"):
-        plot.plot_streams([{"stream": "compute", "start_ms": 2, "end_ms": 1, "label": "x"}], tmp_path / "bad.png")
+        plot.plot_streams([{"stream": "compute", "start_ms": 2, "end_ms": 1, "label": "x"}],
+                          tmp_path / "bad.png")
 
 
 @needs_mpl
@@ -174,8 +178,8 @@ def test_module_help_outside_the_repository_writes_nothing(tmp_path):
     """`python -m snlite.plot --help` used to draw a PNG named --help (and, run outside the repository
     root, fail to find docs/)."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "snlite.plot", "--help"], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "snlite.plot", "--help"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("usage: python -m snlite.plot [-h] [PATH.png]"), p.stderr
     assert os.listdir(tmp_path) == []
 

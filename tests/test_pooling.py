@@ -83,7 +83,8 @@ def test_maxpool_backward_ties_go_to_first_maximum(rng, shape, hp):
         P.maxpool2d_backward_ref(x, y, dy, want, **hp)
         np.testing.assert_allclose(want, _maxpool_backward_loops(x, y, dy, **hp), rtol=1e-6)
         for version in ("v1", "v2"):
-            got = _device(P.maxpool2d_backward, x, y, dy, np.full_like(x, np.nan), out=3, **hp, version=version)
+            got = _device(P.maxpool2d_backward, x, y, dy, np.full_like(x, np.nan), out=3, **hp,
+                          version=version)
             np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=version)
 
 
@@ -115,7 +116,8 @@ def test_random_geometries_match_reference(h, w, k, s, p, include, seed):
     oshape = P.pool_output_shape(x.shape, **hp)
     want = np.empty(oshape, np.float32)
     P.avgpool2d_forward_ref(x, want, **hp, count_include_pad=include)
-    got = _device(P.avgpool2d_forward, x, np.empty(oshape, np.float32), out=1, **hp, count_include_pad=include)
+    got = _device(P.avgpool2d_forward, x, np.empty(oshape, np.float32), out=1, **hp,
+                  count_include_pad=include)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     dy = rng.standard_normal(oshape).astype(np.float32)
     P.maxpool2d_forward_ref(x, want, **hp)
@@ -169,7 +171,8 @@ def test_pool_output_shape_errors(args, match):
 def test_launchers_name_op_and_shape():
     x = cuda.to_device(np.zeros((1, 2, 6, 6), np.float32))
     bad_y = cuda.to_device(np.zeros((1, 2, 2, 2), np.float32))
-    with pytest.raises(ValueError, match=r"maxpool2d_forward y: expected shape \(1, 2, 3, 3\), got \(1, 2, 2, 2\)"):
+    with pytest.raises(ValueError,
+                       match=r"maxpool2d_forward y: expected shape \(1, 2, 3, 3\), got \(1, 2, 2, 2\)"):
         P.maxpool2d_forward(x, bad_y, kernel=2)
     with pytest.raises(ValueError, match=r"avgpool2d_backward dy: expected shape"):
         P.avgpool2d_backward(bad_y, x, kernel=2)

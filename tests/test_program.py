@@ -24,7 +24,8 @@ def test_the_table_shows_every_instruction_with_its_stream(program):
     assert any("copy_out  copy conv2 device -> host (offload" in line for line in lines)
     assert any("compute   wait for" in line and "(release)" in line for line in lines)
     assert any("launch conv1 forward (op 1); forward " in line for line in lines)
-    assert program.table(limit=5, start=10).splitlines()[-1] == f"... {len(program.body) - 15:,d} more instructions"
+    assert program.table(limit=5, start=10).splitlines()[-1] == \
+        f"... {len(program.body) - 15:,d} more instructions"
     assert sum(isinstance(i, HostWait) for i in program.body) == 1, "one host wait: the end of the iteration"
 
 
@@ -71,7 +72,8 @@ def test_programs_hold_what_the_executor_needs(program):
     assert program.mode == "train" and program.allocator == "pool"
     assert {type(i) for i in program.setup} == {Alloc}
     launches = list(program.launches())
-    assert [i.op for i in launches if i.phase != "update"] == sorted(i.op for i in launches if i.phase != "update")
+    assert [i.op for i in launches if i.phase != "update"] == \
+        sorted(i.op for i in launches if i.phase != "update")
     assert {i.phase for i in program.without_updates().launches()} == {"forward", "backward", "recompute"}
     assert program.spec("relu1#r1") == program.spec("relu1")
     for ins in program.body:

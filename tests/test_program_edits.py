@@ -25,7 +25,8 @@ from snlite.program import Program
 SETTINGS = settings(max_examples=int(os.environ.get("SNLITE_EDITS", 40)), deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DELTAS = (-1024, -256, -4, 4, 256, 1024)
-OFFSETS = {"Alloc": (2,), "Free": (2,), "Copy": (3, 5), "HostWrite": (1,), "HostRead": (1,)}  # positions in JSON
+# positions in JSON
+OFFSETS = {"Alloc": (2,), "Free": (2,), "Copy": (3, 5), "HostWrite": (1,), "HostRead": (1,)}
 SIZES = {"Alloc": 3, "Free": 3, "Copy": 6, "HostWrite": 2, "HostRead": 2}
 
 

@@ -53,8 +53,8 @@ def _kernel_names():
 def ptx_results():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(ARCHS)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=1800)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(ARCHS)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=1800)
     assert proc.returncode == 0, f"PTX compile script failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout)
 
@@ -64,7 +64,8 @@ def test_kernel_compiles_to_ptx(name, ptx_results):
     for arch in ARCHS:
         res = ptx_results[name][arch]
         assert res["ok"], f"{name} does not compile for {arch}: {res.get('error')}"
-        assert not res["float_atomics"], f"{name} uses floating-point atomics {res['float_atomics']}: not deterministic"
+        assert not res["float_atomics"], \
+            f"{name} uses floating-point atomics {res['float_atomics']}: not deterministic"
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +76,10 @@ def table():
 def test_registers_table_covers_every_kernel_without_spills(ptx_results, table):
     """The launch report's table lists every kernel a fresh import registers, on every architecture it
     knows, and no kernel spills registers to local memory."""
-    missing, gone = sorted(set(ptx_results) - set(table["kernels"])), sorted(set(table["kernels"]) - set(ptx_results))
-    assert not missing and not gone, ("kernels/registers.json is stale: run `python -m kernels.launches --registers` "
-                                      f"(missing: {missing}, gone: {gone})")
+    missing, gone = \
+        sorted(set(ptx_results) - set(table["kernels"])), sorted(set(table["kernels"]) - set(ptx_results))
+    assert not missing and not gone, ("kernels/registers.json is stale: run `python -m kernels.launches "
+                                      f"--registers` (missing: {missing}, gone: {gone})")
     for name, per_arch in table["kernels"].items():
         assert set(per_arch) == set(table["archs"]) >= set(ARCHS), name
         for arch, res in per_arch.items():
@@ -90,7 +92,8 @@ def _ptxas_or_skip(table):
         pytest.skip("ptxas not found (install the CUDA toolkit or set CUDA_HOME): registers not re-measured")
     version = launches.ptxas_version(ptxas)
     if version != table["ptxas"]:
-        pytest.skip(f"ptxas here is {version!r}, the table was measured with {table['ptxas']!r}: counts may differ")
+        pytest.skip(f"ptxas here is {version!r}, the table was measured with {table['ptxas']!r}: "
+                    "counts may differ")
 
 
 @pytest.mark.parametrize("name", _kernel_names())
@@ -99,8 +102,8 @@ def test_registers_table_is_what_ptxas_says(name, ptx_results, table):
     for arch in ARCHS:
         measured = ptx_results[name][arch]["resources"]
         assert measured == table["kernels"][name][arch], (
-            f"{name} on {arch}: ptxas says {measured}, kernels/registers.json {table['kernels'][name][arch]}: "
-            "run `python -m kernels.launches --registers`")
+            f"{name} on {arch}: ptxas says {measured}, kernels/registers.json "
+            f"{table['kernels'][name][arch]}: run `python -m kernels.launches --registers`")
 
 
 def test_every_kernel_is_registered():

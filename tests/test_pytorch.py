@@ -45,7 +45,8 @@ class Torch(nn.Module):
         return self.fc(y.flatten(1))
 
 
-@pytest.mark.parametrize("config", [MemoryConfig(), MemoryConfig.superneurons(cache=False)], ids=["baseline", "sn"])
+@pytest.mark.parametrize("config", [MemoryConfig(), MemoryConfig.superneurons(cache=False)],
+                         ids=["baseline", "sn"])
 def test_same_loss_gradients_and_step_as_pytorch(config):
     g = build()
     model = Model(g, config, device="host", seed=0)
@@ -62,11 +63,14 @@ def test_same_loss_gradients_and_step_as_pytorch(config):
     assert loss == pytest.approx(t_loss.item(), rel=1e-5)
     for name, p in net.named_parameters():
         np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
-    np.testing.assert_allclose(model.params["bn1.running_mean"], net.bn1.running_mean.numpy(), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(model.params["bn1.running_var"], net.bn1.running_var.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(model.params["bn1.running_mean"], net.bn1.running_mean.numpy(),
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(model.params["bn1.running_var"], net.bn1.running_var.numpy(),
+                               rtol=1e-5, atol=1e-7)
     # one SGD step with momentum and weight decay, from the same state
-    model.set_params({k: v.detach().numpy().copy() for k, v in {**dict(net.named_parameters()),
-                      "bn1.running_mean": net.bn1.running_mean, "bn1.running_var": net.bn1.running_var}.items()})
+    model.set_params({k: v.detach().numpy().copy()
+                      for k, v in {**dict(net.named_parameters()), "bn1.running_mean": net.bn1.running_mean,
+                                   "bn1.running_var": net.bn1.running_var}.items()})
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
     opt.zero_grad()
     nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(labels)).backward()

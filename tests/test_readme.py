@@ -29,7 +29,8 @@ def test_readme_python_examples_run():
 def _shown_after(marker):
     """The code block containing ``marker`` and the plain block right after it (what it prints)."""
     text = open(README).read()
-    m = re.search(r"```(\w*)\n([^`]*?" + re.escape(marker) + r"[^`]*?)```\s*(?:[^`]*?)```\n(.*?)```", text, flags=re.S)
+    m = re.search(r"```(\w*)\n([^`]*?" + re.escape(marker) + r"[^`]*?)```\s*(?:[^`]*?)```\n(.*?)```",
+                  text, flags=re.S)
     assert m, marker
     return m[2], m[3]
 

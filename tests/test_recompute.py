@@ -47,7 +47,8 @@ OUTPUTS = 3 * A1 + P1 + 3 * A2 + P2 + 4 * A3 + 2 * P2 + P5 + 6 * F + 2 * C + LOS
 # pool2 -> norm2.grad, conv2 -> pool1.grad, pool1 -> norm1.grad, conv1 -> the input's: 13 buffers
 GRADIENTS = 4 * F + P5 + P2 + 2 * A3 + P2 + A2 + P1 + A1 + D
 
-SEGMENTS = {"conv1": 3, "conv2": 3, "conv3": 1, "conv4": 1, "conv5": 2, "fc6": 2, "fc7": 2}  # cheap layers each
+# cheap layers each
+SEGMENTS = {"conv1": 3, "conv2": 3, "conv3": 1, "conv4": 1, "conv5": 2, "fc6": 2, "fc7": 2}
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,9 @@ def test_paper_shows_its_progress_on_a_terminal(quick):
     """Each section says what it runs, on stderr (it used to print nothing for minutes); the line
     is wiped before each section's tables are printed, so stdout never mixes with it."""
     text = STDERR.getvalue()
-    for pattern in (r"section 1/8 \(trajectory\): AlexNet: baseline", r"section 2/8 \(recomputation\): resnet50 "
-                    r"\(32\): recompute cost_aware", r"section 3/8 \(traffic\): AlexNet, batch 1,024",
+    for pattern in (r"section 1/8 \(trajectory\): AlexNet: baseline",
+                    r"section 2/8 \(recomputation\): resnet50 \(32\): recompute cost_aware",
+                    r"section 3/8 \(traffic\): AlexNet, batch 1,024",
                     r"section 4/8 \(Table 4, depth\): liveness: probe \d+, depth [0-9,]+ \([0-9,]+ units\)",
                     r"section 5/8 \(Table 5, width\): alexnet: superneurons: probe \d+, batch [0-9,]+ "
                     r"\[strategy 5/5\]", r"section 6/8 \(trade-off\): alexnet: superneurons\(\)",
@@ -67,10 +68,12 @@ def _row(text: str, section: str, first_cell: str) -> list[str]:
 def test_paper_quick_writes_every_section_and_table(quick):
     code, out, text, folder = quick
     assert code == 0, out
-    assert text.startswith("# ") and "snlite paper --out" in text and "--quick" in text and __version__ in text
+    assert text.startswith("# ") and "snlite paper --out" in text and "--quick" in text \
+        and __version__ in text
     for heading in SECTIONS:
         assert heading in text, heading
-    assert len(re.findall(r"^\|-", text, re.M)) >= 10  # every experiment has its table (Tables 1 and 4: several)
+    # every experiment has its table (Tables 1 and 4: several)
+    assert len(re.findall(r"^\|-", text, re.M)) >= 10
     assert re.search(r"in [0-9.]+ s, on the meta device", text)
     # every table is printed too, and the total time
     assert "| technique" in out and "| network" in out and re.search(r"took [0-9.]+ s in all", out)
@@ -92,7 +95,8 @@ def test_numbers_are_those_of_simulate(quick):
     assert base[1] == measure.format_size(simulate(graph, MemoryConfig(count="paper")).peak_bytes)
     assert base[5] == measure.format_size(simulate(graph, MemoryConfig()).peak_bytes)
     cost_aware = _row(text, "## 2.", "alexnet (200)")  # first alexnet row: liveness only
-    assert cost_aware[4] == measure.format_size(simulate(graph, MemoryConfig(liveness=True, count="paper")).peak_bytes)
+    assert cost_aware[4] == \
+        measure.format_size(simulate(graph, MemoryConfig(liveness=True, count="paper")).peak_bytes)
     budget = report_tables.BUDGET
     found = search.max_batch(lambda b: get_model("alexnet", b), MemoryConfig(budget_bytes=budget))
     assert _row(text, "## 5.", "alexnet")[1] == f"{found.value:,d}"

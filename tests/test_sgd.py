@@ -74,14 +74,20 @@ def _dev(*shape, dtype=np.float32):
 
 
 @pytest.mark.parametrize("make,kwargs,match", [
-    (lambda: (_dev(3, 4), _dev(4, 3), _dev(3, 4)), {"lr": 0.1}, r"sgd_update dw: expected shape \(3, 4\), got \(4, 3"),
-    (lambda: (_dev(5), _dev(5), _dev(6)), {"lr": 0.1, "momentum": 0.9}, r"sgd_update v: expected shape \(5,\)"),
-    (lambda: (_dev(5), _dev(5), None), {"lr": 0.1, "momentum": 0.9}, r"sgd_update v: expected an array, got None"),
-    (lambda: (_dev(5, dtype=np.float64), _dev(5), None), {"lr": 0.1}, r"sgd_update w: expected dtype float32"),
+    (lambda: (_dev(3, 4), _dev(4, 3), _dev(3, 4)), {"lr": 0.1},
+     r"sgd_update dw: expected shape \(3, 4\), got \(4, 3"),
+    (lambda: (_dev(5), _dev(5), _dev(6)), {"lr": 0.1, "momentum": 0.9},
+     r"sgd_update v: expected shape \(5,\)"),
+    (lambda: (_dev(5), _dev(5), None), {"lr": 0.1, "momentum": 0.9},
+     r"sgd_update v: expected an array, got None"),
+    (lambda: (_dev(5, dtype=np.float64), _dev(5), None), {"lr": 0.1},
+     r"sgd_update w: expected dtype float32"),
     (lambda: (_dev(5), _dev(5), None), {"lr": -0.1}, r"sgd_update lr: expected a value >= 0, got -0.1"),
-    (lambda: (_dev(5), _dev(5), _dev(5)), {"lr": 0.1, "momentum": -1}, r"sgd_update momentum: expected a value >= 0"),
+    (lambda: (_dev(5), _dev(5), _dev(5)), {"lr": 0.1, "momentum": -1},
+     r"sgd_update momentum: expected a value >= 0"),
     (lambda: (_dev(5), _dev(5), None), {"lr": 0.1, "weight_decay": float("nan")}, r"sgd_update weight_decay"),
-], ids=["dw shape", "v shape", "v missing", "w dtype", "negative lr", "negative momentum", "nan weight decay"])
+], ids=["dw shape", "v shape", "v missing", "w dtype", "negative lr", "negative momentum",
+        "nan weight decay"])
 def test_bad_arguments_raise_clear_errors(make, kwargs, match):
     with pytest.raises(ValueError, match=match):
         sgd.sgd_update(*make(), **kwargs)

@@ -33,7 +33,8 @@ def test_backward_reference_matches_central_differences(rng, n, k):
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 6), k=st.integers(1, 9), scale=st.sampled_from([0.1, 3.0, 50.0]), seed=st.integers(0, 99))
+@given(n=st.integers(1, 6), k=st.integers(1, 9), scale=st.sampled_from([0.1, 3.0, 50.0]),
+       seed=st.integers(0, 99))
 def test_reference_invariants(n, k, scale, seed):
     """Rows of prob sum to 1, the loss is >= 0, and it is the mean of -log prob[label]."""
     rng = np.random.default_rng(seed)

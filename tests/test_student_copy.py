@@ -20,10 +20,12 @@ TITLES = {1: "liveness", 2: "pool", 3: "GEMM", 4: "offload", 5: "recomputation"}
 
 
 def grade_copy(copy: Path, *numbers: int) -> str:
-    """``python -m snlite.assignments grade K ... -x`` in the copy, with only the copy on the path, on the simulator."""
+    """``python -m snlite.assignments grade K ... -x`` in the copy, with only the copy on the path, on the
+    simulator."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(copy))
+    # -x: the graders of K run first (file order); stop at the first failure after them
     cmd = [sys.executable, "-m", "snlite.assignments", "grade", *map(str, numbers), "-x", "-q", "-p",
-           "no:cacheprovider"]  # -x: the graders of K run first (file order); stop at the first failure after them
+           "no:cacheprovider"]
     proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     return proc.stdout + proc.stderr
 
@@ -44,12 +46,14 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
     assert [(r.path, r.function) for r in in_copy] == [(r.path, r.function) for r in regions]
     which = subprocess.run([sys.executable, "-c", "import snlite; print(snlite.__file__)"], cwd=tmp_path,
                            env=dict(os.environ, PYTHONPATH=str(copy)), capture_output=True, text=True)
-    assert Path(which.stdout.strip()).resolve().is_relative_to(copy.resolve()), "the copy's snlite must be imported"
+    assert Path(which.stdout.strip()).resolve().is_relative_to(copy.resolve()), \
+        "the copy's snlite must be imported"
     # In order: with the solutions of 1..k back, assignment k passes and k+1 fails on its own stub
     # (a grader for k+1 may use the solutions of 1..k only). One grading session per step.
     for k in [0] + numbers:
         for path in sorted({r.path for r in regions if r.number == k}):
-            assert {r.number for r in regions if r.path == path} == {k}, "one assignment per file, to copy it back"
+            assert {r.number for r in regions if r.path == path} == {k}, \
+                "one assignment per file, to copy it back"
             shutil.copy2(ROOT / path, copy / path)
         graded = [n for n in (k, k + 1) if n in numbers]
         out = grade_copy(copy, *graded)
@@ -57,7 +61,8 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
             assert re.search(rf"^assignment {k}: passed \(\d+ tests\)$", out, re.M), \
                 f"assignment {k}: with its solution back it should pass:\n{out[-3000:]}"
         if k + 1 in numbers:
-            assert f"assignment {k + 1}: FAILED" in out, f"assignment {k + 1}: its stub should fail:\n{out[-3000:]}"
+            assert f"assignment {k + 1}: FAILED" in out, \
+                f"assignment {k + 1}: its stub should fail:\n{out[-3000:]}"
             assert "NotImplementedError" in out and f"Assignment {k + 1}: " in out, out[-3000:]
             later = [n for n in numbers if n > k + 1 and f"Assignment {n}: " in out]
             assert not later, f"assignment {k + 1}'s graders need assignment(s) {later}, which come later"
@@ -81,14 +86,16 @@ def test_list_and_check_on_this_repository(capsys):
     for path, function in [("snlite/liveness.py", "first_and_last_use"), ("snlite/liveness.py", "analyze"),
                            ("snlite/pool.py", "TensorPool.alloc"), ("kernels/gemm.py", "_gemm_v2"),
                            ("snlite/offload.py", "schedule"), ("snlite/recompute.py", "choose_strategies")]:
-        assert any(path in line and function in line and "solution" in line for line in out.splitlines()), function
+        assert any(path in line and function in line and "solution" in line for line in out.splitlines()), \
+            function
     assert main(["check"]) == 0
     assert capsys.readouterr().out.startswith(f"ok: {len({r.number for r in scan()[0]})} assignments")
 
 
 BROKEN = {
     "unclosed": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    return 1\n", "never closed"),
-    "mismatch": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    return 1\n    # END ASSIGNMENT 2\n", "closes BEGIN"),
+    "mismatch": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    return 1\n    # END ASSIGNMENT 2\n",
+                 "closes BEGIN"),
     "nested": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    # BEGIN ASSIGNMENT 2: u\n    return 1\n"
                "    # END ASSIGNMENT 2\n", "do not nest"),
     "no title": ("def f():\n    # BEGIN ASSIGNMENT 1\n    return 1\n    # END ASSIGNMENT 1\n", "no title"),
@@ -96,8 +103,8 @@ BROKEN = {
     "empty": ("def f():\n    # BEGIN ASSIGNMENT 1: t\n    # nothing\n    # END ASSIGNMENT 1\n    return 1\n",
               "holds no code"),
     "near miss": ("def f():\n    # begin assignment 1: t\n    return 1\n", "looks like a marker"),
-    "indent": ("def f():\n    if True:\n        # BEGIN ASSIGNMENT 1: t\n        return 1\n    # END ASSIGNMENT 1\n",
-               "not indented like"),
+    "indent": ("def f():\n    if True:\n        # BEGIN ASSIGNMENT 1: t\n        return 1\n"
+               "    # END ASSIGNMENT 1\n", "not indented like"),
 }
 
 
@@ -114,7 +121,8 @@ def test_check_wants_numbers_without_gaps_and_graders(tmp_path):
     (tmp_path / "snlite" / "assignments.py").write_text("")
     (tmp_path / "snlite" / "x.py").write_text("def f():\n    # BEGIN ASSIGNMENT 2: two\n    return 2\n"
                                               "    # END ASSIGNMENT 2\n")
-    (tmp_path / assignments.GRADERS).write_text("import pytest\n\n@pytest.mark.a2\ndef test_two():\n    pass\n")
+    (tmp_path / assignments.GRADERS).write_text("import pytest\n\n@pytest.mark.a2\n"
+                                                "def test_two():\n    pass\n")
     _, problems = assignments.check(tmp_path)
     assert problems == ["assignments are numbered 1..2 with no gaps, but [1] have no region"]
     (tmp_path / assignments.GRADERS).write_text("")

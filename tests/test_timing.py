@@ -13,8 +13,8 @@ from snlite.program import Alloc, Copy, Free, HostWait, Launch, Program, Record,
 from snlite.trace import trace_program
 from snlite.train import Model
 
-EXACT = timing.Profile("exact", "H200", h2d_gbs=1.0, d2h_gbs=1.0, copy_latency_us=0.0, launch_us=0.0, copy_us=0.0,
-                       host_gbs=1e9)  # 1 GB/s: a copy of 3 MB takes 3 ms; enqueueing is free
+EXACT = timing.Profile("exact", "H200", h2d_gbs=1.0, d2h_gbs=1.0, copy_latency_us=0.0, launch_us=0.0,
+                       copy_us=0.0, host_gbs=1e9)  # 1 GB/s: a copy of 3 MB takes 3 ms; enqueueing is free
 A = Launch(0, 0, "a", "forward", "compute", (), ("x",))
 B = Launch(1, 1, "b", "forward", "compute", (), ("y",))
 TWO_MS = {"a": 2.0, "b": 2.0}
@@ -35,8 +35,8 @@ SLOT = Alloc("x", "slab", 0, 3_000_000)
 
 
 def test_a_copy_overlaps_the_next_kernel_unless_compute_waits_for_it():
-    overlapped = run(SLOT, A, Record("r", "compute"), Wait("r", "copy_out"), COPY_X, Record("c", "copy_out"), B,
-                     Wait("c", "compute"), Record("end", "compute"), HostWait("end"))
+    overlapped = run(SLOT, A, Record("r", "compute"), Wait("r", "copy_out"), COPY_X, Record("c", "copy_out"),
+                     B, Wait("c", "compute"), Record("end", "compute"), HostWait("end"))
     assert overlapped.step_ms == pytest.approx(5.0)  # a 0-2, copy 2-5 beside b 2-4, then the end waits for it
     assert overlapped.busy_ms == {"compute": 4.0, "copy_out": 3.0, "copy_in": 0.0}
     assert overlapped.transfer_ms == pytest.approx(3.0) and overlapped.exposed_ms == pytest.approx(1.0)
@@ -59,8 +59,8 @@ def test_without_a_ready_wait_the_copy_starts_at_once_and_the_host_pays_for_laun
 
 
 def test_raw_frees_synchronize_the_device():
-    raw = timing.estimate(tiny(A, Free("x", "raw", 0, 3_000_000), B, Record("end", "compute"), HostWait("end")),
-                          None, EXACT, kernel_ms=lambda ins: (TWO_MS[ins.layer], 1))
+    raw = timing.estimate(tiny(A, Free("x", "raw", 0, 3_000_000), B, Record("end", "compute"),
+                               HostWait("end")), None, EXACT, kernel_ms=lambda ins: (TWO_MS[ins.layer], 1))
     assert raw.step_ms == pytest.approx(4.0 + 2 * EXACT.malloc_us * 1e-3 / 2)
 
 
@@ -75,7 +75,8 @@ def test_the_model_on_alexnet_is_sane_and_calibrates():
     h200 = timing.estimate(place(g, MemoryConfig(liveness=True)), g, "H200")
     k40 = timing.estimate(place(g, MemoryConfig(liveness=True)), g, "K40")
     assert 0 < h200.step_ms < k40.step_ms and h200.busy_ms["compute"] > 0
-    assert h200.launches > len(g.layers) and len(h200.memory) == len(trace_program(place(g, MemoryConfig(liveness=True))).steps)
+    assert h200.launches > len(g.layers) \
+        and len(h200.memory) == len(trace_program(place(g, MemoryConfig(liveness=True))).steps)
     measured = [dict(stream="compute", start_ms=0.0, end_ms=2 * h200.busy_ms["compute"])]
     calibrated = timing.calibrate("H200", measured, h200)
     assert calibrated.kernel_scale == pytest.approx(2.0)
@@ -101,13 +102,14 @@ def test_write_behind_starts_eviction_copies_early_and_keeps_peak_and_traffic():
     paper = place(g, MemoryConfig.superneurons(budget_bytes=budget, schedule="paper"))
     timed = place(g, MemoryConfig.superneurons(budget_bytes=budget))
     a, b = trace_program(paper), trace_program(timed)
-    assert b.peak_bytes <= a.peak_bytes and b.d2h_bytes + b.h2d_bytes <= a.d2h_bytes + a.h2d_bytes and a.d2h_bytes
+    assert b.peak_bytes <= a.peak_bytes \
+        and b.d2h_bytes + b.h2d_bytes <= a.d2h_bytes + a.h2d_bytes and a.d2h_bytes
     body = timed.body
     early = 0
     for k, ins in enumerate(body):  # an eviction copy with kernels between it and its block's release
         if isinstance(ins, Copy) and ins.why == "evict":
-            release = next(i for i in range(k, len(body)) if isinstance(body[i], Free) and body[i].tensor == ins.tensor
-                           and body[i].space == "arena")
+            release = next(i for i in range(k, len(body)) if isinstance(body[i], Free)
+                           and body[i].tensor == ins.tensor and body[i].space == "arena")
             early += any(isinstance(i, Launch) for i in body[k:release])
     assert early > 0
     assert timing.estimate(timed, g).exposed_ms < timing.estimate(paper, g).exposed_ms
@@ -120,7 +122,8 @@ def test_time_aware_schedules_train_bit_identically_on_the_adversarial_device(or
     x, labels = data_for(g)
     relaxed = simulate(g, MemoryConfig(liveness=True, cache=True))
     configs = [MemoryConfig(liveness=True, offload=True, schedule="T4"),
-               MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024, schedule="K40"),
+               MemoryConfig(liveness=True, cache=True, budget_bytes=relaxed.peak_bytes - 8 * 1024,
+                            schedule="K40"),
                MemoryConfig.superneurons(budget_bytes=relaxed.peak_bytes - 8 * 1024)]
     base = Model(g, MemoryConfig(), device="host", seed=4)
     want = [base.step(x, labels, lr=0.1, momentum=0.9) for _ in range(2)]

@@ -72,9 +72,10 @@ def test_host_and_simulator_agree():
     (l0, b0, p0), (l1, b1, p1) = results
     assert l0 == pytest.approx(l1, rel=1e-5)
     for name in p0:
-        np.testing.assert_array_equal(b0[name], b1[name], err_msg=f"{name}: the same seed, the same initial value")
-        np.testing.assert_allclose((b1[name] - p1[name]) / lr, (b0[name] - p0[name]) / lr, rtol=1e-3, atol=1e-5,
-                                   err_msg=f"{name}: the step (lr x gradient) differs")
+        np.testing.assert_array_equal(b0[name], b1[name],
+                                      err_msg=f"{name}: the same seed, the same initial value")
+        np.testing.assert_allclose((b1[name] - p1[name]) / lr, (b0[name] - p0[name]) / lr, rtol=1e-3,
+                                   atol=1e-5, err_msg=f"{name}: the step (lr x gradient) differs")
 
 
 def test_training_is_deterministic_and_reduces_the_loss():
@@ -98,7 +99,8 @@ def test_batchnorm_running_stats_update_once_per_step_and_predict_uses_them():
     assert np.abs(after_one).max() > 0
     logits = model.predict(x)
     assert logits.shape == (2, 3)
-    np.testing.assert_array_equal(model.params["bn1.running_mean"], c1["bn1.running_mean"])  # predict changes nothing
+    # predict changes nothing
+    np.testing.assert_array_equal(model.params["bn1.running_mean"], c1["bn1.running_mean"])
     np.testing.assert_array_equal(model.predict(x), logits)  # inference is deterministic (no dropout)
     assert model.predict(np.concatenate([x, x, x[:1]])).shape == (5, 3)
 
@@ -110,7 +112,8 @@ def test_dropout_mask_depends_on_iteration_not_on_history():
     _, first = m1.forward_backward(x, labels)  # no update: only the dropout mask changes
     _, second = m1.forward_backward(x, labels)
     _, again = m2.forward_backward(x, labels)
-    assert not np.array_equal(first["fc1.weight"], second["fc1.weight"]), "a new iteration must draw a new mask"
+    assert not np.array_equal(first["fc1.weight"], second["fc1.weight"]), \
+        "a new iteration must draw a new mask"
     for name in first:
         np.testing.assert_array_equal(first[name], again[name])
     assert dropout_seed(1, 0, 3) == dropout_seed(1, 0, 3) != dropout_seed(1, 1, 3) != dropout_seed(1, 0, 4)
@@ -124,7 +127,8 @@ def test_set_params_checks_names_and_shapes_before_writing():
     bad["conv1.weight"] = np.zeros((1, 2, 3), np.float32)
     bad["nope"] = np.zeros(1)
     del bad["fc1.bias"]
-    with pytest.raises(ValueError, match=r"missing \['fc1.bias'\].*unexpected \['nope'\].*conv1.weight: expected"):
+    with pytest.raises(ValueError,
+                       match=r"missing \['fc1.bias'\].*unexpected \['nope'\].*conv1.weight: expected"):
         model.set_params(bad)
     for k, v in model.params.items():
         np.testing.assert_array_equal(v, before[k])
@@ -146,13 +150,15 @@ def test_every_zoo_model_runs_a_training_route_on_the_meta_device():
     """At the paper's batch sizes: the layers' kernel calls and views work with shapes alone."""
     from snlite.models import DEFAULT_BATCH, get_model
 
-    for name in ("lenet", "alexnet", "vgg16", "resnet50", "inception_v4", "densenet121"):  # every kind of layer
+    # every kind of layer
+    for name in ("lenet", "alexnet", "vgg16", "resnet50", "inception_v4", "densenet121"):
         g = get_model(name, batch=DEFAULT_BATCH.get(name, 16))
         model = Model(g, device="meta")
         results = model.executor.run(model.programs["grads"])
         assert results == {}  # the meta device holds no values, and runs no kernels: memory only
         assert model.executor.launch_bytes[model.step_mode] == [r.counted_bytes for r in model.trace.steps]
-        assert len(model.trace.steps) >= 2 * len(g.layers) - sum(l.kind == "flatten" for l in g.layers.values())
+        assert len(model.trace.steps) >= \
+            2 * len(g.layers) - sum(l.kind == "flatten" for l in g.layers.values())
         assert model.trace.peak_bytes >= sum(t.nbytes for t in g.tensors().values() if t.kind == "weight")
 
 
@@ -165,9 +171,9 @@ def test_a_nan_pixel_stops_the_step_names_where_and_changes_nothing():
     model.step(x, labels, lr=0.1)
     before, iteration = model.params, model.iteration
     x[1, 0, 2, 3] = np.nan
-    with pytest.raises(NonFiniteError, match=r"^training iteration 1: the loss is nan; the first non-finite values "
-                                             r"appear in the input batch: it has 1 NaN of 144 values \(the first at "
-                                             r"\(1, 0, 2, 3\): nan\)\. Nothing was updated"):
+    with pytest.raises(NonFiniteError, match=r"^training iteration 1: the loss is nan; the first non-finite "
+                                             r"values appear in the input batch: it has 1 NaN of 144 values "
+                                             r"\(the first at \(1, 0, 2, 3\): nan\)\. Nothing was updated"):
         model.step(x, labels, lr=0.1)
     assert model.iteration == iteration
     for name, value in model.params.items():  # weights and BatchNorm's running statistics as before
@@ -177,15 +183,16 @@ def test_a_nan_pixel_stops_the_step_names_where_and_changes_nothing():
 
 
 def test_the_first_layer_whose_output_is_not_finite_is_named():
-    """Finite inputs and weights whose product overflows float32 in conv2: conv2 is named, not a later layer."""
+    """Finite inputs and weights whose product overflows float32 in conv2: conv2 is named, not a later
+    layer."""
     g = fork_join_net()
     model = Model(g, device="host")
     p = model.params
     p["conv2.weight"][:] = 3e38
     model.set_params(p)
     x, labels = _data(g)
-    with pytest.raises(NonFiniteError, match=r"layer 'conv2' \(conv2d, forward step \d+\): its output has .*inf.* "
-                                             r"while its inputs and parameters are finite"):
+    with pytest.raises(NonFiniteError, match=r"layer 'conv2' \(conv2d, forward step \d+\): its output has "
+                                             r".*inf.* while its inputs and parameters are finite"):
         model.step(x, labels)
 
 
@@ -206,7 +213,8 @@ def test_nan_and_inf_reach_the_logits_on_host_and_simulator():
             model.forward_backward(x, labels)
         messages.append(str(e.value))
         logits.append(model.predict(x))
-    assert messages[0] == messages[1] and "the input batch: it has 1 NaN and 1 +inf and 1 -inf of 64" in messages[0]
+    assert messages[0] == messages[1] \
+        and "the input batch: it has 1 NaN and 1 +inf and 1 -inf of 64" in messages[0]
     *_, (name, want) = anomaly.forward_outputs(g, Model(g, device="host", seed=5).params, x, train=False)
     assert name == "fc1" and not np.isfinite(want[0]).any() and np.isfinite(want[1]).all()
     for got in logits:
@@ -221,8 +229,9 @@ def test_predict_shows_nan_and_evaluate_refuses_it():
     x[0, 0, 0, 0] = np.nan
     logits = model.predict(x)
     assert np.isnan(logits[0]).all() and np.isfinite(logits[1]).all()  # sample 1 is untouched in inference
-    with pytest.raises(NonFiniteError, match=r"evaluate: the logits of 1 of 2 samples are not finite \(the first: "
-                                             r"sample 0\); the first non-finite values appear in the input batch"):
+    with pytest.raises(NonFiniteError, match=r"evaluate: the logits of 1 of 2 samples are not finite \(the "
+                                             r"first: sample 0\); the first non-finite values appear in the "
+                                             r"input batch"):
         model.evaluate(x, labels)
 
 
@@ -234,8 +243,8 @@ def test_anomaly_mode_finds_what_never_reaches_the_loss():
     x[0, 0, 0, 0] = -np.inf
     assert np.isfinite(Model(g, device="host").step(x, labels))
     model = Model(g, device="host", anomaly=True)
-    with pytest.raises(NonFiniteError, match=r"the loss is finite, but anomaly detection found non-finite values in "
-                                             r"the input batch: it has 1 -inf of 32 values"):
+    with pytest.raises(NonFiniteError, match=r"the loss is finite, but anomaly detection found non-finite "
+                                             r"values in the input batch: it has 1 -inf of 32 values"):
         model.step(x, labels)
     assert model.iteration == 0
     model.step(np.nan_to_num(x, neginf=0.0), labels)
@@ -252,29 +261,37 @@ def test_anomaly_mode_finds_what_never_reaches_the_loss():
     (lambda m, x, y: m.step(x, y, lr="0.1"), r"step: lr must be a finite number > 0, got '0.1'"),
     (lambda m, x, y: m.step(x, y, lr=float("inf")), r"step: lr must be a finite number > 0, got inf"),
     (lambda m, x, y: m.step(x, y, momentum=float("nan")), r"step: momentum must be in \[0, 1\), got nan"),
-    (lambda m, x, y: m.step(x, y, weight_decay=-1), r"step: weight_decay must be a finite number >= 0, got -1"),
+    (lambda m, x, y: m.step(x, y, weight_decay=-1),
+     r"step: weight_decay must be a finite number >= 0, got -1"),
     (lambda m, x, y: m.step(x.astype(str), y), r"input batch: the input must hold numbers, got dtype <U"),
-    (lambda m, x, y: m.evaluate(np.repeat(x[:1], 10, 0), y[:1]), r"evaluate: labels must be 10 integers .*; got "
-                                                                  r"shape \(1,\)"),
-    (lambda m, x, y: m.predict(x[0]), r"predict: expected samples of shape \(any, 2, 6, 6\), got shape \(2, 6, 6\)"),
+    (lambda m, x, y: m.evaluate(np.repeat(x[:1], 10, 0), y[:1]), r"evaluate: labels must be 10 integers .*; "
+                                                                  r"got shape \(1,\)"),
+    (lambda m, x, y: m.predict(x[0]),
+     r"predict: expected samples of shape \(any, 2, 6, 6\), got shape \(2, 6, 6\)"),
     (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([1, np.inf, 0], np.float32)}),
      r"parameter fc1.bias is not finite: 1 \+inf of 3 values"),
     # float32 is what the update computes in: 1e39 is inf there, 1e-50 is 0, 0.99999999 is 1
-    (lambda m, x, y: m.step(x, y, lr=1e39), r"step: lr must be a finite number > 0 in float32, .*got 1e\+39, which "
-                                            r"float32 rounds to inf"),
-    (lambda m, x, y: m.step(x, y, lr=1e-50), r"step: lr must be a finite number > 0 in float32, .*rounds to 0.0"),
-    (lambda m, x, y: m.step(x, y, momentum=0.99999999), r"step: momentum must be in \[0, 1\) in float32, .*got "
-                                                         r"0.99999999, which float32 rounds to 1.0"),
-    (lambda m, x, y: m.step(x, y, weight_decay=1e39), r"step: weight_decay must be a finite number >= 0 in float32"),
+    (lambda m, x, y: m.step(x, y, lr=1e39), r"step: lr must be a finite number > 0 in float32, .*got 1e\+39, "
+                                            r"which float32 rounds to inf"),
+    (lambda m, x, y: m.step(x, y, lr=1e-50),
+     r"step: lr must be a finite number > 0 in float32, .*rounds to 0.0"),
+    (lambda m, x, y: m.step(x, y, momentum=0.99999999), r"step: momentum must be in \[0, 1\) in float32, "
+                                                         r".*got 0.99999999, which float32 rounds to 1.0"),
+    (lambda m, x, y: m.step(x, y, weight_decay=1e39),
+     r"step: weight_decay must be a finite number >= 0 in float32"),
     # not 0, but 0 in float32: momentum or weight decay silently off
-    (lambda m, x, y: m.step(x, y, momentum=1e-50), r"step: momentum must be in \[0, 1\) in float32, .*got 1e-50, "
-                                                   r"which float32 rounds to 0.0: .* \(0 only if it is 0\)"),
-    (lambda m, x, y: m.step(x, y, weight_decay=1e-50), r"step: weight_decay must be .* in float32, .*rounds to 0.0"),
+    (lambda m, x, y: m.step(x, y, momentum=1e-50), r"step: momentum must be in \[0, 1\) in float32, .*got "
+                                                   r"1e-50, which float32 rounds to 0.0: .* \(0 only "
+                                                   r"if it is 0\)"),
+    (lambda m, x, y: m.step(x, y, weight_decay=1e-50),
+     r"step: weight_decay must be .* in float32, .*rounds to 0.0"),
     # an empty batch: no nan accuracy (predict gives no logits, tested in test_fuzz)
-    (lambda m, x, y: m.evaluate(x[:0], y[:0]), r"evaluate: got no samples \(shape \(0, 2, 6, 6\)\); pass at least one"),
+    (lambda m, x, y: m.evaluate(x[:0], y[:0]),
+     r"evaluate: got no samples \(shape \(0, 2, 6, 6\)\); pass at least one"),
     (lambda m, x, y: m.step(x[:0], y[:0]), r"input batch is empty \(shape \(0, 2, 6, 6\)\)"),
     # parameters are float32: another dtype is refused, naming it, not cast; a negative variance too
-    (lambda m, x, y: m.set_params({**m.params, "conv1.weight": m.params["conv1.weight"].astype(np.float64) + 1}),
+    (lambda m, x, y: m.set_params({**m.params,
+                                   "conv1.weight": m.params["conv1.weight"].astype(np.float64) + 1}),
      r"parameter conv1.weight has dtype float64, but parameters are float32: convert it first, "
      r"value.astype\(np.float32\); nothing was set"),
     (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([1, 2, 3], np.int32)}),
@@ -282,8 +299,8 @@ def test_anomaly_mode_finds_what_never_reaches_the_loss():
     (lambda m, x, y: m.set_params({**m.params, "fc1.bias": np.array([True, False, True])}),
      r"parameter fc1.bias has dtype bool, .*astype\(np.float32\)"),
     (lambda m, x, y: m.set_params({**m.params, "bn1.running_var": np.array([1, -0.5, 2], np.float32)}),
-     r"parameter bn1.running_var is a BatchNorm variance, which cannot be negative: 1 of 3 values are \(the first "
-     r"at \(1,\): -0.5\); nothing was set"),
+     r"parameter bn1.running_var is a BatchNorm variance, which cannot be negative: 1 of 3 values are \(the "
+     r"first at \(1,\): -0.5\); nothing was set"),
 ])
 def test_bad_arguments_are_clear_value_errors(call, match):
     """Each used to be a traceback from inside NumPy, a silent wrong answer (2.7 became class 2,
@@ -318,9 +335,11 @@ def test_the_meta_device_computes_nothing_and_says_what_to_use(who):
     g = fork_join_net()
     model = Model(g, device="meta")
     x, labels = _data(g)
-    call = {"step": lambda: model.step(x, labels), "forward_backward": lambda: model.forward_backward(x, labels),
+    call = {"step": lambda: model.step(x, labels),
+            "forward_backward": lambda: model.forward_backward(x, labels),
             "predict": lambda: model.predict(x), "evaluate": lambda: model.evaluate(x, labels)}[who]
-    with pytest.raises(ValueError, match=rf"^{who}: the meta device holds no data \(shapes and bytes only\), so it "
-                                         r"computes nothing; train and predict on device='host' \(NumPy\) or 'cuda'"):
+    with pytest.raises(ValueError, match=rf"^{who}: the meta device holds no data \(shapes and bytes only\), "
+                                         r"so it computes nothing; train and predict on device='host' "
+                                         r"\(NumPy\) or 'cuda'"):
         call()
     assert model.iteration == 0

@@ -34,12 +34,14 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 # tutorial -> lines (regular expressions) its output must contain, besides its checked claims
 KEY_LINES = {
     "00_numba_cuda_simulator.py": [r"atomic_count\s+256 of 256 increments", r"v3\s+\S+\s+True"],
-    "01_where_memory_goes.py": [r"forward:  a1 b2 c3 e4 d5 f6 g7 h8 i9 j10", r"l_peak = [\d,.]+ MiB, at norm1"],
+    "01_where_memory_goes.py": [r"forward:  a1 b2 c3 e4 d5 f6 g7 h8 i9 j10",
+                                r"l_peak = [\d,.]+ MiB, at norm1"],
     "02_liveness.py": [r"10  CONV bwd\s+\{t0,t6,t8\}\s+\{t8,t9\}", r"liveness saves \d+%"],
-    "03_tensor_pool.py": [r"alloc G4: FULL \(4 KB free, largest 2 KB, fragmentation 50%\)", r"alloc G4: at 0 KB",
-                          r"pool\s+1\s+0\s+0"],
+    "03_tensor_pool.py": [r"alloc G4: FULL \(4 KB free, largest 2 KB, fragmentation 50%\)",
+                          r"alloc G4: at 0 KB", r"pool\s+1\s+0\s+0"],
     "04_offload_prefetch_cache.py": [r"the plan's transfers add up to [\d,.]+ MiB: True",
-                                     r"race on conv1, arena bytes .*: freed while another stream may still read it",
+                                     r"race on conv1, arena bytes .*: freed while another stream may "
+                                     r"still read it",
                                      r"copy_out copy [\d,]+ bytes device -> host"],
     "05_recompute.py": [r"alexnet \(200\)\s+cost_aware\s+\d+"],
     "06_conv_workspace.py": [r"dynamic, unlimited, equals fastest: True",
@@ -121,7 +123,8 @@ def check_claims(name, output):
         assert claims >= in_source, f"{name}: {in_source} expect() calls in the file, {claims} claims printed"
     assert claims >= 3, f"{name} checks only {claims} claims"
     for pattern in KEY_LINES[name]:
-        assert re.search(pattern, output), f"{name}: no line matching {pattern!r} in its output:\n{output[-4000:]}"
+        assert re.search(pattern, output), \
+            f"{name}: no line matching {pattern!r} in its output:\n{output[-4000:]}"
 
 
 def test_every_tutorial_is_listed():

@@ -8,8 +8,10 @@ from test_tutorials import HAS_MATPLOTLIB, NAMES, PLOTS, TUTORIALS, check_claims
 
 @pytest.mark.parametrize("name", NAMES)
 def test_tutorial_as_a_notebook(name, tmp_path):
-    jupytext = pytest.importorskip("jupytext", reason="the notebook runs need the test extra: pip install -e '.[test]'")
-    nbclient = pytest.importorskip("nbclient", reason="the notebook runs need the test extra: pip install -e '.[test]'")
+    jupytext = pytest.importorskip("jupytext",
+                                   reason="the notebook runs need the test extra: pip install -e '.[test]'")
+    nbclient = pytest.importorskip("nbclient",
+                                   reason="the notebook runs need the test extra: pip install -e '.[test]'")
     pytest.importorskip("ipykernel", reason="the notebook runs need the test extra: pip install -e '.[test]'")
     nb = jupytext.read(TUTORIALS / name)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
@@ -25,6 +27,7 @@ def test_tutorial_as_a_notebook(name, tmp_path):
         f"{name}: a cell ends in a bare value the notebook displays (a stray True?)"
     if HAS_MATPLOTLIB:
         shown = sum("image/png" in o.get("data", {}) for o in outputs if o["output_type"] == "display_data")
-        assert shown == len(PLOTS.get(name, [])), f"{name}: {shown} plots shown inline, expected {PLOTS.get(name)}"
+        assert shown == len(PLOTS.get(name, [])), \
+            f"{name}: {shown} plots shown inline, expected {PLOTS.get(name)}"
         for png in PLOTS.get(name, []):
             assert (tmp_path / png).stat().st_size > 0, f"{name} did not save {png} from the notebook"

@@ -159,7 +159,8 @@ def test_the_checker_catches_every_missing_wait_on_the_momentums_copies():
     for i in _state_waits(program):
         mutant = program.without(i)
         fast, slow = find_races(mutant), races_by_definition(mutant)
-        assert bool(fast) == bool(slow), f"removing #{i} ({program.body[i]}): checker {fast} vs definition {slow}"
+        assert bool(fast) == bool(slow), \
+            f"removing #{i} ({program.body[i]}): checker {fast} vs definition {slow}"
         if fast:
             caught.add(program.body[i].why)
             with pytest.raises(RaceError, match=r"race on \S*momentum"):

@@ -29,7 +29,7 @@ def _find(body, name, where=lambda f: True, start=0):
     return next(i for i, (n, f) in enumerate(body) if i >= start and n == name and where(f))
 
 
-# ---------------------------------------------------------------------------- edits, as a person would make them
+# ------------------------------------------------------------------------- edits, as a person would make them
 def unknown_stream(data):
     data["body"][_find(data["body"], "Record")][1][1] = "gpu7"
 
@@ -70,7 +70,8 @@ def shrunk_alloc_with_a_live_tensor_in_its_tail(data):
     copied = {f[0] for n, f in body if n in ("Copy", "HandOver")} | {f[1] for n, f in body if n == "HandOver"}
 
     def free_of(tensor, start):
-        return next(j for j in range(start, len(body)) if body[j][0] == "Free" and body[j][1][:2] == [tensor, "arena"])
+        return next(j for j in range(start, len(body)) if body[j][0] == "Free"
+                    and body[j][1][:2] == [tensor, "arena"])
 
     for i, (name, f) in enumerate(body):
         if name != "Alloc" or f[1] != "arena" or f[0] in copied:
@@ -129,20 +130,25 @@ def small_raw_allocation(data):
 
 CASES = {  # name -> (edit, the saved program it edits, what the refusal says)
     "a record on a stream that does not exist": (unknown_stream, "pool", r"stream 'gpu7' is not one of"),
-    "a wait on a stream that does not exist": (unknown_wait_stream, "pool", r"stream 'copy_sideways' is not one of"),
+    "a wait on a stream that does not exist": (unknown_wait_stream, "pool",
+                                               r"stream 'copy_sideways' is not one of"),
     "arena_bytes 1024": (small_arena, "pool", r"past arena_bytes 1,024; arena_bytes should be at least"),
     "slab_bytes 0": (no_slab, "pool", r"past slab_bytes 0; slab_bytes should be at least"),
     "a copy of -5 bytes": (negative_copy, "pool", r"nbytes -5, but \w+ has [\d,]+ bytes"),
-    "a negative dimension": (negative_dimension, "pool", r"tensor conv1: shape \(4, -20, .*positive integers"),
-    "a launch of a layer the net does not have": (unknown_layer, "pool", r"layer 'conv9' is not a layer of lenet"),
-    "a tensor name the program does not know": (unknown_tensor, "pool", r"ip1.ghost is not a tensor of the program"),
+    "a negative dimension": (negative_dimension, "pool",
+                             r"tensor conv1: shape \(4, -20, .*positive integers"),
+    "a launch of a layer the net does not have": (unknown_layer, "pool",
+                                                  r"layer 'conv9' is not a layer of lenet"),
+    "a tensor name the program does not know": (unknown_tensor, "pool",
+                                                r"ip1.ghost is not a tensor of the program"),
     "a shrunken alloc with a live tensor in its tail": (shrunk_alloc_with_a_live_tensor_in_its_tail, "pool",
                                                          r"nbytes [\d,]+ should be at least [\d,]+"),
     "a free of the wrong size": (wrong_free_size, "pool", r"but \S+'s allocation is offset"),
     "a copy at another tensor's offset": (copy_at_another_tensors_offset, "pool",
                                           r"arena offset 0x\w+, but \S+'s block is at"),
     "an unaligned offset": (unaligned_offset, "pool", r"offset 0x\w+ is not a multiple of 1024"),
-    "a raw allocation smaller than its tensor": (small_raw_allocation, "raw", r"nbytes 256 should be at least"),
+    "a raw allocation smaller than its tensor": (small_raw_allocation, "raw",
+                                                 r"nbytes 256 should be at least"),
     "a raw handle still held": (reused_raw_handle, "raw", r"handle \d+ is still held by"),  # main: "overlaps"
 }
 
@@ -196,8 +202,8 @@ def test_a_copy_goes_to_a_slot_made_for_its_tensor():
             Alloc("y", "slab", 1024, 1024), write, Record("e", "compute"), Wait("e", "copy_out"),
             Copy("x", "offload", "arena", 0, "slab", 1024, 1024, "copy_out"))
     program = Program("tiny", "by hand", "infer", "pool", tensors, (), body, 2048, 2048)
-    with pytest.raises(ProgramError, match=r"body #7 .*slab offset 0x400 is not the start of a live pinned slot "
-                                           r"made for x \(its slots: x at 0x0\)"):
+    with pytest.raises(ProgramError, match=r"body #7 .*slab offset 0x400 is not the start of a live pinned "
+                                           r"slot made for x \(its slots: x at 0x0\)"):
         find_races(program, iterations=1)
 
 
@@ -232,13 +238,16 @@ def test_the_executor_refuses_numbers_that_differ_from_its_views():
     program = place(g, config, "grads")
     x, labels = data_for(g)
     body = program.body
-    alloc = next(i for i, ins in enumerate(body) if type(ins) is Alloc and ins.space == "arena" and ins.nbytes > 1024)
+    alloc = next(i for i, ins in enumerate(body) if type(ins) is Alloc and ins.space == "arena"
+                 and ins.nbytes > 1024)
     free = next(i for i, ins in enumerate(body) if type(ins) is Free and ins.space == "arena")
     copy = next(i for i, ins in enumerate(body) if type(ins) is Copy and ins.why == "offload")
     edits = {alloc: (dict(nbytes=body[alloc].nbytes - 1024), r"allocates [\d,]+ bytes, but \S+ takes"),
-             free: (dict(nbytes=body[free].nbytes + 1024), r"frees 0x\w+, [\d,]+ bytes, but \S+'s arena allocation"),
+             free: (dict(nbytes=body[free].nbytes + 1024),
+                    r"frees 0x\w+, [\d,]+ bytes, but \S+'s arena allocation"),
              copy: (dict(nbytes=body[copy].nbytes - 4), r"moves [\d,]+ bytes, but \S+ has"),
-             -copy: (dict(src_offset=body[copy].src_offset + 1024), r"copies arena 0x\w+, but \S+'s arena allocation")}
+             -copy: (dict(src_offset=body[copy].src_offset + 1024),
+                     r"copies arena 0x\w+, but \S+'s arena allocation")}
     for i, (fields, message) in edits.items():
         i = abs(i)
         mutant = body[:i] + (dataclasses.replace(body[i], **fields),) + body[i + 1:]

@@ -9,8 +9,9 @@
 # - the PTX check: compiling the same kernels for a real GPU (sm_90) on a CPU, with the simulator off;
 # - how snlite checks its own kernels: `kernels.gemm` against its NumPy reference, all three versions.
 #
-# Run it: `python tutorials/00_numba_cuda_simulator.py` from the repository root (after `pip install -e ".[test]"`),
-# or cell by cell (`# %%` cells: VS Code's "Run Cell", or Jupyter through jupytext). About 10 s on a laptop CPU.
+# Run it: `python tutorials/00_numba_cuda_simulator.py` from the repository root (after
+# `pip install -e ".[test]"`), or cell by cell (`# %%` cells: VS Code's "Run Cell", or Jupyter through
+# jupytext). About 10 s on a laptop CPU.
 # `SNLITE_TUTORIAL_QUICK=1` makes everything smaller.
 
 # %% Setup: the simulator switch must be set before numba is imported
@@ -118,10 +119,12 @@ def device_sum(d_x):
 
 total = device_sum(d_x)
 exact = x.astype(np.float64).sum()
-print(f"sum of {n:,d} floats: kernel {total:.6f}, NumPy float64 {exact:.6f}, difference {abs(total - exact):.2e}")
+print(f"sum of {n:,d} floats: kernel {total:.6f}, NumPy float64 {exact:.6f}, difference "
+      f"{abs(total - exact):.2e}")
 expect("a difference from the float64 sum of about 1e-5 or less", abs(total - exact) <= 1e-4,
        why="float32 rounding, in a different order than NumPy's.")
-expect("the same bits when run again", device_sum(d_x) == total, why="a fixed tree gives the same bits every run.")
+expect("the same bits when run again", device_sum(d_x) == total,
+       why="a fixed tree gives the same bits every run.")
 
 # %% [markdown]
 # ## What the simulator can and cannot show
@@ -132,7 +135,8 @@ expect("the same bits when run again", device_sum(d_x) == total, why="a fixed tr
 t0 = time.perf_counter()
 np.float32(2.0) * x + y
 numpy_s = time.perf_counter() - t0
-print(f"saxpy: kernel {kernel_s * 1e3:.1f} ms ({grid * block / kernel_s:,.0f} threads/s), NumPy {numpy_s * 1e6:.1f} us")
+print(f"saxpy: kernel {kernel_s * 1e3:.1f} ms ({grid * block / kernel_s:,.0f} threads/s), NumPy "
+      f"{numpy_s * 1e6:.1f} us")
 if SIMULATOR:
     expect(f"on the simulator, the kernel is hundreds to thousands of times slower than NumPy (here "
            f"{kernel_s / numpy_s:,.0f}x)", kernel_s > 100 * numpy_s,
@@ -176,11 +180,12 @@ if SIMULATOR:
     who[1, 2](dummy)
     print(f"each CUDA thread runs as a Python {type(threads[0]).__name__} (a threading.Thread)")
     expect("with the barrier, all four threads write their a before any thread writes its b",
-           sorted(orders["with_barrier"][:4]) == ["0a", "1a", "2a", "3a"] and len(orders["with_barrier"]) == 8)
+           sorted(orders["with_barrier"][:4]) == ["0a", "1a", "2a", "3a"]
+           and len(orders["with_barrier"]) == 8)
     expect("each CUDA thread of the launch is a Python thread of its own, not the one running this script",
            len({id(t) for t in threads}) == 2 and threading.current_thread() not in threads,
-           why="without the barrier nothing orders the threads: on the simulator they usually run one at a time "
-               "(0a 0b 1a 1b ...), each to its end before the next starts; on a GPU they interleave.")
+           why="without the barrier nothing orders the threads: on the simulator they usually run one at a "
+               "time (0a 0b 1a 1b ...), each to its end before the next starts; on a GPU they interleave.")
 else:
     print("(a real GPU: kernels cannot call Python there, so this cell only runs on the simulator)")
 
@@ -208,9 +213,10 @@ for kernel in (racy_count, atomic_count):
     counts[kernel.__name__] = d_c.copy_to_host()[0]
     print(f"{kernel.__name__:12} {counts[kernel.__name__]:4d} of {n_threads} increments")
 expect(f"the atomic count is exactly {n_threads}", counts["atomic_count"] == n_threads)
-expect(f"the racy count is at most {n_threads} (here {counts['racy_count']})", counts["racy_count"] <= n_threads,
-       why="a lost update can only lower it. On the simulator it is usually 256, right by luck; on a GPU it comes "
-           "out far below 256.")
+expect(f"the racy count is at most {n_threads} (here {counts['racy_count']})",
+       counts["racy_count"] <= n_threads,
+       why="a lost update can only lower it. On the simulator it is usually 256, right by luck; on a GPU it "
+           "comes out far below 256.")
 
 # %% [markdown]
 # ## The PTX check: compile for a real GPU, on the CPU
@@ -256,7 +262,8 @@ if proc.returncode == 0:
     import json
 
     print(f"PTX compiled in a subprocess in {time.perf_counter() - t0:.1f} s:")
-    print(f"{'kernel':10} {'target':7} {'lines':>6} {'bar.sync':>9} {'ld/st.shared':>13} {'float atomics':>14}")
+    print(f"{'kernel':10} {'target':7} {'lines':>6} {'bar.sync':>9} {'ld/st.shared':>13} "
+          f"{'float atomics':>14}")
     ptx = json.loads(proc.stdout)
     for name, r in ptx.items():
         print(f"{name:10} {r['target']:7} {r['lines']:6d} {r['bar.sync']:9d} {r['shared']:13d} "
@@ -268,7 +275,8 @@ if proc.returncode == 0:
            and ptx["block_sum"]["bar.sync"] > 0 and ptx["block_sum"]["shared"] > 0)
 else:
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    print(f"PTX check unavailable here ({last[:160]}); it needs NVIDIA's NVVM: pip install 'numba-cuda[cu13]'")
+    print(f"PTX check unavailable here ({last[:160]}); it needs NVIDIA's NVVM: pip install "
+          "'numba-cuda[cu13]'")
 
 # %% [markdown]
 # ## One of snlite's kernels against its NumPy reference
@@ -293,11 +301,12 @@ for ex in examples:
         diffs.append(np.abs(got[0] - want[0]).max())
         same.append(np.array_equal(got[0], first))
         print(f"{ex.label[:20]:20} {version:8} {diffs[-1]:25.2e} {str(same[-1]):>16}")
-expect("tiny differences from NumPy (under 1e-4), and True in the last column: all versions agree bit for bit",
+expect("tiny differences from NumPy (under 1e-4), and True in the last column: all versions "
+       "agree bit for bit",
        max(diffs) < 1e-4 and all(same),
-       why="NumPy sums in another order; all of snlite's versions add acc += a*b for k = 0, 1, ... in the same "
-           "order. snlite relies on it: the convolution algorithm the memory budget allows never changes the "
-           "numbers.")
+       why="NumPy sums in another order; all of snlite's versions add acc += a*b for k = 0, 1, ... in the "
+           "same order. snlite relies on it: the convolution algorithm the memory budget allows never "
+           "changes the numbers.")
 
 # %% [markdown]
 # ## Exercise

@@ -40,9 +40,10 @@ print("forward: ", " ".join(route[:len(forward)]))
 print("backward:", " ".join(route[len(forward):]))
 paper = "a1 b2 c3 e4 d5 f6 g7 h8 i9 j10 j11 i12 e13 c14 g15 h16 f17 d18 b19 a20".split()
 expect("the route of docs/paper.md section 2, step for step", route == paper)
-expect("i (a join of e, g and h) runs only at step 9, after h; in backward the fork f (read by g and h) waits "
-       "for both g15 and h16",
-       forward.index("i") > max(map(forward.index, "egh")) and backward.index("f") > max(map(backward.index, "gh")))
+expect("i (a join of e, g and h) runs only at step 9, after h; in backward the fork f (read by g and h) "
+       "waits for both g15 and h16",
+       forward.index("i") > max(map(forward.index, "egh"))
+       and backward.index("f") > max(map(backward.index, "gh")))
 
 # %% [markdown]
 # ## The route of a small net, and what each step touches

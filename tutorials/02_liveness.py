@@ -52,8 +52,8 @@ peak_live = max(len(r.live_out) for r in result)
 print(f"\nat most {peak_live} of {len(first)} tensors are alive at once")
 paper_out = ["t0", "t0 t1", "t0 t1 t3", "t0 t1 t3 t2", "t0 t1 t3 t2 t4", "t0 t1 t3 t2 prob", "t0 t1 t3 t2 t5",
              "t0 t1 t3 t6", "t0 t7 t6", "t0 t6 t8", "t8 t9", ""]  # the out column of docs/paper.md section 3
-expect("the in and out sets of the table in docs/paper.md section 3, step by step (each step's out set is the "
-       "next step's in set)",
+expect("the in and out sets of the table in docs/paper.md section 3, step by step (each step's out set is "
+       "the next step's in set)",
        [set(r.live_out) for r in result] == [set(o.split()) for o in paper_out]
        and all(a.live_out == b.live_in for a, b in zip(result, result[1:])) and not result[0].live_in)
 expect("t4 (the FC output) dies at step 5, the softmax; t0 (the data) lives until step 10; t1 until step 8",
@@ -78,13 +78,13 @@ print(f"AlexNet, batch {batch}: MiB held at each step (paper count), and what li
 print(f"{'op':>3} {'layer':8} {'phase':9} {'baseline':>9} {'liveness':>9}  frees after")
 for base, live, planned in zip(traces["baseline"].steps, traces["liveness"].steps, plan.ops):
     mark = " <- peak" if live.op == traces["liveness"].peak_op else ""
-    print(f"{base.op:>3} {base.layer:8} {base.phase:9} {base.counted_bytes / MiB:9.1f} {live.counted_bytes / MiB:9.1f}"
-          f"  {','.join(planned.frees)}{mark}")
+    print(f"{base.op:>3} {base.layer:8} {base.phase:9} {base.counted_bytes / MiB:9.1f} "
+          f"{live.counted_bytes / MiB:9.1f}  {','.join(planned.frees)}{mark}")
 
 b, lv = traces["baseline"], traces["liveness"]
 print(f"\npeak: baseline {b.peak_bytes / MiB:,.1f} MiB at step {b.peak_step} "
-      f"({b.steps[b.peak_op].layer} {b.steps[b.peak_op].phase}); liveness {lv.peak_bytes / MiB:,.1f} MiB at step "
-      f"{lv.peak_step} ({lv.steps[lv.peak_op].layer} {lv.steps[lv.peak_op].phase})")
+      f"({b.steps[b.peak_op].layer} {b.steps[b.peak_op].phase}); liveness {lv.peak_bytes / MiB:,.1f} MiB at "
+      f"step {lv.peak_step} ({lv.steps[lv.peak_op].layer} {lv.steps[lv.peak_op].phase})")
 print(f"liveness saves {1 - lv.peak_bytes / b.peak_bytes:.0%}; l_peak {lv.l_peak_bytes / MiB:,.1f} MiB, "
       f"so the peak is still {lv.ratio:.2f} x l_peak")
 forward_ops = [i for i, r in enumerate(b.steps) if r.phase == "forward"]
@@ -93,13 +93,13 @@ print("largest tensors alive at the liveness peak:",
 expect("the two columns are identical through the forward pass (before the softmax)",
        all(b.steps[i].counted_bytes == lv.steps[i].counted_bytes for i in forward_ops[:-1]),
        why="every activation is still needed by backward, so liveness frees nothing before it.")
-expect("then the baseline keeps growing with gradients while the liveness column falls, and the liveness peak is "
-       f"in backward (here at {lv.steps[lv.peak_op].layer}'s backward step)",
+expect("then the baseline keeps growing with gradients while the liveness column falls, and the liveness "
+       f"peak is in backward (here at {lv.steps[lv.peak_op].layer}'s backward step)",
        all(x.counted_bytes <= y.counted_bytes for x, y in zip(b.steps, b.steps[1:]))
        and lv.steps[lv.peak_op].phase == "backward" and lv.steps[-1].counted_bytes < lv.peak_bytes,
        why="early in backward nearly every forward activation is still alive and the first gradients arrive: "
-           "liveness alone cannot go below that. Tutorials 04 (offload) and 05 (recomputation) attack exactly "
-           "those activations.")
+           "liveness alone cannot go below that. Tutorials 04 (offload) and 05 (recomputation) attack "
+           "exactly those activations.")
 save_plot("plot_compare_timelines", traces, "02_alexnet_liveness.png",
           title=f"AlexNet batch {batch}: without and with liveness (paper count)")
 

@@ -34,7 +34,8 @@ def hand_made(fit):
     """The rows to print, and where F and G went (offset in KB, or None when it did not fit)."""
     pool = TensorPool(16 * KiB, fit=fit)
     rows, placed = [], {}
-    off = {name: pool.alloc(size * KiB, name) for name, size in (("A", 4), ("B", 1), ("C", 2), ("D", 1), ("E", 8))}
+    off = {name: pool.alloc(size * KiB, name)
+           for name, size in (("A", 4), ("B", 1), ("C", 2), ("D", 1), ("E", 8))}
     rows.append(("fill A4 B1 C2 D1 E8", format_map(pool, width=16)))
     pool.free(off["A"])
     pool.free(off["C"])
@@ -59,10 +60,12 @@ for fit in ("first", "best"):
     for what, line in rows:
         print(f"  {line}  {what}")
 expect("first fit puts F at 0 KB, cutting the 4 KB hole in two, and then G (4 KB) does not fit although 4 KB "
-       "are free: the free space is two 2 KB holes (fragmentation 50%)", placed["first"] == {"F": 0, "G": None})
-expect("best fit puts F into the 2 KB hole (at 5 KB), and G fits (at 0 KB)", placed["best"] == {"F": 5, "G": 0},
-       why="best fit takes the smallest hole that fits, so the large hole stays whole. Other sequences favour "
-           "first fit: neither policy always wins.")
+       "are free: the free space is two 2 KB holes (fragmentation 50%)",
+       placed["first"] == {"F": 0, "G": None})
+expect("best fit puts F into the 2 KB hole (at 5 KB), and G fits (at 0 KB)",
+       placed["best"] == {"F": 5, "G": 0},
+       why="best fit takes the smallest hole that fits, so the large hole stays whole. Other sequences "
+           "favour first fit: neither policy always wins.")
 
 # %% [markdown]
 # ## A real plan, replayed through a pool
@@ -109,8 +112,9 @@ for fit, s in high.items():
           f"{s.high_water_bytes // KiB} KB")
 expect("at the end of the iteration everything is free again, in one piece",
        final.free_regions() == ((0, final.capacity_bytes),),
-       why="the map fills from the left during forward; during backward holes open as liveness frees tensors, "
-           "and new gradients land in them; the pool coalesces every freed block with its free neighbours.")
+       why="the map fills from the left during forward; during backward holes open as liveness frees "
+           "tensors, and new gradients land in them; the pool coalesces every freed block with its "
+           "free neighbours.")
 expect("the arena each fit needs (its high water) is at least the peak in use",
        all(s.high_water_bytes >= s.peak_in_use_bytes for s in high.values()),
        why="the difference is what fragmentation costs.")
@@ -152,10 +156,11 @@ for allocator in ("raw", "pool"):
     per_iteration[allocator] = (counts[0], counts[1] - counts[0], counts[2] - counts[1], dev.arena_bytes)
     print(f"{allocator:9} {counts[0]:9d} {counts[1] - counts[0]:12d} {counts[2] - counts[1]:12d} "
           f"{dev.arena_bytes / MiB:13,.0f} MiB")
-print(f"peak held: raw {traces['raw'].peak_bytes / MiB:,.1f} MiB, pool {traces['pool'].peak_bytes / MiB:,.1f} MiB")
+print(f"peak held: raw {traces['raw'].peak_bytes / MiB:,.1f} MiB, pool "
+      f"{traces['pool'].peak_bytes / MiB:,.1f} MiB")
 raw, pool = per_iteration["raw"], per_iteration["pool"]
-expect("raw allocates every weight at the start and then every activation and gradient again in each iteration; "
-       "the pool makes one allocation at the start and none after",
+expect("raw allocates every weight at the start and then every activation and gradient again in each "
+       "iteration; the pool makes one allocation at the start and none after",
        raw[1] == raw[2] > 0 and pool[:3] == (1, 0, 0))
 expect("raw's bytes allocated keep growing with every iteration, past the pool's arena, allocated once",
        raw[3] > pool[3])
@@ -164,7 +169,8 @@ expect("both hold the same tensors at every op (the same peak, within the roundi
        abs(traces["raw"].peak_bytes - traces["pool"].peak_bytes) <= traces["raw"].peak_bytes / 100,
        why="the pool saves allocation calls, not bytes (the plot shows the same timeline twice).")
 save_plot("plot_compare_timelines", traces, "03_alexnet_raw_vs_pool.png",
-          title=f"AlexNet batch {alex.input_shape[0]}, liveness: one allocation per tensor (raw) vs one arena (pool)")
+          title=f"AlexNet batch {alex.input_shape[0]}, liveness: one allocation per tensor (raw) vs "
+                "one arena (pool)")
 
 # %% [markdown]
 # ## Fragmentation on a real network: the arena each fit needs
@@ -174,22 +180,25 @@ save_plot("plot_compare_timelines", traces, "03_alexnet_raw_vs_pool.png",
 # %%
 configs = {"liveness + recompute": MemoryConfig(liveness=True, recompute="cost_aware"),
            "superneurons()": MemoryConfig.superneurons()}
-print(f"{'configuration':20} {'fit':6} {'smallest arena':>15} {'peak in use there':>18} {'lost to holes':>14}")
+print(f"{'configuration':20} {'fit':6} {'smallest arena':>15} {'peak in use there':>18} "
+      f"{'lost to holes':>14}")
 lost = {}
 for label, base in configs.items():
     for fit in ("first", "best"):
         need = smallest_budget(alex, base.replace(fit=fit))
-        peak = simulate(alex, base.replace(fit=fit, budget_bytes=need)).peak_bytes  # bytes in use at the busiest op
+        # the bytes in use at the busiest op
+        peak = simulate(alex, base.replace(fit=fit, budget_bytes=need)).peak_bytes
         lost[label, fit] = need / peak - 1
         print(f"{label:20} {fit:6} {need / MiB:11,.0f} MiB {peak / MiB:14,.0f} MiB {lost[label, fit]:14.1%}")
 rc = "liveness + recompute"
-expect("with recomputation, first fit loses a few percent of the arena to holes, and best fit loses less here",
+expect("with recomputation, first fit loses a few percent of the arena to holes, and best fit "
+       "loses less here",
        0.01 < lost[rc, "first"] < 0.10 and lost[rc, "best"] < lost[rc, "first"],
        why="tensors of many sizes come and go during backward, and leave holes between them.")
 expect("under superneurons(), little or nothing is lost (under 2%), with either fit",
        max(lost["superneurons()", fit] for fit in ("first", "best")) < 0.02,
-       why="the LRU cache moves tensors to the host whenever an allocation fails, which also opens holes where "
-           "they are needed: the arena shrinks until the holes are used.")
+       why="the LRU cache moves tensors to the host whenever an allocation fails, which also opens holes "
+           "where they are needed: the arena shrinks until the holes are used.")
 
 # %% [markdown]
 # ## Exercise

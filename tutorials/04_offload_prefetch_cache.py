@@ -71,17 +71,21 @@ out_copy = next(i for i, r in enumerate(rows) if "device -> host" in r)
 back_copy = next(i for i, r in enumerate(rows) if "host -> device (prefetch" in r)
 print("\n".join(rows[:2] + rows[out_copy - 5:out_copy + 10] + ["   ..."] + rows[back_copy - 3:back_copy + 7]))
 body = program.body
-k = next(i for i, ins in enumerate(body) if isinstance(ins, Copy) and ins.tensor == "conv1" and ins.why == "offload")
+k = next(i for i, ins in enumerate(body) if isinstance(ins, Copy) and ins.tensor == "conv1"
+         and ins.why == "offload")
 release = next(i for i in range(k, len(body)) if isinstance(body[i], Wait) and body[i].why == "release")
 expect("conv1's copy to the host waits for an event recorded on compute after conv1's forward (ready)",
        isinstance(body[k - 1], Wait) and body[k - 1].why == "ready" and body[k - 1].stream == "copy_out")
 expect("relu1, norm1 and pool1 are launched while the copy is in flight; compute waits for it only before "
-       "freeing conv1's block", [i.layer for i in body[k:release] if isinstance(i, Launch)] == ["relu1", "norm1", "pool1"]
+       "freeing conv1's block",
+       [i.layer for i in body[k:release] if isinstance(i, Launch)] == ["relu1", "norm1", "pool1"]
        and isinstance(body[release + 1], Free) and body[release + 1].tensor == "conv1")
-back = next(i for i, ins in enumerate(body) if isinstance(ins, Copy) and ins.tensor == "conv4" and ins.why == "prefetch")
+back = next(i for i, ins in enumerate(body) if isinstance(ins, Copy) and ins.tensor == "conv4"
+            and ins.why == "prefetch")
 landed = next(i for i in range(back, len(body)) if isinstance(body[i], Wait) and body[i].why == "landed")
-expect("in backward, conv4 comes back on copy_in while conv5's backward runs; compute waits for it just before "
-       "relu4's backward reads it", [i.layer for i in body[back:landed] if isinstance(i, Launch)] == ["conv5"]
+expect("in backward, conv4 comes back on copy_in while conv5's backward runs; compute waits for it just "
+       "before relu4's backward reads it",
+       [i.layer for i in body[back:landed] if isinstance(i, Launch)] == ["conv5"]
        and isinstance(body[landed + 1], Launch) and body[landed + 1].layer == "relu4")
 
 # %% [markdown]
@@ -139,10 +143,11 @@ print("\n".join(dev.ran[offload - 6:offload + 2]))
 ran = dev.ran
 convs = [i for i, r in enumerate(ran) if "conv2d_forward" in r]
 expect("the batch arrives on copy_in first", ran[0].startswith("copy_in") and "host -> device" in ran[0])
-expect("the copy of conv1's output to the host runs after the kernels that followed conv1 (its bias, batch norm "
-       "and relu) and before the next conv", convs[0] + 3 < offload < convs[1],
-       why="compute ran ahead while the copy waited, as it may on a GPU, until compute had to free conv1's block "
-           "for the next conv and waited for the copy. Every wait in the program holds, so the numbers are right.")
+expect("the copy of conv1's output to the host runs after the kernels that followed conv1 (its bias, batch "
+       "norm and relu) and before the next conv", convs[0] + 3 < offload < convs[1],
+       why="compute ran ahead while the copy waited, as it may on a GPU, until compute had to free conv1's "
+           "block for the next conv and waited for the copy. Every wait in the program holds, so the "
+           "numbers are right.")
 
 # %% [markdown]
 # ## Remove one wait: the race checker and the wrong numbers
@@ -153,7 +158,8 @@ expect("the copy of conv1's output to the host runs after the kernels that follo
 
 # %%
 small_program = model.programs["grads"]
-release = next(i for i, ins in enumerate(small_program.body) if isinstance(ins, Wait) and ins.why == "release")
+release = next(i for i, ins in enumerate(small_program.body) if isinstance(ins, Wait)
+               and ins.why == "release")
 broken = small_program.without(release)
 print(f"removed #{release}: {small_program.body[release]}\n")
 races = find_races(broken)
@@ -174,11 +180,11 @@ print(f"adversarial device, intact program:   {three_steps(AdversarialDevice('la
 print(f"adversarial device, broken program:   {three_steps(AdversarialDevice('late'), broken)}")
 print(f"the right losses:                     {right}")
 first, second = races[0].first, races[0].second
-expect("the checker names the copy of conv1 to the host and the free of its block, on two streams with nothing "
-       "ordering them", first.tensor == "conv1" and isinstance(broken.body[first.at[1]], Copy)
+expect("the checker names the copy of conv1 to the host and the free of its block, on two streams with "
+       "nothing ordering them", first.tensor == "conv1" and isinstance(broken.body[first.at[1]], Copy)
        and isinstance(broken.body[second.at[1]], Free) and first.stream != second.stream)
-expect("the host device (one stream at a time) trains the broken program to the right losses; the adversarial "
-       "device trains the intact one to them too, and the broken one to other losses",
+expect("the host device (one stream at a time) trains the broken program to the right losses; the "
+       "adversarial device trains the intact one to them too, and the broken one to other losses",
        three_steps("host", broken) == right == three_steps(AdversarialDevice("late"))
        and three_steps(AdversarialDevice("late"), broken) != right,
        why="the adversarial device's compute stream overwrote conv1's block before the copy read it.")
@@ -199,8 +205,8 @@ print(f"moved: {t.d2h_bytes / MiB:,.1f} MiB to the host, {t.h2d_bytes / MiB:,.1f
 saved = 1 - t.peak_bytes / counted["liveness"].peak_bytes
 expect(f"the bytes moved are the plan's transfers, and the peak is about a quarter lower ({saved:.0%})",
        planned == t.d2h_bytes == t.h2d_bytes and 0.2 < saved < 0.3,
-       why="the CONV outputs no longer wait on the device for backward. The price is the PCIe traffic, hidden "
-           "behind compute on a GPU when the copy is shorter than the layers it overlaps.")
+       why="the CONV outputs no longer wait on the device for backward. The price is the PCIe traffic, "
+           "hidden behind compute on a GPU when the copy is shorter than the layers it overlaps.")
 save_plot("plot_compare_timelines", counted, "04_alexnet_offload.png",
           title=f"AlexNet batch {batch}: liveness, then eager offload (paper count)")
 
@@ -237,19 +243,20 @@ for budget in budgets:
         else:
             eager_fits.append(budget)
 traffic = [tr.d2h_bytes + tr.h2d_bytes for _, tr in sweep]
-expect("with the cache, no traffic at all until the budget bites, then traffic grows as the budget shrinks, down "
-       "to the smallest budget", traffic[0] == 0 and all(a <= b for a, b in zip(traffic, traffic[1:]))
+expect("with the cache, no traffic at all until the budget bites, then traffic grows as the budget shrinks, "
+       "down to the smallest budget", traffic[0] == 0 and all(a <= b for a, b in zip(traffic, traffic[1:]))
        and traffic[-1] > 0 and len(sweep) == len(budgets),
-       why="that is the paper's AlexNet result: with the cache nothing moved until batch 896. \"back\" can exceed "
-           "\"to host\": a tensor evicted a second time while its host copy is still valid needs no new copy, but "
-           "it comes back each time it is read.")
+       why="that is the paper's AlexNet result: with the cache nothing moved until batch 896. \"back\" can "
+           "exceed \"to host\": a tensor evicted a second time while its host copy is still valid needs no "
+           "new copy, but it comes back each time it is read.")
 expect("eager offload stops fitting well before the cache does", len(eager_fits) < len(sweep),
-       why="it moves the same bytes at every budget, whatever the budget. The unlimited run's peak is the highest "
-           "because nothing is moved and workspace=\"dynamic\" takes the fastest convolution workspaces while "
-           "memory is free; as the budget shrinks it picks smaller ones (tutorial 06).")
+       why="it moves the same bytes at every budget, whatever the budget. The unlimited run's peak is the "
+           "highest because nothing is moved and workspace=\"dynamic\" takes the fastest convolution "
+           "workspaces while memory is free; as the budget shrinks it picks smaller ones (tutorial 06).")
 save_plot("plot_compare_timelines", {f"budget {b / MiB:,.0f} MiB" if b else "unlimited": tr
                                      for b, tr in (sweep[0], sweep[-1])},
-          "04_alexnet_cache_budget.png", title=f"AlexNet batch {batch}, superneurons(): unlimited vs smallest budget")
+          "04_alexnet_cache_budget.png",
+          title=f"AlexNet batch {batch}, superneurons(): unlimited vs smallest budget")
 
 # %% [markdown]
 # ## Exercise

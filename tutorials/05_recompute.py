@@ -55,7 +55,8 @@ fwd = {s.layer: s for s in steps if s.phase == "forward"}
 def speed_centric_peak(ms):
     """What rebuilding the segment once holds at its busiest backward step."""
     mine = {t for m in ms for t in (*fwd[m].reads, *fwd[m].writes) if t not in persistent}
-    start = min(s.index for s in steps if s.phase == "backward" and any(t in dropped for t in s.reads if t in mine))
+    start = min(s.index for s in steps if s.phase == "backward"
+                and any(t in dropped for t in s.reads if t in mine))
     return max(sum(tensors[t].nbytes for t in {t for t in mine if last[t] >= s.index}
                    | (step_tensors(s.reads, s.writes, s.inplace) - persistent))
                for s in steps[start:max(last[t] for t in mine) + 1])
@@ -71,8 +72,8 @@ expect("conv1's segment exceeds l_peak and goes memory-centric; conv2's fits und
        "ones: they are rebuilt once (speed-centric)",
        chosen["conv1"] == "memory" and speed_centric_peak(members["conv1"]) > l_peak
        and all(chosen[r] == "speed" for r in members if r != "conv1"),
-       why="conv1's segment holds 55x55 maps (conv1, relu1, norm1, pool1 and two gradients at pool1's backward); "
-           "conv2's holds 27x27 maps.")
+       why="conv1's segment holds 55x55 maps (conv1, relu1, norm1, pool1 and two gradients at pool1's "
+           "backward); conv2's holds 27x27 maps.")
 
 # %% [markdown]
 # ## What the plan does: recompute ops
@@ -92,13 +93,14 @@ m = len(members["conv1"])
 expect("speed-centric re-runs relu1, norm1 and pool1 once, before the first backward step that needs them "
        "(conv2's backward reads pool1), and keeps them",
        reruns["speed"] == ["relu1(for conv2)", "norm1(for conv2)", "pool1(for conv2)"])
-expect(f"memory-centric rebuilds the chain from conv1 for every backward step that reads one of them, keeping "
-       f"what it rebuilt only while the next backward step reads it too: {m} + {m - 1} + ... + 1 = "
-       f"{m * (m + 1) // 2} re-runs, m(m+1)/2 for a segment of m layers, as in the paper; cost-aware does the same",
+expect("memory-centric rebuilds the chain from conv1 for every backward step that reads one of them, "
+       f"keeping what it rebuilt only while the next backward step reads it too: {m} + {m - 1} + ... + 1 = "
+       f"{m * (m + 1) // 2} re-runs, m(m+1)/2 for a segment of m layers, as in the paper; cost-aware "
+       "does the same",
        len(reruns["memory"]) == m * (m + 1) // 2 and reruns["cost_aware"] == reruns["memory"],
-       why="pooling and LRN backward read both x and y: pool1 serves conv2's backward and pool1's own, norm1 serves "
-           "pool1's and norm1's, relu1 norm1's and relu1's. Cost-aware picks memory-centric here because this "
-           "segment does not fit under l_peak (first table).")
+       why="pooling and LRN backward read both x and y: pool1 serves conv2's backward and pool1's own, norm1 "
+           "serves pool1's and norm1's, relu1 norm1's and relu1's. Cost-aware picks memory-centric here "
+           "because this segment does not fit under l_peak (first table).")
 
 # %% [markdown]
 # ## Re-runs and FLOPs against peak, AlexNet and a ResNet
@@ -109,8 +111,8 @@ expect(f"memory-centric rebuilds the chain from conv1 for every backward step th
 resnet_batch = 16 if QUICK else 32
 nets = {f"alexnet ({batch})": net, f"resnet50 ({resnet_batch})": snlite.models.resnet(50, batch=resnet_batch)}
 rows, all_results = [], {}
-print(f"{'network':16} {'recompute':11} {'re-runs':>8} {'extra FLOPs':>12} {'peak MiB':>9} {'l_peak MiB':>11} "
-      f"{'peak/l_peak':>12}")
+print(f"{'network':16} {'recompute':11} {'re-runs':>8} {'extra FLOPs':>12} {'peak MiB':>9} "
+      f"{'l_peak MiB':>11} {'peak/l_peak':>12}")
 for label, g in nets.items():
     results = {}
     for strategy in ("off", "speed", "memory", "cost_aware"):
@@ -137,22 +139,24 @@ expect("recomputation costs a few percent of a forward pass at most",
        all(tr.extra_flops < 0.05 * g.flops() for g, r in all_results.values() for tr in r.values()))
 alex = all_results[f"alexnet ({batch})"][1]
 map_bytes = net.tensors()["conv1"].nbytes  # one 96 x 55 x 55 map of the batch
-expect(f"on AlexNet memory-centric and cost-aware reach the same peak, {alex['cost_aware'].peak_bytes / MiB:,.0f} "
-       f"MiB, {alex['cost_aware'].ratio:.2f} x l_peak, with fewer re-runs for cost-aware "
-       f"({alex['cost_aware'].recompute_count} to memory's {alex['memory'].recompute_count})",
+expect("on AlexNet memory-centric and cost-aware reach the same peak, "
+       f"{alex['cost_aware'].peak_bytes / MiB:,.0f} MiB, {alex['cost_aware'].ratio:.2f} x l_peak, with fewer "
+       f"re-runs for cost-aware ({alex['cost_aware'].recompute_count} to memory's "
+       f"{alex['memory'].recompute_count})",
        alex["memory"].peak_bytes == alex["cost_aware"].peak_bytes
        and alex["cost_aware"].recompute_count < alex["memory"].recompute_count
        and abs(alex["cost_aware"].peak_bytes - 4 * map_bytes) < map_bytes / 10
        and abs(alex["cost_aware"].l_peak_bytes - 3 * map_bytes) < map_bytes / 10,
-       why="the peak holds four conv1-sized tensors (conv1's output, kept for relu1's backward, relu1 and norm1 "
-           "while relu1 is rebuilt for norm1's backward, and norm1's gradient) against l_peak's three.")
+       why="the peak holds four conv1-sized tensors (conv1's output, kept for relu1's backward, relu1 and "
+           "norm1 while relu1 is rebuilt for norm1's backward, and norm1's gradient) against l_peak's three.")
 resnet = all_results[f"resnet50 ({resnet_batch})"][1]
 expect(f"on the ResNet the ratio stays above 2 ({resnet['cost_aware'].ratio:.2f}), and cost-aware's peak is "
        f"speed-centric's, above memory-centric's",
        resnet["cost_aware"].ratio > 2 and resnet["cost_aware"].peak_bytes == resnet["speed"].peak_bytes
        > resnet["memory"].peak_bytes,
-       why="the outputs of the residual adds are checkpoints that stay on the device, and they add up over the "
-           "blocks; cost-aware's segments fit under l_peak one by one, but not together with everything else live.")
+       why="the outputs of the residual adds are checkpoints that stay on the device, and they add up over "
+           "the blocks; cost-aware's segments fit under l_peak one by one, but not together with "
+           "everything else live.")
 save_plot("plot_tradeoff", rows, "05_alexnet_recompute_tradeoff.png",
           title=f"AlexNet batch {batch}: peak (paper count) against recomputation")
 
@@ -181,11 +185,14 @@ cheap_rule = simulate(le, MemoryConfig(liveness=True, recompute="cost_aware"))
 pool_kept = simulate(le, MemoryConfig(liveness=True, recompute="cost_aware", recompute_keep=("pool1",)))
 print(f"cost-aware: {cheap_rule.recompute_count} re-runs, peak {cheap_rule.peak_bytes / MiB:.2f} MiB; "
       f"keeping pool1: {pool_kept.recompute_count} re-runs, peak {pool_kept.peak_bytes / MiB:.2f} MiB")
-expect(f"keeping pool1 saves its re-run ({cheap_rule.recompute_count} -> {pool_kept.recompute_count} re-runs) "
-       f"and never lowers the peak ({cheap_rule.peak_bytes / MiB:.2f} -> {pool_kept.peak_bytes / MiB:.2f} MiB)",
-       pool_kept.recompute_count == cheap_rule.recompute_count - 1 and pool_kept.peak_bytes >= cheap_rule.peak_bytes,
-       why="pool1's output now stays from its forward to its backward, as conv1's does; whether that raises the "
-           "peak depends on where the peak is (run `snlite plan lenet --recompute cost_aware` to see the step)")
+expect(f"keeping pool1 saves its re-run ({cheap_rule.recompute_count} -> {pool_kept.recompute_count} "
+       f"re-runs) and never lowers the peak ({cheap_rule.peak_bytes / MiB:.2f} -> "
+       f"{pool_kept.peak_bytes / MiB:.2f} MiB)",
+       pool_kept.recompute_count == cheap_rule.recompute_count - 1
+       and pool_kept.peak_bytes >= cheap_rule.peak_bytes,
+       why="pool1's output now stays from its forward to its backward, as conv1's does; whether that raises "
+           "the peak depends on where the peak is (run `snlite plan lenet --recompute cost_aware` to "
+           "see the step)")
 
 # %% [markdown]
 # ## Exercise

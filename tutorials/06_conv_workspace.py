@@ -44,25 +44,27 @@ for c in cands:
     print(f"{c.algo:10} {c.chunk:6d} {c.workspace_bytes / MiB:14,.1f} {c.est_ms:13.2f}")
 direct = next(c for c in cands if c.algo == "direct")
 one = next(c for c in cands if c.algo == "im2col" and c.chunk == 1)
-print(f"fastest: {cands[0].algo} in chunks of {cands[0].chunk}, {direct.est_ms / cands[0].est_ms:.2f}x faster than "
-      f"direct, for {cands[0].workspace_bytes / MiB:,.0f} MiB of workspace; one image at a time takes "
-      f"{one.est_ms / cands[0].est_ms:.0f}x longer than the whole batch at once")
+print(f"fastest: {cands[0].algo} in chunks of {cands[0].chunk}, {direct.est_ms / cands[0].est_ms:.2f}x "
+      f"faster than direct, for {cands[0].workspace_bytes / MiB:,.0f} MiB of workspace; one image at a time "
+      f"takes {one.est_ms / cands[0].est_ms:.0f}x longer than the whole batch at once")
 im2col = sorted((c for c in cands if c.algo == "im2col"), key=lambda c: -c.chunk)  # the whole batch first
 expect("im2col over the whole batch is fastest, and its workspace is larger than conv2's own output",
        cands[0] == im2col[0] and cands[0].workspace_bytes > net.tensors()["conv2"].nbytes)
-expect("halving the chunk halves the workspace and costs a little time at first, then much more; with one image "
-       "at a time im2col is slower than direct",
+expect("halving the chunk halves the workspace and costs a little time at first, then much more; with one "
+       "image at a time im2col is slower than direct",
        all(a.workspace_bytes >= 2 * b.workspace_bytes - 1024 for a, b in zip(im2col, im2col[1:]))
        and im2col[1].est_ms < 1.2 * im2col[0].est_ms and one.est_ms > direct.est_ms,
-       why="whatever the algorithm and chunk, the numbers are bit-identical: all sum in the same order (tutorial 00).")
+       why="whatever the algorithm and chunk, the numbers are bit-identical: all sum in the same order "
+           "(tutorial 00).")
 
 print(f"\n{'largest free block':>19}  dynamic picks")
 picks = {}
 for free_mib in (2048, 500, 100, 50, 0):
     c = picks[free_mib] = ws.choose(conv2, "forward", "dynamic", free_mib * MiB)
-    print(f"{free_mib:15,d} MiB  {c.algo} (chunk {c.chunk}, {c.workspace_bytes / MiB:,.1f} MiB, {c.est_ms:.2f} ms)")
-expect("the fastest candidate that fits the free block: smaller chunks as the block shrinks, and direct once the "
-       "chunks that fit are slower than it",
+    print(f"{free_mib:15,d} MiB  {c.algo} (chunk {c.chunk}, {c.workspace_bytes / MiB:,.1f} MiB, "
+          f"{c.est_ms:.2f} ms)")
+expect("the fastest candidate that fits the free block: smaller chunks as the block shrinks, and direct once "
+       "the chunks that fit are slower than it",
        all(c == next(k for k in cands if k.workspace_bytes <= free * MiB) for free, c in picks.items())
        and picks[0] == direct)
 
@@ -81,13 +83,14 @@ for chunk in (1, 12, 50, 200):
     g = ls[1]  # each chunk: the im2col transform, then one batched GEMM (grid z = the chunk's images)
     res = launches.resources(g.kernel, h200.arch)
     print(f"im2col chunk {chunk:3d} {len(ls):8d} {g.blocks:11,d} {launches.waves(h200, g, res):6.2f} "
-          f"{launches.launch_ms(h200, g, res):8.3f} {ws.CostModel().estimate(conv2, 'forward', 'im2col', chunk):9.2f}")
+          f"{launches.launch_ms(h200, g, res):8.3f} "
+          f"{ws.CostModel().estimate(conv2, 'forward', 'im2col', chunk):9.2f}")
 by_chunk = {}
 for chunk in (1, 12, 200):
     ls = ws.CostModel().launches(conv2, "forward", "im2col", chunk)
     by_chunk[chunk] = (len(ls), launches.waves(h200, ls[1], launches.resources(ls[1].kernel, h200.arch)))
-expect("with one image per chunk there are 400 launches, each GEMM a small fraction of one wave; a chunk of 12 "
-       "images fills about half the GPU; 200 images are 2 launches of several waves",
+expect("with one image per chunk there are 400 launches, each GEMM a small fraction of one wave; a chunk of "
+       "12 images fills about half the GPU; 200 images are 2 launches of several waves",
        by_chunk[1][0] == 400 and by_chunk[1][1] < 0.1 and 0.3 < by_chunk[12][1] < 1 and by_chunk[200][0] == 2
        and by_chunk[200][1] > 2,
        why="the H200 holds 2 blocks of this GEMM per SM (its registers per thread, from ptxas) on 132 SMs.")
@@ -99,7 +102,8 @@ expect("with one image per chunk there are 400 launches, each GEMM a small fract
 # and keeps their partial sums (a deterministic two-level sum: same bits).
 
 # %%
-print(f"{'layer':6} {'op':16} {'no workspace ms':>15} {'fastest':>14} {'workspace MiB':>14} {'ms':>7} {'speed-up':>8}")
+print(f"{'layer':6} {'op':16} {'no workspace ms':>15} {'fastest':>14} {'workspace MiB':>14} {'ms':>7} "
+      f"{'speed-up':>8}")
 total_none = total_fast = 0.0
 for name, layer in net.layers.items():
     if layer.kind != "conv2d":
@@ -112,17 +116,19 @@ for name, layer in net.layers.items():
 print(f"all conv steps: {total_none:,.1f} ms without workspace, {total_fast:,.1f} ms with it "
       f"({total_none / total_fast:.1f}x)")
 def gain(name, op):
-    return ws.choose(net.layers[name], op, "none", None).est_ms / ws.candidates(net.layers[name], op)[0].est_ms
+    return (ws.choose(net.layers[name], op, "none", None).est_ms
+            / ws.candidates(net.layers[name], op)[0].est_ms)
 
 
 convs = [n for n, l in net.layers.items() if l.kind == "conv2d"]
-expect("forward gains about 2x; backward-data about 20x; backward-filter gains where the layer has few filter "
-       "weights (conv1) and little elsewhere",
-       all(1.3 < gain(n, "forward") < 3 for n in convs[1:]) and all(gain(n, "backward_data") > 8 for n in convs)
+expect("forward gains about 2x; backward-data about 20x; backward-filter gains where the layer has few "
+       "filter weights (conv1) and little elsewhere",
+       all(1.3 < gain(n, "forward") < 3 for n in convs[1:])
+       and all(gain(n, "backward_data") > 8 for n in convs)
        and gain("conv1", "backward_filter") > 2 and all(gain(n, "backward_filter") < 2 for n in convs[1:]),
-       why="im2col's register-blocked GEMM against direct's shared-memory tiles; direct backward-data is the naive "
-           "kernel, one thread per input pixel; conv1's 96 x 363 filter weights spread over few blocks without "
-           "workspace.")
+       why="im2col's register-blocked GEMM against direct's shared-memory tiles; direct backward-data is the "
+           "naive kernel, one thread per input pixel; conv1's 96 x 363 filter weights spread over few blocks "
+           "without workspace.")
 
 # %% [markdown]
 # ## The launch report
@@ -131,13 +137,16 @@ expect("forward gains about 2x; backward-data about 20x; backward-filter gains w
 # registers and occupancy per kernel). Here, the convolutions, with the algorithms `simulate` chose.
 
 # %%
-rows = launches.network_launches(net, simulate(net, MemoryConfig(liveness=True, workspace="fastest")).conv_choices)
+rows = launches.network_launches(net,
+                                 simulate(net, MemoryConfig(liveness=True, workspace="fastest")).conv_choices)
 print(launches.format_report(rows, h200, conv_only=True))
 report = launches.format_report(rows, h200, conv_only=True)
-expect("every op within 2 launches per chunk, and every op that writes more than 10 million elements running at "
-       "least 2 waves: the targets hold", "(target <= 2): True" in report and "(target >= 2 on the H200): True" in report,
-       why="a transform and a GEMM per chunk (for backward-filter, the split kernel and its fold), thousands of "
-           "blocks in each GEMM. In the kernel table, the GEMM holds 2 blocks per SM (registers), the others more.")
+expect("every op within 2 launches per chunk, and every op that writes more than 10 million elements running "
+       "at least 2 waves: the targets hold", "(target <= 2): True" in report
+       and "(target >= 2 on the H200): True" in report,
+       why="a transform and a GEMM per chunk (for backward-filter, the split kernel and its fold), thousands "
+           "of blocks in each GEMM. In the kernel table, the GEMM holds 2 blocks per SM (registers), "
+           "the others more.")
 
 # %% [markdown]
 # ## none, fastest, dynamic
@@ -168,10 +177,13 @@ for mode in ("none", "fastest", "dynamic"):
     cfg = base.replace(workspace=mode)
     tr = traces[mode] = simulate(net, cfg)
     need[mode] = smallest_budget(net, cfg)
-    print(f"{mode:9} {tr.peak_bytes / MiB:9,.0f} {need[mode] / MiB:12,.0f} MiB {conv_ms(tr):15,.1f}  {choices(tr)}")
-print(f"dynamic, unlimited, equals fastest: {traces['dynamic'].conv_choices == traces['fastest'].conv_choices}")
+    print(f"{mode:9} {tr.peak_bytes / MiB:9,.0f} {need[mode] / MiB:12,.0f} MiB {conv_ms(tr):15,.1f}  "
+          f"{choices(tr)}")
+print("dynamic, unlimited, equals fastest: "
+      f"{traces['dynamic'].conv_choices == traces['fastest'].conv_choices}")
 speedup, more = conv_ms(traces["none"]) / conv_ms(traces["fastest"]), need["fastest"] / need["none"] - 1
-expect(f"fastest is about five times as fast as none ({speedup:.1f}x) and needs about 50% more memory ({more:.0%})",
+expect(f"fastest is about five times as fast as none ({speedup:.1f}x) and needs about 50% more memory "
+       f"({more:.0%})",
        3.5 < speedup < 7 and 0.3 < more < 0.7, why="the naive direct backward-data dominates none.")
 expect("without a budget, dynamic makes the same choices as fastest; yet its smallest budget is none's",
        traces["dynamic"].conv_choices == traces["fastest"].conv_choices and need["dynamic"] == need["none"],
@@ -198,8 +210,10 @@ for budget in budgets:
     fastest_fits.append(fastest == "fits")
     tr = simulate(net, base.replace(workspace="dynamic", budget_bytes=budget))
     times.append(conv_ms(tr))
-    print(f"{budget / MiB:6,.0f} MiB {fastest:>14} {tr.peak_bytes / MiB:10,.0f} MiB {times[-1]:15,.1f}  {choices(tr)}")
-print(f"estimated conv time never falls as the budget shrinks: {all(a <= b + 1e-9 for a, b in zip(times, times[1:]))}")
+    print(f"{budget / MiB:6,.0f} MiB {fastest:>14} {tr.peak_bytes / MiB:10,.0f} MiB {times[-1]:15,.1f}  "
+          f"{choices(tr)}")
+print("estimated conv time never falls as the budget shrinks: "
+      f"{all(a <= b + 1e-9 for a, b in zip(times, times[1:]))}")
 small = simulate(net, base.replace(workspace="dynamic", budget_bytes=budgets[-1]))
 print(f"\nat {budgets[-1] / MiB:,.0f} MiB, per conv step:")
 print(f"{'step':>4} {'layer':6} {'op':16} {'algo':7} {'chunk':>5} {'workspace MiB':>14}")
@@ -210,13 +224,14 @@ expect("fastest fits only at the top budget; dynamic fits every budget, down to 
 expect(f"dynamic's estimated conv time never falls as the budget shrinks, and rises only a little (by "
        f"{times[-1] / times[0] - 1:.1%} at the smallest budget)",
        all(a <= b + 1e-9 for a, b in zip(times, times[1:])) and times[-1] < 1.2 * times[0],
-       why="it moves from full-batch im2col to smaller chunks where memory is tight: dynamic costs no memory over "
-           "none and runs nearly at fastest's speed. (Chunks of 50 images still fill the GPU; under a tighter budget "
-           "than AlexNet needs here, chunks of a few images would not, which is the paper's AlexNet going from "
-           "240 img/s with a 5 GB pool to 203 img/s with 3 GB.)")
+       why="it moves from full-batch im2col to smaller chunks where memory is tight: dynamic costs no memory "
+           "over none and runs nearly at fastest's speed. (Chunks of 50 images still fill the GPU; under a "
+           "tighter budget than AlexNet needs here, chunks of a few images would not, which is the paper's "
+           "AlexNet going from 240 img/s with a 5 GB pool to 203 img/s with 3 GB.)")
 save_plot("plot_compare_timelines", {"dynamic, unlimited": traces["dynamic"],
                                      f"dynamic, {budgets[-1] / MiB:,.0f} MiB": small},
-          "06_alexnet_workspace.png", title=f"AlexNet batch {batch}: workspace (green) with and without a budget")
+          "06_alexnet_workspace.png",
+          title=f"AlexNet batch {batch}: workspace (green) with and without a budget")
 
 # %% [markdown]
 # ## Exercise

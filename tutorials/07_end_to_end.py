@@ -59,7 +59,8 @@ print(g.summary())
 need = smallest_budget(g, MemoryConfig.superneurons())
 sn = MemoryConfig.superneurons(budget_bytes=need)
 base = MemoryConfig.baseline()
-print(f"baseline peak {simulate(g, base).peak_bytes / KiB:,.0f} KiB; superneurons() runs in {need / KiB:,.0f} KiB")
+print(f"baseline peak {simulate(g, base).peak_bytes / KiB:,.0f} KiB; superneurons() runs in "
+      f"{need / KiB:,.0f} KiB")
 print(snlite.Scheduler(g, sn))
 refused = None
 try:
@@ -83,7 +84,8 @@ expect("a budget below the smallest is refused with an error that names the step
 # %%
 epochs = 1 if QUICK else 3
 max_steps = 10 if QUICK else None
-models = {"baseline": Model(g, base, device="host", seed=0), "superneurons": Model(g, sn, device="host", seed=0)}
+models = {"baseline": Model(g, base, device="host", seed=0),
+          "superneurons": Model(g, sn, device="host", seed=0)}
 losses = {k: [] for k in models}
 before = models["superneurons"].evaluate(test.x, test.labels)
 t0 = time.perf_counter()
@@ -93,8 +95,8 @@ for epoch in range(epochs):
             break
         for k, m in models.items():
             losses[k].append(m.step(xb, yb, lr=0.05, momentum=0.9, weight_decay=1e-4))
-    print(f"epoch {epoch + 1}: mean loss of the last 20 steps {np.mean(losses['baseline'][-20:]):.4f} (baseline), "
-          f"{np.mean(losses['superneurons'][-20:]):.4f} (superneurons)")
+    print(f"epoch {epoch + 1}: mean loss of the last 20 steps {np.mean(losses['baseline'][-20:]):.4f} "
+          f"(baseline), {np.mean(losses['superneurons'][-20:]):.4f} (superneurons)")
 seconds = time.perf_counter() - t0
 pa, pb = models["baseline"].params, models["superneurons"].params
 same_losses = losses["baseline"] == losses["superneurons"]
@@ -169,7 +171,8 @@ def deepest(config):
         return fits(u, config)
 
     plain = config.replace(cache=False, workspace="none")  # no budget, no cache: peak linear in units
-    p50, p100 = (simulate(snlite.models.resnet(3 * u + 2, batch=depth_batch), plain).peak_bytes for u in (50, 100))
+    p50, p100 = (simulate(snlite.models.resnet(3 * u + 2, batch=depth_batch), plain).peak_bytes
+                 for u in (50, 100))
     guess = min(cap, max(50, int(50 + (budget - p50) * 50 / (p100 - p50))))
     if ok(guess):  # step up by 1.5x until a probe fails
         lo, hi = guess, min(cap, int(guess * 1.5))
@@ -190,7 +193,8 @@ def deepest(config):
 
 
 results, guesses = {}, {}
-print(f"{'configuration':14} {'fits':>12} {'does not fit':>13} {'first guess':>12} {'probes':>7} {'seconds':>8}")
+print(f"{'configuration':14} {'fits':>12} {'does not fit':>13} {'first guess':>12} {'probes':>7} "
+      f"{'seconds':>8}")
 for label, config in (("baseline", MemoryConfig()), ("superneurons", MemoryConfig.superneurons())):
     t0 = time.perf_counter()
     lo, hi, guess, probes = deepest(config)
@@ -199,8 +203,8 @@ for label, config in (("baseline", MemoryConfig()), ("superneurons", MemoryConfi
           f"{'ResNet-' + str(3 * hi + 2) if hi else '(not tried)':>13} "
           f"{'ResNet-' + str(3 * guess + 2):>12} {probes:7d} {time.perf_counter() - t0:8.1f}")
 if results["baseline"] and results["superneurons"]:
-    print(f"superneurons goes at least {results['superneurons'] / results['baseline']:.1f}x deeper than the baseline "
-          f"(the paper: 1920 / 148 = {1920 / 148:.1f}x Caffe, 3.24x TensorFlow)")
+    print(f"superneurons goes at least {results['superneurons'] / results['baseline']:.1f}x deeper than the "
+          f"baseline (the paper: 1920 / 148 = {1920 / 148:.1f}x Caffe, 3.24x TensorFlow)")
 base_units, sn_units = results["baseline"], results["superneurons"]
 expect("several times deeper with superneurons() than the baseline",
        base_units and sn_units and sn_units >= 3 * base_units)
@@ -209,9 +213,11 @@ expect("the straight line guesses the baseline almost exactly (within 5%)",
        why="without offload and the cache the peak grows by the same bytes for every unit added. Under "
            "superneurons() the line is drawn without the cache, but with a budget the cache moves tensors to "
            "the host when it is reached, so the guess is only a starting point and the search pays for the "
-           "difference with extra probes. (`snlite maxdepth` runs the same experiment from the command line.)")
+           "difference with extra probes. (`snlite maxdepth` runs the same experiment from the "
+           "command line.)")
 if sn_units and results["superneurons"] != cap:
-    print(f"the line's guess for superneurons() is off by {abs(guesses['superneurons'] - sn_units) / sn_units:.0%}")
+    print("the line's guess for superneurons() is off by "
+          f"{abs(guesses['superneurons'] - sn_units) / sn_units:.0%}")
 
 # %% [markdown]
 # ## The paper's headline: batch 1
@@ -231,9 +237,9 @@ from snlite import search  # noqa: E402
 headline_budget = GiB // 2 if QUICK else 12 * GiB  # quick mode: the same story in a 24th of the memory
 t0 = time.perf_counter()
 found = search.max_depth(1, MemoryConfig.superneurons(budget_bytes=headline_budget))
-print(f"batch 1 in {headline_budget / GiB:g} GiB: ResNet-{found.value:,d} ({(found.value - 2) // 3:,d} units) "
-      f"fits, ResNet-{found.next_value:,d} does not; {found.probes} probes, {time.perf_counter() - t0:.1f} s "
-      f"(the paper: ResNet-7,502 in 12 GB)")
+print(f"batch 1 in {headline_budget / GiB:g} GiB: ResNet-{found.value:,d} ({(found.value - 2) // 3:,d} "
+      f"units) fits, ResNet-{found.next_value:,d} does not; {found.probes} probes, "
+      f"{time.perf_counter() - t0:.1f} s (the paper: ResNet-7,502 in 12 GB)")
 kinds = found.trace.by_kind()
 for kind, (on_device, on_host) in kinds.items():
     print(f"  {kind:42} device {on_device / GiB:6.2f} GiB   host {on_host / GiB:6.2f} GiB")

@@ -10,7 +10,8 @@
 #   peak against extra FLOPs, and which of the paper's choices cost memory (`snlite.gap`).
 #
 # Run it: `python tutorials/08_how_far_from_optimal.py` from the repository root (after
-# `pip install -e ".[optimal]"`), or cell by cell. About 6 s on a CPU (quick mode: fewer frontier points, 4 s).
+# `pip install -e ".[optimal]"`), or cell by cell. About 6 s on a CPU (quick mode: fewer frontier
+# points, 4 s).
 
 # %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite
@@ -32,9 +33,9 @@ from snlite.lesson import MiB, QUICK, expect, save_plot
 # where it must be). At every moment a launch can happen (each forward step, each possible re-run,
 # each backward step) a variable `i[u,slot]` says whether an incarnation of u holds its block there (one
 # variable serves every moment and tensor with the same reasons to be held, so its name gives the
-# first). The memory at each such moment is a linear sum, at most `peak`, which the program minimises. Here is that
-# sum at the busiest moment of AlexNet's optimal plan, in the paper's count (activations and gradients
-# at their own sizes).
+# first). The memory at each such moment is a linear sum, at most `peak`, which the program minimises.
+# Here is that sum at the busiest moment of AlexNet's optimal plan, in the paper's count (activations
+# and gradients at their own sizes).
 
 # %%
 batch = 8
@@ -77,21 +78,23 @@ fwd = net.flops()
 print(f"{'strategy':27} {'peak MiB':>9} {'extra FLOPs':>12} {'least peak, same FLOPs':>23} {'gap':>7} "
       f"{'fewest FLOPs, same peak':>24}")
 for r in rows:
-    print(f"{r.label:27} {r.peak_bytes / MiB:9,.1f} {r.extra_flops / fwd:12.1%} {r.best_peak_bytes / MiB:23,.1f} "
-          f"{r.gap_pct:+6.1f}% {r.fewest_flops / fwd:24.1%}")
+    print(f"{r.label:27} {r.peak_bytes / MiB:9,.1f} {r.extra_flops / fwd:12.1%} "
+          f"{r.best_peak_bytes / MiB:23,.1f} {r.gap_pct:+6.1f}% {r.fewest_flops / fwd:24.1%}")
 row = {r.label: r for r in rows}
 ca, sq, opt = row["cost-aware (SuperNeurons)"], row[gap.SQRT], row[gap.OPTIMAL]
 expect(f"sqrt(N) checkpointing is far from optimal: {sq.gap_pct:+.0f}% above the least peak for its "
        f"{sq.extra_flops / fwd:.0%} extra FLOPs", sq.gap_pct > 10,
-       why="it keeps every 5th layer whatever its size, so it re-runs expensive convolutions to save small tensors.")
+       why="it keeps every 5th layer whatever its size, so it re-runs expensive convolutions to save "
+           "small tensors.")
 expect(f"cost-aware's peak is the least any plan reaches with its extra FLOPs (gap {ca.gap_pct:+.1f}%), and "
        f"speed-centric's is not ({row['speed-centric'].gap_pct:+.1f}%); but that peak needs only "
        f"{ca.fewest_flops / fwd:.2%} extra FLOPs, not cost-aware's {ca.extra_flops / fwd:.2%}",
        ca.gap_pct == 0 and row["speed-centric"].gap_pct > 0 and ca.fewest_flops < ca.extra_flops,
-       why="memory-centric segments re-run whole chains from the checkpoint for every backward step; the optimum "
-           "keeps what is cheap to keep and re-runs only the layers whose outputs are large.")
+       why="memory-centric segments re-run whole chains from the checkpoint for every backward step; the "
+           "optimum keeps what is cheap to keep and re-runs only the layers whose outputs are large.")
 expect("the exact planner reaches a lower peak than any heuristic, by dropping convolutions",
-       all(opt.peak_bytes < r.peak_bytes for r in rows[:-1]) and any(net.layers[L].checkpoint for L in best.dropped))
+       all(opt.peak_bytes < r.peak_bytes for r in rows[:-1])
+       and any(net.layers[L].checkpoint for L in best.dropped))
 
 # %% [markdown]
 # ## The frontier
@@ -102,12 +105,13 @@ expect("the exact planner reaches a lower peak than any heuristic, by dropping c
 fractions = (0.0, 0.005, 0.5) if QUICK else gap.FRACTIONS
 points = gap.frontier(net, "paper", fractions=fractions)
 for p in points:
-    print(f"peak {p.peak_bytes / MiB:6,.1f} MiB   +{p.extra_flops / fwd:6.1%}   drop {', '.join(p.dropped) or '-'}")
+    print(f"peak {p.peak_bytes / MiB:6,.1f} MiB   +{p.extra_flops / fwd:6.1%}   drop "
+          f"{', '.join(p.dropped) or '-'}")
 expect("along the frontier the peak falls as the extra FLOPs rise, every point proven optimal",
        all(a.peak_bytes > b.peak_bytes and a.extra_flops < b.extra_flops for a, b in zip(points, points[1:]))
        and all(p.optimal for p in points))
-save_plot("plot_tradeoff", [{"label": f"exact {i + 1}", "peak_bytes": p.peak_bytes, "extra_flops": p.extra_flops,
-                             "base_flops": fwd} for i, p in enumerate(points)]
+save_plot("plot_tradeoff", [{"label": f"exact {i + 1}", "peak_bytes": p.peak_bytes,
+                             "extra_flops": p.extra_flops, "base_flops": fwd} for i, p in enumerate(points)]
           + [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.extra_flops, "base_flops": fwd}
              for r in rows[:-1]],
           "08_alexnet_frontier.png", title=f"AlexNet batch {batch}: the exact frontier and the heuristics")
@@ -124,8 +128,9 @@ print(f"exact, cheap layers only: peak {ruled.peak_bytes / MiB:,.1f} MiB, +{rule
       f"(drop {', '.join(ruled.dropped)})")
 print(f"exact, any layer:         peak {opt.peak_bytes / MiB:,.1f} MiB, +{opt.extra_flops / fwd:.1%}")
 print(f"cost-aware:               peak {ca.peak_bytes / MiB:,.1f} MiB, +{ca.extra_flops / fwd:.1%}")
-expect("under the paper's checkpoint rule the exact planner reaches cost-aware's peak and no lower: the rule, "
-       "not the choice between speed- and memory-centric, is what stands between SuperNeurons and the optimum",
+expect("under the paper's checkpoint rule the exact planner reaches cost-aware's peak and no lower: the "
+       "rule, not the choice between speed- and memory-centric, is what stands between SuperNeurons "
+       "and the optimum",
        ruled.peak_bytes == ca.peak_bytes > opt.peak_bytes)
 
 # %% [markdown]
