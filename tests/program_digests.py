@@ -51,16 +51,22 @@ def small_cases():
     from nets import ALL_CONFIGS, mixed_net
 
     g = mixed_net()
+    arena = {}  # config -> its arena without a budget, placed once
+
+    def budgeted(c, frac, schedule):
+        if c not in arena:
+            arena[c] = place(g, c).arena_bytes
+        return c.replace(budget_bytes=max(1024, int(arena[c] * frac) // 1024 * 1024), schedule=schedule)
+
     for i, c in enumerate(ALL_CONFIGS):
         for mode in ("train", "grads", "infer", "update"):
             yield f"mixed/{i}/{mode}", (lambda c=c, m=mode: place(g, c, m, optimizer=m != "grads"))
         if c.cache or c.offload:
-            full = place(g, c).arena_bytes
             for frac in (0.5, 0.7, 0.85):
                 for sched in ("paper", "H200"):
-                    cc = c.replace(budget_bytes=max(1024, int(full * frac) // 1024 * 1024), schedule=sched)
-                    yield f"mixed/{i}/{frac}/{sched}", (lambda c=cc: place(g, c))
-    full = place(g, MemoryConfig.superneurons()).arena_bytes
+                    yield f"mixed/{i}/{frac}/{sched}", \
+                        (lambda c=c, f=frac, s=sched: place(g, budgeted(c, f, s)))
+    full = arena[MemoryConfig.superneurons()] = place(g, MemoryConfig.superneurons()).arena_bytes
     for sched in ("paper", "H200", "T4"):
         for frac in (None, 0.5, 0.7):
             budget = frac and int(full * frac) // 1024 * 1024
