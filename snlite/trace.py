@@ -155,6 +155,9 @@ class _Memo(dict):
         return value
 
 
+_ITEMSIZE = _Memo(lambda dtype: np.dtype(dtype).itemsize)  # dtype name -> bytes per element
+
+
 def _trace_program(program, count: str) -> Trace:
     reader = _Reader(program, count)
     handlers = {Launch: reader.launch, Alloc: reader.alloc, Free: reader.free, HandOver: reader.hand_over,
@@ -201,7 +204,7 @@ class _Reader:
     def _own_bytes(self, name: str) -> int | None:
         """The paper's count: a tensor's own bytes (None for a workspace: its block's)."""
         shape, dtype, _ = self.tensors[name.split("#", 1)[0]]
-        return None if shape is None else math.prod(shape) * np.dtype(dtype).itemsize
+        return None if shape is None else math.prod(shape) * _ITEMSIZE[dtype]
 
     def launch(self, ins) -> None:
         """An op's busiest moment: its inputs, outputs and workspace held; one StepRecord."""
