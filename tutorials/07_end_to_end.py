@@ -13,8 +13,8 @@
 #
 # Run it: `python tutorials/07_end_to_end.py` from the repository root (after `pip install -e ".[digits]"`;
 # without scikit-learn it falls back to synthetic images), or cell by cell (`# %%` cells in VS Code or
-# Jupyter). About 2 min 10 s on the project's 2-core machine, most of it the two depth searches (90 s at
-# batch 16, 35 s at batch 1); 12 s with SNLITE_TUTORIAL_QUICK=1. No GPU: the host device runs NumPy
+# Jupyter). About 4 min 20 s on one core of the project's 2-core AMD machine, most of it the two depth
+# searches; 12 s with SNLITE_TUTORIAL_QUICK=1. No GPU: the host device runs NumPy
 # kernels (`device="auto"` would pick a real GPU when there is one).
 
 # %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
