@@ -108,15 +108,29 @@ def _quick_safe_simulator():
     sys.setswitchinterval(old)
 
 
+# Programs longer than this are not checked by the hook below: they are the deep ResNets a depth
+# search places by the dozen (the same layers repeated thousands of times, 60% of such a test's time
+# spent checking them); tests/test_checker.py checks one that long, with the cache moving data.
+HOOK_CHECKS_UP_TO = 20_000  # instructions
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _every_program_is_checked():
-    """Every program the suite places is run through the race checker (and the checker's own
-    consistency checks) before anything uses it: a placement that could race fails the test that
-    built it, wherever that is."""
+    """Every program the suite places (up to HOOK_CHECKS_UP_TO instructions) is run through the
+    race checker (and the checker's own consistency checks) before anything uses it: a placement
+    that could race fails the test that built it, wherever that is."""
     from snlite import checker, pipeline
 
+    checked = set()  # programs already checked: tests place the same net under the same config often
+
     def check(program, graph):
-        checker.check(program, graph=graph)  # its tensors and layers the net's too
+        if len(program) > HOOK_CHECKS_UP_TO:
+            return
+        key = (program.net, program.config, program.mode, graph.input_shape, hash(program.setup),
+               hash(program.body))
+        if key not in checked:
+            checker.check(program, graph=graph)  # its tensors and layers the net's too
+            checked.add(key)
 
     pipeline.AFTER_PLACEMENT.append(check)
     yield

@@ -201,3 +201,18 @@ def test_check_together_catches_work_one_program_leaves_running_into_the_next():
         with pytest.raises(RaceError, match=r"race on [\w.#@]+") as e:
             check_together(mutant)
         assert "-> infer" in str(e.value)
+
+
+def test_a_deep_program_under_a_tight_budget_is_race_free():
+    """The suite's hook checks programs up to conftest.HOOK_CHECKS_UP_TO instructions; this one is
+    longer: a 602-layer ResNet under superneurons() in 60% of its arena, so the cache evicts and
+    fetches, with the copies retimed for a GPU."""
+    from conftest import HOOK_CHECKS_UP_TO
+
+    from snlite.models import resnet
+
+    g = resnet(3 * 200 + 2, batch=2)
+    arena = place(g, MemoryConfig.superneurons()).arena_bytes
+    program = place(g, MemoryConfig.superneurons(budget_bytes=arena * 6 // 10 // 1024 * 1024))
+    assert len(program) > HOOK_CHECKS_UP_TO and program.stats["cache_misses"] > 0
+    check(program, graph=g)
