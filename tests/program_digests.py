@@ -17,17 +17,14 @@ import sys
 from snlite.config import MemoryConfig
 from snlite.models import get_model
 from snlite.errors import BudgetError
+from snlite import bench
 from snlite.pipeline import place
 
 HERE = pathlib.Path(__file__).parent
 STORE = HERE / "data" / "program_digests.json"
 ZOO = ("lenet", "alexnet", "vgg16", "resnet50", "inception_v4", "densenet121")
-PRESETS = {
-    "baseline": MemoryConfig(),
-    "liveness": MemoryConfig(liveness=True),
-    "+offload": MemoryConfig(liveness=True, offload=True),
-    "+recompute": MemoryConfig(liveness=True, offload=True, recompute="cost_aware"),
-    "superneurons": MemoryConfig.superneurons(),
+PRESETS = {  # the benchmark's presets, and more corners of the config
+    **bench.PRESETS,
     "superneurons-paper": MemoryConfig.superneurons(schedule="paper"),
     "offload-H200": MemoryConfig(liveness=True, offload=True, schedule="H200", workspace="dynamic"),
     "raw-best": MemoryConfig(liveness=True, recompute="memory", allocator="raw", workspace="fastest"),
