@@ -82,7 +82,9 @@ class Probe:
     def program(self) -> Program:
         return self.placed.program
 
-    def final(self) -> Program:
+    def final(self, refine: bool = True) -> Program:
+        """The program :func:`place` returns for this iteration (``refine=False``: without the cache's
+        time-aware second placement, which never raises the peak and moves no more bytes)."""
         with without_cycle_collection():
             job, placed = self.job, self.placed
             if self.auto is not None:  # as place() decides: on the device, where the iteration fits that way
@@ -91,7 +93,7 @@ class Probe:
                                          self.plan, None, True)
                 except BudgetError:
                     pass
-            return _refined(job, placed).program
+            return (_refined(job, placed) if refine else placed).program
 
 
 def probe(graph, config: MemoryConfig, plan=None) -> Probe | None:
