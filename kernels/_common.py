@@ -11,7 +11,7 @@ memory and, where the launcher computes it, the launch's work) to ``launches``. 
 :class:`ShapeArray` arguments (a shape and a dtype, no data), a launcher then reports exactly the
 launches it would make, on any machine: ``kernels.launches`` builds its report that way.
 
-Conventions every family follows (the README's "Kernel conventions" says more):
+Conventions every family follows (docs/kernels.md, "Kernel conventions", says more):
 - float32, C-contiguous, NCHW; integer labels are int32, dropout masks uint8.
 - A launcher ``op(inputs..., outputs..., *, hyper=..., stream=0, version=...)`` returns None and
   never allocates device memory; its NumPy reference ``op_ref`` takes the same positional and

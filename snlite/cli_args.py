@@ -15,7 +15,7 @@ from snlite import measure, models, recompute, timing
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 from snlite.graph import check_number
 
-# Exit statuses (the README's table): 0 done; 1 any other error (one line on stderr); 2 a usage
+# Exit statuses (docs/troubleshooting.md): 0 done; 1 any other error (one line on stderr); 2 a usage
 # error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network
 # does not fit its --budget; 130 interrupted (Ctrl-C); 141 the reader of standard output went away
 # (snlite plan --json | head), said nothing.

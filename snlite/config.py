@@ -4,33 +4,7 @@
     MemoryConfig.superneurons()         # everything the paper does
     dataclasses.replace(cfg, offload=True)
 
-| field              | values              | saves                                  | costs                  |
-|--------------------|---------------------|----------------------------------------|------------------------|
-| liveness           | bool                | frees each tensor after its last use   | nothing                |
-| offload            | bool                | CONV outputs wait on the host          | host RAM, PCIe traffic |
-| cache              | bool                | moves data only when memory runs short | (offload becomes lazy) |
-| recompute          | off, speed, memory, | drops cheap layers' outputs            | extra forward FLOPs    |
-|                    | cost_aware          |                                        |                        |
-| recompute_keep     | cheap layers' names | (the re-runs of layers too slow to     | their outputs stay, as |
-|                    | (a tuple)           | repeat on this device: measured)       | a checkpoint's do      |
-| workspace          | none, fastest,      | (none: no conv workspace at all)       | (none: the slowest     |
-|                    | dynamic             |                                        | conv)                  |
-| allocator          | pool, raw           | pool: no malloc/free per tensor        | raw: one allocation    |
-|                    |                     |                                        | per tensor             |
-| fit                | first, best         | best: less fragmentation               | a longer search        |
-| budget_bytes       | None or int >= 1024 | fails early if the plan cannot fit     |                        |
-|                    | (one pool block)    |                                        |                        |
-| host_budget_bytes  | None or int >= 256  | fails early if pinned memory runs out  |                        |
-|                    | (one slot)          |                                        |                        |
-| count              | all, paper          | what the trace's peak counts           |                        |
-| schedule           | paper, H200, A100,  | GPU name: copies moved in time to hide | (paper: the paper's    |
-|                    | T4, K40             | behind compute on that GPU (timing)    | op-based points;       |
-|                    |                     |                                        | copies may stall)      |
-| update_in_backward | bool                | each weight gradient lives only until  | nothing (a NaN loss    |
-|                    |                     | its layer's SGD step, run in backward  | skips the updates on   |
-|                    |                     |                                        | the device)            |
-| optimizer_state    | device, host, auto  | host: momentum waits in pinned memory  | PCIe traffic each step |
-|                    |                     | between updates; auto: only if needed  |                        |
+What each field does, saves and costs: the table in docs/memory-config.md (the one copy of it).
 """
 from __future__ import annotations
 
@@ -52,21 +26,21 @@ CHOICES = {
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """Which SuperNeurons optimizations a run uses. See the module docstring for each field."""
+    """Which SuperNeurons optimizations a run uses (docs/memory-config.md explains each field)."""
 
-    liveness: bool = False
-    offload: bool = False
-    cache: bool = False
-    recompute: str = "off"
-    workspace: str = "none"
-    allocator: str = "pool"
-    fit: str = "first"
-    budget_bytes: int | None = None
-    count: str = "all"
-    host_budget_bytes: int | None = None
-    schedule: str = "paper"
-    update_in_backward: bool = False
-    optimizer_state: str = "device"
+    liveness: bool = False  # free each tensor after its last use
+    offload: bool = False  # CONV outputs wait in pinned host memory between forward and backward
+    cache: bool = False  # the LRU tensor cache: data moves only when an allocation would fail
+    recompute: str = "off"  # drop cheap layers' outputs after forward, rebuild them in backward
+    workspace: str = "none"  # conv algorithms: direct only, the fastest, or the fastest that fits now
+    allocator: str = "pool"  # one arena, or one device allocation per tensor
+    fit: str = "first"  # the pool's policy over its 1 KiB blocks
+    budget_bytes: int | None = None  # the device memory allowed
+    count: str = "all"  # what the trace's peak counts: everything, or activations + gradients (paper)
+    host_budget_bytes: int | None = None  # the pinned host memory allowed
+    schedule: str = "paper"  # when copies run: the paper's points, or retimed for a GPU to hide them
+    update_in_backward: bool = False  # each layer's SGD step inside backward, freeing its gradient
+    optimizer_state: str = "device"  # where SGD's momentum waits between updates
     # cheap layers kept like checkpoints (snlite.recompute.expensive_layers)
     recompute_keep: tuple[str, ...] = ()
 

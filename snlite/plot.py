@@ -8,9 +8,9 @@ is ever opened. Every ``plot_*`` function saves a PNG to ``path`` and returns ``
     from snlite import plot
     trace = snlite.simulate(snlite.models.alexnet(batch=200), snlite.MemoryConfig.superneurons())
     plot.plot_timeline(trace, "alexnet.png")
-    plot.alexnet_figure("docs/alexnet_b200_timeline.png")     # the README's figure
+    plot.alexnet_figure("docs/alexnet_b200_timeline.png")     # the figure of docs/results.md
 
-``python -m snlite.plot [PATH]`` regenerates the README's figure (``--help`` says more).
+``python -m snlite.plot [PATH]`` regenerates that figure (``--help`` says more).
 """
 from __future__ import annotations
 
@@ -341,7 +341,7 @@ def plot_streams(events, path, title=None, memory=None, estimate=None):
     return _save(fig, path)
 
 
-# ---- the README's figure ----
+# ---- the figure of docs/results.md ----
 
 def alexnet_figure(path, batch: int = 200):
     """AlexNet at ``batch`` under baseline and superneurons(), activations + gradients (the paper's count)."""
@@ -351,24 +351,25 @@ def alexnet_figure(path, batch: int = 200):
                                                       "op (the paper's count), one training iteration")
 
 
-README_FIGURE = os.path.join("docs", "alexnet_b200_timeline.png")
+FIGURE = os.path.join("docs", "alexnet_b200_timeline.png")
 
 
 def default_figure_path() -> str | None:
-    """The README's figure in the repository this package sits in (wherever the command runs from);
+    """The figure of docs/results.md in the repository this package sits in (wherever the command runs from);
     None for an installed copy, which has no docs/ folder beside it."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(repo, README_FIGURE) if os.path.isdir(os.path.join(repo, "docs")) else None
+    return os.path.join(repo, FIGURE) if os.path.isdir(os.path.join(repo, "docs")) else None
 
 
 def main(argv=None) -> int:
-    """``python -m snlite.plot [PATH]``: draw the README's figure; returns the exit status."""
+    """``python -m snlite.plot [PATH]``: draw the figure of docs/results.md; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m snlite.plot",
-        description="Draw the README's figure: AlexNet at batch 200, activations + gradients per op under "
-                    "baseline and superneurons(), simulated on the meta device (needs matplotlib).")
+        description="Draw the figure of docs/results.md: AlexNet at batch 200, activations + gradients "
+                    "per op under baseline and superneurons(), simulated on the meta device "
+                    "(needs matplotlib).")
     parser.add_argument("path", nargs="?", metavar="PATH.png",
-                        help=f"where to write the PNG (default: {README_FIGURE} of the repository snlite "
+                        help=f"where to write the PNG (default: {FIGURE} of the repository snlite "
                              "runs from)")
     args = parser.parse_args(argv)
     path = args.path or default_figure_path()

@@ -100,7 +100,8 @@ def depth(batch: int, labels, progress=measure.no_progress) -> Section:
             "every probe a full simulated iteration; the depth found fits, the next valid depth does not.")
     notes = [f"At batch 1 the paper reached {search.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units); "
              "`snlite maxdepth --batch 1` searches that (about a minute for the five strategies, so not "
-             "part of this report; README: the parameters, not the activations, fill the GPU there)."]
+             "part of this report; docs/results.md: the parameters, not the activations, fill the GPU "
+             "there)."]
     return Section("4. Table 4: depth", text, [ours, paper], notes)
 
 

@@ -243,7 +243,7 @@ def _least(graph, config: MemoryConfig, l_peak: int) -> int:
 
 MAX_BATCH = 1 << 16
 # The deepest ResNet maxdepth probes by default (residual units; depth 9,002): deep enough for every
-# depth the README reports (2,865 units at batch 1 in 12 GiB), shallow enough that a search which
+# depth docs/results.md reports (2,865 units at batch 1 in 12 GiB), shallow enough that a search which
 # still fits there (a large budget) ends in about a minute: each probe places the whole network,
 # 3 * units + 2 layers, and holds its program in this machine's memory (PLANNER_BYTES_PER_UNIT).
 MAX_UNITS = 3_000

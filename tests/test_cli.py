@@ -443,7 +443,7 @@ def test_maxdepth_stops_at_a_stated_ceiling_and_says_why(capsys, monkeypatch):
     """A budget nothing fills (200GiB at batch 1) used to probe up to 10,000 residual units (minutes,
     silent with --quiet); the search stops at a ceiling, lower where planning would need more of this
     machine's memory than is free, and says which and how to raise it. The default still reaches every
-    depth the README reports (2,865 units at batch 1 in 12GiB)."""
+    depth docs/results.md reports (2,865 units at batch 1 in 12GiB)."""
     from snlite import cli_search, search
 
     assert 2_865 < search.MAX_UNITS <= 3_000

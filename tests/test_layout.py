@@ -1,4 +1,4 @@
-"""The architecture the README describes, checked on the source: imports flow one way (no cycle
+"""The architecture the docs describe, checked on the source: imports flow one way (no cycle
 between snlite's modules, kernels never import snlite), imports sit at the top of a module except
 those of optional packages, and no module grows past what one sitting can read."""
 import ast
@@ -100,17 +100,17 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_the_reading_order_names_real_files_with_their_sizes():
-    """docs/architecture.md lists the core in reading order with line counts: each file exists and
-    its count is within 15 lines of the truth, and placement.py is on the list."""
+    """The README lists the core in reading order with line counts: each file exists and its count
+    is within 15 lines of the truth, and placement.py is on the list."""
     import re
 
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = (ROOT / "README.md").read_text()
     rows = re.findall(r"^\| \d+ \| `([^`]+)` \| (\d+) \|", text, flags=re.M)
     assert len(rows) >= 15 and any(path.endswith("placement.py") for path, _ in rows)
     for path, stated in rows:
         actual = len((ROOT / path).read_text().splitlines())
         assert abs(actual - int(stated)) <= 15, \
-            f"{path}: docs/architecture.md says {stated} lines, it has {actual}"
+            f"{path}: the README says {stated} lines, it has {actual}"
 
 
 def test_the_reading_order_is_the_import_order():
@@ -118,10 +118,10 @@ def test_the_reading_order_is_the_import_order():
     reading in order never meets a name from further on."""
     import re
 
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = (ROOT / "README.md").read_text()
     order = ["snlite." + p.removeprefix("snlite/").removesuffix(".py")
              for p in re.findall(r"^\| \d+ \| `([^`]+)` \|", text, flags=re.M)]
     graph = edges("snlite")
     late = [f"{m} imports {d}" for i, m in enumerate(order) for d in sorted(graph[m])
             if d in order and order.index(d) > i]
-    assert not late, "docs/architecture.md's order has a module before what it imports: " + "; ".join(late)
+    assert not late, "the README's reading order has a module before what it imports: " + "; ".join(late)
