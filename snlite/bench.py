@@ -2,6 +2,7 @@
 
     python -m snlite.bench deep [--units 2500]   # the program of the paper's deepest ResNet, timed; scaling
     python -m snlite.bench searches              # the planner's long commands, whole, on one core, timed
+    python -m snlite.bench tutorials [--quick]   # every tutorial as a script, on one core, timed
     python -m snlite.bench zoo [--batch 16]      # peak / l_peak of the zoo under each preset, and the
                                                  # smallest budget of superneurons() / l_peak (Markdown)
     python -m snlite.bench host [--repeats 5]    # training img/s on the host device against PyTorch's
@@ -104,29 +105,37 @@ def _children_cpu() -> float:
 def searches(names=None, show=print) -> list[dict]:
     """Each command of ``SEARCHES`` (those whose name starts with one of ``names``) run once as
     its own process on one core, BLAS single-threaded; its wall time against its target."""
-    rows = []
+    return [_timed(name, argv, target, show=show) for name, argv, target in SEARCHES
+            if not names or any(name.startswith(n) for n in names)]
+
+
+def tutorials(quick: bool = False, show=print) -> list[dict]:
+    """Every tutorial run as a script (full mode; ``quick``: with SNLITE_TUTORIAL_QUICK=1), each its
+    own process on one core, BLAS single-threaded, timed: tutorials/README.md's time column."""
+    return [_timed(path.name, [str(path)], None, {"SNLITE_TUTORIAL_QUICK": "1"} if quick else {}, show)
+            for path in sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))]
+
+
+def _timed(name: str, argv: list, target, extra_env=None, show=print) -> dict:
+    """Run ``python *argv`` once, a fresh process on one core, BLAS single-threaded; show and return
+    its wall and CPU time (against ``target`` seconds, where there is one)."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env.pop("SNLITE_TUTORIAL_QUICK", None)
-    for name, argv, target in SEARCHES:
-        if names and not any(name.startswith(n) for n in names):
-            continue
-        if argv[0].endswith(".py") and not pathlib.Path(argv[0]).exists():
-            show(f"  {name:36} skipped: {argv[0]} is not here (an installed copy has no tutorials)")
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable] + [a.replace("{tmp}", tmp) for a in argv]
-            t0, cpu0 = time.perf_counter(), _children_cpu()
-            done = subprocess.run(cmd, env={**env, "SNLITE_TUTORIAL_OUT": tmp}, capture_output=True,
-                                  text=True,
-                                  preexec_fn=_one_core)
-            seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
-        row = {"name": name, "seconds": seconds, "cpu_s": cpu, "target_s": target, "status": done.returncode}
-        rows.append(row)
-        verdict = "within" if seconds <= target else "OVER"
-        show(f"  {name:36} {seconds:7.1f} s wall, {cpu:7.1f} s CPU  (target {target} s: {verdict})"
-             + (f"  exit status {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
-                if done.returncode else ""))
-    return rows
+    if argv[0].endswith(".py") and not pathlib.Path(argv[0]).exists():
+        show(f"  {name:36} skipped: {argv[0]} is not here (an installed copy has no tutorials)")
+        return {"name": name, "seconds": None, "cpu_s": None, "target_s": target, "status": 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable] + [a.replace("{tmp}", tmp) for a in argv]
+        t0, cpu0 = time.perf_counter(), _children_cpu()
+        done = subprocess.run(cmd, env={**env, **(extra_env or {}), "SNLITE_TUTORIAL_OUT": tmp},
+                              capture_output=True, text=True, preexec_fn=_one_core)
+        seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
+    verdict = "" if target is None else \
+        f"  (target {target} s: {'within' if seconds <= target else 'OVER'})"
+    show(f"  {name:36} {seconds:7.1f} s wall, {cpu:7.1f} s CPU{verdict}"
+         + (f"  exit status {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+            if done.returncode else ""))
+    return {"name": name, "seconds": seconds, "cpu_s": cpu, "target_s": target, "status": done.returncode}
 
 
 def zoo_table(batch: int | None = None, count: str = "paper") -> str:
@@ -162,6 +171,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="maxdepth, paper and tutorial 07, each a whole command on one core, timed")
     s.add_argument("only", nargs="*",
                    help="names to run (a prefix each: maxdepth, paper, tutorial); default all")
+    t = sub.add_parser("tutorials", help="every tutorial as a script, each on one core, timed")
+    t.add_argument("--quick", action="store_true", help="with SNLITE_TUTORIAL_QUICK=1, as the tests run them")
     h = sub.add_parser("host", help="train LeNet and ResNet-8 on the host device and in PyTorch (CPU), img/s")
     h.add_argument("--repeats", type=int, default=5, help="timed repeats, interleaved; the median is shown")
     h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
@@ -188,6 +199,11 @@ def main(argv=None) -> int:
     if args.what == "searches":
         print("The planner's long commands, each a fresh process on one core (wall time):")
         rows = searches(args.only)
+        return 1 if any(r["status"] for r in rows) else 0
+    if args.what == "tutorials":
+        print("Each tutorial as a script, a fresh process on one core"
+              + (", quick mode (SNLITE_TUTORIAL_QUICK=1)" if args.quick else ", full mode") + ":")
+        rows = tutorials(args.quick)
         return 1 if any(r["status"] for r in rows) else 0
     if args.what == "deep":
         r = deep(args.units, args.batch)
