@@ -25,8 +25,14 @@ A marker is a whole comment line, ``# BEGIN ASSIGNMENT k: title`` or ``# END ASS
 an assignment may have several regions (assignment 2 has one in each of ``_find``, ``alloc`` and
 ``free``); numbers run 1..N with no gaps.
 
-This module is also a pytest plugin that registers the markers ``a1``...``aN`` (``grade`` loads
-it with ``-p snlite.assignments``), so a checkout grades even before setup.cfg lists them.
+``grade`` prints a summary first (per assignment: tests passed, the first failing check, one
+line) and pytest's output after it. It grades the checkout it runs in, as does plain
+``pytest -m aK`` there (setup.cfg's ``pythonpath = .``; tests/conftest.py refuses to test an
+snlite imported from elsewhere).
+
+This module is also a pytest plugin that registers the markers ``a1``...``aN`` and reports each
+assignment's counts and first failure to ``grade`` (which loads it with ``-p snlite.assignments``),
+so a checkout grades even before setup.cfg lists them.
 """
 from __future__ import annotations
 
@@ -389,6 +395,7 @@ def _first_line(report) -> str:
     """What failed, in one line: the test's name and the first line of its error."""
     crash = getattr(report.longrepr, "reprcrash", None)
     message = crash.message if crash is not None else str(report.longrepr)
+    message = re.sub(r"tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", message)  # the simulator's thread, not the check
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     name = report.nodeid.split("::", 1)[-1]
     where = f" (in {report.when})" if report.when != "call" else ""

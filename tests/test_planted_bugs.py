@@ -401,6 +401,31 @@ def test_the_graders_reject_each_planted_bug(pytester, number, bug):
             f"{r.nodeid} failed on the planted function's interface, not on its bug: {message}"
 
 
+def test_instructors_md_states_the_real_counts(pytester):
+    """docs/INSTRUCTORS.md states each assignment's number of graders ("**a2** (18 tests)"), their
+    total ("61 tests in one pytest session"), the number of planted bugs ("(20 in all)") and the
+    fixed cases each must fail ("at least two fixed cases"): the real ones."""
+    import re
+
+    from snlite.assignments import scan
+
+    text = (Path(GRADERS).parent.parent / "docs" / "INSTRUCTORS.md").read_text()
+    items, _ = pytester.inline_genitems(GRADERS, "-p", "no:cacheprovider")
+    numbers = sorted({r.number for r in scan()[0]})
+    real = {k: sum(1 for item in items if item.get_closest_marker(f"a{k}")) for k in numbers}
+    stated = {int(k): int(n) for k, n in re.findall(r"\*\*a(\d+)\*\* \((\d+) tests\)", text)}
+    assert stated == real, f"graders per assignment: INSTRUCTORS.md says {stated}, there are {real}"
+    total = re.findall(r"(\d+) tests in one pytest session", text)
+    assert total and all(int(n) == sum(real.values()) for n in total), \
+        f"INSTRUCTORS.md says {total} tests in all, there are {sum(real.values())}"
+    assert re.findall(r"\((\d+) in all\)", text) == [str(len(PLANTED))], \
+        f"INSTRUCTORS.md's number of planted bugs is not {len(PLANTED)}"
+    words = {"one": 1, "two": 2, "three": 3, "four": 4}
+    catches = [words.get(w) for w in re.findall(r"at least (\w+) fixed\s+cases", text)]
+    assert catches and set(catches) == {CATCHES}, \
+        f"INSTRUCTORS.md should say that each bug fails at least {CATCHES} fixed cases, not {catches}"
+
+
 def test_planting_restores_the_solution():
     assert all(getattr(obj, attr) is fn for (obj, attr), fn in ORIGINAL.items()), \
         "a planted bug outlived its run"
