@@ -117,6 +117,21 @@ def test_an_untouched_student_copy_fails_under_grade_and_under_plain_pytest(tmp_
         proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+def test_grade_says_which_file_does_not_parse(tmp_path):
+    """A student's syntax error stops pytest before any grader runs: the summary names the file and
+    line instead of counting tests (and grade still knows assignment 1 from its graders)."""
+    copy = tmp_path / "student"
+    make_student(copy, ROOT, out=lambda line: None)
+    with open(copy / "snlite" / "liveness.py", "a") as f:
+        f.write("\ndef half_written(:\n")
+    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "1"], cwd=copy,
+                          env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(copy)),
+                          capture_output=True, text=True, timeout=300)
+    line = summary_of(proc.stdout)[1]
+    assert proc.returncode == 1 and line.startswith("assignment 1: not graded (") \
+        and "SyntaxError" in line and "snlite/liveness.py, line" in line, proc.stdout[-3000:] + proc.stderr
+
+
 def test_make_student_refuses_a_non_empty_or_nested_directory(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["make-student", str(tmp_path)]) == 2
