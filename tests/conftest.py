@@ -18,10 +18,42 @@ if not REAL_GPU_REQUESTED:
 for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import importlib.util  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout these tests belong to
+
+
+def imported_from_elsewhere() -> dict[str, str]:
+    """snlite and kernels where they would come from (or came from), if not from this checkout.
+    setup.cfg's ``pythonpath = .`` puts the checkout first, so this is empty unless something
+    imported them before (``pytest -p snlite.assignments`` with another snlite installed)."""
+    out = {}
+    for name in ("snlite", "kernels"):
+        module = sys.modules.get(name)
+        origin = getattr(module, "__file__", None) if module is not None else None
+        if origin is None:
+            spec = importlib.util.find_spec(name)
+            origin = spec.origin if spec is not None else None
+        if origin and not Path(origin).resolve().is_relative_to(ROOT):
+            out[name] = str(Path(origin).resolve().parent)
+    return out
+
+
+def pytest_configure(config):
+    """Refuse to test code from another checkout: in a student copy, an snlite installed (editable)
+    from the instructor's repository would pass every grader on the stubs."""
+    elsewhere = imported_from_elsewhere()
+    if elsewhere:
+        where = ", ".join(f"{name} from {path}" for name, path in elsewhere.items())
+        raise pytest.UsageError(
+            f"these tests are {ROOT}'s, but they would import {where}: they would test that code, not "
+            f"this checkout's. Grade this checkout with 'python -m snlite.assignments grade' run from "
+            f"{ROOT}, or run pytest there without '-p snlite.assignments'")
 
 
 def _cuda_mode() -> tuple[str, bool]:

@@ -58,7 +58,7 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
         graded = [n for n in (k, k + 1) if n in numbers]
         out = grade_copy(copy, *graded)
         if k:
-            assert re.search(rf"^assignment {k}: passed \(\d+ tests\)$", out, re.M), \
+            assert re.search(rf"^assignment {k}: passed, (\d+) of \1 tests$", out, re.M), \
                 f"assignment {k}: with its solution back it should pass:\n{out[-3000:]}"
         if k + 1 in numbers:
             assert f"assignment {k + 1}: FAILED" in out, \
@@ -67,6 +67,69 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
             later = [n for n in numbers if n > k + 1 and f"Assignment {n}: " in out]
             assert not later, f"assignment {k + 1}'s graders need assignment(s) {later}, which come later"
     assert not any(r.is_stub for r in scan(copy)[0])
+
+
+def summary_of(out: str) -> list[str]:
+    """The lines ``grade`` prints before pytest's output."""
+    lines = out.splitlines()
+    return lines[:lines.index(assignments.DETAILS)]
+
+
+def test_an_untouched_student_copy_fails_under_grade_and_under_plain_pytest(tmp_path):
+    """Both ways of grading test the copy's code, even where the instructor's repository is
+    importable (on PYTHONPATH here, as an editable install of it would be): then the stubs pass
+    nothing; and something that imported the other snlite before pytest looked makes the tests
+    refuse to run, as does grade run from inside the copy but with the other snlite."""
+    copy = tmp_path / "student"
+    make_student(copy, ROOT, out=lambda line: None)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    # plain pytest, as its console script runs it: -P, so the current directory is not on the path
+    proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-m", "a1", "tests/test_assignments.py",
+                           "-q", "-p", "no:cacheprovider"], cwd=copy, env=env, capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and re.search(r"^(\d+) failed, \d+ deselected", out, re.M), out[-3000:]
+    assert " passed" not in out.splitlines()[-1] and "NotImplementedError: Assignment 1: liveness" in out, \
+        f"pytest -m a1 in the student copy passed the stubs (it tested another snlite?):\n{out[-3000:]}"
+    # grade: all five fail, the summary first, one line each, the first failure named
+    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade"], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=300)
+    summary = summary_of(proc.stdout)
+    assert proc.returncode == 1 and summary[0] == f"grading assignments 1, 2, 3, 4, 5 of {copy.resolve()}", \
+        proc.stdout[-3000:]
+    for k in range(1, 6):
+        line = next(line for line in summary if line.startswith(f"assignment {k}: "))
+        assert re.match(rf"assignment {k}: FAILED, \d+ of \d+ tests passed; first failure: test_a{k}_\S+: "
+                        rf"NotImplementedError: (tid=.* ctaid=.*: )?Assignment {k}: ", line), line
+    assert len(summary) <= 10 and summary[-1].startswith("0 of 5 assignments passed"), summary
+    # snlite imported from the instructor's repository before pytest starts: the copy's tests refuse
+    refuse = ("import sys, snlite, pytest; sys.exit(pytest.main(['-m', 'a1', 'tests/test_assignments.py', "
+              "'-q', '-p', 'no:cacheprovider']))")
+    proc = subprocess.run([sys.executable, "-P", "-c", refuse], cwd=copy, env=env, capture_output=True,
+                          text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR and "would test that code" in out \
+        and "python -m snlite.assignments grade" in out, out[-3000:]
+    # grade run from a folder of the copy where Python finds the other snlite: it refuses too
+    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "1"], cwd=copy / "tests",
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and f"you are in the snlite checkout {copy.resolve()}" in proc.stderr, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_grade_says_which_file_does_not_parse(tmp_path):
+    """A student's syntax error stops pytest before any grader runs: the summary names the file and
+    line instead of counting tests (and grade still knows assignment 1 from its graders)."""
+    copy = tmp_path / "student"
+    make_student(copy, ROOT, out=lambda line: None)
+    with open(copy / "snlite" / "liveness.py", "a") as f:
+        f.write("\ndef half_written(:\n")
+    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "1"], cwd=copy,
+                          env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(copy)),
+                          capture_output=True, text=True, timeout=300)
+    line = summary_of(proc.stdout)[1]
+    assert proc.returncode == 1 and line.startswith("assignment 1: not graded (") \
+        and "SyntaxError" in line and "snlite/liveness.py, line" in line, proc.stdout[-3000:] + proc.stderr
 
 
 def test_make_student_refuses_a_non_empty_or_nested_directory(tmp_path, capsys):
