@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout these tests belong
 def imported_from_elsewhere() -> dict[str, str]:
     """snlite and kernels where they would come from (or came from), if not from this checkout.
     setup.cfg's ``pythonpath = .`` puts the checkout first, so this is empty unless something
-    imported them before (``pytest -p snlite.assignments`` with another snlite installed)."""
+    imported them before (``pytest -p snlite.grading`` with another snlite installed)."""
     out = {}
     for name in ("snlite", "kernels"):
         module = sys.modules.get(name)
@@ -53,7 +53,7 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"these tests are {ROOT}'s, but they would import {where}: they would test that code, not "
             f"this checkout's. Grade this checkout with 'python -m snlite.assignments grade' run from "
-            f"{ROOT}, or run pytest there without '-p snlite.assignments'")
+            f"{ROOT}, or run pytest there without '-p snlite.grading'")
 
 
 def _cuda_mode() -> tuple[str, bool]:

@@ -48,18 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
         "tutorials/README.md"]
 
-# Blocks of files edited elsewhere (docs/INSTRUCTORS.md belongs to the grading work), marked here
-# until their file carries the mark itself: (file, the block's first line) -> the mark.
-MARKED_HERE = {
-    ("docs/INSTRUCTORS.md", "def first_and_last_use(steps, persistent=frozenset()):"):
-        "not run: the outline of a function holding an assignment, not code to run",
-    ("docs/INSTRUCTORS.md", "    # BEGIN ASSIGNMENT 1: liveness analysis"):
-        "not run: the stub make-student writes (tests/test_student_copy.py checks it)",
-}
 NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)(?![\w.])")
 SECONDS = re.compile(r"\s?(?:s|img/s)\b")
 MARK = re.compile(r"^<!--\s*(not run|check|figure)\s*:?\s*(.*?)\s*-->\s*$")
-SHELL_PROGRAMS = {"pip", "pytest", "ruff", "git", "cd", "jupytext", "python"}
+SHELL_PROGRAMS = {"pip", "pytest", "ruff", "git", "cd", "jupytext", "jupyter", "python"}
 
 
 @dataclasses.dataclass
@@ -101,7 +93,6 @@ def parse(file: str) -> tuple[list[Block], list[tuple[int, str]]]:
                 raise ValueError(f"{file}:{i + 1}: a fenced block that never closes")
             body = [x.removeprefix(fence[1]) for x in lines[i + 1:end]]
             block = Block(file, i + 1, fence[2], "\n".join(body) + "\n", mark[1] if mark else "")
-            block.mark = MARKED_HERE.get((file, body[0] if body else ""), block.mark)
             blocks.append(block)
             mark, i = None, end
         elif line.strip() and mark:

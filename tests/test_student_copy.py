@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from snlite import assignments
+from snlite import assignments, grading
 from snlite.assignments import AssignmentError, main, make_student, scan, scan_file, student_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
 def summary_of(out: str) -> list[str]:
     """The lines ``grade`` prints before pytest's output."""
     lines = out.splitlines()
-    return lines[:lines.index(assignments.DETAILS)]
+    return lines[:lines.index(grading.DETAILS)]
 
 
 def test_an_untouched_student_copy_fails_under_grade_and_under_plain_pytest(tmp_path):
