@@ -204,7 +204,7 @@ def _estimate(build, config, xs, further: bool = False, slack: str = "bytes") ->
         return None
     state = "host" if config.optimizer_state == "auto" else config.optimizer_state
     cfg = config.replace(budget_bytes=None, host_budget_bytes=None, cache=False, workspace="none",
-                         optimizer_state=state)
+                         optimizer_state=state, schedule="paper")  # retiming keeps the peak: not needed here
     need = (lambda t: t.l_peak_bytes) if config.cache else (lambda t: t.peak_bytes)
     seen: dict = {}
 

@@ -329,14 +329,14 @@ def test_the_depth_guess_under_the_cache_counts_the_slack_beyond_l_peak(monkeypa
     """With the cache a search guesses from l_peak, which a placement needs plus some slack
     (fragmentation, the workspace, momentum fetched for its update): without the slack the line
     overshoots a ResNet's answer by units, with it (the same bytes at every depth) it lands on it."""
-    config = MemoryConfig.superneurons(budget_bytes=2 * 2**30, count="all")
-    build = search._resnet_builder(16)
+    config = MemoryConfig.superneurons(budget_bytes=768 * 2**20, count="all")
+    guesses, estimate = [], search._estimate
+    monkeypatch.setattr(search, "_estimate", lambda *a, **k: guesses.append(estimate(*a, **k)) or guesses[-1])
     found = search.max_depth(16, config, max_units=1000)
     units = (found.value - 2) // 3
-    guess = search._estimate(build, config, (50, 100))
-    assert units <= guess < units + 1 and found.probes == 2
+    assert units <= guesses[0] < units + 1 and found.probes == 2
     monkeypatch.setattr(search, "_least", lambda graph, config, l_peak: l_peak)  # no slack
-    assert search._estimate(build, config, (50, 100)) > units + 5
+    assert estimate(search._resnet_builder(16), config, (50, 100)) > units + 5
 
 
 def test_maxdepth_prints_the_table_and_its_time(capsys):
