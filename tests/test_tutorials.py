@@ -1,18 +1,16 @@
-"""Every tutorial runs twice, as a reader would: as a script, and as a notebook in a real Jupyter kernel.
+"""Every tutorial runs as a notebook in a real Jupyter kernel, as a reader would; two also run as scripts.
 
 A tutorial states what you should see with ``snlite.lesson.expect(claim, check)``: it prints the
 claim and whether the run shows it, and a claim the run does not show stops the tutorial with an
 error. So each run here must end normally, print as many checked claims as the file has
-``expect(`` calls (at least), never print a claim that failed, and print its key lines. The script
-runs in a subprocess from the repository root; the notebook is the same file read by jupytext
-(its ``# %%`` cells) and executed cell by cell by nbclient in an ipykernel kernel, whose plots
-must display inline. Both run in quick mode (``SNLITE_TUTORIAL_QUICK=1``), plots go to a temporary
-folder (``SNLITE_TUTORIAL_OUT``). Tutorial 07's script runs without matplotlib and scikit-learn
-(hidden), so the lessons are seen to finish without the optional extras.
-
-The notebook runs are in tests/test_tutorials_notebooks.py, so that pytest-xdist (one file per worker)
-can run the two halves side by side. Cost: 18 runs, about 75 s of CPU time on the project's 2-core
-machine; 07, 08 and 00 are most of it, and each notebook starts a kernel (about 1.5 s).
+``expect(`` calls (at least), never print a claim that failed, and print its key lines. The
+notebook is the file read by jupytext (its ``# %%`` cells) and executed cell by cell by nbclient
+in an ipykernel kernel, whose plots must display inline (tests/test_tutorials_notebooks.py). The
+script runs (a subprocess from the repository root) add what a notebook cannot show: plots saved
+without a notebook to show them in (01), and a lesson that finishes without the optional extras
+(07, with matplotlib and scikit-learn hidden). All run in quick mode (``SNLITE_TUTORIAL_QUICK=1``),
+plots go to a temporary folder (``SNLITE_TUTORIAL_OUT``). The same code runs either way, so running
+every tutorial twice bought nothing but a third of a minute of the suite.
 """
 import importlib.util
 import os
@@ -129,12 +127,16 @@ def check_claims(name, output):
 
 def test_every_tutorial_is_listed():
     assert NAMES == sorted(KEY_LINES), "a tutorial without key lines here, or one listed here that is gone"
+    assert set(WITHOUT_EXTRAS) <= set(SCRIPT_RUNS) <= set(NAMES)
     index = (TUTORIALS / "README.md").read_text()
     missing = [n for n in NAMES if n not in index]
     assert not missing, f"tutorials/README.md does not list {missing}"
 
 
-@pytest.mark.parametrize("name", NAMES)
+SCRIPT_RUNS = ("01_where_memory_goes.py", "07_end_to_end.py")  # see the module docstring
+
+
+@pytest.mark.parametrize("name", SCRIPT_RUNS)
 def test_tutorial_as_a_script(name, tmp_path):
     hidden = WITHOUT_EXTRAS.get(name, ())
     output = run_script(name, tmp_path / "out", extra_path=hide(tmp_path, *hidden) if hidden else None)
