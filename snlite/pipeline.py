@@ -87,9 +87,12 @@ class Probe:
         time-aware second placement, which never raises the peak and moves no more bytes)."""
         with without_cycle_collection():
             job, placed = self.job, self.placed
-            if self.auto is not None:  # as place() decides: on the device, where the iteration fits that way
+            auto = self.auto
+            if auto is not None and _held_bytes(job.graph) <= auto.budget_bytes:
+                # as place() decides: on the device, where the iteration fits that way (not tried
+                # where the weights and their momentum alone exceed the budget, as in _first)
                 try:
-                    job, placed = _first(job.graph, self.auto.replace(optimizer_state="device"), "train",
+                    job, placed = _first(job.graph, auto.replace(optimizer_state="device"), "train",
                                          self.plan, None, True)
                 except BudgetError:
                     pass
@@ -105,6 +108,8 @@ def probe(graph, config: MemoryConfig, plan=None) -> Probe | None:
     config = _checked(config, "train", True, plan)
     try:
         with without_cycle_collection():
+            # the scheduler never reads optimizer_state: one plan serves every place the momentum is tried
+            plan = plan or Scheduler(graph, config).plan()
             if config.optimizer_state == "auto" and config.budget_bytes is not None:
                 try:
                     host = config.replace(optimizer_state="host")
@@ -168,6 +173,7 @@ def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.
             states = ("device", "host")
         else:
             states = ("host",)
+        plan = plan or Scheduler(graph, config).plan()  # the same wherever the momentum waits
         for state in states[:-1]:
             try:
                 return _first(graph, config.replace(optimizer_state=state), mode, plan, costs, optimizer)
