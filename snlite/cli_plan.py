@@ -152,8 +152,10 @@ def print_costs(config, m) -> None:
     t = m.trace
     print(f"\nrecomputation: {t.recompute_count} layer forwards re-run, +{t.extra_flops:,d} FLOPs "
           f"({m.extra_pct:.1f}% of the forward pass)")
+    why = " (offload is lazy under the cache: no allocation fell short, so nothing moved)" \
+        if config.offload and config.cache and not t.d2h_bytes else ""  # offload on, yet nothing moved
     print(f"transfers: {measure.format_size(t.d2h_bytes)} to the host, {measure.format_size(t.h2d_bytes)} "
-          f"back; host peak {measure.format_size(t.host_peak_bytes)}")
+          f"back; host peak {measure.format_size(t.host_peak_bytes)}{why}")
     print(f"cache: {t.cache_hits} hits, {t.cache_misses} misses" + ("" if config.cache else " (cache off)"))
     print(f"memory needed: device arena {measure.format_size(m.arena_bytes)}, pinned host memory "
           f"{measure.format_size(m.slab_bytes)} (the program's high-water marks; the staged batch and "
