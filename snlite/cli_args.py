@@ -44,7 +44,8 @@ def check_names(args) -> None:
 
 # every flag that names a file a command writes, and the folders it fills (created if missing)
 OUTPUT_FILES = {"json": "--json", "plot": "--plot", "timeline": "--timeline",
-                "save_program": "--save-program", "save": "--save", "streams": "--streams"}
+                "chrome_trace": "--chrome-trace", "save_program": "--save-program", "save": "--save",
+                "streams": "--streams"}
 OUTPUT_FOLDERS = {"out": "--out"}
 
 

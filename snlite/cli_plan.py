@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from snlite import measure, search, timing
+from snlite import chrome_trace, measure, search, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              check_output_file, memory_config)
@@ -43,6 +43,10 @@ def add_plan_command(sub) -> None:
                       help="draw the iteration's estimated timeline: the compute, copy_out and copy_in "
                            "streams on a GPU profile (--gpu), with the device memory in use under them "
                            "(needs matplotlib)")
+    plan.add_argument("--chrome-trace", metavar="FILE.json",
+                      help="write the same estimated timeline in the Chrome trace event format: a track per "
+                           "stream, a slice per kernel and copy, a counter of device memory (open it in "
+                           "ui.perfetto.dev or chrome://tracing)")
     plan.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
     plan.add_argument("--program", action="store_true",
                       help="print the program: every allocation, copy, event and kernel launch of one "
@@ -177,6 +181,12 @@ def print_time(args, graph, batch: int, config, m) -> None:
              title=f"{graph.name}, batch {batch}, {config.describe()}: one iteration on the {args.gpu} "
                    f"profile (estimated), {tl.step_ms:,.1f} ms")
         print(f"timeline drawn to {args.timeline}")
+    if args.chrome_trace:
+        title = f"{graph.name}, batch {batch}, {config.describe()} on the {args.gpu} profile (estimated)"
+        held = chrome_trace.held_bytes(m.program)
+        chrome_trace.write(args.chrome_trace, chrome_trace.chrome_trace(tl, title, held))
+        print(f"timeline written to {args.chrome_trace} (the Chrome trace event format: open it in "
+              "ui.perfetto.dev or chrome://tracing)")
 
 
 def conv_table(choices, limit: int = 12) -> str:

@@ -1,0 +1,56 @@
+"""An iteration's estimated timeline in the Chrome trace event format, for the viewers people already
+use: Perfetto (ui.perfetto.dev: "Open trace file") and chrome://tracing ("Load").
+
+    tl = timing.estimate(program, graph, "H200")
+    write(path, chrome_trace(tl, "alexnet, batch 200", held_bytes(program)))
+
+``snlite plan NET --chrome-trace FILE.json`` writes it. The file is one JSON object (the Trace Event
+Format): the GPU is one process; each CUDA stream of the program (compute, copy_out, copy_in) is one
+named track, in that order, with a complete event (``"ph": "X"``) per kernel launch and per copy,
+its start and duration in microseconds from the time model (:mod:`snlite.timing`); a counter track
+(``"ph": "C"``) draws the device memory in use when each kernel starts (the weights and what else
+is held all iteration, plus what the iteration has allocated by then). Kernel events carry the
+layer and phase, copy events the tensor and why it moves (offload, prefetch, evict, fetch...).
+"""
+from __future__ import annotations
+
+import json
+
+from snlite.program import STREAMS, Alloc
+
+PID = 1  # the one process: the GPU
+
+
+def held_bytes(program) -> int:
+    """The device bytes the program's setup allocates (weights and what else lives all iteration)."""
+    return sum(ins.nbytes for ins in program.setup if isinstance(ins, Alloc) and ins.space != "slab")
+
+
+def chrome_trace(timeline, title: str, held: int = 0) -> dict:
+    """``timeline`` (a :class:`snlite.timing.Timeline`) as a Trace Event Format object; ``held``: the
+    device bytes in use before the iteration starts (:func:`held_bytes`)."""
+    tid = {stream: k for k, stream in enumerate(STREAMS, 1)}
+    events = [{"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": title}}]
+    for stream, k in tid.items():
+        events.append({"ph": "M", "name": "thread_name", "pid": PID, "tid": k, "args": {"name": stream}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": PID, "tid": k,
+                       "args": {"sort_index": k}})
+    for stream, start, end, label, kind in timeline.spans:
+        events.append({"ph": "X", "name": label, "cat": "kernel" if kind == "kernel" else f"copy,{kind}",
+                       "pid": PID, "tid": tid[stream], "ts": _us(start), "dur": _us(end - start)})
+    for ms, in_use in timeline.memory:
+        events.append({"ph": "C", "name": "device memory", "pid": PID, "tid": 0, "ts": _us(ms),
+                       "args": {"bytes": held + in_use}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"profile": timeline.profile, "step_ms": timeline.step_ms,
+                          "source": "snlite.timing: estimated, not measured"}}
+
+
+def _us(ms: float) -> float:
+    return round(ms * 1000.0, 3)  # microseconds, to the nanosecond: the format's unit
+
+
+def write(path: str, trace: dict) -> None:
+    """Write ``trace`` to ``path`` as JSON."""
+    with open(path, "w") as f:
+        json.dump(trace, f)

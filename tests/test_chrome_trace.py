@@ -1,0 +1,64 @@
+"""The Chrome trace export (snlite plan --chrome-trace): read back as a viewer reads it, every kernel
+and copy of the program on its stream's track, in program order, never overlapping on one track,
+and the memory counter equal to what the program holds at each launch."""
+import json
+
+import pytest
+
+from snlite import chrome_trace, timing
+from snlite.cli import main
+from snlite.config import MemoryConfig
+from snlite.models import get_model
+from snlite.pipeline import place
+from snlite.program import STREAMS, Alloc, Copy, Free, Launch
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    graph = get_model("lenet", batch=8)
+    program = place(graph, MemoryConfig(liveness=True, offload=True, recompute="cost_aware"))
+    tl = timing.estimate(program, graph, "H200")
+    path = tmp_path_factory.mktemp("trace") / "lenet.json"
+    chrome_trace.write(str(path), chrome_trace.chrome_trace(tl, "lenet", chrome_trace.held_bytes(program)))
+    return program, tl, json.loads(path.read_text())
+
+
+def test_every_kernel_and_copy_is_on_its_streams_track_in_program_order(exported):
+    program, tl, trace = exported
+    events = trace["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert [names[k] for k in sorted(names)] == list(STREAMS)
+    shown = [(names[e["tid"]], e["name"]) for e in events if e["ph"] == "X"]
+    expected = [(ins.stream, f"{ins.layer} {ins.phase}") if isinstance(ins, Launch)
+                else (ins.stream, f"{ins.tensor} ({ins.why})")
+                for ins in program.body if isinstance(ins, (Launch, Copy))]
+    assert shown == expected
+    assert {"compute", "copy_out", "copy_in"} <= {s for s, _ in shown}  # offload: copies both ways
+    for tid in names:  # a stream runs one thing at a time
+        track = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["tid"] == tid]
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(track, track[1:])), names[tid]
+        assert all(0 <= start <= end <= tl.step_ms * 1000 + 1e-3 for start, end in track)
+
+
+def test_the_memory_counter_is_what_the_program_holds_at_each_launch(exported):
+    program, _, trace = exported
+    held = sum(ins.nbytes for ins in program.setup if isinstance(ins, Alloc) and ins.space == "arena")
+    in_use, expected = held, []
+    for ins in program.body:
+        if isinstance(ins, Alloc) and ins.space == "arena":
+            in_use += ins.nbytes
+        elif isinstance(ins, Free) and ins.space == "arena":
+            in_use -= ins.nbytes
+        elif isinstance(ins, Launch) and ins.op >= 0:
+            expected.append(in_use)
+    counter = [e["args"]["bytes"] for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert counter == expected and held > 0 and max(counter) <= program.arena_bytes
+
+
+def test_plan_writes_the_trace_and_refuses_a_path_it_cannot_write(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    assert main(["plan", "lenet", "--batch", "4", "--liveness", "--chrome-trace", str(path)]) == 0
+    assert f"timeline written to {path}" in capsys.readouterr().out
+    assert {e["ph"] for e in json.loads(path.read_text())["traceEvents"]} == {"M", "X", "C"}
+    assert main(["plan", "lenet", "--chrome-trace", str(tmp_path / "missing" / "t.json")]) != 0
+    assert "--chrome-trace" in capsys.readouterr().err
