@@ -40,7 +40,7 @@ import zlib
 
 import numpy as np
 
-from snlite import data, demo, models, plot, timing
+from snlite import chrome_trace, data, demo, models, plot, timing
 from snlite.anomaly import NonFiniteError, describe
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
@@ -132,6 +132,10 @@ def add_train_command(sub) -> None:
     train.add_argument("--streams", metavar="FILE.png",
                        help="on a CUDA device, time the last step's kernels and copies per stream (compute, "
                             "copy_out, copy_in) and draw them (needs matplotlib)")
+    train.add_argument("--chrome-trace", metavar="FILE.json",
+                       help="write one training step as the GPU time model estimates it (with --streams, "
+                            "also as measured) in the Chrome trace event format, for ui.perfetto.dev or "
+                            "chrome://tracing")
     add_memory_flags(train)
 
 
@@ -213,6 +217,8 @@ def cmd_train(args) -> int:
         print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({seconds:.1f} s so far)")
     if args.streams:
         draw_streams(model, args)
+    if args.chrome_trace:
+        write_chrome_trace(model, args)
     if args.save:
         save_params(args.save, model.params)
         print(f"saved {len(model.state_names)} parameter tensors to {args.save}")
@@ -220,10 +226,29 @@ def cmd_train(args) -> int:
 
 
 # ---------------------------------------------------------------- pieces of `train`
+def _gpu_of(model) -> str:
+    """The time model's profile for ``model``'s device: its GPU where the profiles know it, else H200."""
+    return next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
+
+
+def write_chrome_trace(model, args) -> None:
+    """``--chrome-trace``: one training step of the model's program on the time model (and, with
+    --streams, the last step as measured), in the Chrome trace event format."""
+    gpu = _gpu_of(model)
+    program = model.programs[model.step_mode]
+    tl = timing.estimate(program, model.graph, gpu)
+    title = f"{args.net}, batch {args.batch}, {model.config.describe()}: one step, {gpu} profile (estimated)"
+    held = chrome_trace.held_bytes(program)
+    trace = chrome_trace.chrome_trace(tl, title, held, measured=model.stream_events)
+    chrome_trace.write(args.chrome_trace, trace)
+    print(f"one step written to {args.chrome_trace} (the Chrome trace event format: open it in "
+          "ui.perfetto.dev or chrome://tracing)")
+
+
 def draw_streams(model, args) -> None:
     """``--streams``: the last step's kernels and copies per CUDA stream, measured, drawn beside the
     GPU time model's estimate of the same forward and backward; how busy each stream was."""
-    gpu = next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
+    gpu = _gpu_of(model)
     modelled = timing.estimate(model.programs[model.step_mode], model.graph, gpu)
     try:
         plot.plot_streams(model.stream_events, args.streams, estimate=modelled.events(),

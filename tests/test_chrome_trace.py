@@ -62,3 +62,17 @@ def test_plan_writes_the_trace_and_refuses_a_path_it_cannot_write(tmp_path, caps
     assert {e["ph"] for e in json.loads(path.read_text())["traceEvents"]} == {"M", "X", "C"}
     assert main(["plan", "lenet", "--chrome-trace", str(tmp_path / "missing" / "t.json")]) != 0
     assert "--chrome-trace" in capsys.readouterr().err
+
+
+def test_train_writes_one_step_and_a_measured_step_beside_it(tmp_path, capsys):
+    path = tmp_path / "step.json"
+    argv = ["train", "lenet", "--data", "synthetic", "--device", "host", "--epochs", "1", "--limit", "32",
+            "--batch", "16", "--liveness", "--chrome-trace", str(path)]
+    assert main(argv) == 0 and f"one step written to {path}" in capsys.readouterr().out
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == {1} and sum(e["ph"] == "X" for e in events) > 0
+    measured = [{"stream": "compute", "label": "conv1 forward", "start_ms": 0.5, "end_ms": 0.75}]
+    trace = chrome_trace.chrome_trace(timing.Timeline("H200"), "t", measured=measured)
+    (event,) = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert event == {"ph": "X", "name": "conv1 forward", "cat": "measured", "pid": 2, "tid": 1, "ts": 500.0,
+                     "dur": 250.0}
