@@ -45,7 +45,7 @@ def check_names(args) -> None:
 # every flag that names a file a command writes, and the folders it fills (created if missing)
 OUTPUT_FILES = {"json": "--json", "plot": "--plot", "timeline": "--timeline",
                 "chrome_trace": "--chrome-trace", "save_program": "--save-program", "save": "--save",
-                "streams": "--streams"}
+                "streams": "--streams", "memory_snapshot": "--memory-snapshot"}
 OUTPUT_FOLDERS = {"out": "--out"}
 
 

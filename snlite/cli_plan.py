@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from snlite import chrome_trace, measure, search, timing
+from snlite import chrome_trace, measure, memory_snapshot, search, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              check_output_file, memory_config)
@@ -47,6 +47,9 @@ def add_plan_command(sub) -> None:
                       help="write the same estimated timeline in the Chrome trace event format: a track per "
                            "stream, a slice per kernel and copy, a counter of device memory (open it in "
                            "ui.perfetto.dev or chrome://tracing)")
+    plan.add_argument("--memory-snapshot", metavar="FILE.pickle",
+                      help="write the program's device memory as a PyTorch memory snapshot (every alloc and "
+                           "free in the arena, in order): open it at pytorch.org/memory_viz")
     plan.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
     plan.add_argument("--program", action="store_true",
                       help="print the program: every allocation, copy, event and kernel launch of one "
@@ -75,6 +78,9 @@ def add_check_command(sub) -> None:
 # ---------------------------------------------------------------- snlite plan
 def cmd_plan(args) -> int:
     config = memory_config(args)
+    if args.memory_snapshot and config.allocator != "pool":
+        raise CliError("--memory-snapshot shows addresses in one arena, and --allocator raw has none (one "
+                       "device allocation per tensor): plan with the pool to write one")
     build, graph, batch = graph_of(args)
     check_keep(graph, config)
     if config.budget_bytes is not None:
@@ -100,6 +106,10 @@ def cmd_plan(args) -> int:
     if args.steps:
         print("\nper step (KiB):\n" + trace.table())
     print_time(args, graph, batch, config, m)
+    if args.memory_snapshot:
+        memory_snapshot.write(args.memory_snapshot, memory_snapshot.snapshot(m.program))
+        print(f"memory snapshot written to {args.memory_snapshot} (PyTorch's format: open it at "
+              "pytorch.org/memory_viz)")
     if args.save_program:
         check_output_file("--save-program", args.save_program)
         m.program.save(os.path.expanduser(args.save_program))
