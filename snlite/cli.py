@@ -40,7 +40,7 @@ import zlib
 
 import numpy as np
 
-from snlite import chrome_trace, data, demo, models, plot, timing
+from snlite import chrome_trace, data, demo, memory_snapshot, models, plot, timing
 from snlite.anomaly import NonFiniteError, describe
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
@@ -136,6 +136,9 @@ def add_train_command(sub) -> None:
                        help="write one training step as the GPU time model estimates it (with --streams, "
                             "also as measured) in the Chrome trace event format, for ui.perfetto.dev or "
                             "chrome://tracing")
+    train.add_argument("--memory-snapshot", metavar="FILE.pickle",
+                       help="write one training step's device memory (every alloc and free in the arena) "
+                            "as a PyTorch memory snapshot: open it at pytorch.org/memory_viz")
     add_memory_flags(train)
 
 
@@ -200,6 +203,9 @@ def cmd_train(args) -> int:
     if not model.device.has_data:
         raise CliError(f"the {model.device.name} device holds no data, so it cannot train; "
                        "see a layout with: snlite demo --device meta")
+    if args.memory_snapshot and config.allocator != "pool":
+        raise CliError("--memory-snapshot shows addresses in one arena, and --allocator raw has none (one "
+                       "device allocation per tensor): train with the pool to write one")
     if args.streams and model.device.name != "cuda":
         raise CliError("--streams times the CUDA streams: it needs --device cuda (a GPU, or the simulator)")
     if args.load:
@@ -219,6 +225,10 @@ def cmd_train(args) -> int:
         draw_streams(model, args)
     if args.chrome_trace:
         write_chrome_trace(model, args)
+    if args.memory_snapshot:
+        memory_snapshot.write(args.memory_snapshot, memory_snapshot.snapshot(model.programs[model.step_mode]))
+        print(f"one step's memory written to {args.memory_snapshot} (PyTorch's snapshot format: open it at "
+              "pytorch.org/memory_viz)")
     if args.save:
         save_params(args.save, model.params)
         print(f"saved {len(model.state_names)} parameter tensors to {args.save}")

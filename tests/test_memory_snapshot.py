@@ -98,3 +98,12 @@ def test_the_segment_tiles_the_arena_with_the_gaps_inactive(planned):
         (0, 1024, "active_allocated"), (1024, 3072, "inactive"), (4096, 2048, "active_allocated"),
         (6144, program.arena_bytes - 6144, "inactive")]
     assert seg["allocated_size"] == 3072
+
+
+def test_train_writes_one_steps_memory(tmp_path, capsys):
+    path = tmp_path / "step.pickle"
+    argv = ["train", "lenet", "--data", "synthetic", "--device", "host", "--epochs", "1", "--limit", "32",
+            "--batch", "16", "--liveness", "--memory-snapshot", str(path)]
+    assert main(argv) == 0 and f"one step's memory written to {path}" in capsys.readouterr().out
+    events = pickle.loads(path.read_bytes())["device_traces"][0]
+    assert events[0]["action"] == "segment_alloc" and sum(e["action"] == "alloc" for e in events) > 10
