@@ -217,12 +217,12 @@ def _estimate(build, config, xs, further: bool = False, slack: str = "bytes") ->
         return x0 + (room - at(x0)) * (x1 - x0) / (at(x1) - at(x0))
 
     (x0, x1) = xs
-    for _ in range(3):
+    for redraws in range(3):
         if at(x1) <= at(x0):
             return None
         guess = line(config.budget_bytes)
-        if not further or guess <= 8 * x1:
-            break
+        if not further or guess <= 8 * x1 or redraws == 2:
+            break  # (x0, x1) stay the sizes the guess was drawn through
         x0, x1 = x1, 8 * x1
     if not config.cache:
         return guess
