@@ -40,12 +40,13 @@ import zlib
 
 import numpy as np
 
-from snlite import chrome_trace, data, demo, memory_snapshot, models, plot, timing
+from snlite import data, demo, models, plot, timing
 from snlite.anomaly import NonFiniteError, describe
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
                              _positive_int, _seed, add_memory_flags, check_keep, check_names, check_outputs,
                              join_negative_values, memory_config)
+from snlite.cli_common import add_export_flags, check_exports, write_exports
 from snlite.cli_compare import add_compare_command, cmd_compare
 from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
 from snlite.cli_optimal import add_optimal_command, cmd_optimal
@@ -132,13 +133,7 @@ def add_train_command(sub) -> None:
     train.add_argument("--streams", metavar="FILE.png",
                        help="on a CUDA device, time the last step's kernels and copies per stream (compute, "
                             "copy_out, copy_in) and draw them (needs matplotlib)")
-    train.add_argument("--chrome-trace", metavar="FILE.json",
-                       help="write one training step as the GPU time model estimates it (with --streams, "
-                            "also as measured) in the Chrome trace event format, for ui.perfetto.dev or "
-                            "chrome://tracing")
-    train.add_argument("--memory-snapshot", metavar="FILE.pickle",
-                       help="write one training step's device memory (every alloc and free in the arena) "
-                            "as a PyTorch memory snapshot: open it at pytorch.org/memory_viz")
+    add_export_flags(train, "one training step", measured=" (with --streams, also as measured)")
     add_memory_flags(train)
 
 
@@ -203,9 +198,7 @@ def cmd_train(args) -> int:
     if not model.device.has_data:
         raise CliError(f"the {model.device.name} device holds no data, so it cannot train; "
                        "see a layout with: snlite demo --device meta")
-    if args.memory_snapshot and config.allocator != "pool":
-        raise CliError("--memory-snapshot shows addresses in one arena, and --allocator raw has none (one "
-                       "device allocation per tensor): train with the pool to write one")
+    check_exports(args, config)
     if args.streams and model.device.name != "cuda":
         raise CliError("--streams times the CUDA streams: it needs --device cuda (a GPU, or the simulator)")
     if args.load:
@@ -223,12 +216,8 @@ def cmd_train(args) -> int:
         print(f"epoch {epoch}/{args.epochs}: test accuracy {acc:.2%}  ({seconds:.1f} s so far)")
     if args.streams:
         draw_streams(model, args)
-    if args.chrome_trace:
-        write_chrome_trace(model, args)
-    if args.memory_snapshot:
-        memory_snapshot.write(args.memory_snapshot, memory_snapshot.snapshot(model.programs[model.step_mode]))
-        print(f"one step's memory written to {args.memory_snapshot} (PyTorch's snapshot format: open it at "
-              "pytorch.org/memory_viz)")
+    if args.chrome_trace or args.memory_snapshot:
+        write_step_exports(model, args)
     if args.save:
         save_params(args.save, model.params)
         print(f"saved {len(model.state_names)} parameter tensors to {args.save}")
@@ -241,18 +230,13 @@ def _gpu_of(model) -> str:
     return next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
 
 
-def write_chrome_trace(model, args) -> None:
-    """``--chrome-trace``: one training step of the model's program on the time model (and, with
-    --streams, the last step as measured), in the Chrome trace event format."""
+def write_step_exports(model, args) -> None:
+    """``--chrome-trace`` and ``--memory-snapshot``: one training step of the model's program, on the
+    time model (and, after --streams, as measured)."""
     gpu = _gpu_of(model)
     program = model.programs[model.step_mode]
-    tl = timing.estimate(program, model.graph, gpu)
     title = f"{args.net}, batch {args.batch}, {model.config.describe()}: one step, {gpu} profile (estimated)"
-    held = chrome_trace.held_bytes(program)
-    trace = chrome_trace.chrome_trace(tl, title, held, measured=model.stream_events)
-    chrome_trace.write(args.chrome_trace, trace)
-    print(f"one step written to {args.chrome_trace} (the Chrome trace event format: open it in "
-          "ui.perfetto.dev or chrome://tracing)")
+    write_exports(args, program, timing.estimate(program, model.graph, gpu), title, model.stream_events)
 
 
 def draw_streams(model, args) -> None:

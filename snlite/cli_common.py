@@ -1,5 +1,6 @@
 """What the planning commands (plan, compare, maxbatch, maxdepth, optimal) share: the help texts of
-their common arguments, the network a command names, plain text tables, JSON output and plots.
+their common arguments, the network a command names, plain text tables, JSON output and plots, and
+the files other tools' viewers open (plan's and train's --chrome-trace and --memory-snapshot).
 Every ``cli_*`` command module imports from here; this module imports none of them."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import numpy as np
 
-from snlite import measure, models, plot
+from snlite import chrome_trace, measure, memory_snapshot, models, plot
 from snlite.cli_args import CliError, check_output_file
 
 NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
@@ -102,3 +103,38 @@ def draw(kind: str, *args, **kwargs) -> None:
         getattr(plot, kind)(*args, **kwargs)
     except plot.PlotUnavailable as e:
         raise CliError(f"--plot: {e}") from None
+
+
+# ---------------------------------------------------------------- files for other tools' viewers
+def add_export_flags(parser, what: str, measured: str = "") -> None:
+    """``--chrome-trace`` and ``--memory-snapshot`` for ``what`` ("the iteration", "one training
+    step"); ``measured``: what the trace adds when the command also measured the step."""
+    parser.add_argument("--chrome-trace", metavar="FILE.json",
+                        help=f"write {what} as the GPU time model estimates it{measured} in the Chrome trace "
+                             "event format: a track per stream, a slice per kernel and copy, a counter of "
+                             "device memory (open it in ui.perfetto.dev or chrome://tracing)")
+    parser.add_argument("--memory-snapshot", metavar="FILE.pickle",
+                        help=f"write the device memory of {what} (every alloc and free in the arena, in "
+                             "order) as a PyTorch memory snapshot: open it at pytorch.org/memory_viz")
+
+
+def check_exports(args, config) -> None:
+    """Refuse, before any work, an export the configuration cannot give (CliError, one line)."""
+    if args.memory_snapshot:
+        try:
+            memory_snapshot.check_allocator(config.allocator)
+        except memory_snapshot.SnapshotError as e:
+            raise CliError(f"--memory-snapshot: {e}") from None
+
+
+def write_exports(args, program, timeline, title: str, measured=None) -> None:
+    """Write the files ``--chrome-trace`` and ``--memory-snapshot`` ask for, and say where."""
+    if args.chrome_trace:
+        trace = chrome_trace.chrome_trace(timeline, title, chrome_trace.held_bytes(program), measured)
+        chrome_trace.write(args.chrome_trace, trace)
+        print(f"timeline written to {args.chrome_trace} (the Chrome trace event format: open it in "
+              "ui.perfetto.dev or chrome://tracing)")
+    if args.memory_snapshot:
+        memory_snapshot.write(args.memory_snapshot, memory_snapshot.snapshot(program))
+        print(f"memory snapshot written to {args.memory_snapshot} (PyTorch's format: open it at "
+              "pytorch.org/memory_viz)")

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from snlite import chrome_trace, measure, memory_snapshot, search, timing
+from snlite import measure, search, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              check_output_file, memory_config)
-from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, NET_HELP, draw, graph_of, pct, text_table,
-                               write_json)
+from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, NET_HELP, add_export_flags, check_exports,
+                               draw, graph_of, pct, text_table, write_exports, write_json)
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.models import get_model
 from snlite.program import Program
@@ -43,13 +43,7 @@ def add_plan_command(sub) -> None:
                       help="draw the iteration's estimated timeline: the compute, copy_out and copy_in "
                            "streams on a GPU profile (--gpu), with the device memory in use under them "
                            "(needs matplotlib)")
-    plan.add_argument("--chrome-trace", metavar="FILE.json",
-                      help="write the same estimated timeline in the Chrome trace event format: a track per "
-                           "stream, a slice per kernel and copy, a counter of device memory (open it in "
-                           "ui.perfetto.dev or chrome://tracing)")
-    plan.add_argument("--memory-snapshot", metavar="FILE.pickle",
-                      help="write the program's device memory as a PyTorch memory snapshot (every alloc and "
-                           "free in the arena, in order): open it at pytorch.org/memory_viz")
+    add_export_flags(plan, "the iteration")
     plan.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
     plan.add_argument("--program", action="store_true",
                       help="print the program: every allocation, copy, event and kernel launch of one "
@@ -78,9 +72,7 @@ def add_check_command(sub) -> None:
 # ---------------------------------------------------------------- snlite plan
 def cmd_plan(args) -> int:
     config = memory_config(args)
-    if args.memory_snapshot and config.allocator != "pool":
-        raise CliError("--memory-snapshot shows addresses in one arena, and --allocator raw has none (one "
-                       "device allocation per tensor): plan with the pool to write one")
+    check_exports(args, config)
     build, graph, batch = graph_of(args)
     check_keep(graph, config)
     if config.budget_bytes is not None:
@@ -106,10 +98,6 @@ def cmd_plan(args) -> int:
     if args.steps:
         print("\nper step (KiB):\n" + trace.table())
     print_time(args, graph, batch, config, m)
-    if args.memory_snapshot:
-        memory_snapshot.write(args.memory_snapshot, memory_snapshot.snapshot(m.program))
-        print(f"memory snapshot written to {args.memory_snapshot} (PyTorch's format: open it at "
-              "pytorch.org/memory_viz)")
     if args.save_program:
         check_output_file("--save-program", args.save_program)
         m.program.save(os.path.expanduser(args.save_program))
@@ -183,7 +171,8 @@ def print_costs(config, m) -> None:
 
 
 def print_time(args, graph, batch: int, config, m) -> None:
-    """The iteration's estimated time on the --gpu profile, drawn to --timeline when asked."""
+    """The iteration's estimated time on the --gpu profile, drawn to --timeline and written to
+    --chrome-trace when asked (and the program to --memory-snapshot)."""
     tl = m.timeline(timing.profile(args.gpu))
     print(f"\ntime (estimated, snlite.timing): {tl.summary()}")
     if args.timeline:
@@ -191,12 +180,8 @@ def print_time(args, graph, batch: int, config, m) -> None:
              title=f"{graph.name}, batch {batch}, {config.describe()}: one iteration on the {args.gpu} "
                    f"profile (estimated), {tl.step_ms:,.1f} ms")
         print(f"timeline drawn to {args.timeline}")
-    if args.chrome_trace:
-        title = f"{graph.name}, batch {batch}, {config.describe()} on the {args.gpu} profile (estimated)"
-        held = chrome_trace.held_bytes(m.program)
-        chrome_trace.write(args.chrome_trace, chrome_trace.chrome_trace(tl, title, held))
-        print(f"timeline written to {args.chrome_trace} (the Chrome trace event format: open it in "
-              "ui.perfetto.dev or chrome://tracing)")
+    write_exports(args, m.program, tl, f"{graph.name}, batch {batch}, {config.describe()} on the {args.gpu} "
+                                       "profile (estimated)")
 
 
 def conv_table(choices, limit: int = 12) -> str:

@@ -27,12 +27,16 @@ class SnapshotError(ValueError):
     """A program the snapshot format cannot show."""
 
 
+def check_allocator(allocator: str) -> None:
+    """SnapshotError unless programs placed with ``allocator`` can be shown (the pool's one arena)."""
+    if allocator != "pool":
+        raise SnapshotError(f"a memory snapshot shows addresses in one arena, and --allocator {allocator} "
+                            "has none (one device allocation per tensor): use the pool (--allocator pool)")
+
+
 def snapshot(program) -> dict:
     """``program`` (a :class:`~snlite.program.Program` placed with the pool) as a PyTorch memory snapshot."""
-    if program.allocator != "pool":
-        raise SnapshotError(f"a memory snapshot shows addresses in one arena, and the {program.allocator!r} "
-                            "allocator has none (one device allocation per tensor); plan with the pool "
-                            "(--allocator pool) to write one")
+    check_allocator(program.allocator)
     stream = {s: k for k, s in enumerate(STREAMS)}
     trace = [{"action": "segment_alloc", "addr": BASE_ADDRESS, "size": program.arena_bytes, "stream": 0,
               "time_us": 0, "frames": []}]

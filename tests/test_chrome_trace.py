@@ -68,7 +68,7 @@ def test_train_writes_one_step_and_a_measured_step_beside_it(tmp_path, capsys):
     path = tmp_path / "step.json"
     argv = ["train", "lenet", "--data", "synthetic", "--device", "host", "--epochs", "1", "--limit", "32",
             "--batch", "16", "--liveness", "--chrome-trace", str(path)]
-    assert main(argv) == 0 and f"one step written to {path}" in capsys.readouterr().out
+    assert main(argv) == 0 and f"timeline written to {path}" in capsys.readouterr().out
     events = json.loads(path.read_text())["traceEvents"]
     assert {e["pid"] for e in events} == {1} and sum(e["ph"] == "X" for e in events) > 0
     measured = [{"stream": "compute", "label": "conv1 forward", "start_ms": 0.5, "end_ms": 0.75}]
