@@ -26,7 +26,8 @@ from snlite.layers import LAYER_TYPES, Layer
 from snlite.route import execution_route
 
 KINDS = ("input", "weight", "weight_grad", "buffer", "optimizer", "activation", "gradient")
-PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax"}
+PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax",
+          "relu6": "relu6_"}
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,15 @@ class Graph:
             return Node(self, "data", self.layers["data"].out_shape)
         return self._add("data", [], "data", shape=self.input_shape)
 
-    def conv2d(self, x, out_channels, kernel, stride=1, padding=0, bias=True, name=None) -> Node:
+    def conv2d(self, x, out_channels, kernel, stride=1, padding=0, bias=True, groups=1, name=None) -> Node:
+        """PyTorch's Conv2d; ``groups`` divides the input and output channels (groups=C: depthwise)."""
         what = _who("conv2d", name)
+        groups = _integer(groups, f"{what}: groups")
+        # groups=1 is left out of the attributes: a plain conv's layer stays as it always was
         return self._add("conv2d", [x], name, out_channels=_integer(out_channels, f"{what}: out_channels"),
                          kernel=_pair(kernel, f"{what}: kernel"), stride=_pair(stride, f"{what}: stride"),
-                         padding=_pair(padding, f"{what}: padding", 0), bias=bool(bias))
+                         padding=_pair(padding, f"{what}: padding", 0), bias=bool(bias),
+                         **({"groups": groups} if groups > 1 else {}))
 
     def linear(self, x, out_features, bias=True, name=None) -> Node:
         out_features = _integer(out_features, f"{_who('linear', name)}: out_features")
@@ -143,6 +148,10 @@ class Graph:
 
     def relu(self, x, name=None) -> Node:
         return self._add("relu", [x], name)
+
+    def relu6(self, x, name=None) -> Node:
+        """PyTorch's ReLU6: min(max(x, 0), 6) (MobileNet's activation)."""
+        return self._add("relu6", [x], name)
 
     def maxpool(self, x, kernel, stride=None, padding=0, name=None) -> Node:
         return self._add("maxpool", [x], name, **_pool_args("maxpool", name, kernel, stride, padding))

@@ -32,6 +32,18 @@ def mixed_net(n=2, hw=6):
     return g
 
 
+def grouped_net(n=2, hw=6):
+    """MobileNet-V2's and ResNeXt's layers in small: a depthwise conv (stride 2), a grouped 1x1 conv,
+    ReLU6, and a conv of two groups feeding an add with a plain one."""
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="grouped")
+    x = g.relu6(g.batchnorm(g.conv2d(g.input(), 4, 3, padding=1, name="conv1"), name="bn1"), name="relu6_1")
+    d = g.relu6(g.conv2d(x, 4, 3, stride=2, padding=1, groups=4, bias=False, name="dw1"), name="relu6_2")
+    y = g.add(g.conv2d(d, 6, 1, groups=2, name="pw1"), g.conv2d(d, 6, 3, padding=1, groups=2, name="gc1"),
+              name="add1")
+    g.softmax_loss(g.linear(g.flatten(g.relu6(y, name="relu6_3")), 3, name="fc1"))
+    return g
+
+
 def data_for(g, seed=1):
     """A random batch and labels for ``g``."""
     rng = np.random.default_rng(seed)
