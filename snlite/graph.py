@@ -153,11 +153,15 @@ class Graph:
         """PyTorch's ReLU6: min(max(x, 0), 6) (MobileNet's activation)."""
         return self._add("relu6", [x], name)
 
-    def maxpool(self, x, kernel, stride=None, padding=0, name=None) -> Node:
-        return self._add("maxpool", [x], name, **_pool_args("maxpool", name, kernel, stride, padding))
+    def maxpool(self, x, kernel, stride=None, padding=0, ceil_mode=False, name=None) -> Node:
+        """PyTorch's MaxPool2d (``ceil_mode`` as its, SqueezeNet's and GoogLeNet's)."""
+        return self._add("maxpool", [x], name,
+                         **_pool_args("maxpool", name, kernel, stride, padding, ceil_mode))
 
-    def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, name=None) -> Node:
-        return self._add("avgpool", [x], name, **_pool_args("avgpool", name, kernel, stride, padding),
+    def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
+                name=None) -> Node:
+        return self._add("avgpool", [x], name,
+                         **_pool_args("avgpool", name, kernel, stride, padding, ceil_mode),
                          count_include_pad=bool(count_include_pad))
 
     def batchnorm(self, x, eps=1e-5, momentum=0.1, name=None) -> Node:
@@ -407,8 +411,11 @@ def check_number(v, what, low=None, high=None, open_low=False, open_high=False, 
     return float(v)
 
 
-def _pool_args(kind, name, kernel, stride, padding) -> dict:
+def _pool_args(kind, name, kernel, stride, padding, ceil_mode) -> dict:
     what = _who(kind, name)
     kernel = _pair(kernel, f"{what}: kernel")
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+        raise ValueError(f"{what}: ceil_mode must be True or False, got {ceil_mode!r}")
+    # floor mode is left out of the attributes: a floor-mode layer stays as it always was
     return dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, f"{what}: stride"),
-                padding=_pair(padding, f"{what}: padding", 0))
+                padding=_pair(padding, f"{what}: padding", 0), **({"ceil_mode": True} if ceil_mode else {}))

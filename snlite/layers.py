@@ -165,13 +165,16 @@ class ReLU6(ReLU):
 
 
 class _Pool(Layer):
+    """Max or average pooling; ``ceil_mode`` (attribute, default False) counts the windows as
+    PyTorch's ceil mode does (kernels.pooling), the last ones running off the end of the input."""
+
     bwd_reads = ("x", "y", "dy")  # cuDNN's pooling backward reads all three
 
     def infer_shape(self):
         a = self.attrs
         try:
             return tuple(pool_output_shape(self.in_shapes[0], a["kernel"], a["stride"],
-                                           a["padding"], op=self.kind))
+                                           a["padding"], op=self.kind, ceil_mode=a.get("ceil_mode", False)))
         except ValueError as e:
             raise ValueError(f"{self.kind} {self.name!r}: {e}") from None
 
@@ -181,7 +184,10 @@ class _Pool(Layer):
 
     def _kw(self):
         a = self.attrs
-        return dict(kernel=a["kernel"], stride=a["stride"], padding=a["padding"])
+        kw = dict(kernel=a["kernel"], stride=a["stride"], padding=a["padding"])
+        if a.get("ceil_mode"):  # the kernels' default is floor mode: a floor-mode layer's calls stay the same
+            kw["ceil_mode"] = True
+        return kw
 
 
 class MaxPool2d(_Pool):

@@ -67,10 +67,12 @@ def test_every_flag_combination_is_bit_identical_on_the_adversarial_device(order
     assert deferred > 10_000, "the adversarial device must really have deferred the work"
 
 
-def test_a_grouped_net_with_relu6_trains_bit_identically_under_every_preset():
-    """Depthwise and grouped convs and ReLU6 (recomputed as cheap layers) under each benchmark
-    preset and the workspace settings: the same losses and parameters, bit for bit, as planned."""
+def test_a_grouped_net_with_relu6_and_ceil_mode_trains_bit_identically_under_every_preset():
+    """Depthwise and grouped convs, ReLU6 and ceil-mode pooling (the last two recomputed as cheap
+    layers) under each benchmark preset and the workspace settings: the same losses and parameters,
+    bit for bit, and the peak as planned."""
     g = grouped_net()
+    assert g.layers["pool1"].out_shape[2:] == (2, 2)
     base = _train(g, MemoryConfig(), steps=2)
     configs = list(PRESETS.values()) + [MemoryConfig.superneurons(workspace=w) for w in ("none", "fastest")] \
         + [MemoryConfig(liveness=True, recompute="memory", offload=True, cache=True)]

@@ -87,7 +87,15 @@ POOL_CASES = [  # (x shape, hyper-parameters)
     ((2, 2, 5, 6), {"kernel": 3, "stride": 1}),
     ((1, 2, 9, 9), {"kernel": 2, "stride": 3}),  # stride > kernel: rows and columns no window reads
     ((3, 1, 4, 4), {"kernel": 4, "padding": 2}),
+    # ceil mode: the last windows run off the end (past the padding too)
+    ((2, 2, 8, 7), {"kernel": 3, "stride": 2, "ceil_mode": True}),
+    ((1, 2, 8, 7), {"kernel": (3, 2), "stride": (2, 3), "padding": (1, 0), "ceil_mode": True}),
 ]
+
+
+def _pool_shape(shape, hp):
+    return P.pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0),
+                               ceil_mode=hp.get("ceil_mode", False))
 
 
 def _pool_inputs(rng, shape, kind):
@@ -114,7 +122,7 @@ def _bits_equal(got, want, what):
 @pytest.mark.parametrize("shape,hp", POOL_CASES)
 def test_maxpool_matches_the_reference_bit_for_bit(rng, shape, hp, kind):
     x = _pool_inputs(rng, shape, kind)
-    oshape = P.pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0))
+    oshape = _pool_shape(shape, hp)
     want_y = _run(P.maxpool2d_forward_ref, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
     got_y = _run(H.maxpool2d_forward, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
     # NaN: the same places; its payload bits are NumPy's business
@@ -272,7 +280,7 @@ def test_conv_backward_data_reuses_the_filter_columns_only_for_the_same_dy(rng, 
 def test_avgpool_matches_the_reference_bit_for_bit(rng, shape, hp, count_include_pad):
     x = _pool_inputs(rng, shape, "special")
     hp = dict(hp, count_include_pad=count_include_pad)
-    oshape = P.pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0))
+    oshape = _pool_shape(shape, hp)
     with np.errstate(invalid="ignore"):  # inf + -inf in a window: NaN, as the reference says
         want = _run(P.avgpool2d_forward_ref, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
     got = _run(H.avgpool2d_forward, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
