@@ -2,6 +2,7 @@
 import pytest
 
 from snlite.graph import Graph
+from snlite.workspace import CONV_OPS, candidates
 
 
 def small_net(n=2):
@@ -202,6 +203,9 @@ def test_grouped_conv_weights_params_and_flops_are_pytorchs():
     plain = Graph((2, 8, 6, 6), 4)
     c = plain.conv2d(plain.input(), 8, 3)
     assert "groups" not in plain.layers[c.name].attrs  # groups=1 leaves a plain conv as it always was
+    for op in CONV_OPS:  # im2col runs groups=1 only: the chooser offers a grouped conv direct alone
+        assert {ch.algo for ch in candidates(g.layers["dw"], op)} == {"direct"}
+        assert {ch.algo for ch in candidates(plain.layers[c.name], op)} == {"direct", "im2col"}
 
 
 def test_ceil_mode_pooling_shapes_and_attributes():
