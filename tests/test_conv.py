@@ -449,3 +449,19 @@ def test_grouped_shapes_flops_workspace_and_launches():
 def test_group_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding,groups", GROUP_CASES)
+def test_grouped_references_match_pytorch(rng, xs, ws, stride, padding, groups):
+    torch = pytest.importorskip("torch")
+    x, w = rand64(rng, *xs), rand64(rng, *ws)
+    dy = rand64(rng, *conv.output_shape(xs, ws, stride, padding, groups))
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, groups=groups)
+    ty.backward(torch.tensor(dy))
+    y, dx, dw = np.empty(dy.shape), np.empty_like(x), np.empty_like(w)
+    conv.conv2d_forward_ref(x, w, y, stride=stride, padding=padding, groups=groups)
+    conv.conv2d_backward_data_ref(dy, w, dx, stride=stride, padding=padding, groups=groups)
+    conv.conv2d_backward_filter_ref(x, dy, dw, stride=stride, padding=padding, groups=groups)
+    for name, got, want in (("y", y, ty), ("dx", dx, tx.grad), ("dw", dw, tw.grad)):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
