@@ -1,4 +1,4 @@
-"""ReLU, forward and backward, on arrays of any shape (viewed as 1-D, no copy).
+"""ReLU and ReLU6, forward and backward, on arrays of any shape (viewed as 1-D, no copy).
 
 Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.activation
 
@@ -11,7 +11,14 @@ Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.a
   into dy's buffer in place, as cuDNN and the SuperNeurons paper do. Each thread reads dy[i]
   before it writes dx[i] and touches no other element, so the in-place form is safe.
 
-No reductions, so no order to fix; one version (v1): the op is memory-bound already.
+ReLU6 (PyTorch's ReLU6, which is ``hardtanh(x, 0, 6)``), as PyTorch computes it:
+- forward: y = 0 where x < 0, 6 where x > 6, else x: NaN stays NaN, -0.0 stays -0.0, +-inf
+  clamps to 0 or 6.
+- backward: dx = 0 where x <= 0 or x >= 6, else dy (hardtanh's backward: the gradient is 0 at both
+  ends and passes at a NaN x, as PyTorch's CUDA kernel and scalar CPU loop do; its vectorized CPU
+  loop gives 0 there). dx may alias dy, as for ReLU.
+
+No reductions, so no order to fix; one version (v1): the ops are memory-bound already.
 """
 from __future__ import annotations
 
@@ -35,6 +42,19 @@ def relu_backward_ref(x, y, dy, dx):
     dx[...] = np.where(x <= 0, dy.dtype.type(0), dy)
 
 
+RELU6_MAX = 6.0
+
+
+def relu6_forward_ref(x, y):
+    t = x.dtype.type
+    y[...] = np.where(x < 0, t(0), np.where(x > RELU6_MAX, t(RELU6_MAX), x))  # NaN is neither: it propagates
+
+
+def relu6_backward_ref(x, y, dy, dx):
+    """dx = dy where neither x <= 0 nor x >= 6 (0 < x < 6, or NaN); dx may alias dy."""
+    dx[...] = np.where((x <= 0) | (x >= RELU6_MAX), dy.dtype.type(0), dy)
+
+
 # ---------------------------------------------------------------- kernels
 @cuda_kernel("void(float32[::1], float32[::1])")
 def _relu_forward_v1(x, y):
@@ -51,6 +71,28 @@ def _relu_backward_v1(x, dy, dx):
     if i < dx.size:
         g = dy[i]
         dx[i] = float32(0.0) if x[i] <= float32(0.0) else g
+
+
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _relu6_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        v = x[i]
+        if v < float32(0.0):
+            v = float32(0.0)
+        elif v > float32(RELU6_MAX):
+            v = float32(RELU6_MAX)
+        y[i] = v  # NaN (neither test holds) and -0.0 pass unchanged
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _relu6_backward_v1(x, dy, dx):
+    # dx may be dy: read dy[i], then write dx[i]; no other element is touched.
+    i = cuda.grid(1)
+    if i < dx.size:
+        g = dy[i]
+        v = x[i]
+        dx[i] = float32(0.0) if v <= float32(0.0) or v >= float32(RELU6_MAX) else g
 
 
 # ---------------------------------------------------------------- launchers
@@ -79,9 +121,27 @@ def relu_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
     _launch(_relu_backward_v1, dx.size, block, stream, _flat(x), _flat(dy), _flat(dx))
 
 
+def relu6_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    check_version(version, VERSIONS)
+    check("relu6_forward x", x)
+    check("relu6_forward y", y, shape=x.shape)
+    _launch(_relu6_forward_v1, y.size, block, stream, _flat(x), _flat(y))
+
+
+def relu6_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """dx = 0 where x <= 0 or x >= 6 else dy; ``dx`` may be the same array as ``dy`` (in place)."""
+    check_version(version, VERSIONS)
+    check("relu6_backward x", x)
+    for name, a in (("y", y), ("dy", dy), ("dx", dx)):
+        check(f"relu6_backward {name}", a, shape=x.shape)
+    _launch(_relu6_backward_v1, dx.size, block, stream, _flat(x), _flat(dy), _flat(dx))
+
+
 OPS = {
     "relu_forward": Op("relu_forward", relu_forward_ref, relu_forward, VERSIONS),
     "relu_backward": Op("relu_backward", relu_backward_ref, relu_backward, VERSIONS),
+    "relu6_forward": Op("relu6_forward", relu6_forward_ref, relu6_forward, VERSIONS),
+    "relu6_backward": Op("relu6_backward", relu6_backward_ref, relu6_backward, VERSIONS),
 }
 
 
@@ -105,7 +165,16 @@ def examples(rng):
     x3.flat[::4], x3.flat[1::6], x3.flat[2::9] = np.nan, np.inf, -np.inf
     y3 = np.empty_like(x3)
     relu_forward_ref(x3, y3)
+    # ReLU6: both ends exactly (0, -0.0, 6), just inside and outside them, NaN and +-inf
+    x6 = (r(4, 29) * 4 + 3).astype(np.float32)
+    x6.flat[:9] = [0.0, -0.0, 6.0, np.nextafter(6, 7), np.nextafter(6, 0), 1e-45, np.nan, np.inf, -np.inf]
+    y6 = np.empty_like(x6)
+    relu6_forward_ref(x6, y6)
+    dy6 = r(*x6.shape)
     return [
+        Example("relu6_forward", (x6, nan(*x6.shape)), (1,), launch={"block": 64}, label="ends, NaN, inf"),
+        Example("relu6_backward", (x6, y6, r(*x6.shape), nan(*x6.shape)), (3,), label="ends, NaN, inf"),
+        Example("relu6_backward", (x6, y6, dy6, dy6), (3,), label="dx aliases dy"),
         Example("relu_forward", (x3, nan(*x3.shape)), (1,), label="NaN and inf propagate"),
         Example("relu_backward", (x3, y3, r(*x3.shape), nan(*x3.shape)), (3,), label="NaN passes dy"),
         Example("relu_forward", (x, nan(*x.shape)), (1,), label="2x3x5x7 with zeros"),

@@ -1,10 +1,17 @@
-"""2-D convolution (PyTorch's Conv2d without bias, groups or dilation): forward, backward data,
-backward filter, each by two algorithms that give BIT-IDENTICAL results.
+"""2-D convolution (PyTorch's Conv2d without bias or dilation): forward, backward data, backward
+filter, each by two algorithms that give BIT-IDENTICAL results.
 
 Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.conv
 
-x (N, C, H, W), w (Cout, C, KH, KW), y (N, Cout, OH, OW), OH = (H + 2*ph - KH)//sh + 1; stride
-and padding are an int or an (h, w) pair. Bias is ``kernels.elementwise.bias_add``/``bias_backward``.
+x (N, C, H, W), w (Cout, C/groups, KH, KW), y (N, Cout, OH, OW), OH = (H + 2*ph - KH)//sh + 1;
+stride and padding are an int or an (h, w) pair. Bias is ``kernels.elementwise.bias_add``/``bias_backward``.
+
+Groups, as PyTorch's: ``groups`` divides both C and Cout; group g's Cout/groups outputs see only
+its C/groups input channels, g*C/groups onwards (``groups=C``: a depthwise convolution). Each
+group is a convolution of its own, summed in the canonical order below with K = C/groups*KH*KW.
+The direct algorithm runs every group in the same launches (its tiles never straddle two groups);
+``im2col`` takes groups=1 only (its gemm shares one filter matrix across a batch), so
+``snlite.workspace`` offers a grouped convolution the direct algorithm alone.
 
 Algorithms (``ALGORITHMS``), chosen per call by the runtime ("the fastest whose workspace fits"),
 both working on ``chunk`` images at a time where they need a workspace (1-D float32, at least
@@ -72,59 +79,90 @@ class Geometry(NamedTuple):
     ow: int
     stride: tuple[int, int]
     padding: tuple[int, int]
+    groups: int = 1
 
     @property
-    def k(self):  # rows of a column buffer: the reduction length of forward
-        return self.c * self.kh * self.kw
+    def k(self):  # the reduction length of forward: a row of w, C/groups*KH*KW
+        return self.c // self.groups * self.kh * self.kw
+
+    @property
+    def cog(self):  # output channels per group
+        return self.co // self.groups
+
+    @property
+    def co_tiles(self):  # TILE-row tiles of output channels, per group: a tile never straddles two
+        return self.groups * ceil_div(self.cog, TILE)
 
     @property
     def p(self):  # columns of a column buffer: output positions per image
         return self.oh * self.ow
 
 
-def _geometry(x_shape, w_shape, stride, padding) -> Geometry:
+def check_groups(c, co, groups, who="conv2d") -> int:
+    """``groups`` as an int, if it is an integer >= 1 that divides both channel counts, as PyTorch
+    asks; else a ValueError naming ``who`` and the numbers."""
+    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"{who}: groups must be an integer >= 1, got {groups!r}")
+    for what, n in (("in_channels", c), ("out_channels", co)):
+        if n % groups:
+            raise ValueError(f"{who}: {what} ({n}) must be divisible by groups ({groups})")
+    return int(groups)
+
+
+def _geometry(x_shape, w_shape, stride, padding, groups=1) -> Geometry:
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if len(x_shape) != 4 or len(w_shape) != 4:
-        raise ValueError("conv2d: expected x (N, C, H, W) and w (Cout, C, KH, KW), got x "
+        raise ValueError("conv2d: expected x (N, C, H, W) and w (Cout, C/groups, KH, KW), got x "
                          f"{x_shape}, w {w_shape}")
     n, c, h, wd = x_shape
     co, cw, kh, kw = w_shape
-    if c != cw:
-        raise ValueError(f"conv2d: x has {c} channels (shape {x_shape}) but w expects {cw} (shape {w_shape})")
+    groups = check_groups(c, co, groups)
+    if c != cw * groups:
+        per = f" / groups {groups}" if groups > 1 else ""
+        raise ValueError(f"conv2d: x has {c} channels (shape {x_shape}){per} but w expects {cw} "
+                         f"(shape {w_shape})")
     oh, ow = output_hw((h, wd), (kh, kw), stride, padding, who=f"conv2d (x {x_shape}, w {w_shape})")
-    return Geometry(n, c, h, wd, co, kh, kw, oh, ow, pair(stride, "stride"), pair(padding, "padding"))
+    return Geometry(n, c, h, wd, co, kh, kw, oh, ow, pair(stride, "stride"), pair(padding, "padding"), groups)
 
 
-def output_shape(x_shape, w_shape, stride=1, padding=0) -> tuple[int, int, int, int]:
+def output_shape(x_shape, w_shape, stride=1, padding=0, groups=1) -> tuple[int, int, int, int]:
     """(N, Cout, OH, OW); ValueError on a channel mismatch or a kernel larger than the padded input."""
-    g = _geometry(x_shape, w_shape, stride, padding)
+    g = _geometry(x_shape, w_shape, stride, padding, groups)
     return g.n, g.co, g.oh, g.ow
 
 
-def conv_flops(x_shape, w_shape, stride=1, padding=0) -> int:
-    """Floating-point operations of the forward pass: 2 per multiply-add."""
-    g = _geometry(x_shape, w_shape, stride, padding)
+def conv_flops(x_shape, w_shape, stride=1, padding=0, groups=1) -> int:
+    """Floating-point operations of the forward pass: 2 per multiply-add (C/groups*KH*KW of them
+    per output element)."""
+    g = _geometry(x_shape, w_shape, stride, padding, groups)
     return 2 * g.n * g.co * g.p * g.k
 
 
-def workspace_bytes(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None) -> int:
+def workspace_bytes(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None, groups=1) -> int:
     """Exact workspace bytes ``conv2d_<op>`` needs with ``algo`` (and ``version``; None: the
     default), chunk capped at N: for im2col, one float32 column buffer (C*KH*KW x OH*OW) per image
     of a chunk; for direct backward_filter v3 (the default when chunk > 1), the partial sums of a
-    chunk's images but its first ((chunk - 1) x Cout x C*KH*KW floats); else 0."""
+    chunk's images but its first ((chunk - 1) x Cout x C/groups*KH*KW floats); else 0. ValueError
+    for im2col with groups > 1, which it does not run."""
     if op not in DIRECT_VERSIONS:
         raise ValueError(f"conv2d workspace_bytes: unknown op {op!r}; choose one of {tuple(DIRECT_VERSIONS)}")
     if algo not in ALGORITHMS:
         raise ValueError(f"conv2d workspace_bytes: unknown algo {algo!r}; choose one of {ALGORITHMS}")
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise ValueError(f"conv2d workspace_bytes: chunk must be an int >= 1, got {chunk!r}")
-    g = _geometry(x_shape, w_shape, stride, padding)
+    g = _geometry(x_shape, w_shape, stride, padding, groups)
+    _check_algo_groups("conv2d workspace_bytes", algo, g)
     return 4 * _workspace_floats(op, algo, g, chunk, version)
+
+
+def _check_algo_groups(name, algo, g):
+    if algo == "im2col" and g.groups > 1:
+        raise ValueError(f"{name}: algo 'im2col' runs groups=1 only, got groups={g.groups}; use 'direct'")
 
 
 def _workspace_floats(op, algo, g, chunk, version):
     m = min(int(chunk), g.n)
-    if algo == "im2col":
+    if algo == "im2col":  # groups=1: K = C*KH*KW, the rows of a column buffer
         return m * g.k * g.p
     if op == "backward_filter" and version in (None, "v3"):
         return max(m - 1, 0) * g.co * g.k
@@ -133,25 +171,41 @@ def _workspace_floats(op, algo, g, chunk, version):
 
 # ---------------------------------------------------------------- NumPy references
 # algo, workspace and chunk are accepted (same arguments as the launchers) and ignored: they never
-# change the result.
-def conv2d_forward_ref(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
-    g = _geometry(x.shape, w.shape, stride, padding)
+# change the result. Each group is a convolution of its own: its slice of the channels of x (or dx),
+# of w (or dw) and of y (or dy).
+def _groups_of(g):
+    """(input channel slice, output channel slice) of each group."""
+    cg = g.c // g.groups
+    return [(slice(i * cg, (i + 1) * cg), slice(i * g.cog, (i + 1) * g.cog)) for i in range(g.groups)]
+
+
+def conv2d_forward_ref(x, w, y, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None, chunk=1):
+    g = _geometry(x.shape, w.shape, stride, padding, groups)
     col = np.empty((g.n, g.k, g.p), x.dtype)
-    im2col_ref(x, col, kernel_size=(g.kh, g.kw), stride=stride, padding=padding)
-    y[...] = np.matmul(w.reshape(g.co, g.k), col).reshape(y.shape)
+    for cin, cout in _groups_of(g):
+        im2col_ref(np.ascontiguousarray(x[:, cin]), col, kernel_size=(g.kh, g.kw), stride=stride,
+                   padding=padding)
+        y[:, cout] = np.matmul(w[cout].reshape(g.cog, g.k), col).reshape(g.n, g.cog, g.oh, g.ow)
 
 
-def conv2d_backward_data_ref(dy, w, dx, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
-    g = _geometry(dx.shape, w.shape, stride, padding)
-    dcol = np.matmul(w.reshape(g.co, g.k).T, dy.reshape(g.n, g.co, g.p))
-    col2im_ref(dcol, dx, kernel_size=(g.kh, g.kw), stride=stride, padding=padding)
+def conv2d_backward_data_ref(dy, w, dx, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None,
+                             chunk=1):
+    g = _geometry(dx.shape, w.shape, stride, padding, groups)
+    dxg = np.empty((g.n, g.c // g.groups, g.h, g.w), dx.dtype)
+    for cin, cout in _groups_of(g):
+        dcol = np.matmul(w[cout].reshape(g.cog, g.k).T, dy[:, cout].reshape(g.n, g.cog, g.p))
+        col2im_ref(dcol, dxg, kernel_size=(g.kh, g.kw), stride=stride, padding=padding)
+        dx[:, cin] = dxg
 
 
-def conv2d_backward_filter_ref(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
-    g = _geometry(x.shape, dw.shape, stride, padding)
+def conv2d_backward_filter_ref(x, dy, dw, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None,
+                               chunk=1):
+    g = _geometry(x.shape, dw.shape, stride, padding, groups)
     col = np.empty((g.n, g.k, g.p), x.dtype)
-    im2col_ref(x, col, kernel_size=(g.kh, g.kw), stride=stride, padding=padding)
-    dw[...] = np.einsum("nop,nkp->ok", dy.reshape(g.n, g.co, g.p), col).reshape(dw.shape)
+    for cin, cout in _groups_of(g):
+        im2col_ref(np.ascontiguousarray(x[:, cin]), col, kernel_size=(g.kh, g.kw), stride=stride,
+                   padding=padding)
+        dw[cout] = np.einsum("nop,nkp->ok", dy[:, cout].reshape(g.n, g.cog, g.p), col).reshape(dw[cout].shape)
 
 
 # ---------------------------------------------------------------- kernels
@@ -160,141 +214,188 @@ _SIG3 = "float32[:, :, ::1]"
 _SIG2 = "float32[:, ::1]"
 
 
-@cuda_kernel(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
-def _forward_v1(x, w, y, sh, sw, ph, pw):
-    # Naive: one thread per element of y; k = (ci, kh, kw) ascending, padded taps add w * 0.0.
-    i = cuda.grid(1)
-    n_, co_, oh_, ow_ = y.shape
-    if i < n_ * co_ * oh_ * ow_:
-        n, co, oh, ow = unravel4(i, co_, oh_, ow_)
+# Groups need no argument: the shapes say them. w holds C/groups input channels, so groups =
+# C / w.shape[1], and output channel co belongs to group co // (Cout/groups), whose input channels
+# start at that group times C/groups. Each direct kernel is built twice (``_direct_kernels``):
+# ``grouped`` is a constant of its closure, so the groups=1 kernels compile without the group
+# arithmetic (the registers the launch report and the cost model read stay those of a plain
+# convolution), and the ``*_grouped`` twins with it.
+def _direct_kernels(grouped: bool) -> dict:
+    """The direct algorithm's kernels, by name (``forward_v1``, ...), for groups=1 or for any groups."""
+    suffix = "_grouped" if grouped else ""
+
+    def register(signature):
+        def deco(fn):
+            fn.__name__ = fn.__qualname__ = f"{fn.__name__}{suffix}"
+            return cuda_kernel(signature)(fn)
+        return deco
+
+    @cuda.jit(device=True, inline=True)
+    def first_channel(co, c_, cg, co_):
+        """The first input channel of output channel co's group (cg = C/groups input channels each)."""
+        return co // (co_ // (c_ // cg)) * cg if grouped else 0
+
+    @cuda.jit(device=True, inline=True)
+    def group_tile(co_, k_, c_, khw):
+        """The block's group and this thread's output channel, for the tiled kernels (grid y = the
+        groups' TILE-row tiles, ``Geometry.co_tiles``): (group, co, whether co is in the group)."""
+        if not grouped:
+            co = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+            return 0, co, co < co_
+        cog = co_ // (c_ // (k_ // khw))
+        tiles = (cog + TILE - 1) // TILE
+        grp = cuda.blockIdx.y // tiles
+        local = cuda.blockIdx.y % tiles * TILE + cuda.threadIdx.y
+        return grp, grp * cog + local, local < cog
+
+    @cuda.jit(device=True, inline=True)
+    def filter_tile_sum(x, dy3, dyt, ct, n, grp, co, co_ok, k_, kh_, kw_, ow_, sh, sw, ph, pw):
+        """s_n[co, k] for this thread's (k, co) of the block's TILE x TILE tile of dw (in group grp:
+        ``group_tile``): the sum over p ascending of dy[n, co, p] * col[n, grp*K + k, p], p in tiles
+        of dy and col (built from x) staged in the shared arrays dyt and ct. Every thread of the
+        block must call it (it has barriers)."""
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        if not grouped:  # as group_tile has it, computed here where the loads use it
+            co = cuda.blockIdx.y * TILE + ty
+            co_ok = co < dy3.shape[1]
+        kt = cuda.blockIdx.x * TILE + ty  # the k this thread stages into the col tile
+        k0 = grp * k_ if grouped else 0  # the group's first row of col
+        p_ = dy3.shape[2]
+        s = float32(0.0)
+        for p0 in range(0, p_, TILE):
+            dyt[ty, tx] = dy3[n, co, p0 + tx] if co_ok and p0 + tx < p_ else float32(0.0)
+            inside = kt < k_ and p0 + tx < p_
+            ct[tx, ty] = _col_value(x, n, k0 + kt, p0 + tx, kh_, kw_, ow_, sh, sw, ph, pw) if inside \
+                else float32(0.0)
+            cuda.syncthreads()
+            for pp in range(min(TILE, p_ - p0)):
+                s += dyt[ty, pp] * ct[pp, tx]
+            cuda.syncthreads()
+        return s
+
+    @register(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
+    def _forward_v1(x, w, y, sh, sw, ph, pw):
+        # Naive: one thread per element of y; k = (ci, kh, kw) ascending, padded taps add w * 0.0.
+        i = cuda.grid(1)
+        n_, co_, oh_, ow_ = y.shape
+        if i < n_ * co_ * oh_ * ow_:
+            n, co, oh, ow = unravel4(i, co_, oh_, ow_)
+            c0 = first_channel(co, x.shape[1], w.shape[1], co_)
+            acc = float32(0.0)
+            for ci in range(w.shape[1]):
+                for kh in range(w.shape[2]):
+                    for kw in range(w.shape[3]):
+                        acc += w[co, ci, kh, kw] * _tap(x, n, c0 + ci, oh * sh - ph + kh, ow * sw - pw + kw)
+            y[n, co, oh, ow] = acc
+
+    @register(f"void({_SIG4}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64)")
+    def _forward_v2(x, w2, y3, kh_, kw_, ow_, sh, sw, ph, pw):
+        # Implicit GEMM: y[n] (Cout x P) = w (Cout x K) @ col[n] (K x P), per group: a TILE x TILE
+        # block of one group stages a tile of w and a tile of the group's rows of col (built from x
+        # on the fly) in shared memory, k ascending.
+        wt = cuda.shared.array((TILE, TILE), float32)
+        ct = cuda.shared.array((TILE, TILE), float32)
+        tx, ty, n = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
+        p = cuda.blockIdx.x * TILE + tx
+        co_, k_ = w2.shape
+        grp, co, co_ok = group_tile(co_, k_, x.shape[1], kh_ * kw_)
+        p_ = y3.shape[2]
         acc = float32(0.0)
-        for ci in range(w.shape[1]):
-            for kh in range(w.shape[2]):
-                for kw in range(w.shape[3]):
-                    acc += w[co, ci, kh, kw] * _tap(x, n, ci, oh * sh - ph + kh, ow * sw - pw + kw)
-        y[n, co, oh, ow] = acc
+        for k0 in range(0, k_, TILE):
+            wt[ty, tx] = w2[co, k0 + tx] if co_ok and k0 + tx < k_ else float32(0.0)
+            inside = k0 + ty < k_ and p < p_
+            kc = grp * k_ + k0 + ty  # the row of col: the group's rows come one after the other
+            ct[ty, tx] = _col_value(x, n, kc, p, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
+            cuda.syncthreads()
+            for kk in range(min(TILE, k_ - k0)):
+                acc += wt[ty, kk] * ct[kk, tx]
+            cuda.syncthreads()
+        if co_ok and p < p_:
+            y3[n, co, p] = acc
 
+    @register(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
+    def _backward_data_v1(dy, w, dx, sh, sw, ph, pw):
+        # Naive: one thread per element of dx; per tap (kh, kw ascending) a sum over the co of c's
+        # group, then added.
+        i = cuda.grid(1)
+        n_, c_, h_, w_ = dx.shape
+        co_, cg, kh_, kw_ = w.shape
+        if i < n_ * c_ * h_ * w_:
+            n, c, ih, iw = unravel4(i, c_, h_, w_)
+            cog = co_ // (c_ // cg) if grouped else co_
+            co0, cl = (c // cg * cog, c % cg) if grouped else (0, c)
+            total = float32(0.0)
+            for kh in range(kh_):
+                oh = _out_index(ih + ph - kh, sh, dy.shape[2])
+                if oh >= 0:
+                    for kw in range(kw_):
+                        ow = _out_index(iw + pw - kw, sw, dy.shape[3])
+                        if ow >= 0:
+                            acc = float32(0.0)
+                            for co in range(co0, co0 + cog):
+                                acc += w[co, cl, kh, kw] * dy[n, co, oh, ow]
+                            total += acc
+            dx[n, c, ih, iw] = total
 
-@cuda_kernel(f"void({_SIG4}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64)")
-def _forward_v2(x, w2, y3, kh_, kw_, ow_, sh, sw, ph, pw):
-    # Implicit GEMM: y[n] (Cout x P) = w (Cout x K) @ col[n] (K x P); a TILE x TILE block stages a
-    # tile of w and a tile of col (built from x on the fly) in shared memory, k ascending.
-    wt = cuda.shared.array((TILE, TILE), float32)
-    ct = cuda.shared.array((TILE, TILE), float32)
-    tx, ty, n = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
-    p = cuda.blockIdx.x * TILE + tx
-    co = cuda.blockIdx.y * TILE + ty
-    co_, k_ = w2.shape
-    p_ = y3.shape[2]
-    acc = float32(0.0)
-    for k0 in range(0, k_, TILE):
-        wt[ty, tx] = w2[co, k0 + tx] if co < co_ and k0 + tx < k_ else float32(0.0)
-        inside = k0 + ty < k_ and p < p_
-        ct[ty, tx] = _col_value(x, n, k0 + ty, p, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
-        cuda.syncthreads()
-        for kk in range(min(TILE, k_ - k0)):
-            acc += wt[ty, kk] * ct[kk, tx]
-        cuda.syncthreads()
-    if co < co_ and p < p_:
-        y3[n, co, p] = acc
+    @register(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
+    def _backward_filter_v1(x, dy, dw, sh, sw, ph, pw):
+        # Naive: one thread per element of dw; per image a sum over (oh, ow), then the gemm epilogue.
+        i = cuda.grid(1)
+        co_, c_, kh_, kw_ = dw.shape
+        if i < co_ * c_ * kh_ * kw_:
+            co, c, kh, kw = unravel4(i, c_, kh_, kw_)
+            ci = first_channel(co, x.shape[1], c_, co_) + c
+            dwv = float32(0.0)
+            for n in range(dy.shape[0]):
+                s = float32(0.0)
+                for oh in range(dy.shape[2]):
+                    for ow in range(dy.shape[3]):
+                        s += dy[n, co, oh, ow] * _tap(x, n, ci, oh * sh - ph + kh, ow * sw - pw + kw)
+                dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
+            dw[co, c, kh, kw] = dwv
 
-
-@cuda_kernel(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
-def _backward_data_v1(dy, w, dx, sh, sw, ph, pw):
-    # Naive: one thread per element of dx; per tap (kh, kw ascending) a sum over co, then added.
-    i = cuda.grid(1)
-    n_, c_, h_, w_ = dx.shape
-    co_, _, kh_, kw_ = w.shape
-    if i < n_ * c_ * h_ * w_:
-        n, c, ih, iw = unravel4(i, c_, h_, w_)
-        total = float32(0.0)
-        for kh in range(kh_):
-            oh = _out_index(ih + ph - kh, sh, dy.shape[2])
-            if oh >= 0:
-                for kw in range(kw_):
-                    ow = _out_index(iw + pw - kw, sw, dy.shape[3])
-                    if ow >= 0:
-                        acc = float32(0.0)
-                        for co in range(co_):
-                            acc += w[co, c, kh, kw] * dy[n, co, oh, ow]
-                        total += acc
-        dx[n, c, ih, iw] = total
-
-
-@cuda_kernel(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
-def _backward_filter_v1(x, dy, dw, sh, sw, ph, pw):
-    # Naive: one thread per element of dw; per image a sum over (oh, ow), then the gemm epilogue.
-    i = cuda.grid(1)
-    co_, c_, kh_, kw_ = dw.shape
-    if i < co_ * c_ * kh_ * kw_:
-        co, c, kh, kw = unravel4(i, c_, kh_, kw_)
+    @register(f"void({_SIG4}, {_SIG3}, {_SIG2}, int64, int64, int64, int64, int64, int64, int64)")
+    def _backward_filter_v2(x, dy3, dw2, kh_, kw_, ow_, sh, sw, ph, pw):
+        # Implicit GEMM per image: s_n (Cout x K) = dy[n] (Cout x P) @ col[n]^T, p ascending in tiles
+        # of dy and col staged in shared memory; then dw = 1*s_n (+ 1*dw) as the gemm epilogue does.
+        dyt = cuda.shared.array((TILE, TILE), float32)
+        ct = cuda.shared.array((TILE, TILE), float32)
+        k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+        co_, k_ = dw2.shape
+        grp, co, co_ok = group_tile(co_, k_, x.shape[1], kh_ * kw_)
         dwv = float32(0.0)
-        for n in range(dy.shape[0]):
-            s = float32(0.0)
-            for oh in range(dy.shape[2]):
-                for ow in range(dy.shape[3]):
-                    s += dy[n, co, oh, ow] * _tap(x, n, c, oh * sh - ph + kh, ow * sw - pw + kw)
+        for n in range(dy3.shape[0]):
+            s = filter_tile_sum(x, dy3, dyt, ct, n, grp, co, co_ok, k_, kh_, kw_, ow_, sh, sw, ph, pw)
             dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
-        dw[co, c, kh, kw] = dwv
+        if co_ok and k < k_:
+            dw2[co, k] = dwv
+
+    @register(f"void({_SIG4}, {_SIG3}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64, "
+              "int64)")
+    def _backward_filter_v3(x, dy3, dw2, part, n0, kh_, kw_, ow_, sh, sw, ph, pw):
+        # Split over images: block (x, y, z) computes s_n of image n = n0 + z for one tile (v2's sum
+        # for one image), so a chunk fills the GPU. Image n0 adds straight onto dw (the epilogue);
+        # the others go to part[z - 1], which _fold_v1 then adds onto dw in order.
+        dyt = cuda.shared.array((TILE, TILE), float32)
+        ct = cuda.shared.array((TILE, TILE), float32)
+        z = cuda.blockIdx.z
+        k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+        co_, k_ = dw2.shape
+        grp, co, co_ok = group_tile(co_, k_, x.shape[1], kh_ * kw_)
+        s = filter_tile_sum(x, dy3, dyt, ct, n0 + z, grp, co, co_ok, k_, kh_, kw_, ow_, sh, sw, ph, pw)
+        if co_ok and k < k_:
+            if z == 0:
+                dw2[co, k] = _gemm._epilogue(s, dw2[co, k] if n0 > 0 else float32(0.0), float32(1.0),
+                                             float32(1.0), n0 > 0)
+            else:
+                part[z - 1, co, k] = s
+
+    return {"forward_v1": _forward_v1, "forward_v2": _forward_v2, "backward_data_v1": _backward_data_v1,
+            "backward_filter_v1": _backward_filter_v1, "backward_filter_v2": _backward_filter_v2,
+            "backward_filter_v3": _backward_filter_v3}
 
 
-@cuda.jit(device=True, inline=True)
-def _filter_tile_sum(x, dy3, dyt, ct, n, k_, kh_, kw_, ow_, sh, sw, ph, pw):
-    """s_n[co, k] for this thread's (k, co) of the block's TILE x TILE tile of dw: the sum over
-    p ascending of dy[n, co, p] * col[n, k, p], p in tiles of dy and col (built from x) staged in
-    the shared arrays dyt and ct. Every thread of the block must call it (it has barriers)."""
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    co = cuda.blockIdx.y * TILE + ty
-    kt = cuda.blockIdx.x * TILE + ty  # the k this thread stages into the col tile
-    co_, p_ = dy3.shape[1], dy3.shape[2]
-    s = float32(0.0)
-    for p0 in range(0, p_, TILE):
-        dyt[ty, tx] = dy3[n, co, p0 + tx] if co < co_ and p0 + tx < p_ else float32(0.0)
-        inside = kt < k_ and p0 + tx < p_
-        ct[tx, ty] = _col_value(x, n, kt, p0 + tx, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
-        cuda.syncthreads()
-        for pp in range(min(TILE, p_ - p0)):
-            s += dyt[ty, pp] * ct[pp, tx]
-        cuda.syncthreads()
-    return s
-
-
-@cuda_kernel(f"void({_SIG4}, {_SIG3}, {_SIG2}, int64, int64, int64, int64, int64, int64, int64)")
-def _backward_filter_v2(x, dy3, dw2, kh_, kw_, ow_, sh, sw, ph, pw):
-    # Implicit GEMM per image: s_n (Cout x K) = dy[n] (Cout x P) @ col[n]^T, p ascending in tiles
-    # of dy and col staged in shared memory; then dw = 1*s_n (+ 1*dw) as the gemm epilogue does.
-    dyt = cuda.shared.array((TILE, TILE), float32)
-    ct = cuda.shared.array((TILE, TILE), float32)
-    k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
-    co = cuda.blockIdx.y * TILE + cuda.threadIdx.y
-    co_, k_ = dw2.shape
-    dwv = float32(0.0)
-    for n in range(dy3.shape[0]):
-        s = _filter_tile_sum(x, dy3, dyt, ct, n, k_, kh_, kw_, ow_, sh, sw, ph, pw)
-        dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
-    if co < co_ and k < k_:
-        dw2[co, k] = dwv
-
-
-@cuda_kernel(f"void({_SIG4}, {_SIG3}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64, "
-             "int64)")
-def _backward_filter_v3(x, dy3, dw2, part, n0, kh_, kw_, ow_, sh, sw, ph, pw):
-    # Split over images: block (x, y, z) computes s_n of image n = n0 + z for one tile (v2's sum
-    # for one image), so a chunk fills the GPU. Image n0 adds straight onto dw (the epilogue);
-    # the others go to part[z - 1], which _fold_v1 then adds onto dw in order.
-    dyt = cuda.shared.array((TILE, TILE), float32)
-    ct = cuda.shared.array((TILE, TILE), float32)
-    z = cuda.blockIdx.z
-    k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
-    co = cuda.blockIdx.y * TILE + cuda.threadIdx.y
-    co_, k_ = dw2.shape
-    s = _filter_tile_sum(x, dy3, dyt, ct, n0 + z, k_, kh_, kw_, ow_, sh, sw, ph, pw)
-    if co < co_ and k < k_:
-        if z == 0:
-            dw2[co, k] = _gemm._epilogue(s, dw2[co, k] if n0 > 0 else float32(0.0), float32(1.0),
-                                         float32(1.0), n0 > 0)
-        else:
-            part[z - 1, co, k] = s
+_DIRECT = {False: _direct_kernels(False), True: _direct_kernels(True)}  # grouped -> kernels
 
 
 @cuda_kernel(f"void({_SIG3}, {_SIG2})")
@@ -314,40 +415,45 @@ def _fold_v1(part, dw2):
 # Work per launch (see kernels._common.Launch): the direct kernels do one FMA per two loads
 # (fma_share 1/3); the naive ones (v1) load one operand per FMA from global memory (the other is
 # the same for the whole warp), the tiled ones each operand once per tile that needs it.
+def _name(g, kernel):
+    """The registered name of direct kernel ``kernel`` for the geometry's groups."""
+    return f"kernels.conv._{kernel}{'_grouped' if g.groups > 1 else ''}"
+
+
 def _macs(g, images):
     return images * g.co * g.k * g.p
 
 
 def _forward_v1_geometry(g) -> Launch:
     out = g.n * g.co * g.p
-    return Launch("kernels.conv._forward_v1", ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
+    return Launch(_name(g, "forward_v1"), ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
                   bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
 
 
 def _forward_v2_geometry(g) -> Launch:
-    tiles = 4 * g.n * (g.co * g.k * ceil_div(g.p, TILE) + g.k * g.p * ceil_div(g.co, TILE) + g.co * g.p)
-    return Launch("kernels.conv._forward_v2", (ceil_div(g.p, TILE), ceil_div(g.co, TILE), g.n), (TILE, TILE),
+    tiles = 4 * g.n * (g.co * g.k * ceil_div(g.p, TILE) + g.k * g.p * g.co_tiles + g.co * g.p)
+    return Launch(_name(g, "forward_v2"), (ceil_div(g.p, TILE), g.co_tiles, g.n), (TILE, TILE),
                   flops=2 * _macs(g, g.n), bytes=tiles, fma_share=1 / 3)
 
 
-def _backward_data_v1_geometry(g) -> Launch:
+def _backward_data_v1_geometry(g) -> Launch:  # each dx sums the Cout/groups outputs of its group
     out = g.n * g.c * g.h * g.w
-    return Launch("kernels.conv._backward_data_v1", ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
+    return Launch(_name(g, "backward_data_v1"), ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
                   bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
 
 
 def _backward_filter_v1_geometry(g) -> Launch:
     out = g.co * g.k
-    return Launch("kernels.conv._backward_filter_v1", ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
+    return Launch(_name(g, "backward_filter_v1"), ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
                   bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
 
 
 def _backward_filter_tiled_geometry(g, version, images) -> Launch:
     """v2 (all images in each block) or v3's first launch (one image per block, grid z = images)."""
-    tiles = 4 * images * (g.co * g.p * ceil_div(g.k, TILE) + g.k * g.p * ceil_div(g.co, TILE))
+    tiles = 4 * images * (g.co * g.p * ceil_div(g.k, TILE) + g.k * g.p * g.co_tiles)
     slabs = 4 * g.co * g.k * (2 if version == "v2" else images + 1)  # v3 writes a slab per image, reads dw
-    return Launch(f"kernels.conv._backward_filter_{version}",
-                  (ceil_div(g.k, TILE), ceil_div(g.co, TILE), 1 if version == "v2" else images), (TILE, TILE),
+    return Launch(_name(g, f"backward_filter_{version}"),
+                  (ceil_div(g.k, TILE), g.co_tiles, 1 if version == "v2" else images), (TILE, TILE),
                   flops=2 * _macs(g, images), bytes=tiles + slabs, fma_share=1 / 3)
 
 
@@ -367,6 +473,7 @@ def _prepare(name, op, g, algo, workspace, chunk, version):
         raise ValueError(f"{name}: unknown algo {algo!r}; choose one of {ALGORITHMS}")
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise ValueError(f"{name}: chunk must be an int >= 1, got {chunk!r}")
+    _check_algo_groups(name, algo, g)
     versions = DIRECT_VERSIONS[op] if algo == "direct" else _gemm.VERSIONS
     if version is not None and version not in versions:
         raise ValueError(f"{name}: algo {algo!r} has versions {versions}, got {version!r}")
@@ -412,24 +519,24 @@ def _window(g):
     return {"kernel_size": (g.kh, g.kw), "stride": g.stride, "padding": g.padding}
 
 
-def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
-                   version=None, block=None):
+def conv2d_forward(x, w, y, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None, chunk=1,
+                   stream=0, version=None, block=None):
     """y = conv2d(x, w). ``version``: the direct kernel's or the gemm's; ``block``: the gemm's (im2col)."""
     name = "conv2d_forward"
     check(f"{name} x", x)
     check(f"{name} w", w)
-    g = _geometry(x.shape, w.shape, stride, padding)
+    g = _geometry(x.shape, w.shape, stride, padding, groups)
     check(f"{name} y", y, shape=(g.n, g.co, g.oh, g.ow))
     version, ws = _prepare(name, "forward", g, algo, workspace, chunk, version)
     if y.size == 0:
         return
-    y3 = y.reshape(g.n, g.co, g.p)
+    y3, direct = y.reshape(g.n, g.co, g.p), _DIRECT[g.groups > 1]
     if algo == "direct" and version == "v1":
-        _forward_v1.launch(_forward_v1_geometry(g), stream, x, w, y, *g.stride, *g.padding)
+        direct["forward_v1"].launch(_forward_v1_geometry(g), stream, x, w, y, *g.stride, *g.padding)
     elif algo == "direct":  # grid z = images: at most MAX_GRID_Z of them a launch
         for n0, m in grid_z_parts(g.n, MAX_GRID_Z):
-            _forward_v2.launch(_forward_v2_geometry(g._replace(n=m)), stream, x[n0:n0 + m],
-                               w.reshape(g.co, g.k), y3[n0:n0 + m], *_v2_args(g))
+            direct["forward_v2"].launch(_forward_v2_geometry(g._replace(n=m)), stream, x[n0:n0 + m],
+                                        w.reshape(g.co, g.k), y3[n0:n0 + m], *_v2_args(g))
     else:  # per chunk: im2col, then y[n] = w @ col[n] for the chunk's images in one launch
         for n0, m in _chunks(g, chunk):
             col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
@@ -438,19 +545,20 @@ def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=Non
                                **_gemm_kwargs(stream, version, block))
 
 
-def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1, stream=0,
-                         version=None, block=None):
+def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None, chunk=1,
+                         stream=0, version=None, block=None):
     """dx = d loss / d x from dy = d loss / d y (dx is written, not accumulated)."""
     name = "conv2d_backward_data"
     check(f"{name} w", w)
     check(f"{name} dx", dx)
-    g = _geometry(dx.shape, w.shape, stride, padding)
+    g = _geometry(dx.shape, w.shape, stride, padding, groups)
     check(f"{name} dy", dy, shape=(g.n, g.co, g.oh, g.ow))
     version, ws = _prepare(name, "backward_data", g, algo, workspace, chunk, version)
     if dx.size == 0:
         return
     if algo == "direct":
-        _backward_data_v1.launch(_backward_data_v1_geometry(g), stream, dy, w, dx, *g.stride, *g.padding)
+        _DIRECT[g.groups > 1]["backward_data_v1"].launch(_backward_data_v1_geometry(g), stream, dy, w, dx,
+                                                         *g.stride, *g.padding)
         return
     dy3 = dy.reshape(g.n, g.co, g.p)
     for n0, m in _chunks(g, chunk):  # per chunk: dcol[n] = w^T @ dy[n] in one launch, then col2im
@@ -460,23 +568,24 @@ def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", works
         col2im(dcol, dx[n0:n0 + m], **_window(g), stream=stream)
 
 
-def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1,
-                           stream=0, version=None, block=None):
+def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None,
+                           chunk=1, stream=0, version=None, block=None):
     """dw = d loss / d w from x and dy, summed over the batch (dw is written, not accumulated)."""
     name = "conv2d_backward_filter"
     check(f"{name} x", x)
     check(f"{name} dw", dw)
-    g = _geometry(x.shape, dw.shape, stride, padding)
+    g = _geometry(x.shape, dw.shape, stride, padding, groups)
     check(f"{name} dy", dy, shape=(g.n, g.co, g.oh, g.ow))
     version, ws = _prepare(name, "backward_filter", g, algo, workspace, chunk, version)
     if dw.size == 0:
         return
-    dy3, dw2 = dy.reshape(g.n, g.co, g.p), dw.reshape(g.co, g.k)
+    dy3, dw2, direct = dy.reshape(g.n, g.co, g.p), dw.reshape(g.co, g.k), _DIRECT[g.groups > 1]
     if g.n == 0 or (algo == "direct" and version == "v1"):  # an empty batch: dw = 0, by the direct kernel
-        _backward_filter_v1.launch(_backward_filter_v1_geometry(g), stream, x, dy, dw, *g.stride, *g.padding)
+        direct["backward_filter_v1"].launch(_backward_filter_v1_geometry(g), stream, x, dy, dw, *g.stride,
+                                            *g.padding)
     elif algo == "direct" and version == "v2":
-        _backward_filter_v2.launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3,
-                                   dw2, *_v2_args(g))
+        direct["backward_filter_v2"].launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3,
+                                            dw2, *_v2_args(g))
     elif algo == "direct":  # v3, per chunk: each image's s_n in parallel, then the fold in order
         for c0, cm in _chunks(g, chunk):
             # grid z = images: a chunk of more than MAX_GRID_Z goes in parts, each folded onto dw in
@@ -488,8 +597,8 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
                     part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k)
                 else:
                     part = dw.reshape(1, g.co, g.k)
-                _backward_filter_v3.launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x, dy3, dw2,
-                                           part, n0, *_v2_args(g))
+                direct["backward_filter_v3"].launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x,
+                                                    dy3, dw2, part, n0, *_v2_args(g))
                 if m > 1:
                     _fold_v1.launch(_fold_geometry(g, m - 1), stream, part, dw2)
     else:  # per chunk: im2col, then dw (+)= the chunk's s_n, summed in order inside one launch
@@ -506,22 +615,23 @@ LAUNCHERS = {"forward": conv2d_forward, "backward_data": conv2d_backward_data,
 
 
 def launches(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None,
-             block=None) -> list[Launch]:
+             block=None, groups=1) -> list[Launch]:
     """The launches ``conv2d_<op>`` makes with these arguments, in order (kernel, grid, block and
     work), recorded from the launcher itself on shape-only arrays: nothing runs, no GPU needed."""
     if op not in LAUNCHERS:
         raise ValueError(f"conv2d launches: unknown op {op!r}; choose one of {tuple(LAUNCHERS)}")
     x, w = ShapeArray(x_shape), ShapeArray(w_shape)
-    y = ShapeArray(output_shape(x_shape, w_shape, stride, padding))
-    need = workspace_bytes(op, algo, x_shape, w_shape, stride, padding, chunk, version) // 4
+    y = ShapeArray(output_shape(x_shape, w_shape, stride, padding, groups))
+    need = workspace_bytes(op, algo, x_shape, w_shape, stride, padding, chunk, version, groups) // 4
     arrays = {"forward": (x, w, y), "backward_data": (y, w, x), "backward_filter": (x, y, w)}[op]
     with record_launches() as out:
-        LAUNCHERS[op](*arrays, stride=stride, padding=padding, algo=algo, chunk=chunk, version=version,
-                      block=block, workspace=ShapeArray((need,)) if need else None)
+        LAUNCHERS[op](*arrays, stride=stride, padding=padding, groups=groups, algo=algo, chunk=chunk,
+                      version=version, block=block, workspace=ShapeArray((need,)) if need else None)
     return out
 
 
-def launch_counts(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None, block=None) -> list:
+def launch_counts(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None, block=None,
+                  groups=1) -> list:
     """``launches(...)`` as [(launch, times)], in order of first appearance, at a cost that does
     not grow with the number of chunks: every chunk between the first and the last launches the
     same, so the launcher is recorded on a batch of the first chunk and one more, and that one is
@@ -531,13 +641,13 @@ def launch_counts(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, vers
     chunked = algo == "im2col" or (op == "backward_filter"
                                    and (version == "v3" or (version is None and step > 1)))
     if not chunked or n // step <= 3:
-        every = launches(op, algo, x_shape, w_shape, stride, padding, chunk, version, block)
+        every = launches(op, algo, x_shape, w_shape, stride, padding, chunk, version, block, groups)
         return list(Counter(every).items())
     full, tail = divmod(n, step)
 
     def record(images):
         return launches(op, algo, (images,) + tuple(x_shape[1:]), w_shape, stride, padding,
-                        chunk, version, block)
+                        chunk, version, block, groups)
 
     two = record(2 * step)
     first, middle = two[:len(two) // 2], two[len(two) // 2:]
@@ -571,6 +681,15 @@ EXAMPLE_CASES = (
     ((3, 2, 6, 5), (5, 2, 3, 2), (2, 1), (3, 0), 4, "3x2 s(2,1) pad(3,0)"),
 )
 GEMM_BLOCK = (8, 8)  # the gemm block of the examples (few simulated threads)
+# Grouped (direct only): (x shape, w shape, stride, padding, chunk, groups, label): two groups of 2
+# inputs and 3 outputs; depthwise; depthwise with 2 outputs per channel; groups of 17 outputs, two
+# TILE-row tiles each (a tile must not straddle two groups).
+GROUPED_CASES = (
+    ((2, 4, 5, 4), (6, 2, 3, 2), 1, (1, 0), 2, 2, "groups 2 3x2 pad(1,0)"),
+    ((2, 3, 6, 5), (3, 1, 3, 3), 2, 1, 2, 3, "depthwise 3x3 s2 pad 1"),
+    ((1, 2, 5, 5), (4, 1, 3, 3), 1, 1, 1, 2, "depthwise x2 3x3 pad 1"),
+    ((2, 2, 3, 2), (34, 1, 1, 2), 1, 0, 2, 2, "groups 2 of 17 outputs 1x2"),
+)
 
 
 def examples(rng):
@@ -602,6 +721,19 @@ def examples(rng):
                                                                 "chunk": chunk},
                                launch={"block": GEMM_BLOCK}, rtol=1e-4, atol=1e-5, versions=gemm_versions,
                                label=f"im2col c{chunk} {label}"))
+    for xs, ws, stride, padding, chunk, groups, label in GROUPED_CASES:
+        ys = output_shape(xs, ws, stride, padding, groups)
+        args = {"forward": (r(*xs), r(*ws), nan(*ys)), "backward_data": (r(*ys), r(*ws), nan(*xs)),
+                "backward_filter": (r(*xs), r(*ys), nan(*ws))}
+        for op, a in args.items():
+            hyper = {"stride": stride, "padding": padding, "groups": groups, "algo": "direct"}
+            out.append(Example(f"conv2d_{op}", a, (2,), kwargs=hyper, rtol=1e-4, atol=1e-5,
+                               versions=DIRECT_VERSIONS[op], label=label))
+            if op == "backward_filter":
+                need = workspace_bytes(op, "direct", xs, ws, stride, padding, chunk, groups=groups) // 4
+                out.append(Example(f"conv2d_{op}", a, (2,), kwargs={**hyper, "chunk": chunk,
+                                                                    "workspace": nan(max(need, 1))},
+                                   rtol=1e-4, atol=1e-5, versions=("v3",), label=f"c{chunk} {label}"))
     return out
 
 

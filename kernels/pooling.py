@@ -1,10 +1,18 @@
-"""2-D max and average pooling (NCHW), forward and backward, PyTorch semantics in floor mode.
+"""2-D max and average pooling (NCHW), forward and backward, PyTorch semantics (floor or ceil mode).
 
 Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.pooling
 
 Window (oh, ow) covers input rows ``oh*sh - ph ... oh*sh - ph + kh - 1`` (columns likewise);
 padded positions are -inf for max and 0 for average (PyTorch requires padding <= kernel / 2,
 so every window holds at least one real element).
+
+Output size, PyTorch's rule: OH = floor((H + 2*ph - kh) / sh) + 1, or with ``ceil_mode`` the
+ceiling, less one if that last window would start at or past H + ph (the last window must start
+inside the input or its left padding). In ceil mode the last windows may run off the end, past the
+right padding: positions there are skipped as padding is, and average pooling's divisor counts
+only the window clipped to the padded input (H + ph), as PyTorch's. The kernels take the window
+range from y's shape and clip every window to the input, so both modes run the same kernels;
+only the shape the launchers check differs.
 
 Canonical orders:
 - forward: one thread per output element scans its window in (kh, kw) order (row-major).
@@ -56,23 +64,39 @@ def _params(kernel, stride, padding, op="pool"):
     return kh, kw, sh, sw, ph, pw
 
 
-def pool_output_shape(x_shape, kernel, stride=None, padding=0, *, op="pool"):
-    """(N, C, OH, OW) with OH = (H + 2*ph - kh) // sh + 1 (floor mode); ValueError if it does not fit."""
+def _out_size(size, k, s, p, ceil_mode):
+    """Windows along one axis, PyTorch's ``pooling_output_shape`` (no dilation)."""
+    if not ceil_mode:
+        return (size + 2 * p - k) // s + 1
+    out = -(-(size + 2 * p - k) // s) + 1
+    return out - 1 if (out - 1) * s >= size + p else out  # the last window starts inside
+
+
+def pool_output_shape(x_shape, kernel, stride=None, padding=0, *, op="pool", ceil_mode=False):
+    """(N, C, OH, OW) with OH = (H + 2*ph - kh) // sh + 1 (floor mode), or PyTorch's ceil-mode rule
+    (the module docstring); ValueError if the kernel does not fit."""
     if len(x_shape) != 4:
         raise ValueError(f"{op}: expected x of shape (N, C, H, W), got {tuple(x_shape)}")
     kh, kw, sh, sw, ph, pw = _params(kernel, stride, padding, op)
     n, c, h, w = (int(v) for v in x_shape)
     if h + 2 * ph < kh or w + 2 * pw < kw:
         raise ValueError(f"{op}: kernel {(kh, kw)} with padding {(ph, pw)} does not fit input {h}x{w}")
-    return n, c, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    return n, c, _out_size(h, kh, sh, ph, ceil_mode), _out_size(w, kw, sw, pw, ceil_mode)
+
+
+def end_padding(size, out, k, s, p):
+    """Padding after the input along one axis that holds every window of ``out``: p, or more where
+    ceil mode's last window runs past it (the hosts' and references' padded copies use it)."""
+    return max(p, (out - 1) * s + k - p - size)
 
 
 # ---------------------------------------------------------------- NumPy references
-def _windows(a, kh, kw, sh, sw, ph, pw, fill):
-    """View (N, C, OH, OW, kh, kw) of ``a`` padded with ``fill``."""
+def _windows(a, kh, kw, sh, sw, ph, pw, fill, oh, ow):
+    """View (N, C, OH, OW, kh, kw) of ``a`` padded with ``fill`` (past the end as far as the last
+    window reaches: ceil mode's may run past the padding)."""
     n, c, h, w = a.shape
-    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-    padded = np.full((n, c, h + 2 * ph, w + 2 * pw), fill, dtype=a.dtype)
+    eh, ew = end_padding(h, oh, kh, sh, ph), end_padding(w, ow, kw, sw, pw)
+    padded = np.full((n, c, ph + h + eh, pw + w + ew), fill, dtype=a.dtype)
     padded[:, :, ph:ph + h, pw:pw + w] = a
     win = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(2, 3))
     return win[:, :, ::sh, ::sw][:, :, :oh, :ow]
@@ -89,31 +113,37 @@ def _avg_divisors(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad):
     return np.outer(pool_h, pool_w) if count_include_pad else np.outer(real_h, real_w)
 
 
-def maxpool2d_forward_ref(x, y, *, kernel, stride=None, padding=0):
+# ceil_mode is accepted (the launchers' arguments) and needs no code: y's shape says how many windows.
+def maxpool2d_forward_ref(x, y, *, kernel, stride=None, padding=0, ceil_mode=False):
     p = _params(kernel, stride, padding)
-    y[...] = _windows(x, *p, fill=-np.inf).max(axis=(4, 5))
+    y[...] = _windows(x, *p, -np.inf, *y.shape[2:]).max(axis=(4, 5))
 
 
-def maxpool2d_backward_ref(x, y, dy, dx, *, kernel, stride=None, padding=0):
+def maxpool2d_backward_ref(x, y, dy, dx, *, kernel, stride=None, padding=0, ceil_mode=False):
     """dy[oh, ow] goes to the first position of window (oh, ow), in (kh, kw) order, where x == y;
     where y is NaN, to the last NaN position of the window."""
     kh, kw, sh, sw, ph, pw = p = _params(kernel, stride, padding)
     n, c, h, w = x.shape
-    real = _windows(np.ones(x.shape, bool), *p, fill=False).reshape(y.shape + (-1,))
-    win = _windows(x, *p, fill=-np.inf).reshape(y.shape + (-1,))
+    real = _windows(np.ones(x.shape, bool), *p, False, *y.shape[2:]).reshape(y.shape + (-1,))
+    win = _windows(x, *p, -np.inf, *y.shape[2:]).reshape(y.shape + (-1,))
     hit, nan, y_nan = (win == y[..., None]) & real, np.isnan(win) & real, np.isnan(y)
     pos = np.where(y_nan, kh * kw - 1 - nan[..., ::-1].argmax(-1), hit.argmax(-1))
     found = np.where(y_nan, nan.any(-1), hit.any(-1))  # False only if y does not come from this x
     ni, ci, oi, wi = np.indices(y.shape)
-    grad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=dy.dtype)
+    grad = np.zeros(real.shape[:2] + _padded_hw(h, w, *y.shape[2:], *p), dtype=dy.dtype)
     g = np.where(found, dy, dy.dtype.type(0))
     np.add.at(grad, (ni, ci, oi * sh + pos // kw, wi * sw + pos % kw), g)  # in (oh, ow) order
     dx[...] = grad[:, :, ph:ph + h, pw:pw + w]
 
 
-def avgpool2d_forward_ref(x, y, *, kernel, stride=None, padding=0, count_include_pad=True):
+def _padded_hw(h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+    """(rows, columns) of the input padded to hold every window."""
+    return ph + h + end_padding(h, oh, kh, sh, ph), pw + w + end_padding(w, ow, kw, sw, pw)
+
+
+def avgpool2d_forward_ref(x, y, *, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False):
     kh, kw, sh, sw, ph, pw = p = _params(kernel, stride, padding)
-    win = _windows(x, *p, fill=0)
+    win = _windows(x, *p, 0, *y.shape[2:])
     acc = np.zeros(y.shape, dtype=x.dtype)
     for a in range(kh):  # (kh, kw) order, as the kernel (adding a padded 0 changes no bits)
         for b in range(kw):
@@ -121,12 +151,13 @@ def avgpool2d_forward_ref(x, y, *, kernel, stride=None, padding=0, count_include
     y[...] = acc / _avg_divisors(*x.shape[2:], *y.shape[2:], *p, count_include_pad).astype(x.dtype)
 
 
-def avgpool2d_backward_ref(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True):
+def avgpool2d_backward_ref(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True,
+                           ceil_mode=False):
     kh, kw, sh, sw, ph, pw = p = _params(kernel, stride, padding)
     n, c, h, w = dx.shape
     oh, ow = dy.shape[2:]
     g = dy / _avg_divisors(h, w, oh, ow, *p, count_include_pad).astype(dy.dtype)
-    grad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=dy.dtype)
+    grad = np.zeros((n, c) + _padded_hw(h, w, oh, ow, *p), dtype=dy.dtype)
     for a in range(kh):
         for b in range(kw):
             grad[:, :, a:a + sh * oh:sh, b:b + sw * ow:sw] += g
@@ -291,10 +322,11 @@ def _avgpool2d_backward_v2(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
 
 
 # ---------------------------------------------------------------- launchers
-def _check_pool(op, x, y, kernel, stride, padding, x_name="x", y_name="y"):
+def _check_pool(op, x, y, kernel, stride, padding, ceil_mode, x_name="x", y_name="y"):
     """Validate x (N, C, H, W) and y (N, C, OH, OW); return (kh, kw, sh, sw, ph, pw)."""
     check(f"{op} {x_name}", x)
-    check(f"{op} {y_name}", y, shape=pool_output_shape(x.shape, kernel, stride, padding, op=op))
+    check(f"{op} {y_name}", y, shape=pool_output_shape(x.shape, kernel, stride, padding, op=op,
+                                                       ceil_mode=ceil_mode))
     return _params(kernel, stride, padding, op)
 
 
@@ -303,33 +335,36 @@ def _launch(kernel, n, block, stream, *args):
         kernel[ceil_div(n, block), block, stream](*args)
 
 
-def maxpool2d_forward(x, y, *, kernel, stride=None, padding=0, stream=0, version="v1", block=BLOCK):
+def maxpool2d_forward(x, y, *, kernel, stride=None, padding=0, ceil_mode=False, stream=0, version="v1",
+                      block=BLOCK):
     check_version(version, VERSIONS)
-    p = _check_pool("maxpool2d_forward", x, y, kernel, stride, padding)
+    p = _check_pool("maxpool2d_forward", x, y, kernel, stride, padding, ceil_mode)
     _launch(_maxpool2d_forward_v1, y.size, block, stream, x, y, *p)
 
 
-def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0, stream=0, version="v2", block=BLOCK):
+def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0, ceil_mode=False, stream=0,
+                       version="v2", block=BLOCK):
     check_version(version, BACKWARD_VERSIONS)
     op = "maxpool2d_backward"
-    p = _check_pool(op, x, y, kernel, stride, padding)
+    p = _check_pool(op, x, y, kernel, stride, padding, ceil_mode)
     check(f"{op} dy", dy, shape=y.shape)
     check(f"{op} dx", dx, shape=x.shape)
     kern = _maxpool2d_backward_v1 if version == "v1" else _maxpool2d_backward_v2
     _launch(kern, dx.size, block, stream, x, y, dy, dx, *p)
 
 
-def avgpool2d_forward(x, y, *, kernel, stride=None, padding=0, count_include_pad=True, stream=0, version="v1",
-                      block=BLOCK):
+def avgpool2d_forward(x, y, *, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
+                      stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
-    p = _check_pool("avgpool2d_forward", x, y, kernel, stride, padding)
+    p = _check_pool("avgpool2d_forward", x, y, kernel, stride, padding, ceil_mode)
     _launch(_avgpool2d_forward_v1, y.size, block, stream, x, y, *p, bool(count_include_pad))
 
 
-def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True, stream=0,
-                       version="v2", block=BLOCK):
+def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
+                       stream=0, version="v2", block=BLOCK):
     check_version(version, BACKWARD_VERSIONS)
-    p = _check_pool("avgpool2d_backward", dx, dy, kernel, stride, padding, x_name="dx", y_name="dy")
+    p = _check_pool("avgpool2d_backward", dx, dy, kernel, stride, padding, ceil_mode, x_name="dx",
+                    y_name="dy")
     kern = _avgpool2d_backward_v1 if version == "v1" else _avgpool2d_backward_v2
     _launch(kern, dx.size, block, stream, dy, dx, *p, bool(count_include_pad))
 
@@ -355,10 +390,17 @@ def examples(rng):
         ((2, 3, 9, 11), {"kernel": 3, "stride": 2, "padding": 1}, "k3 s2 p1 overlapping"),
         ((2, 3, 8, 7), {"kernel": 2}, "k2 default stride, odd W"),
         ((1, 2, 7, 9), {"kernel": (3, 2), "stride": (1, 2), "padding": (1, 0)}, "k3x2 s1x2 p1x0"),
+        # ceil mode: SqueezeNet's and GoogLeNet's 3x3 stride 2 (the last window runs off the end),
+        # padding with it, and a window that would start in the right padding (dropped)
+        ((2, 2, 8, 7), {"kernel": 3, "stride": 2, "ceil_mode": True}, "ceil k3 s2"),
+        ((1, 2, 8, 7), {"kernel": (3, 2), "stride": (2, 3), "padding": (1, 0), "ceil_mode": True},
+         "ceil k3x2 s2x3 p1x0"),
+        ((1, 1, 5, 5), {"kernel": 2, "stride": 2, "padding": 1, "ceil_mode": True}, "ceil drops a window"),
     ]
     out = []
     for shape, hp, label in cases:
-        oshape = pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0))
+        oshape = pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0),
+                                   ceil_mode=hp.get("ceil_mode", False))
         x = r(*shape)
         y = np.empty(oshape, np.float32)
         maxpool2d_forward_ref(x, y, **hp)

@@ -26,7 +26,8 @@ from snlite.layers import LAYER_TYPES, Layer
 from snlite.route import execution_route
 
 KINDS = ("input", "weight", "weight_grad", "buffer", "optimizer", "activation", "gradient")
-PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax"}
+PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax",
+          "relu6": "relu6_"}
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,15 @@ class Graph:
             return Node(self, "data", self.layers["data"].out_shape)
         return self._add("data", [], "data", shape=self.input_shape)
 
-    def conv2d(self, x, out_channels, kernel, stride=1, padding=0, bias=True, name=None) -> Node:
+    def conv2d(self, x, out_channels, kernel, stride=1, padding=0, bias=True, groups=1, name=None) -> Node:
+        """PyTorch's Conv2d; ``groups`` divides the input and output channels (groups=C: depthwise)."""
         what = _who("conv2d", name)
+        groups = _integer(groups, f"{what}: groups")
+        # groups=1 is left out of the attributes: a plain conv's layer stays as it always was
         return self._add("conv2d", [x], name, out_channels=_integer(out_channels, f"{what}: out_channels"),
                          kernel=_pair(kernel, f"{what}: kernel"), stride=_pair(stride, f"{what}: stride"),
-                         padding=_pair(padding, f"{what}: padding", 0), bias=bool(bias))
+                         padding=_pair(padding, f"{what}: padding", 0), bias=bool(bias),
+                         **({"groups": groups} if groups > 1 else {}))
 
     def linear(self, x, out_features, bias=True, name=None) -> Node:
         out_features = _integer(out_features, f"{_who('linear', name)}: out_features")
@@ -144,11 +149,19 @@ class Graph:
     def relu(self, x, name=None) -> Node:
         return self._add("relu", [x], name)
 
-    def maxpool(self, x, kernel, stride=None, padding=0, name=None) -> Node:
-        return self._add("maxpool", [x], name, **_pool_args("maxpool", name, kernel, stride, padding))
+    def relu6(self, x, name=None) -> Node:
+        """PyTorch's ReLU6: min(max(x, 0), 6) (MobileNet's activation)."""
+        return self._add("relu6", [x], name)
 
-    def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, name=None) -> Node:
-        return self._add("avgpool", [x], name, **_pool_args("avgpool", name, kernel, stride, padding),
+    def maxpool(self, x, kernel, stride=None, padding=0, ceil_mode=False, name=None) -> Node:
+        """PyTorch's MaxPool2d (``ceil_mode`` as its, SqueezeNet's and GoogLeNet's)."""
+        return self._add("maxpool", [x], name,
+                         **_pool_args("maxpool", name, kernel, stride, padding, ceil_mode))
+
+    def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
+                name=None) -> Node:
+        return self._add("avgpool", [x], name,
+                         **_pool_args("avgpool", name, kernel, stride, padding, ceil_mode),
                          count_include_pad=bool(count_include_pad))
 
     def batchnorm(self, x, eps=1e-5, momentum=0.1, name=None) -> Node:
@@ -398,8 +411,11 @@ def check_number(v, what, low=None, high=None, open_low=False, open_high=False, 
     return float(v)
 
 
-def _pool_args(kind, name, kernel, stride, padding) -> dict:
+def _pool_args(kind, name, kernel, stride, padding, ceil_mode) -> dict:
     what = _who(kind, name)
     kernel = _pair(kernel, f"{what}: kernel")
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+        raise ValueError(f"{what}: ceil_mode must be True or False, got {ceil_mode!r}")
+    # floor mode is left out of the attributes: a floor-mode layer stays as it always was
     return dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, f"{what}: stride"),
-                padding=_pair(padding, f"{what}: padding", 0))
+                padding=_pair(padding, f"{what}: padding", 0), **({"ceil_mode": True} if ceil_mode else {}))

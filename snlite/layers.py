@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from kernels.conv import check_groups
 from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
@@ -33,20 +34,29 @@ from snlite.layers_structural import Add, Concat, Data, Flatten, SoftmaxLoss
 
 
 class Conv2d(Layer):
+    """PyTorch's Conv2d (no dilation). ``groups`` (attribute, default 1) splits the channels into
+    groups convolved separately: the weight is (out_channels, in_channels / groups, KH, KW), as
+    PyTorch's; groups = in_channels is a depthwise convolution."""
+
     kind = "conv2d"
     checkpoint = True
     bwd_reads = ("x", "dy")
+
+    @property
+    def groups(self) -> int:
+        return self.attrs.get("groups", 1)
 
     def infer_shape(self):
         a = self.attrs
         x = self.in_shapes[0]
         if len(x) != 4:
             raise ValueError(f"conv2d {self.name!r}: expected an (N, C, H, W) input, got {x}")
-        self.w_shape = (a["out_channels"], x[1]) + a["kernel"]
         try:
-            return tuple(conv_output_shape(x, self.w_shape, a["stride"], a["padding"]))
+            groups = check_groups(x[1], a["out_channels"], self.groups)
+            self.w_shape = (a["out_channels"], x[1] // groups) + a["kernel"]
+            return tuple(conv_output_shape(x, self.w_shape, a["stride"], a["padding"], groups))
         except ValueError as e:
-            raise ValueError(f"conv2d {self.name!r}: {e}") from None
+            raise ValueError(f"conv2d {self.name!r}: {str(e).removeprefix('conv2d: ')}") from None
 
     def params(self):
         p = {"weight": self.w_shape}
@@ -60,7 +70,7 @@ class Conv2d(Layer):
     def workspace_bytes(self, op, algo, chunk=1):
         a = self.attrs
         return conv_workspace_bytes(op, algo, self.in_shapes[0], self.w_shape, a["stride"],
-                                    a["padding"], chunk)
+                                    a["padding"], chunk, groups=self.groups)
 
     def init_params(self, rng):
         fan_in = math.prod(self.w_shape[1:])
@@ -68,8 +78,11 @@ class Conv2d(Layer):
 
     def _conv_kw(self, io, op):
         a = self.attrs
-        return dict(stride=a["stride"], padding=a["padding"], algo=io.algo.get(op, "direct"),
-                    workspace=io.workspace, chunk=io.chunk.get(op, 1))
+        kw = dict(stride=a["stride"], padding=a["padding"], algo=io.algo.get(op, "direct"),
+                  workspace=io.workspace, chunk=io.chunk.get(op, 1))
+        if self.groups > 1:  # the kernels' default is 1: a plain conv's calls stay as they were
+            kw["groups"] = self.groups
+        return kw
 
     def forward(self, io):
         io.run("conv2d_forward", io.x[0], io.params["weight"], io.y, **self._conv_kw(io, "forward"))
@@ -138,14 +151,30 @@ class ReLU(Layer):
         io.run("relu_backward", io.x[0], io.y, io.dy, io.dx[0])
 
 
+class ReLU6(ReLU):
+    """PyTorch's ReLU6, min(max(x, 0), 6): cheap, recomputed like ReLU, its gradient written into
+    dy's buffer as ReLU's is."""
+
+    kind = "relu6"
+
+    def forward(self, io):
+        io.run("relu6_forward", io.x[0], io.y)
+
+    def backward(self, io):
+        io.run("relu6_backward", io.x[0], io.y, io.dy, io.dx[0])
+
+
 class _Pool(Layer):
+    """Max or average pooling; ``ceil_mode`` (attribute, default False) counts the windows as
+    PyTorch's ceil mode does (kernels.pooling), the last ones running off the end of the input."""
+
     bwd_reads = ("x", "y", "dy")  # cuDNN's pooling backward reads all three
 
     def infer_shape(self):
         a = self.attrs
         try:
             return tuple(pool_output_shape(self.in_shapes[0], a["kernel"], a["stride"],
-                                           a["padding"], op=self.kind))
+                                           a["padding"], op=self.kind, ceil_mode=a.get("ceil_mode", False)))
         except ValueError as e:
             raise ValueError(f"{self.kind} {self.name!r}: {e}") from None
 
@@ -155,7 +184,10 @@ class _Pool(Layer):
 
     def _kw(self):
         a = self.attrs
-        return dict(kernel=a["kernel"], stride=a["stride"], padding=a["padding"])
+        kw = dict(kernel=a["kernel"], stride=a["stride"], padding=a["padding"])
+        if a.get("ceil_mode"):  # the kernels' default is floor mode: a floor-mode layer's calls stay the same
+            kw["ceil_mode"] = True
+        return kw
 
 
 class MaxPool2d(_Pool):
@@ -274,7 +306,7 @@ class Dropout(Layer):
         io.run("dropout_backward", io.dy, io.dx[0], p=self.attrs["p"], seed=io.seed)
 
 
-LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, MaxPool2d, AvgPool2d, BatchNorm2d, LRN,
-                                          Dropout, Add, Concat, Flatten, SoftmaxLoss)}
+LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, MaxPool2d, AvgPool2d, BatchNorm2d,
+                                          LRN, Dropout, Add, Concat, Flatten, SoftmaxLoss)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

@@ -56,22 +56,22 @@ class CostModel:
 
     def launches(self, layer, op: str, algo: str, chunk: int) -> list:
         """The launches behind the estimate (kernels.conv.launches for this layer)."""
-        x_shape, w_shape, stride, padding = conv_key(layer)
-        return conv_kernels.launches(op, algo, x_shape, w_shape, stride, padding, chunk)
+        x_shape, w_shape, stride, padding, groups = conv_key(layer)
+        return conv_kernels.launches(op, algo, x_shape, w_shape, stride, padding, chunk, groups=groups)
 
 
 @functools.lru_cache(maxsize=4096)
 def _estimate(model: CostModel, key: tuple, op: str, algo: str, chunk: int) -> float:
     gpu = launch_model.GPUS[model.gpu]
-    x_shape, w_shape, stride, padding = key
-    counts = conv_kernels.launch_counts(op, algo, x_shape, w_shape, stride, padding, chunk)
+    x_shape, w_shape, stride, padding, groups = key
+    counts = conv_kernels.launch_counts(op, algo, x_shape, w_shape, stride, padding, chunk, groups=groups)
     return sum(times * (launch_model.launch_ms(gpu, l, launch_model.resources(l.kernel, gpu.arch))
                         + model.launch_us * 1e-3) for l, times in counts)
 
 
 def conv_key(layer) -> tuple:
-    """What a convolution's speed depends on: its input and weight shapes, stride and padding."""
-    return (layer.in_shapes[0], layer.w_shape, layer.attrs["stride"], layer.attrs["padding"])
+    """What a convolution's speed depends on: its input and weight shapes, stride, padding and groups."""
+    return (layer.in_shapes[0], layer.w_shape, layer.attrs["stride"], layer.attrs["padding"], layer.groups)
 
 
 @dataclass(frozen=True)
@@ -90,13 +90,14 @@ class MeasuredCosts:
 def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:
     """Every (algorithm, chunk) for this conv step, fastest first (ties: less workspace first).
     Direct is one candidate (no workspace), and for backward-filter also one per chunk > 1 (its
-    split version keeps the chunk's partial sums)."""
+    split version keeps the chunk's partial sums). im2col runs groups=1 only: a grouped convolution's
+    candidates are the direct ones."""
     n = layer.in_shapes[0][0]
     chunks, k = [], n
     while k >= 1:
         chunks.append(k)
         k //= 2
-    options = [("direct", 1)] + [("im2col", c) for c in chunks]
+    options = [("direct", 1)] + [("im2col", c) for c in chunks if layer.groups == 1]
     if op == "backward_filter":
         options += [("direct", c) for c in chunks if c > 1]
     out = [Choice(algo, c, layer.workspace_bytes(op, algo, c), model.estimate(layer, op, algo, c))
@@ -191,8 +192,8 @@ def measure_conv_costs(graph, device, budget_bytes: int | None = None, reps: int
 def _time(device, stream, arena, pool, layer, kernel, arrays, choice, reps) -> float:
     offset = pool.alloc(choice.workspace_bytes, "measure.workspace") if choice.workspace_bytes else None
     wk = device.view(arena, offset, (choice.workspace_bytes // 4,)) if offset is not None else None
-    kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], algo=choice.algo,
-              chunk=choice.chunk, workspace=wk)
+    kw = dict(stride=layer.attrs["stride"], padding=layer.attrs["padding"], groups=layer.groups,
+              algo=choice.algo, chunk=choice.chunk, workspace=wk)
     device.run(kernel, *arrays, stream=stream, **kw)  # warm up: compiles the kernels
     start, end = device.event(timing=True), device.event(timing=True)
     start.record(stream)

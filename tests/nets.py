@@ -32,6 +32,20 @@ def mixed_net(n=2, hw=6):
     return g
 
 
+def grouped_net(n=2, hw=6):
+    """The layers torchvision's MobileNet-V2, ResNeXt, SqueezeNet and GoogLeNet add, in small: a
+    depthwise conv (stride 2), ReLU6, 1x1 and 3x3 convs of two groups into an add, and a ceil-mode
+    max pooling whose last window runs off the end (3x3 -> 2x2)."""
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="grouped")
+    x = g.relu6(g.batchnorm(g.conv2d(g.input(), 4, 3, padding=1, name="conv1"), name="bn1"), name="relu6_1")
+    d = g.relu6(g.conv2d(x, 4, 3, stride=2, padding=1, groups=4, bias=False, name="dw1"), name="relu6_2")
+    y = g.add(g.conv2d(d, 6, 1, groups=2, name="pw1"), g.conv2d(d, 6, 3, padding=1, groups=2, name="gc1"),
+              name="add1")
+    y = g.maxpool(g.relu6(y, name="relu6_3"), 2, ceil_mode=True, name="pool1")
+    g.softmax_loss(g.linear(g.flatten(y), 3, name="fc1"))
+    return g
+
+
 def data_for(g, seed=1):
     """A random batch and labels for ``g``."""
     rng = np.random.default_rng(seed)

@@ -59,3 +59,65 @@ def test_errors_name_op_and_argument():
         A.relu_forward(x, cuda.to_device(np.zeros((3, 2), np.float32)))
     with pytest.raises(ValueError, match="relu_backward dy: expected dtype float32, got float64"):
         A.relu_backward(x, x, cuda.to_device(np.zeros((2, 3))), x)
+
+
+# ---------------------------------------------------------------- ReLU6
+def test_relu6_backward_ref_gradcheck(rng):
+    x = rand64(rng, 2, 3, 4, 5) * 5 + 3  # values on both sides of 0 and of 6
+    x[(np.abs(x) < 1e-3) | (np.abs(x - 6) < 1e-3)] = 2.5  # central differences away from the kinks
+    dy = rand64(rng, *x.shape)
+    y = np.empty_like(x)
+
+    def forward():
+        A.relu6_forward_ref(x, y)
+        return y.copy()
+
+    forward()
+    assert (x < 0).any() and (x > 6).any() and ((x > 0) & (x < 6)).any()
+    dx = np.empty_like(x)
+    A.relu6_backward_ref(x, y, dy, dx)
+    check_backward("relu6", forward, {"x": dx}, {"x": x}, dy)
+
+
+# x, then y and dx (dy = 1) as PyTorch's relu6 (hardtanh(0, 6)) gives them: the gradient is 0 at
+# both ends and passes at NaN; -0.0 stays -0.0 (checked here against torch 2.13). At a NaN x, PyTorch's
+# own CPU kernels disagree: the scalar loop passes the gradient (as its CUDA kernel does, and snlite),
+# the vectorized one gives 0; so the comparison with PyTorch below leaves NaN out.
+RELU6_POINTS = np.array([-1.0, 0.0, -0.0, 3.0, 6.0, 7.0, np.nan, np.inf, -np.inf], np.float32)
+RELU6_Y = np.array([0.0, 0.0, -0.0, 3.0, 6.0, 6.0, np.nan, 6.0, 0.0], np.float32)
+RELU6_DX = np.array([0, 0, 0, 1, 0, 0, 1, 0, 0], np.float32)
+
+
+@pytest.mark.parametrize("impl", ["reference", "kernel"])
+def test_relu6_follows_pytorch_at_the_ends_nan_and_signed_zero(impl):
+    x = RELU6_POINTS
+    y, dx = np.full_like(x, 9.0), np.full_like(x, 9.0)
+    if impl == "reference":
+        A.relu6_forward_ref(x, y)
+        A.relu6_backward_ref(x, y, np.ones_like(x), dx)
+    else:
+        d = [cuda.to_device(a) for a in (x, y, np.ones_like(x), dx)]
+        A.relu6_forward(d[0], d[1])
+        A.relu6_backward(d[0], d[1], d[2], d[3])
+        y, dx = d[1].copy_to_host(), d[3].copy_to_host()
+    number = ~np.isnan(RELU6_Y)
+    assert np.isnan(y[~number]).all()
+    assert np.array_equal(y[number].view(np.uint32), RELU6_Y[number].view(np.uint32))
+    assert np.array_equal(dx, RELU6_DX)
+
+
+def test_relu6_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    points = RELU6_POINTS[~np.isnan(RELU6_POINTS)]
+    x = np.concatenate([points, (rng.standard_normal(200) * 5 + 3).astype(np.float32)])
+    t = torch.tensor(x, requires_grad=True)
+    yt = torch.nn.ReLU6()(t)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    yt.backward(torch.tensor(dy))
+    y, dx = np.empty_like(x), np.empty_like(x)
+    A.relu6_forward_ref(x, y)
+    A.relu6_backward_ref(x, y, dy, dx)
+    np.testing.assert_array_equal(y, yt.detach().numpy())
+    assert np.array_equal(np.signbit(y), np.signbit(yt.detach().numpy()))
+    np.testing.assert_array_equal(dx, t.grad.numpy())

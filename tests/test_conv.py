@@ -355,3 +355,113 @@ def test_launcher_errors(rng):
         conv.conv2d_backward_filter(x, y, w, algo="im2col", chunk=0)
     with pytest.raises(ValueError, match="conv2d_backward_filter dy: expected dtype float32, got float64"):
         conv.conv2d_backward_filter(x, cuda.to_device(np.zeros((2, 4, 3, 3))), w, algo="direct")
+
+
+# ---------------------------------------------------------------- groups (depthwise included)
+# (x shape, w shape, stride, padding, groups): two groups; depthwise; depthwise with 2 outputs a channel
+GROUP_CASES = [
+    ((2, 4, 5, 4), (6, 2, 3, 2), 1, (1, 0), 2),
+    ((2, 3, 6, 5), (3, 1, 3, 3), 2, 1, 3),
+    ((1, 2, 5, 5), (4, 1, 3, 3), (1, 2), 1, 2),
+]
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding,groups", GROUP_CASES)
+def test_grouped_references_match_central_differences(rng, xs, ws, stride, padding, groups):
+    x, w = rand64(rng, *xs), rand64(rng, *ws)
+    ys = conv.output_shape(xs, ws, stride, padding, groups)
+    dy = rand64(rng, *ys)
+    dx, dw = np.empty_like(x), np.empty_like(w)
+    conv.conv2d_backward_data_ref(dy, w, dx, stride=stride, padding=padding, groups=groups)
+    conv.conv2d_backward_filter_ref(x, dy, dw, stride=stride, padding=padding, groups=groups)
+
+    def forward():
+        y = np.empty(ys, x.dtype)
+        conv.conv2d_forward_ref(x, w, y, stride=stride, padding=padding, groups=groups)
+        return y
+
+    check_backward("grouped conv2d", forward, {"x": dx, "w": dw}, {"x": x, "w": w}, dy)
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding,groups", GROUP_CASES)
+def test_grouped_forward_reference_is_one_convolution_per_group(rng, xs, ws, stride, padding, groups):
+    """Group g's outputs are the plain convolution of its input channels alone with its filters."""
+    x, w = rand64(rng, *xs), rand64(rng, *ws)
+    y = np.empty(conv.output_shape(xs, ws, stride, padding, groups))
+    conv.conv2d_forward_ref(x, w, y, stride=stride, padding=padding, groups=groups)
+    cg, cog = xs[1] // groups, ws[0] // groups
+    for g in range(groups):
+        want = _ref_forward(x[:, g * cg:(g + 1) * cg].copy(), w[g * cog:(g + 1) * cog], stride, padding)
+        assert np.array_equal(y[:, g * cog:(g + 1) * cog], want)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_grouped_direct_versions_and_chunks_are_bit_identical(rng, op):
+    """Every direct version (and backward-filter's split v3 at every chunk) gives the same bits on a
+    grouped conv whose groups span two TILE-row tiles each; im2col is refused, not run."""
+    xs, ws, stride, padding, groups = (2, 4, 3, 2), (34, 2, 1, 2), 1, (1, 0), 2
+    ys = conv.output_shape(xs, ws, stride, padding, groups)
+    shapes = {"forward": (xs, ws, ys), "backward_data": (ys, ws, xs), "backward_filter": (xs, ys, ws)}[op]
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    runs = [(v, 1) for v in conv.DIRECT_VERSIONS[op]]
+    if op == "backward_filter":
+        runs += [("v3", 2)]  # the split: each image of the chunk in its own blocks, then the fold
+    first = None
+    for version, chunk in runs:
+        need = conv.workspace_bytes(op, "direct", xs, ws, stride, padding, chunk, version, groups) // 4
+        dev = [cuda.to_device(a) for a in args]
+        conv.LAUNCHERS[op](*dev, stride=stride, padding=padding, groups=groups, algo="direct", chunk=chunk,
+                           version=version, workspace=cuda.to_device(np.zeros(max(need, 1), np.float32)))
+        got = dev[2].copy_to_host()
+        if first is None:
+            first = got
+            want = args[2].copy()
+            conv.OPS[f"conv2d_{op}"].reference(*args[:2], want, stride=stride, padding=padding, groups=groups)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert np.array_equal(got.view(np.uint32), first.view(np.uint32)), f"{op} {version} c{chunk}"
+    with pytest.raises(ValueError, match="algo 'im2col' runs groups=1 only, got groups=2"):
+        conv.LAUNCHERS[op](*[cuda.to_device(a) for a in args], stride=stride, padding=padding, groups=groups,
+                           algo="im2col")
+
+
+def test_grouped_shapes_flops_workspace_and_launches():
+    xs, ws = (2, 8, 9, 9), (8, 1, 3, 3)  # depthwise
+    assert conv.output_shape(xs, ws, 1, 1, groups=8) == (2, 8, 9, 9)
+    assert conv.conv_flops(xs, ws, 1, 1, groups=8) == 2 * 2 * 8 * 81 * 9  # 9 multiply-adds an output
+    # v3 keeps Cout x C/groups*KH*KW partial sums per image but the first
+    assert conv.workspace_bytes("backward_filter", "direct", xs, ws, 1, 1, 2, groups=8) == 4 * 8 * 9
+    (fwd,) = conv.launches("forward", "direct", xs, ws, 1, 1, groups=8)
+    assert fwd.kernel == "kernels.conv._forward_v2_grouped" and fwd.grid[1] == 8  # a tile row per group
+    assert conv.launches("forward", "direct", xs, (8, 8, 3, 3), 1, 1)[0].kernel == "kernels.conv._forward_v2"
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: conv.output_shape((2, 6, 5, 5), (4, 3, 3, 3), groups=4),
+     r"in_channels \(6\) must be divisible by groups \(4\)"),
+    (lambda: conv.output_shape((2, 6, 5, 5), (4, 2, 3, 3), groups=3),
+     r"out_channels \(4\) must be divisible"),
+    (lambda: conv.output_shape((2, 6, 5, 5), (6, 3, 3, 3), groups=3),
+     r"x has 6 channels .* / groups 3 but w expects 3"),
+    (lambda: conv.output_shape((2, 6, 5, 5), (6, 3, 3, 3), groups=0), "groups must be an integer >= 1"),
+    (lambda: conv.workspace_bytes("forward", "im2col", (2, 4, 5, 5), (4, 2, 3, 3), groups=2),
+     "im2col' runs groups=1 only"),
+])
+def test_group_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("xs,ws,stride,padding,groups", GROUP_CASES)
+def test_grouped_references_match_pytorch(rng, xs, ws, stride, padding, groups):
+    torch = pytest.importorskip("torch")
+    x, w = rand64(rng, *xs), rand64(rng, *ws)
+    dy = rand64(rng, *conv.output_shape(xs, ws, stride, padding, groups))
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, groups=groups)
+    ty.backward(torch.tensor(dy))
+    y, dx, dw = np.empty(dy.shape), np.empty_like(x), np.empty_like(w)
+    conv.conv2d_forward_ref(x, w, y, stride=stride, padding=padding, groups=groups)
+    conv.conv2d_backward_data_ref(dy, w, dx, stride=stride, padding=padding, groups=groups)
+    conv.conv2d_backward_filter_ref(x, dy, dw, stride=stride, padding=padding, groups=groups)
+    for name, got, want in (("y", y, ty), ("dx", dx, tx.grad), ("dw", dw, tw.grad)):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-10, atol=1e-12, err_msg=name)

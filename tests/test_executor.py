@@ -5,7 +5,8 @@ device memory outside the pool."""
 import numpy as np
 import pytest
 
-from nets import ALL_CONFIGS, data_for, mixed_net
+from nets import ALL_CONFIGS, data_for, grouped_net, mixed_net
+from snlite.bench import PRESETS
 from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.config import MemoryConfig
 from snlite.device import CudaDevice, HostDevice
@@ -64,6 +65,21 @@ def test_every_flag_combination_is_bit_identical_on_the_adversarial_device(order
         _same(run, base, f"{config.describe()} ({order}, copies {copies})")
         deferred += run[2].device.deferred
     assert deferred > 10_000, "the adversarial device must really have deferred the work"
+
+
+def test_a_grouped_net_with_relu6_and_ceil_mode_trains_bit_identically_under_every_preset():
+    """Depthwise and grouped convs, ReLU6 and ceil-mode pooling (the last two recomputed as cheap
+    layers) under each benchmark preset and the workspace settings: the same losses and parameters,
+    bit for bit, and the peak as planned."""
+    g = grouped_net()
+    assert g.layers["pool1"].out_shape[2:] == (2, 2)
+    base = _train(g, MemoryConfig(), steps=2)
+    configs = list(PRESETS.values()) + [MemoryConfig.superneurons(workspace=w) for w in ("none", "fastest")] \
+        + [MemoryConfig(liveness=True, recompute="memory", offload=True, cache=True)]
+    for config in configs:
+        run = _train(g, config, steps=2)
+        _same(run, base, config.describe())
+        assert run[2].trace.peak_bytes == simulate(g, config).peak_bytes
 
 
 @pytest.mark.parametrize("config", [MemoryConfig(allocator="raw"), MemoryConfig.superneurons(fit="best"),

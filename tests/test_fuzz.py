@@ -28,23 +28,25 @@ BAD = {  # what users get wrong: a float, zero, a negative, a bool, a string, Na
     "kernel": [0, 1.5, (2,), "3"],
     "stride": [0, 1.5], "padding": [-1, 0.5], "eps": [-1.0, float("nan"), "1e-5"],
     "momentum": [-0.1, 1.5, float("nan")], "size": [0, 17, 2.5], "alpha": [-1.0, float("inf")],
-    "k": [0.0, -1.0], "p": [-0.1, 1.0, float("nan"), "0.5", None],
+    "k": [0.0, -1.0], "p": [-0.1, 1.0, float("nan"), "0.5", None], "groups": [0, 1.5, "2"],
+    "ceil_mode": ["yes", None],
 }
 
 
 @st.composite
 def layer(draw):
     """One builder call, as (method, keyword arguments); one argument in eight is a bad one."""
-    kind = draw(st.sampled_from(["conv2d", "relu", "maxpool", "avgpool", "batchnorm", "lrn", "dropout", "add",
-                                 "concat", "flatten", "linear"]))
+    kind = draw(st.sampled_from(["conv2d", "relu", "relu6", "maxpool", "avgpool", "batchnorm", "lrn",
+                                 "dropout", "add", "concat", "flatten", "linear"]))
     kw = {}
     if kind == "conv2d":
         kw = dict(out_channels=draw(st.integers(1, 3)),
                   kernel=draw(st.sampled_from([1, 2, 3, (1, 2), (3, 1)])),
-                  stride=draw(st.sampled_from([1, 1, 2])), padding=draw(st.sampled_from([0, 1])))
+                  stride=draw(st.sampled_from([1, 1, 2])), padding=draw(st.sampled_from([0, 1])),
+                  groups=draw(st.sampled_from([1, 1, 2, 3])))  # 2 or 3 need channels they divide
     elif kind in ("maxpool", "avgpool"):
         kw = dict(kernel=draw(st.sampled_from([1, 2, 3, (2, 1)])), stride=draw(st.sampled_from([None, 1, 2])),
-                  padding=draw(st.sampled_from([0, 0, 1])))
+                  padding=draw(st.sampled_from([0, 0, 1])), ceil_mode=draw(st.booleans()))
     elif kind == "batchnorm":
         kw = dict(eps=draw(st.sampled_from([1e-5, 1e-3])), momentum=draw(st.floats(0.0, 1.0)))
     elif kind == "lrn":

@@ -2,6 +2,7 @@
 import pytest
 
 from snlite.graph import Graph
+from snlite.workspace import CONV_OPS, candidates
 
 
 def small_net(n=2):
@@ -183,3 +184,50 @@ def test_input_ranks_are_pytorchs():
         with pytest.raises(ValueError, match=match):
             build()
     assert g.relu(g.linear(x, 5)).shape == (2, 5)
+
+
+# ---------------------------------------------------------------- groups, ReLU6, ceil mode
+def test_grouped_conv_weights_params_and_flops_are_pytorchs():
+    g = Graph((2, 8, 6, 6), 4)
+    x = g.input()
+    d = g.conv2d(x, 8, 3, padding=1, groups=8, bias=False, name="dw")  # depthwise
+    y = g.conv2d(d, 4, 1, groups=2, name="pw")  # two groups of 4 inputs and 2 outputs
+    g.softmax_loss(g.linear(g.flatten(g.relu6(y)), 4, name="fc"))
+    t = g.tensors()
+    assert t["dw.weight"].shape == (8, 1, 3, 3) and t["pw.weight"].shape == (4, 4, 1, 1)
+    assert g.param_count() == 8 * 9 + (4 * 4 + 4) + (4 * 144 + 4)
+    assert g.layers["dw"].flops() == 2 * (2 * 8 * 36) * 9 and g.layers["pw"].flops() == 2 * (2 * 4 * 36) * 4
+    assert g.layers["relu6_1"].kind == "relu6" and not g.layers["relu6_1"].checkpoint  # cheap: recomputed
+    relu6_b = next(s for s in g.steps() if s.layer == "relu6_1" and s.phase == "backward")
+    assert relu6_b.inplace == (("pw.grad", "flatten1.grad"),)  # dx written into dy's buffer, as ReLU's
+    plain = Graph((2, 8, 6, 6), 4)
+    c = plain.conv2d(plain.input(), 8, 3)
+    assert "groups" not in plain.layers[c.name].attrs  # groups=1 leaves a plain conv as it always was
+    for op in CONV_OPS:  # im2col runs groups=1 only: the chooser offers a grouped conv direct alone
+        assert {ch.algo for ch in candidates(g.layers["dw"], op)} == {"direct"}
+        assert {ch.algo for ch in candidates(plain.layers[c.name], op)} == {"direct", "im2col"}
+
+
+def test_ceil_mode_pooling_shapes_and_attributes():
+    g = Graph((2, 3, 112, 112), 4)
+    x = g.input()
+    p = g.maxpool(x, 3, 2, ceil_mode=True, name="pool1")
+    q = g.avgpool(x, 3, 2, ceil_mode=True, name="pool2")
+    f = g.maxpool(x, 3, 2, name="pool3")
+    assert p.shape == q.shape == (2, 3, 56, 56) and f.shape == (2, 3, 55, 55)  # GoogLeNet's first pool
+    assert "ceil_mode" not in g.layers["pool3"].attrs  # floor mode leaves a pool as it always was
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda g, x: g.conv2d(x, 4, 3, groups=2),
+     r"conv2d 'conv1': in_channels \(3\) must be divisible by groups \(2\)"),
+    (lambda g, x: g.conv2d(g.conv2d(x, 4, 1), 6, 3, groups=4),
+     r"out_channels \(6\) must be divisible by groups"),
+    (lambda g, x: g.conv2d(x, 3, 3, groups=0), r"conv2d: groups must be an integer >= 1, got 0"),
+    (lambda g, x: g.conv2d(x, 3, 3, groups=1.0), r"conv2d: groups must be an integer >= 1"),
+    (lambda g, x: g.maxpool(x, 2, ceil_mode="yes"), r"maxpool: ceil_mode must be True or False"),
+])
+def test_group_and_ceil_mode_errors_name_the_layer(build, match):
+    g = Graph((2, 3, 8, 8), 4)
+    with pytest.raises(ValueError, match=match):
+        build(g, g.input())

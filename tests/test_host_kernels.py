@@ -62,6 +62,24 @@ def test_conv_matches_the_reference(rng, xs, ws, stride, padding):
                                    err_msg=f"{name} {xs} {ws} s{stride} p{padding}")
 
 
+@pytest.mark.parametrize("xs,ws,stride,padding,groups", [
+    ((2, 4, 7, 5), (6, 2, 3, 3), 1, 1, 2), ((3, 6, 8, 7), (6, 1, 3, 3), 2, 1, 6),  # two groups; depthwise
+    ((2, 3, 5, 6), (6, 1, 3, 2), 1, (1, 0), 3),  # depthwise, 2 outputs a channel, stride 1
+])
+def test_grouped_conv_matches_the_reference(rng, xs, ws, stride, padding, groups):
+    ys = conv.output_shape(xs, ws, stride, padding, groups)
+    args = {"forward": (xs, ws, ys), "backward_data": (ys, ws, xs), "backward_filter": (xs, ys, ws)}
+    for op, shapes in args.items():
+        out = 2
+        a = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        a[out][...] = np.nan
+        name = f"conv2d_{op}"
+        hyper = {"stride": stride, "padding": padding, "groups": groups}
+        want = _run(OPS[name].reference, a, out, **hyper)
+        np.testing.assert_allclose(_run(H.FAST[name], a, out, **hyper), want, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{name} {xs} {ws} groups {groups}")
+
+
 POOL_CASES = [  # (x shape, hyper-parameters)
     ((2, 3, 9, 11), {"kernel": 3, "stride": 2, "padding": 1}),
     ((2, 3, 8, 7), {"kernel": 2}),
@@ -69,7 +87,15 @@ POOL_CASES = [  # (x shape, hyper-parameters)
     ((2, 2, 5, 6), {"kernel": 3, "stride": 1}),
     ((1, 2, 9, 9), {"kernel": 2, "stride": 3}),  # stride > kernel: rows and columns no window reads
     ((3, 1, 4, 4), {"kernel": 4, "padding": 2}),
+    # ceil mode: the last windows run off the end (past the padding too)
+    ((2, 2, 8, 7), {"kernel": 3, "stride": 2, "ceil_mode": True}),
+    ((1, 2, 8, 7), {"kernel": (3, 2), "stride": (2, 3), "padding": (1, 0), "ceil_mode": True}),
 ]
+
+
+def _pool_shape(shape, hp):
+    return P.pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0),
+                               ceil_mode=hp.get("ceil_mode", False))
 
 
 def _pool_inputs(rng, shape, kind):
@@ -96,7 +122,7 @@ def _bits_equal(got, want, what):
 @pytest.mark.parametrize("shape,hp", POOL_CASES)
 def test_maxpool_matches_the_reference_bit_for_bit(rng, shape, hp, kind):
     x = _pool_inputs(rng, shape, kind)
-    oshape = P.pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0))
+    oshape = _pool_shape(shape, hp)
     want_y = _run(P.maxpool2d_forward_ref, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
     got_y = _run(H.maxpool2d_forward, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
     # NaN: the same places; its payload bits are NumPy's business
@@ -128,6 +154,20 @@ def test_relu_matches_the_reference_bit_for_bit_and_may_work_in_place(rng):
     want64 = _run(OPS["relu_backward"].reference, (x64, x64, dy64, np.empty_like(x64)), 3)
     got64 = _run(H.relu_backward, (x64, x64, dy64, np.empty_like(x64)), 3)
     assert np.array_equal(got64.view(np.uint64), want64.view(np.uint64)), "relu backward, float64"
+
+
+def test_relu6_matches_the_reference_bit_for_bit_and_may_work_in_place(rng):
+    x = (rng.standard_normal((3, 4, 5, 7)) * 5 + 3).astype(np.float32)
+    x.flat[:8] = [0.0, -0.0, 6.0, np.nextafter(np.float32(6), np.float32(7)), np.nan, np.inf, -np.inf, -1e-45]
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    y_want = _run(OPS["relu6_forward"].reference, (x, np.empty_like(x)), 1)
+    y_got = _run(H.relu6_forward, (x, np.empty_like(x)), 1)
+    assert np.array_equal(y_got.view(np.uint32), y_want.view(np.uint32)), "relu6 forward"  # NaN, -0.0 too
+    dx_want = _run(OPS["relu6_backward"].reference, (x, y_want, dy, np.empty_like(x)), 3)
+    _bits_equal(_run(H.relu6_backward, (x, y_want, dy, np.empty_like(x)), 3), dx_want, "relu6 backward")
+    in_place = dy.copy()
+    H.relu6_backward(x, y_want, in_place, in_place)
+    _bits_equal(in_place, dx_want, "relu6 backward in place")
 
 
 def test_every_fast_kernel_is_a_known_op_and_the_host_device_runs_it(rng):
@@ -240,7 +280,7 @@ def test_conv_backward_data_reuses_the_filter_columns_only_for_the_same_dy(rng, 
 def test_avgpool_matches_the_reference_bit_for_bit(rng, shape, hp, count_include_pad):
     x = _pool_inputs(rng, shape, "special")
     hp = dict(hp, count_include_pad=count_include_pad)
-    oshape = P.pool_output_shape(shape, hp["kernel"], hp.get("stride"), hp.get("padding", 0))
+    oshape = _pool_shape(shape, hp)
     with np.errstate(invalid="ignore"):  # inf + -inf in a window: NaN, as the reference says
         want = _run(P.avgpool2d_forward_ref, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)
     got = _run(H.avgpool2d_forward, (x, np.full(oshape, 7.0, np.float32)), 1, **hp)

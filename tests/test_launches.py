@@ -17,6 +17,7 @@ import snlite
 from kernels import conv, gemm
 from kernels import launches as L
 from kernels._common import Launch, ShapeArray, record_launches
+from nets import grouped_net
 from snlite import MemoryConfig
 from snlite import workspace as ws
 from snlite.models import PAPER_WIDTH_BATCH, get_model
@@ -210,6 +211,20 @@ def test_network_launches_cover_every_step_and_parameter():
     assert {(c.step, c.op): (c.algo, c.chunk) for c in trace.conv_choices} == \
         {k: (r.algo.split()[0], r.chunk) for k, r in conv_rows.items()}
     assert all(r.launches for r in rows)
+
+
+def test_a_grouped_net_launches_the_grouped_twins_and_ptxas_measured_them():
+    """Grouped and depthwise convs launch the ``*_grouped`` direct kernels (the plain conv the plain
+    ones), one tile row per group of fewer than 16 outputs; every kernel is in kernels/registers.json."""
+    graph = grouped_net(n=4)
+    rows = L.network_launches(graph, snlite.simulate(graph, MemoryConfig(liveness=True)).conv_choices)
+    kernels = {r.layer: {_short(l) for l in r.launches} for r in rows if r.op == "conv2d_forward"}
+    grouped = {"_forward_v2_grouped"}
+    assert kernels == {"conv1": {"_forward_v2"}, "dw1": grouped, "pw1": grouped, "gc1": grouped}
+    (dw,) = next(r.launches for r in rows if r.layer == "dw1" and r.op == "conv2d_forward")
+    assert dw.grid[1] == 4  # 4 groups (depthwise) of one output each: a tile row apiece
+    assert "not measured" not in L.format_report(rows, H200)
+    assert all(L.resources(l.kernel, arch) for r in rows for l in r.launches for arch in L.ARCHS)
 
 
 def test_report_marks_unmeasured_kernels(monkeypatch):

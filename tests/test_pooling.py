@@ -104,14 +104,14 @@ def test_backward_v1_and_v2_bit_identical(rng, shape, hp):
 
 @settings(max_examples=15, deadline=None)
 @given(h=st.integers(1, 7), w=st.integers(1, 7), k=st.integers(1, 4), s=st.integers(1, 3),
-       p=st.integers(0, 2), include=st.booleans(), seed=st.integers(0, 2**16))
-def test_random_geometries_match_reference(h, w, k, s, p, include, seed):
+       p=st.integers(0, 2), include=st.booleans(), ceil=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_geometries_match_reference(h, w, k, s, p, include, ceil, seed):
     if 2 * p > k or h + 2 * p < k or w + 2 * p < k:
         with pytest.raises(ValueError, match="pool"):
             P.pool_output_shape((1, 1, h, w), k, s, p)
         return
     rng = np.random.default_rng(seed)
-    hp = {"kernel": k, "stride": s, "padding": p}
+    hp = {"kernel": k, "stride": s, "padding": p, "ceil_mode": ceil}
     x = rng.standard_normal((1, 2, h, w)).astype(np.float32)
     oshape = P.pool_output_shape(x.shape, **hp)
     want = np.empty(oshape, np.float32)
@@ -146,7 +146,7 @@ def test_avgpool_divisors_follow_pytorch():
     P.avgpool2d_forward_ref(x, y, **hp, count_include_pad=False)
     assert np.all(y == 1.0)
     P.avgpool2d_forward_ref(x, y, **hp, count_include_pad=True)
-    windows = P._windows(x, 3, 3, 2, 2, 1, 1, fill=0).sum(axis=(4, 5))
+    windows = P._windows(x, 3, 3, 2, 2, 1, 1, 0, *y.shape[2:]).sum(axis=(4, 5))
     np.testing.assert_allclose(y, windows / 9)
 
 
@@ -180,3 +180,86 @@ def test_launchers_name_op_and_shape():
         P.avgpool2d_forward(x, bad_y, kernel=3, version="v2")
     with pytest.raises(ValueError, match="maxpool2d_forward x: expected dtype float32"):
         P.maxpool2d_forward(cuda.to_device(np.zeros((1, 2, 6, 6))), bad_y, kernel=3)
+
+
+# ---------------------------------------------------------------- ceil mode
+# (input size, kernel, stride, padding) -> windows in floor and ceil mode, as PyTorch 2.13 gives them:
+# SqueezeNet's and GoogLeNet's 3x3 stride 2 pools (112 -> 56, 56 -> 28, 28 -> 14), GoogLeNet's 2x2
+# stride 2 (14 -> 7), and windows that would start in the right padding, dropped (5: k2 s2 p1; 7: k2 s3 p1)
+CEIL_SIZES = [((111, 3, 2, 0), 55, 55), ((112, 3, 2, 0), 55, 56), ((56, 3, 2, 0), 27, 28),
+              ((28, 3, 2, 0), 13, 14), ((14, 2, 2, 0), 7, 7), ((13, 3, 2, 0), 6, 6), ((5, 2, 2, 1), 3, 3),
+              ((6, 3, 3, 1), 2, 3), ((7, 2, 3, 1), 3, 3)]
+
+
+@pytest.mark.parametrize("size,floor,ceil", CEIL_SIZES)
+def test_ceil_mode_output_size_follows_pytorch(size, floor, ceil):
+    h, k, s, p = size
+    assert P.pool_output_shape((1, 1, h, 4), (k, 1), (s, 1), (p, 0))[2] == floor
+    assert P.pool_output_shape((1, 1, h, 4), (k, 1), (s, 1), (p, 0), ceil_mode=True)[2] == ceil
+
+
+CEIL_GEOMETRIES = [  # (x shape, hyper-parameters), ceil mode: windows off the end of rows and columns
+    ((2, 2, 8, 7), {"kernel": 3, "stride": 2}),
+    ((1, 2, 8, 7), {"kernel": (3, 2), "stride": (2, 3), "padding": (1, 0)}),
+]
+
+
+@pytest.mark.parametrize("shape,hp", CEIL_GEOMETRIES)
+def test_ceil_mode_backward_refs_gradcheck(rng, shape, hp):
+    hp = dict(hp, ceil_mode=True)
+    oshape = P.pool_output_shape(shape, **hp)
+    assert oshape != P.pool_output_shape(shape, hp["kernel"], hp["stride"], hp.get("padding", 0))
+    x, dy = rand64(rng, *shape), rand64(rng, *oshape)
+    y, dx = np.empty(oshape), np.empty_like(x)
+
+    def maxpool():
+        P.maxpool2d_forward_ref(x, y, **hp)
+        return y.copy()
+
+    maxpool()
+    P.maxpool2d_backward_ref(x, y, dy, dx, **hp)
+    check_backward("maxpool ceil", maxpool, {"x": dx}, {"x": x}, dy)
+    for include in (True, False):
+        def avgpool():
+            P.avgpool2d_forward_ref(x, y, **hp, count_include_pad=include)
+            return y.copy()
+
+        P.avgpool2d_backward_ref(dy, dx, **hp, count_include_pad=include)
+        check_backward("avgpool ceil", avgpool, {"x": dx}, {"x": x}, dy)
+
+
+def test_ceil_mode_divisor_counts_only_the_padded_input():
+    """An all-ones 5x5 input, 2x2 windows, stride 2: the last window of each row holds one column
+    (it runs off the end, where nothing is counted), so its average is 1 with or without padding."""
+    x = np.ones((1, 1, 5, 5))
+    y = np.empty(P.pool_output_shape(x.shape, 2, 2, 0, ceil_mode=True))
+    assert y.shape == (1, 1, 3, 3)
+    P.avgpool2d_forward_ref(x, y, kernel=2, stride=2, ceil_mode=True)
+    assert np.all(y == 1.0)
+
+
+@pytest.mark.parametrize("shape,hp", CEIL_GEOMETRIES + [((2, 3, 6, 9), {"kernel": 3, "stride": 2,
+                                                                        "padding": 1})])
+def test_ceil_mode_matches_pytorch(rng, shape, hp):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x = rng.standard_normal(shape).astype(np.float32)
+    oshape = P.pool_output_shape(shape, **hp, ceil_mode=True)
+    dy = rng.standard_normal(oshape).astype(np.float32)
+    args = (hp["kernel"], hp["stride"], hp.get("padding", 0))
+    for include in (True, False):
+        pools = {"max": lambda t: F.max_pool2d(t, *args, ceil_mode=True),
+                 "avg": lambda t: F.avg_pool2d(t, *args, ceil_mode=True, count_include_pad=include)}
+        for kind, pool in pools.items():
+            t = torch.tensor(x, requires_grad=True)
+            yt = pool(t)
+            yt.backward(torch.tensor(dy))
+            y, dx = np.empty(oshape, np.float32), np.empty_like(x)
+            if kind == "max":
+                P.maxpool2d_forward_ref(x, y, **hp, ceil_mode=True)
+                P.maxpool2d_backward_ref(x, y, dy, dx, **hp, ceil_mode=True)
+            else:
+                P.avgpool2d_forward_ref(x, y, **hp, ceil_mode=True, count_include_pad=include)
+                P.avgpool2d_backward_ref(dy, dx, **hp, ceil_mode=True, count_include_pad=include)
+            np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-6, atol=1e-6, err_msg=kind)
+            np.testing.assert_allclose(dx, t.grad.numpy(), rtol=1e-6, atol=1e-6, err_msg=kind)

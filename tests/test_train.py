@@ -3,6 +3,7 @@ against the CUDA simulator, PyTorch-style parameters, determinism, and clear err
 import numpy as np
 import pytest
 
+from nets import grouped_net
 from snlite.device import CudaDevice, HostDevice
 from snlite.graph import Graph
 from snlite.executor import dropout_seed
@@ -34,8 +35,9 @@ def _data(g, seed=1):
     return x, labels
 
 
-def test_whole_network_gradients_match_central_differences():
-    g = fork_join_net()
+@pytest.mark.parametrize("net", [fork_join_net, grouped_net])  # grouped: depthwise, ReLU6, ceil mode
+def test_whole_network_gradients_match_central_differences(net):
+    g = net()
     model = Model(g, device="host", seed=3)
     x, labels = _data(g)
     base = model.params
@@ -57,11 +59,13 @@ def test_whole_network_gradients_match_central_differences():
                 f"d loss / d {name}{list(idx)}: backward {grad[idx]:.6f}, central difference {numeric:.6f}")
 
 
-def test_host_and_simulator_agree():
+@pytest.mark.parametrize("net", [lambda: fork_join_net(n=2, hw=4), lambda: grouped_net(n=1)],
+                         ids=["fork_join", "grouped"])
+def test_host_and_simulator_agree(net):
     """One training step (forward, backward, SGD with momentum) on the host device and on the CUDA
     simulator: the same loss, and the same gradients (the first step moves each weight by lr times
     its gradient). One step, not two: on the simulator each one takes seconds."""
-    g = fork_join_net(n=2, hw=4)
+    g = net()
     x, labels = _data(g)
     lr, results = 0.1, []
     for dev in (HostDevice(), CudaDevice()):

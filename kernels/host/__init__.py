@@ -79,7 +79,7 @@ def _compiled_takes(*arrays):
 
 
 # each family's module registers its ops in FAST as it is imported
-from kernels.host.activation import relu_backward, relu_forward  # noqa: E402
+from kernels.host.activation import relu6_backward, relu6_forward, relu_backward, relu_forward  # noqa: E402
 from kernels.host.batchnorm import batchnorm_backward, batchnorm_forward_train  # noqa: E402
 from kernels.host.conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward  # noqa: E402
 from kernels.host.pooling import (avgpool2d_backward, avgpool2d_forward, maxpool2d_backward,  # noqa: E402
@@ -88,4 +88,4 @@ from kernels.host.pooling import (avgpool2d_backward, avgpool2d_forward, maxpool
 __all__ = ["FAST", "compiled", "fast", "host_kernel", "matmul",
            "avgpool2d_backward", "avgpool2d_forward", "batchnorm_backward", "batchnorm_forward_train",
            "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward", "maxpool2d_backward",
-           "maxpool2d_forward", "relu_backward", "relu_forward"]
+           "maxpool2d_forward", "relu6_backward", "relu6_forward", "relu_backward", "relu_forward"]

@@ -1,10 +1,12 @@
 """The host device's ReLU: ``np.maximum`` forward; the gradient as dy's bits ANDed with a mask, in
-one compiled pass (see :mod:`kernels.host`)."""
+one compiled pass (see :mod:`kernels.host`). ReLU6: one compiled pass forward (the reference's
+comparisons, so NaN and -0.0 pass as they do there); its gradient dy's bits under a mask."""
 from __future__ import annotations
 
 import numpy as np
 
-from kernels.host import compiled, fast
+from kernels.activation import RELU6_MAX
+from kernels.host import _compiled_takes, compiled, fast
 
 
 @fast("relu_forward")
@@ -24,6 +26,27 @@ def relu_backward(x, y, dy, dx):
         _keep(dy, ~(x <= 0), out=dx)
     else:
         _relu_grad(x.reshape(-1), dy.reshape(-1).view(np.uint32), dx.reshape(-1).view(np.uint32))
+
+
+@fast("relu6_forward")
+def relu6_forward(x, y):
+    if _compiled_takes(x, y):
+        _relu6(x.reshape(-1), y.reshape(-1))
+    else:
+        y[...] = np.where(x < 0, x.dtype.type(0), np.where(x > RELU6_MAX, x.dtype.type(RELU6_MAX), x))
+
+
+@fast("relu6_backward")
+def relu6_backward(x, y, dy, dx):
+    """dx = dy where neither x <= 0 nor x >= 6; dx may alias dy (the mask is taken first)."""
+    _keep(dy, ~((x <= 0) | (x >= RELU6_MAX)), out=dx)
+
+
+@compiled
+def _relu6(x, y):
+    for i in range(x.size):
+        v = x[i]
+        y[i] = np.float32(0.0) if v < 0 else np.float32(RELU6_MAX) if v > RELU6_MAX else v
 
 
 # ReLU's gradient in one pass where ``_keep`` makes three: dy's bits ANDed with all ones where x is

@@ -1,6 +1,8 @@
 """The host device's convolution: im2col and one BLAS product over the whole batch, in all three
 directions, and the column buffer of dy that a stride-1 layer's two backward products share (see
-:mod:`kernels.host`)."""
+:mod:`kernels.host`). A grouped convolution is a stack of products, one per group: the column
+buffer's rows are the groups' rows one after the other (row k = (c*KH + kh)*KW + kw), so each
+group's slice of rows, of w and of the outputs is a matrix of the stack, no copy."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,11 +21,11 @@ def _rows(k, n, dtype):
 
 
 def _col(x, g):
-    """The column buffer of x as (K, N*P): row k = (c*KH + kh)*KW + kw, column n*P + oh*OW + ow.
+    """The column buffer of x as (C*KH*KW, N*P): row (c*KH + kh)*KW + kw, column n*P + oh*OW + ow.
     Each tap copies the part of x it sees and zeroes the padding's share (no padded copy of x,
     up to twice as fast at stride 2)."""
     (sh, sw), (ph, pw) = g.stride, g.padding
-    col = _rows(g.k, g.n * g.p, x.dtype)
+    col = _rows(g.c * g.kh * g.kw, g.n * g.p, x.dtype)  # every group's K rows
     # a view: the row stride splits, the rows do not move
     taps = col.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)
     xt = x.transpose(1, 0, 2, 3)
@@ -59,11 +61,12 @@ def _by_channel(a, n, c, p):
 
 
 @fast("conv2d_forward")
-def conv2d_forward(x, w, y, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
-    g = _geometry(x.shape, w.shape, stride, padding)
+def conv2d_forward(x, w, y, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None, chunk=1):
+    g = _geometry(x.shape, w.shape, stride, padding, groups)
     if y.size == 0:
         return
-    out = host.matmul(w.reshape(g.co, g.k), _col(x, g))  # (Cout, N*P)
+    col = _col(x, g)  # (groups*K, N*P): per group, a (K, N*P) matrix
+    out = host.matmul(w.reshape(g.groups, g.cog, g.k), col.reshape(g.groups, g.k, col.shape[1]))
     y.reshape(g.n, g.co, g.p)[...] = out.reshape(g.co, g.n, g.p).transpose(1, 0, 2)
 
 
@@ -74,7 +77,8 @@ def _transposed(g):
     layer's Cout x 9 rows against its 3 x 9, grow too large to pay (1.6 ms against 4.4 for
     ResNet-8's first conv at batch 32, by col2im)."""
     (sh, sw), (ph, pw) = g.stride, g.padding
-    return (sh, sw) == (1, 1) and ph < g.kh and pw < g.kw and g.kh * g.kw <= 9 and g.c >= g.co
+    return ((sh, sw) == (1, 1) and ph < g.kh and pw < g.kw and g.kh * g.kw <= 9 and g.c >= g.co
+            and g.groups == 1)
 
 
 def _dy_columns(dy, g):
@@ -92,8 +96,9 @@ _DY = {}
 
 
 @fast("conv2d_backward_filter")
-def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
-    g = _geometry(x.shape, dw.shape, stride, padding)
+def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None,
+                           chunk=1):
+    g = _geometry(x.shape, dw.shape, stride, padding, groups)
     _DY.clear()
     if dw.size == 0:
         return
@@ -110,13 +115,16 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, algo="im2col", wor
         return
     # dw^T = col @ dy^T: with the long N*P axis inner to both operands, BLAS runs this product
     # 1.3-1.6 times faster than dy @ col^T, whose second operand it would read transposed
-    dwt = host.matmul(_col(x, g), _by_channel(dy, g.n, g.co, g.p).T)  # (K, Cout)
-    dw.reshape(g.co, g.k)[...] = dwt.T
+    col, dyc = _col(x, g), _by_channel(dy, g.n, g.co, g.p)
+    np_ = col.shape[1]
+    dwt = host.matmul(col.reshape(g.groups, g.k, np_),
+                      dyc.reshape(g.groups, g.cog, np_).transpose(0, 2, 1))
+    dw.reshape(g.groups, g.cog, g.k)[...] = dwt.transpose(0, 2, 1)  # per group (K, Cout/groups), transposed
 
 
 @fast("conv2d_backward_data")
-def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", workspace=None, chunk=1):
-    g = _geometry(dx.shape, w.shape, stride, padding)
+def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, groups=1, algo="im2col", workspace=None, chunk=1):
+    g = _geometry(dx.shape, w.shape, stride, padding, groups)
     last = _DY.pop("last", None)
     if dx.size == 0:
         return
@@ -132,9 +140,11 @@ def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, algo="im2col", works
         out = host.matmul(wt, cols)  # (C, N*H*W)
         dx.reshape(g.n, g.c, g.h * g.w)[...] = out.reshape(g.c, g.n, g.h * g.w).transpose(1, 0, 2)
         return
-    dcol = host.matmul(w.reshape(g.co, g.k).T, _by_channel(dy, g.n, g.co, g.p))  # (K, N*P)
+    dyc = _by_channel(dy, g.n, g.co, g.p)
+    dcol = host.matmul(w.reshape(g.groups, g.cog, g.k).transpose(0, 2, 1),
+                       dyc.reshape(g.groups, g.cog, dyc.shape[1]))  # per group (K, N*P)
     out = dx if dx.flags.c_contiguous and dx.dtype == dcol.dtype else np.empty(dx.shape, dcol.dtype)
-    _col2im(dcol.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow), sh, sw, ph, pw, out)
+    _col2im(dcol.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow), sh, sw, ph, pw, out)  # c = group*C/groups + c
     if out is not dx:
         dx[...] = out
 

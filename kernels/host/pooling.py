@@ -1,27 +1,27 @@
 """The host device's pooling: max pooling forward as ``np.maximum`` over strided views, and compiled
 loops for max pooling's gradient and for average pooling, bit for bit the references (see
-:mod:`kernels.host`)."""
+:mod:`kernels.host`). Ceil mode needs no code of its own but the padded copy's size: the loops
+clip every window to the image, and y's shape says how many windows there are."""
 from __future__ import annotations
 
 import numpy as np
 
 from kernels.host import _compiled_takes, compiled, fast
 from kernels.pooling import (_avg_divisors, _params, avgpool2d_backward_ref, avgpool2d_forward_ref,
-                             maxpool2d_backward_ref)
+                             end_padding, maxpool2d_backward_ref)
 
 
-def _padded(x, ph, pw, fill=0.0):
-    """x with ph rows and pw columns of ``fill`` on each side (x itself when there is no padding)."""
-    if not (ph or pw):
+def _padded(x, ph, pw, eh, ew, fill=0.0):
+    """x with ph rows and pw columns of ``fill`` before it, eh rows and ew columns after (more than
+    ph, pw where ceil mode's last window runs past the padding); x itself when there is none."""
+    if not (ph or pw or eh or ew):
         return x
     n, c, h, w = x.shape
-    xp = np.empty((n, c, h + 2 * ph, w + 2 * pw), x.dtype)
-    if ph:
-        xp[:, :, :ph] = fill
-        xp[:, :, ph + h:] = fill
-    if pw:
-        xp[:, :, ph:ph + h, :pw] = fill
-        xp[:, :, ph:ph + h, pw + w:] = fill
+    xp = np.empty((n, c, ph + h + eh, pw + w + ew), x.dtype)
+    xp[:, :, :ph] = fill
+    xp[:, :, ph + h:] = fill
+    xp[:, :, ph:ph + h, :pw] = fill
+    xp[:, :, ph:ph + h, pw + w:] = fill
     xp[:, :, ph:ph + h, pw:pw + w] = x
     return xp
 
@@ -34,9 +34,10 @@ def _offsets(kh, kw, sh, sw, oh, ow):
 
 
 @fast("maxpool2d_forward")
-def maxpool2d_forward(x, y, *, kernel, stride=None, padding=0):
+def maxpool2d_forward(x, y, *, kernel, stride=None, padding=0, ceil_mode=False):
     kh, kw, sh, sw, ph, pw = _params(kernel, stride, padding)
-    xp = _padded(x, ph, pw, fill=-np.inf)
+    (h, w), (oh, ow) = x.shape[2:], y.shape[2:]
+    xp = _padded(x, ph, pw, end_padding(h, oh, kh, sh, ph), end_padding(w, ow, kw, sw, pw), fill=-np.inf)
     for i, rows, cols in _offsets(kh, kw, sh, sw, *y.shape[2:]):
         if i == 0:
             y[...] = xp[:, :, rows, cols]
@@ -45,7 +46,7 @@ def maxpool2d_forward(x, y, *, kernel, stride=None, padding=0):
 
 
 @fast("maxpool2d_backward")
-def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0):
+def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0, ceil_mode=False):
     """The reference's result, bit for bit: dy[oh, ow] goes to the first real position of window
     (oh, ow), in (kh, kw) order, where x == y; each input element sums its windows' gradients in
     (oh, ow) ascending order from 0.0 (:func:`_maxpool_grad`)."""
@@ -89,7 +90,7 @@ def _maxpool_grad(x, y, dy, kh, kw, sh, sw, ph, pw, dx):
 
 
 @fast("avgpool2d_forward")
-def avgpool2d_forward(x, y, *, kernel, stride=None, padding=0, count_include_pad=True):
+def avgpool2d_forward(x, y, *, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False):
     """The reference's bits: each window's sum in (kh, kw) order from 0.0, divided by its divisor."""
     hp = dict(kernel=kernel, stride=stride, padding=padding, count_include_pad=count_include_pad)
     if not _compiled_takes(x, y):
@@ -99,7 +100,7 @@ def avgpool2d_forward(x, y, *, kernel, stride=None, padding=0, count_include_pad
 
 
 @fast("avgpool2d_backward")
-def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True):
+def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False):
     """The reference's bits: dy / divisor added onto 0.0 window offset by window offset, in (kh, kw) order."""
     hp = dict(kernel=kernel, stride=stride, padding=padding, count_include_pad=count_include_pad)
     if not _compiled_takes(dy, dx):
