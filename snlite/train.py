@@ -214,7 +214,7 @@ class Model:
         out = []
         for start in range(0, len(x), n):
             results = self._run("infer", {"data": _padded(x[start:start + n], n, shape)})
-            out.append(results[self.logits][:len(x[start:start + n])])
+            out.append(self._logits_of(results)[:len(x[start:start + n])])
         return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
 
     def evaluate(self, x, labels) -> float:
@@ -250,6 +250,12 @@ class Model:
         """The name of the logits tensor (the loss layer's input)."""
         return self.graph.output_tensor(self.graph.inputs[self.graph.loss_layer][0])
 
+    def _logits_of(self, results: dict) -> np.ndarray | None:
+        """The logits read back, as (N, classes): a flatten before the loss moves no data, so the tensor
+        read may be the (N, classes, 1, 1) output of the layer before it (SqueezeNet's pooled conv)."""
+        logits = results.get(self.logits)
+        return None if logits is None else logits.reshape(len(logits), self.graph.num_classes)
+
     @property
     def profile(self) -> bool:
         """Time every kernel step and copy of the next iterations, per stream: on a CUDA device with
@@ -284,7 +290,7 @@ class Model:
         before = {n: self._read(n) for n in self.buffer_names} if self.device.has_data else {}
         try:
             results = self._run(mode, {"data": x, "labels": labels}, sgd)
-            loss, logits = results.get(f"{self.graph.loss_layer}.loss"), results.get(self.logits)
+            loss, logits = results.get(f"{self.graph.loss_layer}.loss"), self._logits_of(results)
             loss = None if loss is None else float(loss[0])
             problem = None if loss is None else self._check_step(loss, x, labels)
         except BaseException:

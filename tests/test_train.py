@@ -347,3 +347,18 @@ def test_the_meta_device_computes_nothing_and_says_what_to_use(who):
                                          r"\(NumPy\) or 'cuda'"):
         call()
     assert model.iteration == 0
+
+
+def test_logits_pooled_by_a_convolution_come_back_as_samples_by_classes():
+    """SqueezeNet's head: a 1x1 convolution to the classes, pooled to 1x1, flattened; the flatten moves
+    no data, so the tensor read back is the pool's (N, classes, 1, 1): predict and step reshape it."""
+    g = Graph(input_shape=(3, 2, 4, 4), num_classes=5, name="conv_head")
+    y = g.avgpool(g.relu(g.conv2d(g.input(), 5, 1, name="classifier")), 4, name="pool")
+    g.softmax_loss(g.flatten(y, name="flatten"))
+    model = Model(g, device="host", seed=0)
+    x = np.random.default_rng(0).standard_normal((7, 2, 4, 4)).astype(np.float32)
+    logits = model.predict(x)
+    assert logits.shape == (7, 5)
+    _, step_logits = model.step(x[:3], np.array([0, 1, 4]), return_logits=True)
+    assert step_logits.shape == (3, 5)
+    assert model.evaluate(x[:3], np.argmax(logits[:3], axis=1)) == 1.0
