@@ -55,7 +55,13 @@ def test_the_streams_stage_measures_models_and_draws(dry):
     assert s["png"] == "streams.png" and (out / "streams.png").stat().st_size > 0
 
 
-def test_a_failing_stage_is_recorded_and_the_next_ones_still_run(tmp_path, monkeypatch):
+@pytest.fixture
+def one_net(monkeypatch):
+    """The dry run with its first network only: what the failure tests need, in half the time."""
+    monkeypatch.setattr(gpucheck, "DRY", dataclasses.replace(gpucheck.DRY, nets=gpucheck.DRY.nets[:1]))
+
+
+def test_a_failing_stage_is_recorded_and_the_next_ones_still_run(tmp_path, monkeypatch, one_net):
     real = gpucheck.simulate
 
     def off_by_a_block(graph, config, **kw):  # a plan that disagrees with what the device held
@@ -90,7 +96,7 @@ def test_copy_overlap_counts_only_time_while_compute_is_busy():
     assert gpucheck._stream_figures([])["copy_overlapped"] is None
 
 
-def test_weights_that_drift_under_superneurons_fail_the_training_stage(tmp_path, monkeypatch):
+def test_weights_that_drift_under_superneurons_fail_the_training_stage(tmp_path, monkeypatch, one_net):
     class Drifting(gpucheck.Model):
         def step(self, x, labels, **kw):
             loss = super().step(x, labels, **kw)
