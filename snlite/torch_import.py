@@ -51,6 +51,8 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     """The training graph of ``module`` on inputs of ``input_shape`` (C, H, W), ``batch`` at a time,
     with PyTorch's parameter names (see the module docstring). ``module`` is neither changed nor
     run in training mode: its shapes are propagated once, in eval mode and without gradients."""
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError("snlite.from_torch needs PyTorch: pip install -e \".[torch]\"")
     import torch
     from torch.fx.passes.shape_prop import ShapeProp
 
