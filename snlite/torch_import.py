@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import operator
+import os
 import sys
 
 from snlite.graph import Graph
@@ -80,6 +81,31 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     built = _Importer(g, gm).run()
     g.softmax_loss(built[out])
     return g
+
+
+def load_module(source: str, kwargs: dict | None = None):
+    """The ``torch.nn.Module`` a command line names: ``torchvision:NAME`` (a model of
+    ``torchvision.models``, e.g. ``torchvision:resnet18``) or ``path/to/file.py:CLASS`` (a class of
+    that file), constructed with ``kwargs`` (none: its defaults)."""
+    where, _, attr = source.rpartition(":")
+    if not where or not attr:
+        raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:CLASS")
+    kwargs = dict(kwargs or {})
+    if where == "torchvision":
+        models = import_torchvision().models
+        if attr not in models.list_models():
+            raise ValueError(f"{source!r}: torchvision has no model {attr!r}; it has "
+                             f"{', '.join(models.list_models(models))}")
+        return models.get_model(attr, **kwargs)
+    if not where.endswith(".py") or not os.path.isfile(where):
+        raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:CLASS, and there is "
+                         f"no file {where!r}")
+    spec = importlib.util.spec_from_file_location(f"snlite_user_model_{abs(hash(where))}", where)
+    code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code)
+    if not hasattr(code, attr):
+        raise ValueError(f"{source!r}: {where} defines no {attr!r}")
+    return getattr(code, attr)(**kwargs)
 
 
 def _trace(module):

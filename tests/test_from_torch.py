@@ -9,6 +9,7 @@ hyper-parameter snlite has no layer for, and a forward that branches on data, ea
 Needs torch and torchvision (the ``torch`` extra: ``pip install -e ".[test,torch]"``); skipped,
 with the reason shown, without them."""
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -217,3 +218,61 @@ def test_a_shape_snlite_would_compute_differently_never_passes_silently():
     # 224x224 VGG: fine; at 32x32 its features end 1x1 and the adaptive pool to 7x7 repeats them
     with pytest.raises(TorchImportError, match="adaptive average pooling from 1x1 to 7x7"):
         from_torch(tv.vgg11(), (3, 32, 32))
+
+
+# ---------------------------------------------------------------- on the command line
+def _snlite(capsys, *argv):
+    from snlite.cli import main
+
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_plan_takes_a_torchvision_model_and_prints_what_a_zoo_model_prints(capsys):
+    status, out, err = _snlite(capsys, "plan", "torchvision:resnet18", "--batch", "32")
+    assert status == 0, err
+    assert out.startswith("torchvision:resnet18, batch 32: 71 layers, 11,689,512 parameters,")
+    _, zoo, _ = _snlite(capsys, "plan", "resnet50", "--batch", "32")
+
+    def sections(text, net):  # each unindented line up to its first number or parenthesis
+        return [re.split(r"[\d(]", line.replace(net, "NET"))[0].rstrip() for line in text.splitlines()
+                if line and not line.startswith(" ")]
+    assert sections(out, "torchvision:resnet18") == sections(zoo, "resnet50")
+
+
+NET_FILE = '''
+import torch
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, width=4, classes=3):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, width, 3, padding=1)
+        self.fc = torch.nn.Linear(width * 4 * 4, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2), 1))
+'''
+
+
+def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(NET_FILE)
+    status, out, err = _snlite(capsys, "compare", f"{path}:Tiny", "--input", "1x8x8", "--batch", "4",
+                               "--torch-args", '{"width": 6, "classes": 5}')
+    assert status == 0, err
+    assert f"{path}:Tiny" in out
+    # 6 * (1*3*3 + 1) + 5 * (6*4*4 + 1) parameters
+    from snlite.cli_common import builder
+
+    g = builder(f"{path}:Tiny", (1, 8, 8), {"width": 6, "classes": 5})(4)
+    assert g.param_count() == 6 * 10 + 5 * 97 and g.input_shape == (4, 1, 8, 8) and g.num_classes == 5
+    for argv, words in [((f"{path}:Nope",), "defines no 'Nope'"),
+                        (("torchvision:resnet9",), "torchvision has no model 'resnet9'"),
+                        ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object")]:
+        try:
+            status, out, err = _snlite(capsys, "plan", *argv)
+        except SystemExit as e:  # argparse refuses a malformed flag
+            status, err = e.code, capsys.readouterr().err
+        assert status != 0 and words in err, err
