@@ -22,13 +22,15 @@ _WHERE = {  # name -> the module that defines it
     "Graph": "snlite.graph", "Node": "snlite.graph", "Step": "snlite.graph", "TensorSpec": "snlite.graph",
     "place": "snlite.pipeline", "simulate": "snlite.pipeline", "Program": "snlite.program",
     "Scheduler": "snlite.scheduler", "Model": "snlite.train",
+    "from_torch": "snlite.torch_import", "TorchImportError": "snlite.torch_import",
     **dict.fromkeys(("ALIGNMENT_BYTES", "CudaDevice", "Device", "HostDevice", "MetaArray", "MetaDevice",
                      "align_up", "get_device", "nbytes_of"), "snlite.device"),
 }
 
 __all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig",
            "MetaArray", "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step",
-           "TensorSpec", "align_up", "get_device", "models", "nbytes_of", "place", "simulate", "__version__"]
+           "TensorSpec", "TorchImportError", "align_up", "from_torch", "get_device", "models", "nbytes_of",
+           "place", "simulate", "__version__"]
 
 
 def __getattr__(name):

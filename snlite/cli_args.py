@@ -100,6 +100,8 @@ def check_output_folder(flag: str, target: str) -> None:
 def check_net(name: str) -> None:
     """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without
     building it."""
+    if ":" in name:  # a PyTorch module (torchvision:NAME, file.py:CLASS): checked where it is loaded
+        return
     key = name.lower()
     m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)
     try:

@@ -4,17 +4,20 @@ the files other tools' viewers open (plan's and train's --chrome-trace and --mem
 Every ``cli_*`` command module imports from here; this module imports none of them."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 
 import numpy as np
 
-from snlite import chrome_trace, measure, memory_snapshot, models, plot
+from snlite import chrome_trace, measure, memory_snapshot, models, plot, torch_import
 from snlite.cli_args import CliError, check_output_file
 
 NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
-            "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121")
+            "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121; or a PyTorch "
+            "module (needs torch): torchvision:NAME (e.g. torchvision:resnet18) or path/to/file.py:CLASS")
+TORCH_BATCH = 32  # the batch of a PyTorch module without --batch
 BATCH_HELP = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
 JSON_HELP = "write the numbers as JSON to FILE (- or no FILE: standard output, instead of the tables)"
 GPU_HELP = ("the GPU profile of the time model (snlite.timing.PROFILES: H200, A100, T4, K40; default H200): "
@@ -22,16 +25,54 @@ GPU_HELP = ("the GPU profile of the time model (snlite.timing.PROFILES: H200, A1
 
 
 # ---------------------------------------------------------------- the network a command names
-def builder(net: str):
-    """``batch -> Graph`` for ``net`` from the model zoo (None: the model's default batch)."""
-    return lambda batch=None: models.get_model(net, batch)
+def add_net_argument(parser) -> None:
+    """NET, and the two flags of a NET that is a PyTorch module."""
+    parser.add_argument("net", metavar="NET", help=NET_HELP)
+    parser.add_argument("--input", type=_input_shape, default=(3, 224, 224), metavar="CxHxW",
+                        help="a PyTorch NET's input, one image (default 3x224x224)")
+    parser.add_argument("--torch-args", type=_json_object, default=None, metavar="JSON",
+                        help="a PyTorch NET's constructor arguments, a JSON object (default: none), "
+                             "e.g. '{\"num_classes\": 10}'")
+
+
+def builder(net: str, input_shape=(3, 224, 224), torch_args=None):
+    """``batch -> Graph`` for ``net``: a model of the zoo (None: the model's default batch), or a
+    PyTorch module (``torchvision:NAME``, ``file.py:CLASS``: constructed once, traced by
+    :func:`snlite.torch_import.from_torch` at each batch; None: TORCH_BATCH)."""
+    if ":" not in net:
+        return lambda batch=None: models.get_model(net, batch)
+    module = torch_import.load_module(net, torch_args)
+    return lambda batch=None: torch_import.from_torch(module, input_shape, batch=batch or TORCH_BATCH,
+                                                      name=net)
+
+
+def builder_of(args):
+    """:func:`builder` for the command's NET and its --input and --torch-args."""
+    return builder(args.net, getattr(args, "input", (3, 224, 224)), getattr(args, "torch_args", None))
 
 
 def graph_of(args):
     """(builder, graph, batch) for ``args.net`` and ``args.batch`` (None: the model's default)."""
-    build = builder(args.net)
+    build = builder_of(args)
     graph = build(args.batch)
     return build, graph, graph.input_shape[0]
+
+
+def _input_shape(text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected CxHxW of positive integers (3x224x224), got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object ({{...}}), got {text!r}")
+    return value
 
 
 # ---------------------------------------------------------------- text

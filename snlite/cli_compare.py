@@ -8,7 +8,7 @@ import time
 
 from snlite import measure, optimal, search, timing
 from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, add_quiet_flag
-from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, NET_HELP, draw, graph_of,
+from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, add_net_argument, draw, graph_of,
                                kind_table, ordinal, text_table, write_json)
 
 
@@ -18,7 +18,7 @@ def add_compare_command(sub) -> None:
                                          "+ offload + cache, + recompute speed / memory / cost_aware (on top "
                                          "of liveness + offload), and sqrt(N) checkpointing (Chen et al. "
                                          "2016) as a reference.")
-    compare.add_argument("net", metavar="NET", help=NET_HELP)
+    add_net_argument(compare)
     compare.add_argument("--batch", type=_batch, default=None, help=BATCH_HELP)
     compare.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                          help="run every strategy under this budget and say which fit (the cache only moves "

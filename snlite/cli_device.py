@@ -10,23 +10,23 @@ from __future__ import annotations
 
 from kernels import launches as L
 from snlite.cli_args import EXIT_OK, CliError, _batch, _budget, _float_in, _positive_int
+from snlite.cli_common import add_net_argument, builder_of
 from snlite.config import MemoryConfig
 from snlite.costs import cost_table, measure_layer_costs
 from snlite.device import DEVICE_NAMES
-from snlite.models import get_model
 from snlite.pipeline import simulate
 from snlite.recompute import expensive_layers
 
 
-def _add_network(p, examples: str) -> None:
-    p.add_argument("net", metavar="NET", help=f"a model of the zoo (snlite.models), e.g. {examples}")
-    p.add_argument("--batch", type=_batch, help="batch size (default: the model's)")
+def _add_network(p) -> None:
+    add_net_argument(p)
+    p.add_argument("--batch", type=_batch, help="batch size (default: the model's; 32 for a PyTorch module)")
 
 
 def _network(args):
-    """The zoo model NET at --batch; an unknown name is a one-line error."""
+    """NET (the zoo's or a PyTorch module) at --batch; an unknown name is a one-line error."""
     try:
-        return get_model(args.net, batch=args.batch)
+        return builder_of(args)(args.batch)
     except ValueError as e:
         raise CliError(str(e)) from None
 
@@ -39,7 +39,7 @@ def add_launches_command(sub) -> None:
                                    "blocks, occupancy and waves on a GPU. Registers come from "
                                    "kernels/registers.json (re-measure it with python -m kernels.launches "
                                    "--registers).")
-    _add_network(p, "alexnet, resnet50")
+    _add_network(p)
     p.add_argument("--gpu", choices=sorted(L.GPUS), default="H200", help="the GPU to count waves on")
     p.add_argument("--workspace", choices=("none", "fastest", "dynamic"), default="dynamic",
                    help="conv workspace policy for snlite.simulate (default dynamic; unlimited = fastest)")
@@ -70,7 +70,7 @@ def add_costs_command(sub) -> None:
                                    "dropout) slower than --ratio times the mean conv or linear layer: "
                                    "recomputing them there costs more than the paper assumed. Prints the "
                                    "--recompute-keep flag that keeps them.")
-    _add_network(p, "lenet, cifar_resnet20")
+    _add_network(p)
     p.add_argument("--device", choices=[d for d in DEVICE_NAMES if d != "meta"], default="host",
                    help="where to measure (default host)")
     p.add_argument("--reps", type=_positive_int, default=3,

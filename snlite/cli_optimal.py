@@ -7,7 +7,8 @@ import time
 
 from snlite import gap, measure
 from snlite.cli_args import Status, _batch, _budget, add_quiet_flag
-from snlite.cli_common import BATCH_HELP, JSON_HELP, NET_HELP, draw, graph_of, text_table, write_json
+from snlite.cli_common import (BATCH_HELP, JSON_HELP, add_net_argument, draw, graph_of, text_table,
+                               write_json)
 
 
 def _seconds(text: str) -> float:
@@ -33,7 +34,7 @@ def add_optimal_command(sub) -> None:
                                    "VGG-16, mini_inception at a small batch; CIFAR ResNet-20's least peak in "
                                    "seconds, its FLOP-limited questions not); a larger one stops at "
                                    "--time-limit with the best plan found and its gap.")
-    p.add_argument("net", metavar="NET", help=NET_HELP)
+    add_net_argument(p)
     p.add_argument("--batch", type=_batch, default=None, help=BATCH_HELP)
     p.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="the optimum row: the fewest extra FLOPs with a peak of at most SIZE (default: the "

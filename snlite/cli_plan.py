@@ -15,8 +15,8 @@ from snlite import measure, search, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              check_output_file, memory_config)
-from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, NET_HELP, add_export_flags, check_exports,
-                               draw, graph_of, pct, text_table, write_exports, write_json)
+from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, add_export_flags, add_net_argument,
+                               check_exports, draw, graph_of, pct, text_table, write_exports, write_json)
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.models import get_model
 from snlite.program import Program
@@ -31,7 +31,7 @@ def add_plan_command(sub) -> None:
                                       "recomputation, transfers and cache, and each conv step's algorithm. "
                                       "With a --budget too small: why, and the changes that would make it "
                                       "fit, ranked (exit 3).")
-    plan.add_argument("net", metavar="NET", help=NET_HELP)
+    add_net_argument(plan)
     plan.add_argument("--batch", type=_batch, default=None, help=BATCH_HELP)
     plan.add_argument("--steps", action="store_true",
                       help="also print the per-step table (bytes by category)")

@@ -10,7 +10,8 @@ import time
 
 from snlite import measure, search
 from snlite.cli_args import EXIT_DOES_NOT_FIT, Status, _batch, _budget, _positive_int, _size, add_quiet_flag
-from snlite.cli_common import JSON_HELP, KIND_NOTE, NET_HELP, builder, kind_table, text_table, write_json
+from snlite.cli_common import (JSON_HELP, KIND_NOTE, add_net_argument, builder_of, kind_table, text_table,
+                               write_json)
 
 PAPER_GPU = "12 GB K40"
 
@@ -19,7 +20,7 @@ PAPER_GPU = "12 GB K40"
 def add_search_commands(sub) -> None:
     """``maxbatch`` and ``maxdepth``: what each searches over, then the flags they share."""
     p = _search_parser(sub, "maxbatch", "the largest batch", 5)
-    p.add_argument("net", metavar="NET", help=NET_HELP)
+    add_net_argument(p)
     p.add_argument("--max-batch", type=_batch, default=search.MAX_BATCH,
                    help=f"the ceiling: search no further (default {search.MAX_BATCH:,d})")
     _add_search_flags(p)
@@ -111,7 +112,7 @@ def found_cell(r) -> str:
 
 
 def cmd_maxbatch(args) -> int:
-    build = builder(args.net)
+    build = builder_of(args)
     build(1)  # an unknown name fails here, before the search
     t0 = time.perf_counter()
     status = Status("snlite maxbatch", args.quiet)

@@ -155,9 +155,12 @@ class Model:
     def set_params(self, params: dict) -> None:
         """Replace weights and buffers; names, shapes, types and values are checked before anything
         is written, and a refusal names the tensor: each must be a float32 array (an int32, float64 or
-        bool one is refused, not cast), finite, and a BatchNorm ``running_var`` >= 0."""
+        bool one is refused, not cast), finite, and a BatchNorm ``running_var`` >= 0. A PyTorch
+        ``state_dict`` is taken as it is: its batch counters (``bn1.num_batches_tracked``), which
+        snlite's batch normalization never reads (it updates with a fixed momentum), are skipped."""
         if not isinstance(params, dict):
             raise ValueError(f"params must be a dict of arrays by name, got {type(params).__name__}")
+        params = {n: v for n, v in params.items() if not _batch_counter(self.graph, n)}
         tensors = self.graph.tensors()
         missing = sorted(set(self.state_names) - set(params))
         unexpected = sorted(set(params) - set(self.state_names))
@@ -340,6 +343,12 @@ class Model:
 
 
 # ---------------------------------------------------------------- checks at the public API
+def _batch_counter(graph, name: str) -> bool:
+    """Whether ``name`` is PyTorch's ``num_batches_tracked`` of one of the graph's batch normalizations."""
+    layer, _, buffer = name.rpartition(".")
+    return buffer == "num_batches_tracked" and getattr(graph.layers.get(layer), "kind", None) == "batchnorm"
+
+
 def param_problem(graph, name: str, a: np.ndarray) -> str | None:
     """What is wrong with ``a`` (an array of numbers) as the parameter ``name`` of ``graph``, or None:
     it must be float32 (another dtype is refused, never cast: float64 may overflow or round, int32 or

@@ -6,7 +6,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # packages of the extras (or none): they may be absent, so they are imported where they are used
-OPTIONAL = ("scipy", "matplotlib", "torch", "sklearn", "threadpoolctl", "IPython", "cupy")
+OPTIONAL = ("scipy", "matplotlib", "torch", "torchvision", "sklearn", "threadpoolctl", "IPython", "cupy")
 MAX_LINES = 450
 MAX_PLACEMENT_LINES = 400
 

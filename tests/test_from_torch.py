@@ -1,0 +1,278 @@
+"""snlite.from_torch against PyTorch: torchvision's networks, imported, compute what PyTorch computes.
+
+For every model the importer must take (AlexNet, VGG-11/16, ResNet-18/34/50/101/152, Wide ResNet-50-2,
+DenseNet-121), at a small input on the host device: the parameter count is PyTorch's, the logits in
+eval mode agree, and in train mode (dropout off) the loss and every gradient agree, with the weights
+moved across by state_dict name in both directions. Then the refusals: an operation or
+hyper-parameter snlite has no layer for, and a forward that branches on data, each one clear error.
+
+Needs torch and torchvision (the ``torch`` extra: ``pip install -e ".[test,torch]"``); skipped,
+with the reason shown, without them."""
+import importlib.util
+import re
+
+import numpy as np
+import pytest
+
+from snlite.config import MemoryConfig
+from snlite.train import Model
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: pip install -e \".[torch]\"")
+if importlib.util.find_spec("torchvision") is None:
+    pytest.skip("torchvision is not installed: pip install -e \".[torch]\"", allow_module_level=True)
+
+from snlite.torch_import import TorchImportError, from_torch, import_torchvision, torch_params  # noqa: E402
+
+tv = import_torchvision().models
+torch.set_num_threads(1)  # the tests run one per core
+nn, F = torch.nn, torch.nn.functional
+
+# name -> (constructor, input (C, H, W), batch). AlexNet's and VGG's adaptive average pools are the
+# identity only at 224x224 (their features end 6x6 and 7x7 there), so they run one sample at that size;
+# the others run 64x64 in batches of 4 (DenseNet 8), see _torchvision for why.
+MODELS = {
+    "alexnet": (tv.alexnet, (3, 224, 224), 1),
+    "vgg11": (tv.vgg11, (3, 224, 224), 1),
+    "vgg16": (tv.vgg16, (3, 224, 224), 1),
+    "resnet18": (tv.resnet18, (3, 64, 64), 4),
+    "resnet34": (tv.resnet34, (3, 64, 64), 4),
+    "resnet50": (tv.resnet50, (3, 64, 64), 4),
+    "resnet101": (tv.resnet101, (3, 64, 64), 4),
+    "resnet152": (tv.resnet152, (3, 64, 64), 4),
+    "wide_resnet50_2": (tv.wide_resnet50_2, (3, 64, 64), 4),
+    "densenet121": (tv.densenet121, (3, 64, 64), 8),
+}
+
+
+def _torchvision(name, **kw):
+    """torchvision's ``name`` with 10 classes, seeded, made well-conditioned enough to compare in float32.
+
+    Freshly initialized, a deep ResNet in training mode amplifies rounding: a channel that is nearly
+    constant over the batch (dead after a ReLU, or 2x2 pixels of a small batch) is divided by
+    sqrt(var + eps), and residual streams grow with depth; PyTorch's CPU kernels sum in double where
+    snlite's sum in float32, and ResNet-152's first gradients then differ by 20 % while the loss agrees
+    to 1e-5. So: every batch normalization gets eps 1e-3 (which the import must carry over) and random
+    running statistics (which eval mode must use), each residual block's last one a scale of 0.05 to 0.15
+    (a block starts near the identity, as with torchvision's ``zero_init_residual``, but every weight
+    still gets a gradient), and the batch makes the last ones average at least 16 numbers per channel."""
+    make = MODELS[name][0]
+    torch.manual_seed(0)
+    net = make(num_classes=10, **kw)
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.eps = 1e-3
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+        last = {tv.resnet.Bottleneck: "bn3", tv.resnet.BasicBlock: "bn2"}.get(type(m))
+        if last:
+            with torch.no_grad():
+                getattr(m, last).weight.uniform_(0.05, 0.15)
+    return net
+
+
+def _close(got, want, what):
+    """float32 agreement, each number within 0.1 % of PyTorch's or 1e-4 of the tensor's largest."""
+    scale = float(np.abs(want).max()) or 1.0
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * scale, err_msg=what)
+
+
+def _gradient_close(got, want, tol, what):
+    """``got`` within ``tol`` of PyTorch's gradient ``want``, in norm, relative to its size."""
+    err, size = float(np.linalg.norm(got - want)), float(np.linalg.norm(want))
+    assert err <= tol * size, f"{what}: off by {err / size:.2e} of its size (tolerance {tol:g})"
+
+
+# a weight's gradient sums up to 100,000 products, which float32 rounds differently in each library;
+# a wrong name, a missing layer or a wrong hyper-parameter is off by about the gradient's own size
+GRAD_TOL = 3e-2  # measured worst: 1.1e-2 (ResNet-50 layer3.1.bn2.bias), most below 1e-3
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_imported_model_computes_what_pytorch_computes(name):
+    _, shape, batch = MODELS[name]
+    net = _torchvision(name, **({"dropout": 0.0} if name.startswith(("alexnet", "vgg")) else {}))
+    g = from_torch(net, shape, batch=batch)
+    assert g.param_count() == sum(p.numel() for p in net.parameters())
+    assert g.num_classes == 10 and g.input_shape == (batch,) + shape
+    model = Model(g, MemoryConfig(), device="host", seed=0)
+    model.set_params(net.state_dict())  # PyTorch's own state_dict, by name
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + shape).astype(np.float32)
+    labels = rng.integers(0, 10, batch)
+
+    net.eval()
+    with torch.no_grad():
+        _close(model.predict(x), net(torch.from_numpy(x)).numpy(), f"{name}: eval logits")
+
+    net.train()
+    loss, grads = model.forward_backward(x, labels)
+    t_loss = F.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(labels))
+    t_loss.backward()
+    assert loss == pytest.approx(t_loss.item(), rel=1e-4)
+    named = dict(net.named_parameters())
+    assert sorted(grads) == sorted(named)
+    for pname, p in named.items():
+        _gradient_close(grads[pname], p.grad.numpy(), GRAD_TOL, f"{name}: gradient of {pname}")
+    state = model.params  # the running statistics both training forwards updated, then back into PyTorch
+    for k, v in torch_params(net).items():
+        _close(state[k], v, f"{name}: {k} after a training step")
+    missing, unexpected = net.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()},
+                                              strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+    back = torch_params(net)
+    assert sorted(back) == sorted(state) and all(np.array_equal(back[k], v) for k, v in state.items())
+
+
+def test_layer_names_are_the_state_dict_names_and_repeated_calls_are_numbered():
+    net = _torchvision("resnet18")
+    g = from_torch(net, (3, 32, 32), batch=4, name="r18")
+    assert g.name == "r18"
+    # torchvision's BasicBlock calls its one relu module twice; += is traced as a sum in the block
+    assert [n for n in g.layers if n.startswith("layer1.0.")] == [
+        "layer1.0.conv1", "layer1.0.bn1", "layer1.0.relu", "layer1.0.conv2", "layer1.0.bn2",
+        "layer1.0.add", "layer1.0.relu_1"]
+    assert g.inputs["layer2.0.add"] == ["layer2.0.bn2", "layer2.0.downsample.1"]
+    assert "avgpool" not in g.layers  # 32x32 in, 1x1 after layer4: pooling to 1x1 is the identity
+    assert g.inputs["flatten"] == ["layer4.1.relu_1"] and g.inputs["fc"] == ["flatten"]
+    assert g.inputs["softmax"] == ["fc"]
+
+
+def test_adaptive_pool_that_tiles_is_an_average_pool_and_identity_is_no_layer():
+    net = _torchvision("resnet18")
+    g = from_torch(net, (3, 64, 64))  # layer4 ends 2x2: adaptive 1x1 is a 2x2 average pool
+    assert g.layers["avgpool"].attrs["kernel"] == (2, 2) and g.input_shape[0] == 32
+    g = from_torch(tv.alexnet(), (3, 224, 224), batch=1)  # features end 6x6: the 6x6 pool is nothing
+    assert "avgpool" not in g.layers and g.inputs["flatten"] == ["features.12"]
+
+
+def test_densenet_concats_are_named_by_their_module():
+    g = from_torch(_torchvision("densenet121"), (3, 32, 32), batch=2)
+    block = "features.denseblock1"
+    # the first dense layer's cat of one tensor is no layer; later ones join every earlier output
+    assert f"{block}.denselayer1.concat" not in g.layers
+    assert g.inputs[f"{block}.denselayer1.norm1"] == ["features.pool0"]
+    assert g.inputs[f"{block}.denselayer3.concat"] == ["features.pool0", f"{block}.denselayer1.conv2",
+                                                      f"{block}.denselayer2.conv2"]
+    assert len(g.inputs[f"{block}.concat"]) == 7  # the block's output: its input and six layers'
+    assert g.inputs["relu"] == ["features.norm5"]  # DenseNet.forward's F.relu, at the top level
+
+
+class _Net(nn.Module):
+    """A small network whose forward is chosen per test."""
+
+    def __init__(self, forward, **modules):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+        for k, m in modules.items():
+            self.add_module(k, m)
+        self.fc = nn.Linear(4 * 8 * 8, 5)
+        self._fwd = forward
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self._fwd(self, self.body(x)), 1))
+
+
+def _refused(net, *words):
+    with pytest.raises(TorchImportError) as e:
+        from_torch(net, (3, 8, 8), batch=2)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    return str(e.value)
+
+
+def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
+    msg = _refused(_Net(lambda s, y: torch.sigmoid(y)), "'sigmoid'", "call_function", "snlite imports")
+    assert "Conv2d" in msg  # says what is supported
+    net = tv.resnet18(num_classes=10)
+    net.layer2[0].relu = nn.GELU()
+    with pytest.raises(TorchImportError, match=r"'layer2_0_relu' \(call_module layer2\.0\.relu\) in "
+                                               r"layer2\.0\.relu: the module GELU has no snlite layer"):
+        from_torch(net, (3, 32, 32))
+
+
+@pytest.mark.parametrize("module, words", [
+    (nn.Conv2d(4, 4, 3, padding=1, groups=2), ("groups=2 is not supported yet", "extra")),
+    (nn.Conv2d(4, 4, 3, padding=2, dilation=2), ("dilation=(2, 2) is not supported yet",)),
+    (nn.MaxPool2d(3, 1, 1, ceil_mode=True), ("ceil_mode=True is not supported yet",)),
+    (nn.BatchNorm2d(4, momentum=None), ("momentum=None",)),
+])
+def test_hyper_parameters_snlite_lacks_are_refused_by_name(module, words):
+    _refused(_Net(lambda s, y: s.extra(y), extra=module), *words)
+
+
+def test_in_place_op_on_a_tensor_read_later_is_refused():
+    def forward(s, y):
+        z = F.relu(y, inplace=True)  # overwrites y, which the sum then reads: fx's dataflow is wrong here
+        return z + y
+    _refused(_Net(forward), "overwrites", "in place")
+
+
+def test_data_dependent_control_flow_is_explained():
+    def forward(s, y):
+        return y if y.sum() > 0 else -y
+    msg = _refused(_Net(forward), "branches or loops on the values of a tensor", "static graph")
+    assert "fx:" in msg
+
+
+def test_a_shape_snlite_would_compute_differently_never_passes_silently():
+    # 224x224 VGG: fine; at 32x32 its features end 1x1 and the adaptive pool to 7x7 repeats them
+    with pytest.raises(TorchImportError, match="adaptive average pooling from 1x1 to 7x7"):
+        from_torch(tv.vgg11(), (3, 32, 32))
+
+
+# ---------------------------------------------------------------- on the command line
+def _snlite(capsys, *argv):
+    from snlite.cli import main
+
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_plan_takes_a_torchvision_model_and_prints_what_a_zoo_model_prints(capsys):
+    status, out, err = _snlite(capsys, "plan", "torchvision:resnet18", "--batch", "32")
+    assert status == 0, err
+    assert out.startswith("torchvision:resnet18, batch 32: 71 layers, 11,689,512 parameters,")
+    _, zoo, _ = _snlite(capsys, "plan", "resnet50", "--batch", "32")
+
+    def sections(text, net):  # each unindented line up to its first number or parenthesis
+        return [re.split(r"[\d(]", line.replace(net, "NET"))[0].rstrip() for line in text.splitlines()
+                if line and not line.startswith(" ")]
+    assert sections(out, "torchvision:resnet18") == sections(zoo, "resnet50")
+
+
+NET_FILE = '''
+import torch
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, width=4, classes=3):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, width, 3, padding=1)
+        self.fc = torch.nn.Linear(width * 4 * 4, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2), 1))
+'''
+
+
+def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(NET_FILE)
+    status, out, err = _snlite(capsys, "compare", f"{path}:Tiny", "--input", "1x8x8", "--batch", "4",
+                               "--torch-args", '{"width": 6, "classes": 5}')
+    assert status == 0, err
+    assert f"{path}:Tiny" in out
+    # 6 * (1*3*3 + 1) + 5 * (6*4*4 + 1) parameters
+    from snlite.cli_common import builder
+
+    g = builder(f"{path}:Tiny", (1, 8, 8), {"width": 6, "classes": 5})(4)
+    assert g.param_count() == 6 * 10 + 5 * 97 and g.input_shape == (4, 1, 8, 8) and g.num_classes == 5
+    for argv, words in [((f"{path}:Nope",), "defines no 'Nope'"),
+                        (("torchvision:resnet9",), "torchvision has no model 'resnet9'"),
+                        ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object")]:
+        try:
+            status, out, err = _snlite(capsys, "plan", *argv)
+        except SystemExit as e:  # argparse refuses a malformed flag
+            status, err = e.code, capsys.readouterr().err
+        assert status != 0 and words in err, err
