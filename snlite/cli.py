@@ -46,7 +46,7 @@ from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EX
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
                              _positive_int, _seed, add_memory_flags, check_keep, check_names, check_outputs,
                              join_negative_values, memory_config)
-from snlite.cli_common import add_export_flags, check_exports, write_exports
+from snlite.cli_common import add_export_flags, add_net_argument, builder, check_exports, write_exports
 from snlite.cli_compare import add_compare_command, cmd_compare
 from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
 from snlite.cli_optimal import add_optimal_command, cmd_optimal
@@ -101,9 +101,10 @@ def add_train_command(sub) -> None:
     train = sub.add_parser("train", help="train a network from the model zoo on a data set",
                            description="Train NET with SGD, show progress, evaluate the test accuracy each "
                                        "epoch.")
-    train.add_argument("net", metavar="NET",
-                       help="a network of the model zoo (snlite.models): lenet (any image size), "
-                            "cifar_resnet20 (3x32x32), alexnet, vgg16, resnet50, ... (ImageNet sizes)")
+    add_net_argument(train, help="a network of the model zoo (snlite.models): lenet (any image size), "
+                                 "cifar_resnet20 (3x32x32), alexnet, vgg16, resnet50, ... (ImageNet sizes); "
+                                 "or a PyTorch module (needs torch): torchvision:NAME or "
+                                 "path/to/file.py:CLASS, on the data's images unless --input says otherwise")
     train.add_argument("--data", default="digits", help=DATA_HELP + " (default digits)")
     train.add_argument("--batch", type=_batch, default=32, help="images per step (default 32)")
     train.add_argument("--epochs", type=_positive_int, default=6,
@@ -192,7 +193,7 @@ def cmd_train(args) -> int:
     if args.batch > len(train):
         raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images")
     config = memory_config(args)
-    graph = build_model(args.net, args.batch, train)
+    graph = build_model(args.net, args.batch, train, args.input, args.torch_args)
     check_keep(graph, config)
     model = Model(graph, config, device=args.device, seed=args.seed, anomaly=args.anomaly)
     if not model.device.has_data:
@@ -270,10 +271,21 @@ def load_data(spec: str, seed: int = 0):
     raise UsageError(f"--data {spec!r}: expected one of {DATA_HELP}")
 
 
-def build_model(net: str, batch: int, train):
-    """The graph of ``net`` from the model zoo, sized for ``train``'s images and classes."""
-    builder = models.MODELS.get(net.lower())
-    if builder is not None and "input_shape" in inspect.signature(builder).parameters:  # lenet: any size
+def build_model(net: str, batch: int, train, input_shape=None, torch_args=None):
+    """The graph of ``net`` at ``batch``, sized for ``train``'s images and classes: a network of the
+    model zoo, or a PyTorch module (on ``train``'s images unless ``input_shape`` says otherwise)."""
+    if ":" in net:
+        graph = builder(net, input_shape or train.shape, torch_args)(batch)
+        if graph.input_shape[1:] != train.shape:
+            raise CliError(f"--input {'x'.join(map(str, graph.input_shape[1:]))}, but --data "
+                           f"{train.name.split('/')[0]} has images of {'x'.join(map(str, train.shape))}")
+        if graph.num_classes != train.num_classes:
+            raise CliError(f"{net} has {graph.num_classes} classes but --data {train.name.split('/')[0]} has "
+                           f"{train.num_classes}; build it with them, e.g. --torch-args "
+                           f"'{{\"num_classes\": {train.num_classes}}}'")
+        return graph
+    builder_of_zoo = models.MODELS.get(net.lower())
+    if builder_of_zoo is not None and "input_shape" in inspect.signature(builder_of_zoo).parameters:  # lenet
         return models.get_model(net, batch, input_shape=train.shape, num_classes=train.num_classes)
     graph = models.get_model(net, batch, num_classes=train.num_classes)
     if graph.input_shape[1:] != train.shape:

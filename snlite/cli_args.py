@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from snlite import measure, models, recompute, timing
+from snlite import measure, models, recompute, timing, torch_import
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
 from snlite.graph import check_number
 
@@ -35,6 +35,11 @@ def check_names(args) -> None:
     """Refuse, before any work, a NET, ``--gpu`` or ``--data`` that names nothing known (UsageError)."""
     if getattr(args, "net", None) is not None:
         check_net(args.net)
+        given = [f for f, d in (("--input", "input"), ("--torch-args", "torch_args"))
+                 if getattr(args, d, None) is not None]
+        if given and ":" not in args.net:
+            raise UsageError(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for a PyTorch NET "
+                             f"(torchvision:NAME or path/to/file.py:CLASS); {args.net} is of snlite's zoo")
     if getattr(args, "gpu", None) is not None:
         try:
             timing.profile(args.gpu)
@@ -100,7 +105,11 @@ def check_output_folder(flag: str, target: str) -> None:
 def check_net(name: str) -> None:
     """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without
     building it."""
-    if ":" in name:  # a PyTorch module (torchvision:NAME, file.py:CLASS): checked where it is loaded
+    if ":" in name:  # a PyTorch module (torchvision:NAME, file.py:CLASS): its form and its file now
+        try:
+            torch_import.check_source(name)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         return
     key = name.lower()
     m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)

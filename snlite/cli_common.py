@@ -18,6 +18,7 @@ NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexne
             "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121; or a PyTorch "
             "module (needs torch): torchvision:NAME (e.g. torchvision:resnet18) or path/to/file.py:CLASS")
 TORCH_BATCH = 32  # the batch of a PyTorch module without --batch
+TORCH_INPUT = (3, 224, 224)  # its input without --input
 BATCH_HELP = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
 JSON_HELP = "write the numbers as JSON to FILE (- or no FILE: standard output, instead of the tables)"
 GPU_HELP = ("the GPU profile of the time model (snlite.timing.PROFILES: H200, A100, T4, K40; default H200): "
@@ -25,30 +26,31 @@ GPU_HELP = ("the GPU profile of the time model (snlite.timing.PROFILES: H200, A1
 
 
 # ---------------------------------------------------------------- the network a command names
-def add_net_argument(parser) -> None:
+def add_net_argument(parser, help: str = NET_HELP) -> None:
     """NET, and the two flags of a NET that is a PyTorch module."""
-    parser.add_argument("net", metavar="NET", help=NET_HELP)
-    parser.add_argument("--input", type=_input_shape, default=(3, 224, 224), metavar="CxHxW",
+    parser.add_argument("net", metavar="NET", help=help)
+    parser.add_argument("--input", type=_input_shape, default=None, metavar="CxHxW",
                         help="a PyTorch NET's input, one image (default 3x224x224)")
     parser.add_argument("--torch-args", type=_json_object, default=None, metavar="JSON",
                         help="a PyTorch NET's constructor arguments, a JSON object (default: none), "
                              "e.g. '{\"num_classes\": 10}'")
 
 
-def builder(net: str, input_shape=(3, 224, 224), torch_args=None):
+def builder(net: str, input_shape=None, torch_args=None):
     """``batch -> Graph`` for ``net``: a model of the zoo (None: the model's default batch), or a
     PyTorch module (``torchvision:NAME``, ``file.py:CLASS``: constructed once, traced by
-    :func:`snlite.torch_import.from_torch` at each batch; None: TORCH_BATCH)."""
+    :func:`snlite.torch_import.from_torch` at each batch; None: TORCH_BATCH; on ``input_shape``,
+    None: TORCH_INPUT)."""
     if ":" not in net:
         return lambda batch=None: models.get_model(net, batch)
     module = torch_import.load_module(net, torch_args)
-    return lambda batch=None: torch_import.from_torch(module, input_shape, batch=batch or TORCH_BATCH,
-                                                      name=net)
+    return lambda batch=None: torch_import.from_torch(module, input_shape or TORCH_INPUT,
+                                                      batch=batch or TORCH_BATCH, name=net)
 
 
 def builder_of(args):
     """:func:`builder` for the command's NET and its --input and --torch-args."""
-    return builder(args.net, getattr(args, "input", (3, 224, 224)), getattr(args, "torch_args", None))
+    return builder(args.net, getattr(args, "input", None), getattr(args, "torch_args", None))
 
 
 def graph_of(args):

@@ -23,6 +23,7 @@ these functions: snlite itself never needs it.
 """
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import operator
 import os
@@ -83,29 +84,58 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     return g
 
 
+def check_source(source: str) -> None:
+    """ValueError unless ``source`` is ``torchvision:NAME`` or ``path/to/file.py:CLASS`` with the
+    file there: what the command line checks before any work, without importing torch."""
+    where, _, attr = source.rpartition(":")
+    if not (where and attr.isidentifier()):
+        raise ValueError(f"{source!r}: expected torchvision:NAME (e.g. torchvision:resnet18) or "
+                         "path/to/file.py:CLASS")
+    if where != "torchvision" and not (where.endswith(".py") and os.path.isfile(where)):
+        raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:CLASS, and there is "
+                         f"no file {where!r}")
+
+
 def load_module(source: str, kwargs: dict | None = None):
     """The ``torch.nn.Module`` a command line names: ``torchvision:NAME`` (a model of
     ``torchvision.models``, e.g. ``torchvision:resnet18``) or ``path/to/file.py:CLASS`` (a class of
     that file), constructed with ``kwargs`` (none: its defaults)."""
+    import torch
+
+    check_source(source)
     where, _, attr = source.rpartition(":")
-    if not where or not attr:
-        raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:CLASS")
     kwargs = dict(kwargs or {})
     if where == "torchvision":
         models = import_torchvision().models
-        if attr not in models.list_models():
-            raise ValueError(f"{source!r}: torchvision has no model {attr!r}; it has "
-                             f"{', '.join(models.list_models(models))}")
-        return models.get_model(attr, **kwargs)
-    if not where.endswith(".py") or not os.path.isfile(where):
-        raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:CLASS, and there is "
-                         f"no file {where!r}")
+        known = models.list_models(models)
+        if attr not in known:
+            near = difflib.get_close_matches(attr, known, n=3)
+            hint = f"did you mean {', '.join(near)}?" if near else f"it has {', '.join(known)}"
+            raise ValueError(f"{source!r}: torchvision has no model {attr!r}; {hint}")
+        return _construct(lambda **kw: models.get_model(attr, **kw), f"torchvision.models.{attr}", kwargs)
     spec = importlib.util.spec_from_file_location(f"snlite_user_model_{abs(hash(where))}", where)
     code = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(code)
-    if not hasattr(code, attr):
-        raise ValueError(f"{source!r}: {where} defines no {attr!r}")
-    return getattr(code, attr)(**kwargs)
+    try:
+        spec.loader.exec_module(code)
+    except Exception as e:  # noqa: BLE001 - whatever the user's file raises, said in one line
+        raise ValueError(f"{where} failed to run: {type(e).__name__}: {e}") from None
+    cls = getattr(code, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        found = [n for n, v in vars(code).items() if isinstance(v, type) and issubclass(v, torch.nn.Module)
+                 and v.__module__ == code.__name__]
+        raise ValueError(f"{source!r}: {where} defines no torch.nn.Module subclass {attr!r}"
+                         + (f"; it defines {', '.join(found)}" if found else ""))
+    return _construct(cls, attr, kwargs)
+
+
+def _construct(make, what: str, kwargs: dict):
+    """``make(**kwargs)``, a constructor that refuses its arguments said in one line."""
+    try:
+        return make(**kwargs)
+    except TypeError as e:
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ValueError(f"{what}({args}) failed: {e}; give its constructor's arguments with --torch-args, "
+                         "a JSON object") from None
 
 
 def _trace(module):

@@ -160,7 +160,8 @@ class Model:
         snlite's batch normalization never reads (it updates with a fixed momentum), are skipped."""
         if not isinstance(params, dict):
             raise ValueError(f"params must be a dict of arrays by name, got {type(params).__name__}")
-        params = {n: v for n, v in params.items() if not _batch_counter(self.graph, n)}
+        counters = {f"{n}.num_batches_tracked" for n, l in self.graph.layers.items() if l.kind == "batchnorm"}
+        params = {n: v for n, v in params.items() if n not in counters}
         tensors = self.graph.tensors()
         missing = sorted(set(self.state_names) - set(params))
         unexpected = sorted(set(params) - set(self.state_names))
@@ -254,8 +255,7 @@ class Model:
         return self.graph.output_tensor(self.graph.inputs[self.graph.loss_layer][0])
 
     def _logits_of(self, results: dict) -> np.ndarray | None:
-        """The logits read back, as (N, classes): a flatten before the loss moves no data, so the tensor
-        read may be the (N, classes, 1, 1) output of the layer before it (SqueezeNet's pooled conv)."""
+        """The logits as (N, classes) (a flatten moves no data: SqueezeNet's are read as (N, C, 1, 1))."""
         logits = results.get(self.logits)
         return None if logits is None else logits.reshape(len(logits), self.graph.num_classes)
 
@@ -343,12 +343,6 @@ class Model:
 
 
 # ---------------------------------------------------------------- checks at the public API
-def _batch_counter(graph, name: str) -> bool:
-    """Whether ``name`` is PyTorch's ``num_batches_tracked`` of one of the graph's batch normalizations."""
-    layer, _, buffer = name.rpartition(".")
-    return buffer == "num_batches_tracked" and getattr(graph.layers.get(layer), "kind", None) == "batchnorm"
-
-
 def param_problem(graph, name: str, a: np.ndarray) -> str | None:
     """What is wrong with ``a`` (an array of numbers) as the parameter ``name`` of ``graph``, or None:
     it must be float32 (another dtype is refused, never cast: float64 may overflow or round, int32 or

@@ -268,8 +268,9 @@ def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
 
     g = builder(f"{path}:Tiny", (1, 8, 8), {"width": 6, "classes": 5})(4)
     assert g.param_count() == 6 * 10 + 5 * 97 and g.input_shape == (4, 1, 8, 8) and g.num_classes == 5
-    for argv, words in [((f"{path}:Nope",), "defines no 'Nope'"),
-                        (("torchvision:resnet9",), "torchvision has no model 'resnet9'"),
+    for argv, words in [((f"{path}:Nope",), "defines no torch.nn.Module subclass 'Nope'; it defines Tiny"),
+                        (("torchvision:resnet9",), "torchvision has no model 'resnet9'; did you mean"),
+                        ((f"{path}:Tiny", "--torch-args", '{"depth": 2}'), "Tiny(depth=2) failed"),
                         ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object")]:
         try:
             status, out, err = _snlite(capsys, "plan", *argv)
