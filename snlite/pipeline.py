@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snlite import overlap, placement, timing
+from snlite import offline, overlap, placement, timing
 from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
-from snlite.config import MemoryConfig
+from snlite.config import MIN_BUDGET_BYTES, MemoryConfig
 from snlite.pool import TensorPool
 from snlite.program import MODES, Program, without_cycle_collection
 from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
@@ -157,9 +157,41 @@ def _specs(graph, optimizer: bool) -> dict:
 
 def _walk(job: Job, plan, hints=None) -> placement.Placed:
     placed = placement.walk(job.graph, job.config, plan, job.specs, job.costs, job.mode, hints)
+    if job.config.fit == "offline" and job.config.allocator == "pool":
+        placed = _offline(job, plan, hints, placed)
     for check in AFTER_PLACEMENT:
         check(placed.program, job.graph)
     return placed
+
+
+def _offline(job: Job, plan, hints, placed: placement.Placed) -> placement.Placed:
+    """Every arena offset chosen knowing every lifetime (:func:`snlite.offline.relocate`). Under a
+    budget the walk kept the bytes in use within it; where the offsets need a larger arena (the gap
+    between the arena and the lower bound), the walk is planned again against a smaller budget, which
+    changes only what asks for room (the dynamic workspace, the cache's evictions and read-ahead).
+    Each retry lowers that budget by the arena's overshoot, and by at least twice the last cut, so
+    the loop ends within about 30 walks: at a fit, or where the walk itself no longer fits."""
+    budget = job.config.budget_bytes
+    planning, cut = budget, 0
+    while True:
+        placed.program = offline.relocate(placed.program)
+        over = placed.program.arena_bytes - (budget or placed.program.arena_bytes)
+        if over <= 0:
+            return placed
+        message = (f"{job.graph.name} does not fit a budget of {budget:,d} bytes under "
+                   f"{job.config.describe()} with fit='offline': the bytes live at once stay within it "
+                   f"({offline.bounds(placed.program)[1]:,d} at most), but "
+                   f"placing them needs an arena of {placed.program.arena_bytes:,d} bytes")
+        adapts = job.config.workspace == "dynamic" or job.config.cache
+        cut = max(over, 2 * cut)
+        planning -= cut
+        if not adapts or planning < MIN_BUDGET_BYTES:
+            raise BudgetError(message)
+        try:
+            placed = placement.walk(job.graph, job.config.replace(budget_bytes=planning), plan, job.specs,
+                                    job.costs, job.mode, hints)
+        except BudgetError:
+            raise BudgetError(message) from None
 
 
 def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.Placed]:
