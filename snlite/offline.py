@@ -9,8 +9,9 @@ what compilers that plan memory ahead do (TensorFlow Lite's arena planner, XLA's
    from its ``Alloc`` to its ``Free`` (an in-place ``HandOver`` passes the block on, it does not end it);
 2. :func:`assign` gives each block an offset such that two blocks whose lifetimes meet never share a
    byte. It is one pure function, lifetimes in, offsets out: greedy by size (largest block first, each
-   into the tightest gap that fits among the blocks it meets) and greedy by breadth (the busiest moment
-   first, its blocks largest first), and it keeps the smaller arena;
+   into the tightest gap that fits among the blocks it meets; equal sizes in time order, or longest
+   first) and greedy by breadth (the busiest moment first, its blocks largest first), the smallest
+   arena kept;
 3. :func:`relocate` writes the offsets back into the program; nothing else changes.
 
 Why reuse is safe across streams: the walk emits a block's ``Free`` only after compute has waited for
@@ -93,17 +94,22 @@ def arena_of(blocks: list[Block], offsets: list[int]) -> int:
 
 
 def assign(blocks: list[Block]) -> list[int]:
-    """Offsets for ``blocks`` (each a multiple of the blocks' sizes' 1 KiB granularity, as sizes are)
-    such that two blocks live at the same instruction never overlap: greedy by size and greedy by
-    breadth, the smaller arena kept (ties: by size)."""
+    """Offsets for ``blocks`` (multiples of 1 KiB, as the blocks' sizes are) such that two blocks live
+    at the same instruction never overlap. Greedy in three orders, the smallest arena kept: by size
+    with equal sizes in time order (which colours a run of equal blocks as tightly as their overlaps
+    allow), by size with equal sizes longest-lived first (TensorFlow Lite's), and by breadth."""
     if not blocks:
         return []
-    tries = [_greedy(blocks, order) for order in (_by_size(blocks), _by_breadth(blocks))]
+    tries = [_greedy(blocks, order) for order in (_by_size(blocks, "start"), _by_size(blocks, "longest"),
+                                                  _by_breadth(blocks))]
     return min(tries, key=lambda offsets: arena_of(blocks, offsets))
 
 
-def _by_size(blocks: list[Block]) -> list[int]:
-    """Largest first; among equals, the longest-lived, then the earliest (TensorFlow Lite's order)."""
+def _by_size(blocks: list[Block], ties: str) -> list[int]:
+    """Largest first; among equal sizes the earliest first (``ties="start"``) or the longest-lived
+    first, then the earliest (``"longest"``)."""
+    if ties == "start":
+        return sorted(range(len(blocks)), key=lambda k: (-blocks[k].nbytes, blocks[k].start))
     return sorted(range(len(blocks)),
                   key=lambda k: (-blocks[k].nbytes, blocks[k].start - blocks[k].end, blocks[k].start))
 

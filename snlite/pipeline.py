@@ -156,42 +156,57 @@ def _specs(graph, optimizer: bool) -> dict:
 
 
 def _walk(job: Job, plan, hints=None) -> placement.Placed:
-    placed = placement.walk(job.graph, job.config, plan, job.specs, job.costs, job.mode, hints)
     if job.config.fit == "offline" and job.config.allocator == "pool":
-        placed = _offline(job, plan, hints, placed)
+        placed = _offline(job, plan, hints)
+    else:
+        placed = placement.walk(job.graph, job.config, plan, job.specs, job.costs, job.mode, hints)
     for check in AFTER_PLACEMENT:
         check(placed.program, job.graph)
     return placed
 
 
-def _offline(job: Job, plan, hints, placed: placement.Placed) -> placement.Placed:
-    """Every arena offset chosen knowing every lifetime (:func:`snlite.offline.relocate`). Under a
-    budget the walk kept the bytes in use within it; where the offsets need a larger arena (the gap
-    between the arena and the lower bound), the walk is planned again against a smaller budget, which
-    changes only what asks for room (the dynamic workspace, the cache's evictions and read-ahead).
-    Each retry lowers that budget by the arena's overshoot, and by at least twice the last cut, so
-    the loop ends within about 30 walks: at a fit, or where the walk itself no longer fits."""
-    budget = job.config.budget_bytes
-    planning, cut = budget, 0
-    while True:
+def _offline(job: Job, plan, hints) -> placement.Placed:
+    """``fit="offline"``: the walk's decisions, every arena offset then chosen knowing every lifetime
+    (:func:`snlite.offline.relocate`, whose arena is never larger than the walk's own).
+
+    The decisions are first fit's wherever first fit meets the budget (or there is none): the same
+    instructions, other offsets. Where first fit runs out of contiguous room, the walk is planned
+    with :class:`~snlite.pool.LivePool`, which limits only the bytes in use. Where the offsets then
+    need more than the budget (the arena above the lower bound), the walk is planned again with less
+    room: first less offered to the dynamic workspace (``spare``), then, once it gets none, a smaller
+    budget for the cache to evict against. Each retry takes the overshoot and at least twice the last
+    cut, so each of the two phases ends within about 30 walks: at a fit, or where the walk cannot fit."""
+    def walk(config, spare=0):
+        placed = placement.walk(job.graph, config, plan, job.specs, job.costs, job.mode, hints, spare)
         placed.program = offline.relocate(placed.program)
-        over = placed.program.arena_bytes - (budget or placed.program.arena_bytes)
+        return placed
+
+    budget = job.config.budget_bytes
+    try:
+        return walk(job.config.replace(fit="first"))
+    except BudgetError as e:
+        if budget is None:
+            raise
+        error = e
+    planning, spare, cut = budget, 0, 0
+    while True:
+        try:
+            placed = walk(job.config.replace(budget_bytes=planning), spare)
+        except BudgetError:
+            raise error from None
+        over = placed.program.arena_bytes - budget
         if over <= 0:
             return placed
-        message = (f"{job.graph.name} does not fit a budget of {budget:,d} bytes under "
-                   f"{job.config.describe()} with fit='offline': the bytes live at once stay within it "
-                   f"({offline.bounds(placed.program)[1]:,d} at most), but "
-                   f"placing them needs an arena of {placed.program.arena_bytes:,d} bytes")
-        adapts = job.config.workspace == "dynamic" or job.config.cache
         cut = max(over, 2 * cut)
-        planning -= cut
-        if not adapts or planning < MIN_BUDGET_BYTES:
-            raise BudgetError(message)
-        try:
-            placed = placement.walk(job.graph, job.config.replace(budget_bytes=planning), plan, job.specs,
-                                    job.costs, job.mode, hints)
-        except BudgetError:
-            raise BudgetError(message) from None
+        if job.config.workspace == "dynamic" and spare < planning:
+            spare += cut
+            cut = 0 if spare >= planning else cut  # the cache's phase starts from the overshoot again
+        elif job.config.cache and planning - cut >= MIN_BUDGET_BYTES:
+            planning -= cut
+        else:
+            raise BudgetError(f"{error} With fit='offline', the bytes live at once fit "
+                              f"({offline.bounds(placed.program)[1]:,d} at most), but placing them needs an "
+                              f"arena of {placed.program.arena_bytes:,d} bytes.") from None
 
 
 def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.Placed]:

@@ -47,15 +47,19 @@ class Placed:
     fetches: list[Fetch] = field(default_factory=list)
 
 
-def walk(graph, config, plan, specs: dict, costs, mode: str, hints: Hints | None = None) -> Placed:
-    """Place ``plan`` (see the module docstring); ``specs``: every tensor's spec, the optimizer's too."""
-    return Placer(graph, config, plan, specs, costs, mode, hints).run()
+def walk(graph, config, plan, specs: dict, costs, mode: str, hints: Hints | None = None,
+         spare_bytes: int = 0) -> Placed:
+    """Place ``plan`` (see the module docstring); ``specs``: every tensor's spec, the optimizer's too.
+    ``spare_bytes``: under ``fit="offline"``, room the dynamic workspace is not offered (LivePool)."""
+    return Placer(graph, config, plan, specs, costs, mode, hints, spare_bytes).run()
 
 
 class Placer(Residency):
     """One placement: the walk over the plan's ops; the moves each makes are :class:`Residency`'s."""
 
-    def __init__(self, graph, config, plan, specs, costs, mode: str, hints: Hints | None = None):
+    def __init__(self, graph, config, plan, specs, costs, mode: str, hints: Hints | None = None,
+                 spare_bytes: int = 0):
+        self.spare_bytes = spare_bytes
         self.graph, self.config, self.plan, self.specs = graph, config, plan, specs
         self.costs, self.mode = costs, mode
         self.hints = hints or Hints()
@@ -109,15 +113,13 @@ class Placer(Residency):
 
     def _pool(self):
         """Raw, first or best fit; under ``fit="offline"`` the walk's offsets are provisional
-        (:mod:`snlite.offline` moves them), so a budget limits the bytes in use, not where they are."""
+        (:mod:`snlite.offline` moves them), so the budget limits the bytes in use, not where they are."""
         fit = self.config.fit
         if self.raw:
             return RawAllocator(self.capacity)
         if fit != "offline":
             return TensorPool(self.capacity, fit=fit)
-        if self.config.budget_bytes is None:
-            return TensorPool(self.capacity, fit="first")
-        return LivePool(self.capacity, self._arena_bound())
+        return LivePool(self.capacity, self._arena_bound(), self.spare_bytes)
 
     def _host_bound(self) -> int:
         if not (self.config.offload or self.config.cache):

@@ -274,17 +274,20 @@ class LivePool(TensorPool):
     plus its own stay within ``limit_bytes``, wherever the holes are, because the offsets it returns
     are only provisional (:mod:`snlite.offline` chooses the real ones after the walk). First fit over
     ``room_bytes``, enough for every allocation at once, keeps them provisional but distinct. "The
-    largest free block" (what the dynamic workspace asks) is ``limit_bytes`` minus the bytes in use."""
+    largest free block" (what the dynamic workspace asks) is ``limit_bytes`` minus the bytes in use
+    and minus ``spare_bytes``: a workspace that fills every free byte makes each conv step a moment
+    where the blocks must tile the budget exactly, which no placement manages at every such moment."""
 
-    def __init__(self, limit_bytes: int, room_bytes: int, block_bytes: int = 1024):
+    def __init__(self, limit_bytes: int, room_bytes: int, spare_bytes: int = 0, block_bytes: int = 1024):
         super().__init__(max(limit_bytes, room_bytes), "first", block_bytes)
         self.limit_bytes = limit_bytes // self.block_bytes * self.block_bytes
+        self.spare_bytes = spare_bytes
 
     def _find(self, need: int) -> int | None:
         return None if self.in_use_bytes + need > self.limit_bytes else super()._find(need)
 
     def largest_free_block(self) -> int:
-        return self.limit_bytes - self.in_use_bytes
+        return max(0, self.limit_bytes - self.in_use_bytes - self.spare_bytes)
 
     def alloc_all(self, requests, step=None) -> list[int]:
         requests = list(requests)
