@@ -132,10 +132,12 @@ def test_a_free_moved_before_its_release_wait_races_once_offline_reuses_the_bloc
 @pytest.mark.parametrize("net", ["mixed", "lenet", "alexnet"])
 def test_fitting_is_monotone_in_the_budget_under_offline(net):
     """Over a sweep of budgets around the smallest one that fits, a budget that fits never stops
-    fitting when raised (no cache: the workspace asks what fits now), so bisection is safe."""
+    fitting when raised (the dynamic workspace asks what fits now; the cache evicts by it), so
+    bisection is safe."""
     g = mixed_net() if net == "mixed" else get_model(net, batch=8)
     for config in (MemoryConfig(liveness=True, offload=True, workspace="dynamic", fit="offline"),
-                   MemoryConfig.superneurons(cache=False, fit="offline")):
+                   MemoryConfig.superneurons(cache=False, fit="offline"),
+                   MemoryConfig.superneurons(fit="offline")):
         least = smallest_budget(g, config)
         step = max(1024, least // 200 // 1024 * 1024)
         sweep = [fits(g, config.replace(budget_bytes=least + d * step)) for d in range(-8, 25)]
