@@ -156,3 +156,18 @@ def test_under_a_budget_offline_fits_where_first_fit_fragments():
     assert arena == lower  # no fragmentation left: a block less and the live bytes no longer fit
     with pytest.raises(BudgetError, match="norm2.grad needs"):
         place(g, tight.replace(fit="offline", budget_bytes=lower - 1024))
+
+
+def test_plan_takes_fit_offline_and_prints_the_lower_bound_next_to_the_arena(capsys):
+    from snlite import bench, cli
+
+    assert cli.main(["plan", "lenet", "--batch", "8", "--liveness", "--offload", "--fit", "offline"]) == 0
+    out = capsys.readouterr().out
+    program = place(get_model("lenet", batch=8), MemoryConfig(liveness=True, offload=True, fit="offline"))
+    arena, lower = offline.bounds(program)
+    assert "allocator pool (offline fit)" in out and arena == lower
+    assert "lower bound" in out.split("memory needed: device arena", 1)[1].splitlines()[0]
+    table = bench.fit_table(nets=("lenet",)).splitlines()
+    assert len(table) == 3 and table[2].startswith("| lenet (64) |") and "offline" in table[0]
+    first, best, off = (float(c.split("(")[1].rstrip(") ")) for c in table[2].split("|")[3:6])
+    assert off == 1.0 and first >= off and best >= off
