@@ -27,9 +27,8 @@ reserved bytes live at once, which no placement can beat; arena minus lower boun
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from dataclasses import dataclass
-
-import numpy as np
 
 from snlite.program import Alloc, Copy, Free, HandOver
 
@@ -100,9 +99,29 @@ def assign(blocks: list[Block]) -> list[int]:
     allow), by size with equal sizes longest-lived first (TensorFlow Lite's), and by breadth."""
     if not blocks:
         return []
-    tries = [_greedy(blocks, order) for order in (_by_size(blocks, "start"), _by_size(blocks, "longest"),
-                                                  _by_breadth(blocks))]
+    earlier = _live_at_starts(blocks)
+    meets = [list(e) for e in earlier]  # every block whose lifetime meets k's
+    for k, others in enumerate(earlier):
+        for j in others:
+            meets[j].append(k)
+    tries = [_greedy(blocks, meets, order) for order in (
+        _by_size(blocks, "start"), _by_size(blocks, "longest"), _by_breadth(blocks, earlier))]
     return min(tries, key=lambda offsets: arena_of(blocks, offsets))
+
+
+def _live_at_starts(blocks: list[Block]) -> list[list[int]]:
+    """For each block, the blocks allocated before it and still live when it is: one sweep over time
+    (a heap of ends), so the cost is the number of pairs that meet, not the square of the blocks."""
+    earlier: list[list[int]] = [[] for _ in blocks]
+    live: dict[int, None] = {}  # in order of allocation
+    ends: list[tuple[int, int]] = []
+    for k in sorted(range(len(blocks)), key=lambda k: blocks[k].start):
+        while ends and ends[0][0] < blocks[k].start:
+            live.pop(heapq.heappop(ends)[1])
+        earlier[k] = list(live)
+        live[k] = None
+        heapq.heappush(ends, (blocks[k].end, k))
+    return earlier
 
 
 def _by_size(blocks: list[Block], ties: str) -> list[int]:
@@ -114,43 +133,35 @@ def _by_size(blocks: list[Block], ties: str) -> list[int]:
                   key=lambda k: (-blocks[k].nbytes, blocks[k].start - blocks[k].end, blocks[k].start))
 
 
-def _by_breadth(blocks: list[Block]) -> list[int]:
+def _by_breadth(blocks: list[Block], earlier: list[list[int]]) -> list[int]:
     """The busiest moment first (the most bytes live at a block's allocation), each moment's blocks
     largest first: the blocks that decide the peak are placed while the arena is still empty."""
-    starts = np.array([b.start for b in blocks])
-    ends = np.array([b.end for b in blocks])
-    sizes = np.array([b.nbytes for b in blocks], dtype=np.int64)
-    order, seen = [], np.zeros(len(blocks), bool)
-    live_at = [(int(sizes[(starts <= b.start) & (ends >= b.start)].sum()), b.start) for b in blocks]
-    for _, t in sorted(set(live_at), key=lambda x: (-x[0], x[1])):
-        here = np.flatnonzero((starts <= t) & (ends >= t) & ~seen)
-        seen[here] = True
-        order.extend(sorted(here.tolist(), key=lambda k: (-blocks[k].nbytes, blocks[k].start)))
+    live_at = [(sum(blocks[j].nbytes for j in earlier[k]) + blocks[k].nbytes, blocks[k].start, k)
+               for k in range(len(blocks))]
+    order, seen = [], [False] * len(blocks)
+    for _, _, k in sorted(live_at, key=lambda x: (-x[0], x[1])):
+        here = [j for j in (*earlier[k], k) if not seen[j]]
+        for j in here:
+            seen[j] = True
+        order.extend(sorted(here, key=lambda j: (-blocks[j].nbytes, blocks[j].start, j)))
     return order
 
 
-def _greedy(blocks: list[Block], order: list[int]) -> list[int]:
+def _greedy(blocks: list[Block], meets: list[list[int]], order: list[int]) -> list[int]:
     """Place ``blocks`` in ``order``: each goes into the smallest gap, among the placed blocks whose
-    lifetimes meet its own, that holds it (the lowest such gap on a tie), else above them all."""
-    n = len(blocks)
-    starts = np.array([b.start for b in blocks])
-    ends = np.array([b.end for b in blocks])
-    offsets = np.full(n, -1, dtype=np.int64)
-    tops = np.zeros(n, dtype=np.int64)
-    placed = np.zeros(n, bool)
+    lifetimes meet its own (``meets``), that holds it (the lowest such gap on a tie), else above them."""
+    offsets = [-1] * len(blocks)
     for k in order:
-        b = blocks[k]
-        meets = np.flatnonzero(placed & (starts <= b.end) & (ends >= b.start))
+        size = blocks[k].nbytes
         best, best_gap, floor = None, None, 0
-        for j in meets[np.argsort(offsets[meets], kind="stable")]:
-            gap = offsets[j] - floor
-            if gap >= b.nbytes and (best_gap is None or gap < best_gap):
+        for offset, top in sorted((offsets[j], offsets[j] + blocks[j].nbytes) for j in meets[k]
+                                  if offsets[j] >= 0):
+            gap = offset - floor
+            if gap >= size and (best_gap is None or gap < best_gap):
                 best, best_gap = floor, gap
-            floor = max(floor, tops[j])
+            floor = max(floor, top)
         offsets[k] = floor if best is None else best
-        tops[k] = offsets[k] + b.nbytes
-        placed[k] = True
-    return offsets.tolist()
+    return offsets
 
 
 def relocate(program):
