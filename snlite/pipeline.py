@@ -7,6 +7,8 @@
 2. with ``schedule`` naming a GPU, :func:`snlite.overlap.retime` moves the offload schedule's copies in
    time to hide behind compute, keeping the peak (it asks this module to place each candidate);
 3. :func:`snlite.placement.walk` places the plan: every allocation, copy, event and launch (where and when);
+   under ``fit="offline"`` :func:`snlite.offline.relocate` then moves every arena block, each offset
+   chosen knowing every lifetime (:func:`_offline`);
 4. with the LRU cache and a GPU schedule, the cache's moves are retimed too
    (:func:`snlite.overlap.cache_hints`) and the plan placed once more, kept only if it moves no more
    bytes at no higher peak;

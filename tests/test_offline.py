@@ -171,3 +171,14 @@ def test_plan_takes_fit_offline_and_prints_the_lower_bound_next_to_the_arena(cap
     assert len(table) == 3 and table[2].startswith("| lenet (64) |") and "offline" in table[0]
     first, best, off = (float(c.split("(")[1].rstrip(") ")) for c in table[2].split("|")[3:6])
     assert off == 1.0 and first >= off and best >= off
+
+
+@pytest.mark.parametrize("net", ["mixed", "lenet", "alexnet"])
+def test_without_the_cache_or_the_dynamic_workspace_the_smallest_budget_is_the_offline_arena(net):
+    """Nothing then asks what fits now: the walk decides the same at every budget, so offline fits
+    exactly the budgets at or above its arena (no budget), and bisection finds that arena."""
+    g = mixed_net() if net == "mixed" else get_model(net, batch=8)
+    config = MemoryConfig(liveness=True, offload=True, recompute="speed", workspace="fastest", fit="offline")
+    arena = place(g, config).arena_bytes
+    assert smallest_budget(g, config) == arena
+    assert smallest_budget(g, config.replace(fit="first")) >= arena
