@@ -176,8 +176,10 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
     with :class:`~snlite.pool.LivePool`, which limits only the bytes in use. Where the offsets then
     need more than the budget (the arena above the lower bound), the walk is planned again with less
     room: first less offered to the dynamic workspace (``spare``), then, once it gets none, a smaller
-    budget for the cache to evict against. Each retry takes the overshoot and at least twice the last
-    cut, so each of the two phases ends within about 30 walks: at a fit, or where the walk cannot fit."""
+    budget for the cache to evict against. Each retry takes the overshoot (at least a byte) and at
+    least twice the last cut, and neither phase can cut more than the budget, so each ends within
+    about 35 walks (2**35 bytes is 32 GiB; a larger budget adds one walk per doubling): at a fit, or
+    where the walk itself cannot fit, or with nothing left to cut."""
     def walk(config, spare=0):
         placed = placement.walk(job.graph, config, plan, job.specs, job.costs, job.mode, hints, spare)
         placed.program = offline.relocate(placed.program)
@@ -186,29 +188,31 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
     budget = job.config.budget_bytes
     try:
         return walk(job.config.replace(fit="first"))
-    except BudgetError as e:
+    except BudgetError:
         if budget is None:
             raise
-        error = e
-    planning, spare, cut = budget, 0, 0
+    planning, spare, cut, overshot = budget, 0, 0, None
     while True:
         try:
             placed = walk(job.config.replace(budget_bytes=planning), spare)
         except BudgetError:
-            raise error from None
-        over = placed.program.arena_bytes - budget
-        if over <= 0:
+            if overshot is None:
+                raise  # more bytes live at once than the budget: no placement can fit
+            raise BudgetError(overshot) from None
+        arena, lower = offline.bounds(placed.program)
+        if arena <= budget:
             return placed
-        cut = max(over, 2 * cut)
+        overshot = (f"{job.graph.name} does not fit a budget of {budget:,d} bytes under "
+                    f"{job.config.describe()} with fit='offline': the bytes live at once fit ({lower:,d} at "
+                    f"most), but placing them needs an arena of {arena:,d} bytes")
+        cut = max(arena - budget, 2 * cut)
         if job.config.workspace == "dynamic" and spare < planning:
             spare += cut
             cut = 0 if spare >= planning else cut  # the cache's phase starts from the overshoot again
         elif job.config.cache and planning - cut >= MIN_BUDGET_BYTES:
             planning -= cut
         else:
-            raise BudgetError(f"{error} With fit='offline', the bytes live at once fit "
-                              f"({offline.bounds(placed.program)[1]:,d} at most), but placing them needs an "
-                              f"arena of {placed.program.arena_bytes:,d} bytes.") from None
+            raise BudgetError(overshot)
 
 
 def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.Placed]:

@@ -182,3 +182,15 @@ def test_without_the_cache_or_the_dynamic_workspace_the_smallest_budget_is_the_o
     arena = place(g, config).arena_bytes
     assert smallest_budget(g, config) == arena
     assert smallest_budget(g, config.replace(fit="first")) >= arena
+
+
+def test_a_budget_between_the_lower_bound_and_the_offline_arena_says_so():
+    g = get_model("alexnet", batch=8)
+    config = MemoryConfig(liveness=True, recompute="memory", workspace="fastest", fit="offline")
+    arena, lower = offline.bounds(place(g, config))
+    assert lower < arena
+    with pytest.raises(BudgetError, match=f"the bytes live at once fit \\({lower:,d} at most\\), but placing "
+                                          f"them needs an arena of {arena:,d} bytes"):
+        place(g, config.replace(budget_bytes=lower))
+    with pytest.raises(BudgetError, match="largest free block"):  # the live bytes themselves do not fit
+        place(g, config.replace(budget_bytes=lower - 1024))
