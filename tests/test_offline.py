@@ -194,3 +194,22 @@ def test_a_budget_between_the_lower_bound_and_the_offline_arena_says_so():
         place(g, config.replace(budget_bytes=lower))
     with pytest.raises(BudgetError, match="largest free block"):  # the live bytes themselves do not fit
         place(g, config.replace(budget_bytes=lower - 1024))
+
+
+def test_the_live_pool_limits_the_bytes_in_use_not_where_they_are():
+    from snlite.pool import LivePool, PoolFullError, TensorPool
+
+    KB = 1024
+    first, live = TensorPool(8 * KB), LivePool(8 * KB, 64 * KB, spare_bytes=KB)
+    for pool in (first, live):
+        held = [pool.alloc(KB, f"t{i}") for i in range(8)]
+        for off in held[::2]:
+            pool.free(off)  # four free blocks, none next to another
+    with pytest.raises(PoolFullError):
+        first.alloc(2 * KB, "x")  # first fit: no two free blocks touch
+    assert live.alloc(2 * KB, "x") % KB == 0 and live.in_use_bytes == 6 * KB  # offline: 4 KB are free
+    assert live.largest_free_block() == 8 * KB - 6 * KB - KB  # the room the workspace is offered
+    with pytest.raises(PoolFullError, match="y"):
+        live.alloc(3 * KB, "y")
+    with pytest.raises(PoolFullError, match="c"):
+        LivePool(4 * KB, 64 * KB).alloc_all([("a", 2 * KB), ("b", KB), ("c", 2 * KB)])
