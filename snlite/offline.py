@@ -30,6 +30,8 @@ import dataclasses
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
+
 from snlite.program import Alloc, Copy, Free, HandOver
 
 ARENA = "arena"
@@ -99,29 +101,15 @@ def assign(blocks: list[Block]) -> list[int]:
     allow), by size with equal sizes longest-lived first (TensorFlow Lite's), and by breadth."""
     if not blocks:
         return []
-    earlier = _live_at_starts(blocks)
-    meets = [list(e) for e in earlier]  # every block whose lifetime meets k's
-    for k, others in enumerate(earlier):
-        for j in others:
-            meets[j].append(k)
-    tries = [_greedy(blocks, meets, order) for order in (
-        _by_size(blocks, "start"), _by_size(blocks, "longest"), _by_breadth(blocks, earlier))]
-    return min(tries, key=lambda offsets: arena_of(blocks, offsets))
-
-
-def _live_at_starts(blocks: list[Block]) -> list[list[int]]:
-    """For each block, the blocks allocated before it and still live when it is: one sweep over time
-    (a heap of ends), so the cost is the number of pairs that meet, not the square of the blocks."""
-    earlier: list[list[int]] = [[] for _ in blocks]
-    live: dict[int, None] = {}  # in order of allocation
-    ends: list[tuple[int, int]] = []
-    for k in sorted(range(len(blocks)), key=lambda k: blocks[k].start):
-        while ends and ends[0][0] < blocks[k].start:
-            live.pop(heapq.heappop(ends)[1])
-        earlier[k] = list(live)
-        live[k] = None
-        heapq.heappush(ends, (blocks[k].end, k))
-    return earlier
+    ranked = sorted(range(len(blocks)), key=lambda k: blocks[k].start)  # in time order from here on
+    timed = [blocks[k] for k in ranked]
+    tries = [_greedy(timed, order) for order in (
+        _by_size(timed, "start"), _by_size(timed, "longest"), _by_breadth(timed))]
+    best = min(tries, key=lambda offsets: arena_of(timed, offsets))
+    offsets = [0] * len(blocks)
+    for rank, k in enumerate(ranked):
+        offsets[k] = best[rank]
+    return offsets
 
 
 def _by_size(blocks: list[Block], ties: str) -> list[int]:
@@ -133,35 +121,57 @@ def _by_size(blocks: list[Block], ties: str) -> list[int]:
                   key=lambda k: (-blocks[k].nbytes, blocks[k].start - blocks[k].end, blocks[k].start))
 
 
-def _by_breadth(blocks: list[Block], earlier: list[list[int]]) -> list[int]:
+def _by_breadth(blocks: list[Block]) -> list[int]:
     """The busiest moment first (the most bytes live at a block's allocation), each moment's blocks
-    largest first: the blocks that decide the peak are placed while the arena is still empty."""
-    live_at = [(sum(blocks[j].nbytes for j in earlier[k]) + blocks[k].nbytes, blocks[k].start, k)
-               for k in range(len(blocks))]
-    order, seen = [], [False] * len(blocks)
-    for _, _, k in sorted(live_at, key=lambda x: (-x[0], x[1])):
-        here = [j for j in (*earlier[k], k) if not seen[j]]
-        for j in here:
-            seen[j] = True
-        order.extend(sorted(here, key=lambda j: (-blocks[j].nbytes, blocks[j].start, j)))
+    largest first: the blocks that decide the peak are placed while the arena is still empty.
+    ``blocks`` in time order."""
+    starts, ends, sizes = _arrays(blocks)
+    live, total, gone = [], 0, []  # the bytes live at each block's start: one sweep, a heap of ends
+    for k, b in enumerate(blocks):
+        while gone and gone[0][0] < b.start:
+            total -= heapq.heappop(gone)[1]
+        total += b.nbytes
+        live.append(total)
+        heapq.heappush(gone, (b.end, b.nbytes))
+    order, seen = [], np.zeros(len(blocks), bool)
+    for k in sorted(range(len(blocks)), key=lambda k: (-live[k], k)):
+        here = np.flatnonzero((ends[:k + 1] >= starts[k]) & ~seen[:k + 1])
+        seen[here] = True
+        order.extend(sorted(here.tolist(), key=lambda j: (-blocks[j].nbytes, j)))
     return order
 
 
-def _greedy(blocks: list[Block], meets: list[list[int]], order: list[int]) -> list[int]:
-    """Place ``blocks`` in ``order``: each goes into the smallest gap, among the placed blocks whose
-    lifetimes meet its own (``meets``), that holds it (the lowest such gap on a tie), else above them."""
-    offsets = [-1] * len(blocks)
+def _arrays(blocks: list[Block]) -> tuple:
+    """The blocks' starts, ends and sizes, as three arrays."""
+    return tuple(np.array([getattr(b, f) for b in blocks], dtype=np.int64)
+                 for f in ("start", "end", "nbytes"))
+
+
+def _greedy(blocks: list[Block], order: list[int]) -> list[int]:
+    """Place ``blocks`` (in time order) in ``order``: each goes into the smallest gap, among the placed
+    blocks whose lifetimes meet its own, that holds it (the lowest such gap on a tie), else above them.
+    In NumPy, one block at a time: those that meet it are the earlier ones still live at its start
+    and the later ones that start before its end (a slice, starts being sorted); the placed ones
+    sorted by offset, the floor below each (the highest top before it), the gaps, the smallest that
+    fits."""
+    starts, ends, sizes = _arrays(blocks)
+    last = np.searchsorted(starts, ends, side="right")  # blocks [k + 1, last[k]) start while k lives
+    offsets = np.full(len(blocks), -1, dtype=np.int64)
+    never = np.iinfo(np.int64).max
     for k in order:
-        size = blocks[k].nbytes
-        best, best_gap, floor = None, None, 0
-        for offset, top in sorted((offsets[j], offsets[j] + blocks[j].nbytes) for j in meets[k]
-                                  if offsets[j] >= 0):
-            gap = offset - floor
-            if gap >= size and (best_gap is None or gap < best_gap):
-                best, best_gap = floor, gap
-            floor = max(floor, top)
-        offsets[k] = floor if best is None else best
-    return offsets
+        nb = np.concatenate((np.flatnonzero(ends[:k] >= starts[k]), np.arange(k + 1, last[k])))
+        nb = nb[offsets[nb] >= 0]
+        if not len(nb):
+            offsets[k] = 0
+            continue
+        lows, tops = offsets[nb], offsets[nb] + sizes[nb]
+        by = np.lexsort((tops, lows))
+        lows, tops = lows[by], tops[by]
+        floors = np.concatenate(([0], np.maximum.accumulate(tops)[:-1]))
+        gaps = np.where(lows - floors >= sizes[k], lows - floors, never)
+        best = int(np.argmin(gaps))
+        offsets[k] = floors[best] if gaps[best] != never else max(floors[-1], tops[-1])
+    return offsets.tolist()
 
 
 def relocate(program):
