@@ -178,6 +178,8 @@ def relocate(program):
     """``program`` with its body's arena blocks at the offsets :func:`assign` chooses (above the
     persistent tensors), where that arena is smaller than the walk's own; nothing else changes."""
     blocks, which, base = lifetimes(program)
+    if program.arena_bytes <= base + lower_bound(blocks):  # the walk's own placement is already the best
+        return program
     offsets = assign(blocks)
     if base + arena_of(blocks, offsets) >= program.arena_bytes:  # the walk's own placement is as good
         return program
