@@ -4,7 +4,8 @@
     python -m snlite.bench searches              # the planner's long commands, whole, on one core, timed
     python -m snlite.bench tutorials [--quick]   # every tutorial as a script, on one core, timed
     python -m snlite.bench zoo [--batch 16]      # peak / l_peak of the zoo under each preset, and the
-                                                 # smallest budget of superneurons() / l_peak (Markdown)
+                                                 # smallest budget of superneurons() / l_peak (Markdown);
+                                                 # then each fit's arena / lower bound (--table fits)
     python -m snlite.bench host [--repeats 5]    # training img/s on the host device against PyTorch's
                                                  # CPU (when installed), 1 and all threads (Markdown)
     python -m snlite.bench host --breakdown      # where a host step's time goes, by layer kind and phase
@@ -26,8 +27,8 @@ try:
 except ImportError:  # Windows: no CPU time of children
     resource = None
 
-from snlite import bench_host
-from snlite.config import MemoryConfig
+from snlite import bench_host, offline
+from snlite.config import CHOICES, MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.pipeline import place, simulate
 from snlite.search import min_budget
@@ -40,6 +41,7 @@ PRESETS = {
     "+recompute": MemoryConfig(liveness=True, offload=True, recompute="cost_aware"),
     "superneurons": MemoryConfig.superneurons(),
 }
+FITS = CHOICES["fit"]
 ZOO = ("lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152", "inception_v4", "densenet121")
 
 
@@ -157,6 +159,28 @@ def zoo_table(batch: int | None = None, count: str = "paper") -> str:
     return "\n".join(rows)
 
 
+def fit_table(batch: int | None = None, nets=ZOO) -> str:
+    """Markdown: superneurons() without a budget placed under each fit, its arena against the lower
+    bound (the most bytes live at once: the same program, so the same bound under every fit); then
+    the smallest budget of superneurons() under first fit and offline, against l_peak plus what is
+    held all iteration (:func:`snlite.search.min_budget`)."""
+    rows = ["| model (batch) | lower bound | " + " | ".join(f"{f} fit: arena (ratio)" for f in FITS)
+            + " | min budget, first fit (ratio) | min budget, offline (ratio) |",
+            "|---" * (len(FITS) + 4) + "|"]
+    for name in nets:
+        b = batch or DEFAULT_BATCH.get(name, 16)
+        g = get_model(name, batch=b)
+        cells, lower = [], None
+        for fit in FITS:
+            arena, lower = offline.bounds(place(g, MemoryConfig.superneurons(fit=fit)))
+            cells.append(f"{arena / 2**20:,.0f} MiB ({arena / lower:.3f})")
+        for fit in ("first", "offline"):
+            m = min_budget(g, MemoryConfig.superneurons(fit=fit))
+            cells.append(f"{m.budget_bytes / 2**20:,.0f} MiB ({m.ratio:.3f})")
+        rows.append(f"| {name} ({b}) | {lower / 2**20:,.0f} MiB | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m snlite.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -167,6 +191,9 @@ def _parser() -> argparse.ArgumentParser:
     z = sub.add_parser("zoo", help="peak and peak/l_peak of the zoo under each preset, as Markdown")
     z.add_argument("--batch", type=int, default=None, help="one batch for all (default: each model's)")
     z.add_argument("--count", choices=("all", "paper"), default="paper")
+    z.add_argument("--table", choices=("presets", "fits", "both"), default="both",
+                   help="the presets' peaks, the fits' arenas against the lower bound, or both (default)")
+    z.add_argument("--nets", nargs="+", choices=ZOO, default=list(ZOO), help="the fits table's nets")
     s = sub.add_parser("searches",
                        help="maxdepth, paper and tutorial 07, each a whole command on one core, timed")
     s.add_argument("only", nargs="*",
@@ -228,7 +255,12 @@ def main(argv=None) -> int:
             print(f"  {s['units']:6,d} {s['layers']:8,d} {s['instructions']:13,d} {s['program_s']:8.2f} "
                   f"{1e3 * s['program_s'] / s['units']:12.2f}")
     else:
-        print(zoo_table(args.batch, args.count))
+        if args.table != "fits":
+            print(zoo_table(args.batch, args.count))
+        if args.table != "presets":
+            print("\nsuperneurons() under each fit: arena / lower bound (the most bytes live at once), "
+                  "and its smallest budget / (l_peak + held all iteration):")
+            print(fit_table(args.batch, args.nets))
     return 0
 
 

@@ -287,7 +287,8 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     helps = {"recompute": "drop cheap layers' outputs, rebuild them in backward",
              "workspace": "convolution workspace: none (direct), fastest, dynamic (fastest that fits now)",
              "allocator": "pool (one arena, the paper's) or raw (one allocation per tensor)",
-             "fit": "the pool's free-block search",
+             "fit": "the pool's free-block search (first, best), or offline: every offset chosen after "
+                    "the walk, knowing every lifetime",
              "count": "what the trace's peak counts: all (everything on the device) or paper (activations + "
                       "gradients)",
              "optimizer_state": "where SGD's momentum lives between updates: device, host (pinned, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from snlite import measure, search, timing
+from snlite import measure, offline, search, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              check_output_file, memory_config)
@@ -159,7 +159,9 @@ def print_costs(config, m) -> None:
     print(f"transfers: {measure.format_size(t.d2h_bytes)} to the host, {measure.format_size(t.h2d_bytes)} "
           f"back; host peak {measure.format_size(t.host_peak_bytes)}{why}")
     print(f"cache: {t.cache_hits} hits, {t.cache_misses} misses" + ("" if config.cache else " (cache off)"))
-    print(f"memory needed: device arena {measure.format_size(m.arena_bytes)}, pinned host memory "
+    lower = "" if config.allocator == "raw" else \
+        f" (lower bound {measure.format_size(offline.bounds(m.program)[1])}, the most bytes live at once)"
+    print(f"memory needed: device arena {measure.format_size(m.arena_bytes)}{lower}, pinned host memory "
           f"{measure.format_size(m.slab_bytes)} (the program's high-water marks; the staged batch and "
           "results included)")
     if config.budget_bytes:

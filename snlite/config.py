@@ -17,7 +17,7 @@ CHOICES = {
     "recompute": ("off", "speed", "memory", "cost_aware"),
     "workspace": ("none", "fastest", "dynamic"),
     "allocator": ("pool", "raw"),
-    "fit": ("first", "best"),
+    "fit": ("first", "best", "offline"),  # offline: snlite.offline, after the walk
     "count": ("all", "paper"),
     "schedule": ("paper", "H200", "A100", "T4", "K40"),  # the GPU profiles of snlite.timing
     "optimizer_state": ("device", "host", "auto"),
@@ -34,7 +34,7 @@ class MemoryConfig:
     recompute: str = "off"  # drop cheap layers' outputs after forward, rebuild them in backward
     workspace: str = "none"  # conv algorithms: direct only, the fastest, or the fastest that fits now
     allocator: str = "pool"  # one arena, or one device allocation per tensor
-    fit: str = "first"  # the pool's policy over its 1 KiB blocks
+    fit: str = "first"  # the pool's policy over its 1 KiB blocks, or offline (knowing every lifetime)
     budget_bytes: int | None = None  # the device memory allowed
     count: str = "all"  # what the trace's peak counts: everything, or activations + gradients (paper)
     host_budget_bytes: int | None = None  # the pinned host memory allowed

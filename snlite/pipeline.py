@@ -7,6 +7,8 @@
 2. with ``schedule`` naming a GPU, :func:`snlite.overlap.retime` moves the offload schedule's copies in
    time to hide behind compute, keeping the peak (it asks this module to place each candidate);
 3. :func:`snlite.placement.walk` places the plan: every allocation, copy, event and launch (where and when);
+   under ``fit="offline"`` :func:`snlite.offline.relocate` then moves every arena block, each offset
+   chosen knowing every lifetime (:func:`_offline`);
 4. with the LRU cache and a GPU schedule, the cache's moves are retimed too
    (:func:`snlite.overlap.cache_hints`) and the plan placed once more, kept only if it moves no more
    bytes at no higher peak;
@@ -19,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snlite import overlap, placement, timing
+from snlite import offline, overlap, placement, timing
 from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
-from snlite.config import MemoryConfig
+from snlite.config import MIN_BUDGET_BYTES, MemoryConfig
 from snlite.pool import TensorPool
 from snlite.program import MODES, Program, without_cycle_collection
 from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
@@ -156,10 +158,61 @@ def _specs(graph, optimizer: bool) -> dict:
 
 
 def _walk(job: Job, plan, hints=None) -> placement.Placed:
-    placed = placement.walk(job.graph, job.config, plan, job.specs, job.costs, job.mode, hints)
+    if job.config.fit == "offline" and job.config.allocator == "pool":
+        placed = _offline(job, plan, hints)
+    else:
+        placed = placement.walk(job.graph, job.config, plan, job.specs, job.costs, job.mode, hints)
     for check in AFTER_PLACEMENT:
         check(placed.program, job.graph)
     return placed
+
+
+def _offline(job: Job, plan, hints) -> placement.Placed:
+    """``fit="offline"``: the walk's decisions, every arena offset then chosen knowing every lifetime
+    (:func:`snlite.offline.relocate`, whose arena is never larger than the walk's own).
+
+    The decisions are first fit's wherever first fit meets the budget (or there is none): the same
+    instructions, other offsets. Where first fit runs out of contiguous room, the walk is planned
+    with :class:`~snlite.pool.LivePool`, which limits only the bytes in use. Where the offsets then
+    need more than the budget (the arena above the lower bound), the walk is planned again with less
+    room: first less offered to the dynamic workspace (``spare``), then, once it gets none, a smaller
+    budget for the cache to evict against. Each retry takes the overshoot (at least a byte) and at
+    least twice the last cut, and neither phase can cut more than the budget, so each ends within
+    about 35 walks (2**35 bytes is 32 GiB; a larger budget adds one walk per doubling): at a fit, or
+    where the walk itself cannot fit, or with nothing left to cut."""
+    def walk(config, spare=0):
+        placed = placement.walk(job.graph, config, plan, job.specs, job.costs, job.mode, hints, spare)
+        placed.program = offline.relocate(placed.program)
+        return placed
+
+    budget = job.config.budget_bytes
+    try:
+        return walk(job.config.replace(fit="first"))
+    except BudgetError:
+        if budget is None:
+            raise
+    planning, spare, cut, overshot = budget, 0, 0, None
+    while True:
+        try:
+            placed = walk(job.config.replace(budget_bytes=planning), spare)
+        except BudgetError:
+            if overshot is None:
+                raise  # more bytes live at once than the budget: no placement can fit
+            raise BudgetError(overshot) from None
+        arena, lower = offline.bounds(placed.program)
+        if arena <= budget:
+            return placed
+        overshot = (f"{job.graph.name} does not fit a budget of {budget:,d} bytes under "
+                    f"{job.config.describe()} with fit='offline': the bytes live at once fit ({lower:,d} at "
+                    f"most), but placing them needs an arena of {arena:,d} bytes")
+        cut = max(arena - budget, 2 * cut)
+        if job.config.workspace == "dynamic" and spare < planning:
+            spare += cut
+            cut = 0 if spare >= planning else cut  # the cache's phase starts from the overshoot again
+        elif job.config.cache and planning - cut >= MIN_BUDGET_BYTES:
+            planning -= cut
+        else:
+            raise BudgetError(overshot)
 
 
 def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.Placed]:

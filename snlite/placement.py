@@ -6,7 +6,8 @@ decisions are made. For each op it
    prefetches into freshly allocated blocks on the ``copy_in`` stream;
 2. makes every tensor the op reads resident: waits for a prefetch, or (with the LRU cache) fetches
    a tensor the cache evicted, counting hits and misses; locks them;
-3. allocates what the op writes (first or best fit over 1 KiB blocks, :mod:`snlite.pool`); an
+3. allocates what the op writes (first or best fit over 1 KiB blocks, :mod:`snlite.pool`; under
+   ``fit="offline"`` :mod:`snlite.offline` moves every block after the walk); an
    in-place write takes over the buffer it overwrites; with the cache on, an allocation that does not
    fit evicts unlocked tensors (:func:`snlite.cache.choose_victim`) until it does;
 4. picks each conv step's algorithm and places its workspace (:mod:`snlite.workspace`);
@@ -29,7 +30,7 @@ from snlite.errors import BudgetError, PlanError, staging_message
 from snlite.residency import Residency
 from snlite.cache import Eviction, Fetch, Hints, LRUCache
 from snlite.copies import Emitter
-from snlite.pool import HostPool, PoolFullError, RawAllocator, TensorPool
+from snlite.pool import HostPool, LivePool, PoolFullError, RawAllocator, TensorPool
 from snlite.program import COMPUTE, HOST, Alloc, HostRead, HostWait, Launch, Program
 from snlite.scheduler import PlannedOp, persistent_tensors, update_op
 from snlite.tensor import State, Tensor
@@ -46,15 +47,19 @@ class Placed:
     fetches: list[Fetch] = field(default_factory=list)
 
 
-def walk(graph, config, plan, specs: dict, costs, mode: str, hints: Hints | None = None) -> Placed:
-    """Place ``plan`` (see the module docstring); ``specs``: every tensor's spec, the optimizer's too."""
-    return Placer(graph, config, plan, specs, costs, mode, hints).run()
+def walk(graph, config, plan, specs: dict, costs, mode: str, hints: Hints | None = None,
+         spare_bytes: int = 0) -> Placed:
+    """Place ``plan`` (see the module docstring); ``specs``: every tensor's spec, the optimizer's too.
+    ``spare_bytes``: under ``fit="offline"``, room the dynamic workspace is not offered (LivePool)."""
+    return Placer(graph, config, plan, specs, costs, mode, hints, spare_bytes).run()
 
 
 class Placer(Residency):
     """One placement: the walk over the plan's ops; the moves each makes are :class:`Residency`'s."""
 
-    def __init__(self, graph, config, plan, specs, costs, mode: str, hints: Hints | None = None):
+    def __init__(self, graph, config, plan, specs, costs, mode: str, hints: Hints | None = None,
+                 spare_bytes: int = 0):
+        self.spare_bytes = spare_bytes
         self.graph, self.config, self.plan, self.specs = graph, config, plan, specs
         self.costs, self.mode = costs, mode
         self.hints = hints or Hints()
@@ -86,7 +91,7 @@ class Placer(Residency):
         self.out = self.emit.out
         self._reserved: dict[int, int] = {}
         self.capacity = config.budget_bytes or self._arena_bound()
-        self.pool = RawAllocator(self.capacity) if self.raw else TensorPool(self.capacity, fit=config.fit)
+        self.pool = self._pool()
         self.layout = slab.layout(graph, self.nbytes, self.host_state, self.train)
         if config.host_budget_bytes is not None and config.host_budget_bytes < self.layout.staging_bytes:
             raise BudgetError(staging_message(graph, config.describe(), config.host_budget_bytes,
@@ -105,6 +110,16 @@ class Placer(Residency):
     def _arena_bound(self) -> int:
         bases = slab.incarnations(self.specs, self.plan)
         return slab.arena_upper_bound(self.nbytes, bases, self.ranked.largest_workspace(self.graph))
+
+    def _pool(self):
+        """Raw, first or best fit; under ``fit="offline"`` the walk's offsets are provisional
+        (:mod:`snlite.offline` moves them), so the budget limits the bytes in use, not where they are."""
+        fit = self.config.fit
+        if self.raw:
+            return RawAllocator(self.capacity)
+        if fit != "offline":
+            return TensorPool(self.capacity, fit=fit)
+        return LivePool(self.capacity, self._arena_bound(), self.spare_bytes)
 
     def _host_bound(self) -> int:
         if not (self.config.offload or self.config.cache):

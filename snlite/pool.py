@@ -269,6 +269,38 @@ class TensorPool(_Books):
         # END ASSIGNMENT 2
 
 
+class LivePool(TensorPool):
+    """The walk's pool under ``fit="offline"`` and a budget: an allocation fits when the bytes in use
+    plus its own stay within ``limit_bytes``, wherever the holes are, because the offsets it returns
+    are only provisional (:mod:`snlite.offline` chooses the real ones after the walk). First fit over
+    ``room_bytes``, enough for every allocation at once, keeps them provisional but distinct. "The
+    largest free block" (what the dynamic workspace asks) is ``limit_bytes`` minus the bytes in use
+    and minus ``spare_bytes``: a workspace that fills every free byte makes each conv step a moment
+    where the blocks must tile the budget exactly, which no placement manages at every such moment."""
+
+    def __init__(self, limit_bytes: int, room_bytes: int, spare_bytes: int = 0, block_bytes: int = 1024):
+        super().__init__(max(limit_bytes, room_bytes), "first", block_bytes)
+        self.limit_bytes = limit_bytes // self.block_bytes * self.block_bytes
+        self.spare_bytes = spare_bytes
+
+    def _find(self, need: int) -> int | None:
+        return None if self.in_use_bytes + need > self.limit_bytes else super()._find(need)
+
+    def largest_free_block(self) -> int:
+        return max(0, self.limit_bytes - self.in_use_bytes - self.spare_bytes)
+
+    def alloc_all(self, requests, step=None) -> list[int]:
+        requests = list(requests)
+        if sum(self.reserved_bytes(n) for _, n in requests) > self.limit_bytes:
+            return [self.alloc(nbytes, name, step) for name, nbytes in requests]  # fails at the right one
+        return super().alloc_all(requests, step)
+
+    def stats(self) -> PoolStats:
+        free = self.limit_bytes - self.in_use_bytes
+        return PoolStats(self.limit_bytes, self.in_use_bytes, self.peak_in_use_bytes, free, free, 0.0,
+                         len(self._live), self.total_allocs, self.high_water_bytes)
+
+
 class HostPool(TensorPool):
     """Pinned host buffers: one slab taken once (pinning is slow), carved and reused like the arena.
 

@@ -59,7 +59,8 @@ def test_every_flag_combination_is_bit_identical_on_the_adversarial_device(order
     base = _train(g, MemoryConfig(), steps=2)
     deferred = 0
     timed = [c.replace(schedule="H200") for c in ALL_CONFIGS if c.offload or c.cache]  # copies moved in time
-    for k, config in enumerate(ALL_CONFIGS + timed + [MemoryConfig.superneurons(allocator="raw")]):
+    offline = [c.replace(fit="offline") for c in (ALL_CONFIGS + timed)[::6]]  # blocks reused tighter
+    for k, config in enumerate(ALL_CONFIGS + timed + [MemoryConfig.superneurons(allocator="raw")] + offline):
         copies = COPY_TIES[k % len(COPY_TIES)]
         run = _train(g, config, device=AdversarialDevice(order, seed=k, copies=copies), steps=2)
         _same(run, base, f"{config.describe()} ({order}, copies {copies})")
@@ -83,12 +84,27 @@ def test_a_grouped_net_with_relu6_and_ceil_mode_trains_bit_identically_under_eve
 
 
 @pytest.mark.parametrize("config", [MemoryConfig(allocator="raw"), MemoryConfig.superneurons(fit="best"),
+                                    MemoryConfig.superneurons(fit="offline"),
                                     MemoryConfig.superneurons(allocator="raw", count="paper")],
                          ids=lambda c: f"{c.allocator}-{c.fit}-{c.count}")
 def test_allocators_and_fits_are_bit_identical(config, baseline_run):
     run = _train(mixed_net(), config)
     _same(run, baseline_run, f"{config.allocator}, {config.fit} fit")
     assert run[2].trace.peak_bytes == simulate(mixed_net(), config).peak_bytes
+
+
+def test_every_flag_combination_under_offline_placement_is_bit_identical_and_holds_the_planned_arena(
+        baseline_run):
+    """fit="offline" moves every block after the walk: the numbers stay, and the device allocates
+    exactly the arena the meta device planned (the offsets' highest end), under every switch."""
+    g = mixed_net()
+    for config in ALL_CONFIGS:
+        config = config.replace(fit="offline")
+        run = _train(g, config)
+        _same(run, baseline_run, config.describe() + " (offline)")
+        model = run[2]
+        assert model.trace.peak_bytes == simulate(g, config).peak_bytes
+        assert model.device.arena_bytes == max(p.arena_bytes for p in model.programs.values())
 
 
 def test_lru_cache_evicts_only_under_pressure_and_counts(baseline_run):

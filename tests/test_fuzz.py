@@ -111,7 +111,7 @@ def batch(draw, shape, classes):
 
 CONFIG = st.builds(MemoryConfig, liveness=st.booleans(), offload=st.booleans(), cache=st.booleans(),
                    recompute=st.sampled_from(CHOICES["recompute"]),
-                   workspace=st.sampled_from(CHOICES["workspace"]),
+                   workspace=st.sampled_from(CHOICES["workspace"]), fit=st.sampled_from(CHOICES["fit"]),
                    budget_bytes=st.sampled_from([None] * 4 + [1024, 16 << 10, 256 << 10, 1 << 20]))
 
 

@@ -6,7 +6,9 @@
 #   device allocations of one training iteration under `allocator="raw"` and `allocator="pool"`;
 # - how the pool hands out 1 KB blocks: first fit (the paper's) and best fit, and coalescing on free;
 # - fragmentation: free bytes that exist but are not in one piece, seen with `format_map`, on a
-#   hand-made sequence, on a real plan replayed op by op, and as the arena a real network needs.
+#   hand-made sequence, on a real plan replayed op by op, and as the arena a real network needs;
+# - placement decided offline (`fit="offline"`): the same program, every offset chosen knowing every
+#   lifetime, against the lower bound no placement can beat.
 #
 # Run it: `python tutorials/03_tensor_pool.py` from the repository root (after `pip install -e .`), or
 # cell by cell (`# %%` cells in VS Code or Jupyter). About 2 s; no GPU.
@@ -199,6 +201,55 @@ expect("under superneurons(), little or nothing is lost (under 2%), with either 
        max(lost["superneurons()", fit] for fit in ("first", "best")) < 0.02,
        why="the LRU cache moves tensors to the host whenever an allocation fails, which also opens holes "
            "where they are needed: the arena shrinks until the holes are used.")
+
+# %% [markdown]
+# ## Online against offline: the same program, placed knowing the future
+# The pool above decides each offset when the allocation happens. But snlite writes the whole program
+# before anything runs, so every block's lifetime is known: `fit="offline"` keeps the walk's decisions
+# and then chooses every offset again, knowing them all (`snlite.offline`, greedy by size and by
+# breadth, as compilers that plan memory ahead do). Below: the top of the live blocks, op by op, under
+# each, and the bytes live there, which no placement can go below. First fit's top follows what is live
+# and overshoots it where holes are left; offline's is its whole arena from the first op (it puts early
+# blocks where the late, large ones will not need the room), but never more than that.
+
+# %%
+from snlite import offline  # noqa: E402  (the lesson's imports grow with it)
+from snlite.program import Alloc, Free, HandOver, Launch  # noqa: E402
+
+
+def tops(program):
+    """At each launch: the highest end offset of the arena blocks live there, and the bytes live."""
+    live, out = {}, []
+    for ins in (*program.setup, *program.body):
+        if type(ins) is Alloc and ins.space == "arena":
+            live[ins.tensor] = (ins.offset, ins.nbytes)
+        elif type(ins) is Free and ins.space == "arena":
+            del live[ins.tensor]
+        elif type(ins) is HandOver and ins.old in live:
+            live[ins.new] = live.pop(ins.old)
+        elif type(ins) is Launch:
+            out.append((max(o + n for o, n in live.values()), sum(n for _, n in live.values())))
+    return out
+
+
+sn = MemoryConfig.superneurons()
+online, ahead = place(alex, sn), place(alex, sn.replace(fit="offline"))
+t_on, t_off = tops(online), tops(ahead)
+print(f"AlexNet, batch {alex.input_shape[0]}, superneurons(), no budget: the arena over time (MiB)")
+print(f"{'launch':>6} {'live':>8} {'top, first fit':>15} {'top, offline':>13}")
+worst = max(range(len(t_on)), key=lambda k: t_on[k][0])  # where first fit's arena is reached
+for k in sorted({*range(0, len(t_on), max(1, len(t_on) // 12)), worst}):
+    print(f"{k:6d} {t_on[k][1] / MiB:8,.0f} {t_on[k][0] / MiB:15,.0f} {t_off[k][0] / MiB:13,.0f}")
+arena_on, lower = offline.bounds(online)
+arena_off = offline.bounds(ahead)[0]
+print(f"arena: first fit {arena_on / MiB:,.0f} MiB, offline {arena_off / MiB:,.0f} MiB; "
+      f"lower bound {lower / MiB:,.0f} MiB")
+expect("offline runs the same instructions, only at other offsets",
+       [type(i) for i in online.body] == [type(i) for i in ahead.body])
+expect("offline's arena is within 2% of the lower bound, and first fit's is more than 10% above it",
+       arena_off <= 1.02 * lower and arena_on > 1.10 * lower,
+       why="first fit placed each block not knowing which would come next; the holes it left between "
+           "long-lived blocks were too small for the large ones that followed.")
 
 # %% [markdown]
 # ## Exercise

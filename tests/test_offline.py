@@ -1,0 +1,215 @@
+"""fit="offline": every arena offset chosen after the walk from the program's known lifetimes. The same
+instructions as first fit, only the offsets and the arena differ; blocks live together never share a
+byte; the arena is never above first fit's and reaches the lower bound on small nets; the race checker
+catches a lifetime cut short; training is bit-identical; under a budget fitting is monotone."""
+import dataclasses
+import random
+
+import pytest
+
+from nets import mixed_net
+from snlite import offline
+from snlite.budget import fits, smallest_budget
+from snlite.checker import check
+from snlite.config import MemoryConfig
+from snlite.errors import BudgetError
+from snlite.models import get_model
+from snlite.pipeline import place
+from snlite.program import Alloc, Copy, Free, Wait
+from snlite.validate import ProgramError
+
+CONFIGS = [MemoryConfig(liveness=True), MemoryConfig(liveness=True, offload=True, recompute="memory"),
+           MemoryConfig.superneurons(), MemoryConfig.superneurons(optimizer_state="host", schedule="paper")]
+
+
+def without_offsets(program) -> list:
+    """The body with every arena offset zeroed: what must not change between first fit and offline."""
+    out = []
+    for ins in program.body:
+        if type(ins) in (Alloc, Free) and ins.space == "arena":
+            ins = dataclasses.replace(ins, offset=0)
+        elif type(ins) is Copy:
+            ins = dataclasses.replace(ins, src_offset=0 if ins.src == "arena" else ins.src_offset,
+                                      dst_offset=0 if ins.dst == "arena" else ins.dst_offset)
+        out.append(ins)
+    return out
+
+
+def overlapping(blocks, offsets) -> list:
+    """Pairs of blocks live at one instruction whose bytes meet (there must be none)."""
+    return [(a, b) for a in range(len(blocks)) for b in range(a)
+            if blocks[a].start <= blocks[b].end and blocks[b].start <= blocks[a].end
+            and offsets[a] < offsets[b] + blocks[b].nbytes and offsets[b] < offsets[a] + blocks[a].nbytes]
+
+
+def test_assign_never_overlaps_live_blocks_and_reaches_the_lower_bound_on_an_interval_graph():
+    rng = random.Random(3)
+    for _ in range(40):
+        blocks = []
+        for _ in range(rng.randint(1, 40)):
+            start = rng.randint(0, 60)
+            size = 1024 * rng.choice((1, 2, 3, 8, 16))
+            blocks.append(offline.Block(start, start + rng.randint(0, 20), size))
+        offsets = offline.assign(blocks)
+        assert not overlapping(blocks, offsets)
+        assert all(o % 1024 == 0 and o >= 0 for o in offsets)
+        assert offline.arena_of(blocks, offsets) >= offline.lower_bound(blocks)
+    same = [offline.Block(0, 5, 2048), offline.Block(6, 9, 4096), offline.Block(3, 7, 1024)]
+    assert offline.lower_bound(same) == 5120 and offline.arena_of(same, offline.assign(same)) == 5120
+
+
+def test_a_wrong_assignment_is_caught_by_the_tests_own_overlap_check():
+    blocks = [offline.Block(0, 5, 1024), offline.Block(5, 9, 1024)]  # both live at instruction 5
+    assert overlapping(blocks, [0, 0]) and not overlapping(blocks, offline.assign(blocks))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.describe())
+@pytest.mark.parametrize("net", ["mixed", "lenet", "alexnet"])
+def test_offline_is_first_fits_program_with_other_offsets_and_an_arena_no_larger(net, config):
+    g = mixed_net() if net == "mixed" else get_model(net, batch=8)
+    first, off = place(g, config), place(g, config.replace(fit="offline"))
+    assert without_offsets(off) == without_offsets(first) and off.setup == first.setup
+    assert off.slab_bytes == first.slab_bytes and off.stats == first.stats
+    arena, lower = offline.bounds(off)
+    assert offline.bounds(first)[1] == lower <= arena <= first.arena_bytes
+    assert arena <= 1.02 * lower, f"offline arena {arena:,d} is more than 2% above the lower bound {lower:,d}"
+    blocks, _, base = offline.lifetimes(off)
+    starts = [i for i, ins in enumerate(off.body) if type(ins) is Alloc and ins.space == "arena"]
+    assert not overlapping(blocks, [off.body[i].offset for i in starts])
+    assert all(off.body[i].offset >= base for i in starts)  # above the weights, gradients and momentum
+    check(off, graph=g)
+
+
+def test_the_checker_fails_a_lifetime_cut_short_or_two_live_blocks_at_one_offset():
+    """Break the lifetimes: end an offloaded block at its copy out instead of at its free (after the
+    compute stream's wait for that copy's event), or put two live blocks at one offset."""
+    g = get_model("alexnet", batch=8)
+    program = place(g, MemoryConfig(liveness=True, offload=True))
+    blocks, which, base = offline.lifetimes(program)
+    cut = list(blocks)
+    for k, b in enumerate(blocks):
+        out = [i for i in range(b.start, b.end) if which[i] == k and type(program.body[i]) is Copy
+               and program.body[i].to_host]
+        if out:
+            assert any(type(program.body[i]) is Wait and program.body[i].why == "release"
+                       for i in range(out[-1], b.end))  # the event the lifetime must outlast
+            cut[k] = offline.Block(b.start, out[-1], b.nbytes)
+    assert cut != blocks
+    with pytest.raises(ProgramError, match="overlaps"):
+        check(offline.with_offsets(program, which, [base + o for o in offline.assign(cut)]), graph=g)
+    offsets = offline.assign(blocks)
+    a, b = next((a, b) for a in range(len(blocks)) for b in range(a)
+                if blocks[b].start < blocks[a].start <= blocks[b].end)
+    offsets[a] = offsets[b]
+    with pytest.raises(ProgramError, match="overlaps"):
+        check(offline.with_offsets(program, which, [base + o for o in offsets]), graph=g)
+
+
+def test_a_free_moved_before_its_release_wait_races_once_offline_reuses_the_block():
+    """The lifetimes come from where the program frees each block: a free moved ahead of the wait for
+    the copy still reading it lets offline hand the bytes to the next tensor, and the race checker
+    names the copy and the kernel that overwrites what it reads."""
+    from snlite.checker import RaceError
+
+    g = get_model("lenet", batch=8)
+    program = place(g, MemoryConfig(liveness=True, offload=True))
+    body = list(program.body)
+    k = next(i for i, ins in enumerate(body) if type(ins) is Wait and ins.why == "release")
+    free = next(i for i in range(k, len(body)) if type(body[i]) is Free)
+    body.insert(k, body.pop(free))  # the free now comes before the wait for the copy
+    early = dataclasses.replace(program, body=tuple(body))
+    blocks, which, base = offline.lifetimes(early)
+    offsets = offline.assign(blocks)
+    freed = which[k]
+    reuser = next(j for j, b in enumerate(blocks) if blocks[freed].end < b.start and b.nbytes
+                  <= blocks[freed].nbytes and not overlapping(blocks, [*offsets[:j], offsets[freed],
+                                                                      *offsets[j + 1:]]))
+    offsets[reuser] = offsets[freed]  # the next tenant of the bytes, as a tight placement would choose
+    with pytest.raises(RaceError, match="copy"):
+        check(offline.with_offsets(early, which, [base + o for o in offsets]), graph=g)
+
+
+@pytest.mark.parametrize("net", ["mixed", "lenet", "alexnet"])
+def test_fitting_is_monotone_in_the_budget_under_offline(net):
+    """Over a sweep of budgets around the smallest one that fits, a budget that fits never stops
+    fitting when raised (the dynamic workspace asks what fits now; the cache evicts by it), so
+    bisection is safe."""
+    g = mixed_net() if net == "mixed" else get_model(net, batch=8)
+    for config in (MemoryConfig(liveness=True, offload=True, workspace="dynamic", fit="offline"),
+                   MemoryConfig.superneurons(cache=False, fit="offline"),
+                   MemoryConfig.superneurons(fit="offline")):
+        least = smallest_budget(g, config)
+        step = max(1024, least // 200 // 1024 * 1024)
+        sweep = [fits(g, config.replace(budget_bytes=least + d * step)) for d in range(-8, 25)]
+        assert sweep == [False] * 8 + [True] * 25, f"{net}: fitting is not monotone in the budget"
+
+
+def test_under_a_budget_offline_fits_where_first_fit_fragments():
+    g = get_model("alexnet", batch=8)
+    config = MemoryConfig(liveness=True, offload=True)
+    arena, lower = offline.bounds(place(g, config.replace(fit="offline")))
+    assert place(g, config).arena_bytes > arena  # first fit's arena is larger
+    tight = config.replace(budget_bytes=arena)
+    with pytest.raises(BudgetError):
+        place(g, tight)
+    assert place(g, tight.replace(fit="offline")).arena_bytes == arena
+    assert arena == lower  # no fragmentation left: a block less and the live bytes no longer fit
+    with pytest.raises(BudgetError, match="norm2.grad needs"):
+        place(g, tight.replace(fit="offline", budget_bytes=lower - 1024))
+
+
+def test_plan_takes_fit_offline_and_prints_the_lower_bound_next_to_the_arena(capsys):
+    from snlite import bench, cli
+
+    assert cli.main(["plan", "lenet", "--batch", "8", "--liveness", "--offload", "--fit", "offline"]) == 0
+    out = capsys.readouterr().out
+    program = place(get_model("lenet", batch=8), MemoryConfig(liveness=True, offload=True, fit="offline"))
+    arena, lower = offline.bounds(program)
+    assert "allocator pool (offline fit)" in out and arena == lower
+    assert "lower bound" in out.split("memory needed: device arena", 1)[1].splitlines()[0]
+    table = bench.fit_table(nets=("lenet",)).splitlines()
+    assert len(table) == 3 and table[2].startswith("| lenet (64) |") and "offline" in table[0]
+    first, best, off = (float(c.split("(")[1].rstrip(") ")) for c in table[2].split("|")[3:6])
+    assert off == 1.0 and first >= off and best >= off
+
+
+@pytest.mark.parametrize("net", ["mixed", "lenet", "alexnet"])
+def test_without_the_cache_or_the_dynamic_workspace_the_smallest_budget_is_the_offline_arena(net):
+    """Nothing then asks what fits now: the walk decides the same at every budget, so offline fits
+    exactly the budgets at or above its arena (no budget), and bisection finds that arena."""
+    g = mixed_net() if net == "mixed" else get_model(net, batch=8)
+    config = MemoryConfig(liveness=True, offload=True, recompute="speed", workspace="fastest", fit="offline")
+    arena = place(g, config).arena_bytes
+    assert smallest_budget(g, config) == arena
+    assert smallest_budget(g, config.replace(fit="first")) >= arena
+
+
+def test_a_budget_between_the_lower_bound_and_the_offline_arena_says_so():
+    g = get_model("alexnet", batch=8)
+    config = MemoryConfig(liveness=True, recompute="memory", workspace="fastest", fit="offline")
+    arena, lower = offline.bounds(place(g, config))
+    assert lower < arena
+    with pytest.raises(BudgetError, match=f"the bytes live at once fit \\({lower:,d} at most\\), but placing "
+                                          f"them needs an arena of {arena:,d} bytes"):
+        place(g, config.replace(budget_bytes=lower))
+    with pytest.raises(BudgetError, match="largest free block"):  # the live bytes themselves do not fit
+        place(g, config.replace(budget_bytes=lower - 1024))
+
+
+def test_the_live_pool_limits_the_bytes_in_use_not_where_they_are():
+    from snlite.pool import LivePool, PoolFullError, TensorPool
+
+    KB = 1024
+    first, live = TensorPool(8 * KB), LivePool(8 * KB, 64 * KB, spare_bytes=KB)
+    for pool in (first, live):
+        held = [pool.alloc(KB, f"t{i}") for i in range(8)]
+        for off in held[::2]:
+            pool.free(off)  # four free blocks, none next to another
+    with pytest.raises(PoolFullError):
+        first.alloc(2 * KB, "x")  # first fit: no two free blocks touch
+    assert live.alloc(2 * KB, "x") % KB == 0 and live.in_use_bytes == 6 * KB  # offline: 4 KB are free
+    assert live.largest_free_block() == 8 * KB - 6 * KB - KB  # the room the workspace is offered
+    with pytest.raises(PoolFullError, match="y"):
+        live.alloc(3 * KB, "y")
+    with pytest.raises(PoolFullError, match="c"):
+        LivePool(4 * KB, 64 * KB).alloc_all([("a", 2 * KB), ("b", KB), ("c", 2 * KB)])
