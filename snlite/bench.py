@@ -1,5 +1,6 @@
 """Planning benchmarks that need no GPU (the GPU kernel benchmark is ``python -m kernels.bench``).
 
+    python -m snlite.bench torch [--batch 4]     # PyTorch's measured peak against snlite's prediction
     python -m snlite.bench deep [--units 2500]   # the program of the paper's deepest ResNet, timed; scaling
     python -m snlite.bench searches              # the planner's long commands, whole, on one core, timed
     python -m snlite.bench tutorials [--quick]   # every tutorial as a script, on one core, timed
@@ -27,7 +28,7 @@ try:
 except ImportError:  # Windows: no CPU time of children
     resource = None
 
-from snlite import bench_host, offline
+from snlite import bench_host, bench_torch, offline
 from snlite.config import CHOICES, MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.pipeline import place, simulate
@@ -200,6 +201,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="names to run (a prefix each: maxdepth, paper, tutorial); default all")
     t = sub.add_parser("tutorials", help="every tutorial as a script, each on one core, timed")
     t.add_argument("--quick", action="store_true", help="with SNLITE_TUTORIAL_QUICK=1, as the tests run them")
+    tp = sub.add_parser("torch", help="one training step of torchvision's models in PyTorch (CPU): the "
+                        "measured peak against snlite's prediction (needs the torch extra)")
+    tp.add_argument("--batch", type=int, default=4, help="images per step (default 4)")
+    tp.add_argument("--models", nargs="+", choices=bench_torch.MODELS, default=list(bench_torch.MODELS))
     h = sub.add_parser("host", help="train LeNet and ResNet-8 on the host device and in PyTorch (CPU), img/s")
     h.add_argument("--repeats", type=int, default=5, help="timed repeats, interleaved; the median is shown")
     h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
@@ -222,6 +227,12 @@ def main(argv=None) -> int:
         print(f"Host training speed, median of {args.repeats} interleaved repeats of {args.steps} steps "
               f"({bench_host.describe_threads()}):")
         print(bench_host.table(bench_host.host(args.nets, args.repeats, args.steps, args.threads)))
+        return 0
+    if args.what == "torch":
+        print(f"One SGD step at batch {args.batch}, 3x224x224: PyTorch's peak (CPU, every tensor storage "
+              f"alive, op by op) and snlite's prediction under {bench_torch.LIKE_AUTOGRAD.describe()} "
+              "(meta device):")
+        print(bench_torch.table([bench_torch.compare(m, args.batch) for m in args.models]))
         return 0
     if args.what == "searches":
         print("The planner's long commands, each a fresh process on one core (wall time):")

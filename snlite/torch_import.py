@@ -23,7 +23,9 @@ these functions: snlite itself never needs it.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
 import importlib.util
 import operator
 import os
@@ -31,16 +33,17 @@ import sys
 
 from snlite.graph import Graph
 
-SUPPORTED = ("modules Conv2d, Linear, BatchNorm2d, ReLU, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d (where it "
-             "is the identity or its windows tile the input), LocalResponseNorm, Dropout, Flatten, Identity; "
-             "functions relu, + / torch.add, torch.cat over channels, torch.flatten(x, 1), max_pool2d, "
-             "avg_pool2d, adaptive_avg_pool2d and dropout; one input, logits (N, classes) out")
+SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, ReLU, ReLU6, MaxPool2d, "
+             "AvgPool2d (ceil mode too), AdaptiveAvgPool2d (where it is the identity or its windows tile the "
+             "input), LocalResponseNorm, Dropout, Flatten, Identity; functions relu, relu6, + / torch.add, "
+             "torch.cat over channels, torch.flatten(x, 1), max_pool2d, avg_pool2d, adaptive_avg_pool2d and "
+             "dropout; one input, logits (N, classes) out")
 
 # hyper-parameters snlite's layers do not have yet: kind -> {attribute: the only value supported}
 NOT_YET = {
-    "conv2d": {"groups": 1, "dilation": (1, 1), "padding_mode": "zeros"},
-    "maxpool": {"dilation": (1, 1), "ceil_mode": False, "return_indices": False},
-    "avgpool": {"ceil_mode": False, "divisor_override": None},
+    "conv2d": {"dilation": (1, 1), "padding_mode": "zeros"},
+    "maxpool": {"dilation": (1, 1), "return_indices": False},
+    "avgpool": {"divisor_override": None},
     "batchnorm": {"affine": True, "track_running_stats": True},
 }
 
@@ -65,11 +68,12 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     modes = {m: m.training for m in module.modules()}
     try:
         module.eval()
-        with torch.no_grad():
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):  # ShapeProp prints tracebacks
             ShapeProp(gm).propagate(torch.zeros((1,) + shape))
     except Exception as e:
+        cause = e.__cause__ or e  # ShapeProp wraps the module's own error in a dump of the fx node
         raise TorchImportError(f"PyTorch could not run {type(module).__name__} on an input of shape "
-                               f"(1, {', '.join(map(str, shape))}): {e}") from None
+                               f"(1, {', '.join(map(str, shape))}): {cause}") from None
     finally:
         for m, training in modes.items():
             m.train(training)
@@ -264,6 +268,7 @@ def _describe(node, gm):
                  (nn.BatchNorm2d, "batchnorm", lambda: dict(eps=m.eps, momentum=m.momentum, affine=m.affine,
                                                             track_running_stats=m.track_running_stats)),
                  (nn.ReLU, "relu", lambda: dict(inplace=m.inplace)),
+                 (nn.ReLU6, "relu6", lambda: dict(inplace=m.inplace)),
                  (nn.MaxPool2d, "maxpool", lambda: attrs), (nn.AvgPool2d, "avgpool", lambda: attrs),
                  (nn.AdaptiveAvgPool2d, "adaptive_avgpool", dict),
                  (nn.LocalResponseNorm, "lrn", lambda: dict(size=m.size, alpha=m.alpha, beta=m.beta, k=m.k)),
@@ -272,12 +277,14 @@ def _describe(node, gm):
                  (nn.Identity, "identity", dict)]
         for cls, kind, hp in table:
             if type(m) is cls:
-                return kind, hp(), tensors, kind in ("relu", "dropout") and m.inplace
+                return kind, hp(), tensors, kind in ("relu", "relu6", "dropout") and m.inplace
         raise _error(node, f"the module {type(m).__name__} has no snlite layer")
     fn, kw = node.target, node.kwargs
     if node.op == "call_function":
         if fn in (F.relu, torch.relu, torch.relu_):
             return "relu", {}, tensors[:1], fn is torch.relu_ or _bind(node, (("inplace", False),))["inplace"]
+        if fn is F.relu6:
+            return "relu6", {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
         if fn in (operator.add, operator.iadd, torch.add):
             if kw.get("alpha", 1) != 1 or len(tensors) != 2:
                 raise _error(node, "only the sum of two tensors is supported")
@@ -378,7 +385,7 @@ class _Importer:
         name = self.name(node, kind)
         if kind == "conv2d":
             return g.conv2d(x, hp["out_channels"], hp["kernel_size"], hp["stride"], hp["padding"], hp["bias"],
-                            name=name)
+                            groups=hp["groups"], name=name)
         if kind == "linear":
             if len(x.shape) != 2:
                 raise _error(node, f"a Linear on a {len(x.shape)}-d input: snlite's acts on (N, features)")
@@ -387,6 +394,8 @@ class _Importer:
             return g.batchnorm(x, hp["eps"], hp["momentum"], name=name)
         if kind == "relu":
             return g.relu(x, name=name)
+        if kind == "relu6":
+            return g.relu6(x, name=name)
         if kind == "lrn":
             return g.lrn(x, hp["size"], hp["alpha"], hp["beta"], hp["k"], name=name)
         if kind == "dropout":
@@ -396,7 +405,7 @@ class _Importer:
             pool = g.maxpool if kind == "maxpool" else g.avgpool
             extra = {} if kind == "maxpool" else {"count_include_pad": hp["count_include_pad"]}
             stride = k if hp["stride"] in (None, ()) else hp["stride"]  # F.max_pool2d's stride=[] is kernel
-            return pool(x, k, stride, hp["padding"], name=name, **extra)
+            return pool(x, k, stride, hp["padding"], ceil_mode=bool(hp["ceil_mode"]), name=name, **extra)
         if kind == "adaptive_avgpool":
             (h, w), (oh, ow) = x.shape[2:], want[1:]
             if h % oh or w % ow:

@@ -49,6 +49,9 @@ KEY_LINES = {
     "07_end_to_end.py": [r"\d+ steps x 2 models in", r"superneurons\s+ResNet-\d+"],
     "08_how_far_from_optimal.py": [r"optimal plan: drop .*; peak [\d.]+ MiB.*optimal",
                                    r"cost-aware \(SuperNeurons\)\s+[\d.]+\s+[\d.]+%\s+[\d.]+\s+\+0\.0%"],
+    "09_your_own_model.py": [r"resnet: 71 layers, 11,689,512 parameters",
+                             r"superneurons\(\)\s+largest batch in 4 GiB:\s+\d+",
+                             r"the fastest that fits: \S+"],
 }
 
 # the plots each tutorial saves (checked where matplotlib is installed)
@@ -62,6 +65,9 @@ PLOTS = {
     "07_end_to_end.py": ["07_digits_train_step.png"],
     "08_how_far_from_optimal.py": ["08_alexnet_frontier.png"],
 }
+
+# tutorials that need an optional package (their notebook runs skip, saying so, where it is missing)
+NEEDS = {"09_your_own_model.py": ("torch", "torchvision")}
 
 # tutorials whose script run hides optional extras, as on a machine without them (their notebook run has them)
 WITHOUT_EXTRAS = {"07_end_to_end.py": ("matplotlib", "sklearn")}

@@ -1,9 +1,11 @@
 """Every tutorial as a notebook, in a real Jupyter kernel: the same file read by jupytext (its ``# %%``
 cells) and executed cell by cell by nbclient in an ipykernel kernel; every claim checked and every plot
 displayed inline. The rules, the key lines and the script runs are in tests/test_tutorials.py."""
+import importlib.util
+
 import pytest
 
-from test_tutorials import HAS_MATPLOTLIB, NAMES, PLOTS, TUTORIALS, check_claims, tutorial_env
+from test_tutorials import HAS_MATPLOTLIB, NAMES, NEEDS, PLOTS, TUTORIALS, check_claims, tutorial_env
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -13,6 +15,9 @@ def test_tutorial_as_a_notebook(name, tmp_path):
     nbclient = pytest.importorskip("nbclient",
                                    reason="the notebook runs need the test extra: pip install -e '.[test]'")
     pytest.importorskip("ipykernel", reason="the notebook runs need the test extra: pip install -e '.[test]'")
+    missing = [m for m in NEEDS.get(name, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{name} needs {', '.join(missing)}: pip install -e '.[torch]'")
     nb = jupytext.read(TUTORIALS / name)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     assert len(code_cells) >= 3 and any(c.cell_type == "markdown" for c in nb.cells), \
