@@ -76,8 +76,8 @@ def pytest_report_header(config):
 # order, so running these first lets the two workers finish together (longest processing time first)
 # instead of one of them starting a 40-second file when the other has nothing left to do.
 LONGEST_FIRST = ("test_from_torch.py", "test_ptx.py", "test_tutorials_notebooks.py", "test_gpucheck.py",
-                 "test_tutorials.py", "test_executor.py", "test_student_copy.py", "test_measure.py", "test_train.py", "test_report.py",
-                 "test_update_in_backward.py", "test_optimal.py")
+                 "test_tutorials.py", "test_executor.py", "test_student_copy.py", "test_measure.py",
+                 "test_train.py", "test_report.py", "test_update_in_backward.py", "test_optimal.py")
 
 
 def _order(item) -> int:
