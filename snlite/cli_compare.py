@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import time
 
-from snlite import measure, optimal, search, timing
+from snlite import measure, offline, optimal, search, timing
 from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, add_quiet_flag
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, add_net_argument, draw, graph_of,
                                kind_table, ordinal, text_table, write_json)
+from snlite.config import CHOICES, MemoryConfig
 
 
 def add_compare_command(sub) -> None:
@@ -29,6 +30,10 @@ def add_compare_command(sub) -> None:
     compare.add_argument("--optimal", action="store_true",
                          help="add a row: the exact planner's least-peak recomputation plan, liveness on, "
                               "nothing offloaded (snlite optimal NET says more; needs scipy)")
+    compare.add_argument("--fit", nargs="+", choices=CHOICES["fit"], default=["first"], metavar="FIT",
+                         help="place every strategy with each FIT (first, best, offline; default first, the "
+                              "paper's): the table is the first one's, then each strategy's arena per fit "
+                              "against the bytes live at once, and superneurons()' smallest budget per fit")
     add_quiet_flag(compare)
 
 
@@ -36,12 +41,16 @@ def cmd_compare(args) -> int:
     _, graph, batch = graph_of(args)
     t0 = time.perf_counter()
     status = Status("snlite compare", args.quiet)
-    rows = measure.compare(graph, args.budget, progress=status)
+    fits_asked = list(dict.fromkeys(args.fit))  # in the order given, each once
+    by_fit = {fit: measure.compare(graph, args.budget, progress=status, fit=fit) for fit in fits_asked}
+    rows = by_fit[fits_asked[0]]
     if args.optimal:
         status(f"{graph.name}: the exact recomputation plan (snlite optimal)")
-        rows.append(optimal_row(graph, args.budget))
-    status(f"{graph.name}: the smallest budget of superneurons()")
-    smallest = search.min_budget(graph)
+        rows.append(optimal_row(graph, args.budget, fits_asked[0]))
+    smallest = {}
+    for fit in fits_asked:
+        status(f"{graph.name}: the smallest budget of {superneurons_label(fit)}")
+        smallest[fit] = search.min_budget(graph, MemoryConfig.superneurons(fit=fit), superneurons_label(fit))
     status(f"{graph.name}: step times on the {args.gpu} profile")
     prof = timing.profile(args.gpu)
     timelines = [r.timeline(prof) for r in rows]
@@ -50,7 +59,7 @@ def cmd_compare(args) -> int:
     seconds = time.perf_counter() - t0
     fits = args.budget is None or any(r.fits for r in rows)
     if args.json:
-        write_json(args.json, compare_json(args, batch, rows, timelines, prof, resident, smallest))
+        write_json(args.json, compare_json(args, batch, rows, timelines, prof, resident, smallest, by_fit))
     if args.plot:
         points = [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.trace.extra_flops,
                    "moved_bytes": r.moved_bytes} for r in rows]
@@ -58,11 +67,17 @@ def cmd_compare(args) -> int:
     if args.json == "-":
         return 0 if fits else EXIT_DOES_NOT_FIT
     print_rows(args, graph, batch, rows, timelines, resident)
+    if by_fit.keys() != {"first"}:
+        print_arenas(args, by_fit)
     print_notes(args, graph, prof, resident, seconds)
-    print(f"\nsuperneurons() runs in {measure.format_size(smallest.budget_bytes)} at the least, "
-          f"{smallest.ratio:.2f} x (l_peak {measure.format_size(smallest.l_peak_bytes)} + what it holds all "
-          f"iteration {measure.format_size(smallest.persistent_bytes)}): the paper's \"peak about l_peak\", "
+    first = smallest[fits_asked[0]]
+    print(f"\n{first.label} runs in {measure.format_size(first.budget_bytes)} at the least, "
+          f"{first.ratio:.2f} x (l_peak {measure.format_size(first.l_peak_bytes)} + what it holds all "
+          f"iteration {measure.format_size(first.persistent_bytes)}): the paper's \"peak about l_peak\", "
           "as a budget (snlite.search.min_budget)")
+    for other in (smallest[fit] for fit in fits_asked[1:]):
+        print(f"{other.label} runs in {measure.format_size(other.budget_bytes)} at the least, "
+              f"{other.ratio:.2f} x")
     if not fits:
         print(f"\nno strategy fits {measure.format_size(args.budget)}: see why, and what would, with "
               f"snlite plan {args.net} --batch {batch} --budget {args.budget}")
@@ -70,25 +85,58 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def optimal_row(graph, budget):
+def superneurons_label(fit: str) -> str:
+    return "superneurons()" if fit == "first" else f"superneurons(fit={fit!r})"
+
+
+def optimal_row(graph, budget, fit: str = "first"):
     """The row of ``--optimal``: the exact planner's least-peak recomputation plan, measured under
-    ``budget``."""
+    ``budget``, placed with ``fit``."""
     best = optimal.solve(graph)
     if best.plan is None:
         raise CliError(f"--optimal: {best.summary()}")
     gap = "" if best.optimal else f" ({best.status}, gap {100 * (best.gap or 0):.1f}%)"
     label = "optimal recompute" + gap
-    return measure.measure(graph, best.plan.config.replace(budget_bytes=budget), label, best.plan)
+    return measure.measure(graph, best.plan.config.replace(budget_bytes=budget, fit=fit), label, best.plan)
 
 
-def compare_json(args, batch: int, rows, timelines, prof, resident: float, smallest) -> dict:
-    return {"net": args.net, "batch": batch, "budget_bytes": args.budget,
+def compare_json(args, batch: int, rows, timelines, prof, resident: float, smallest, by_fit) -> dict:
+    """The numbers of ``compare --json``: the rows of the first fit asked, and per fit each strategy's
+    arena against the bytes live at once, and superneurons()' smallest budget."""
+    def least(m):
+        return {"budget_bytes": m.budget_bytes, "l_peak_bytes": m.l_peak_bytes,
+                "persistent_bytes": m.persistent_bytes, "ratio": m.ratio}
+
+    fits_asked = list(by_fit)
+    return {"net": args.net, "batch": batch, "budget_bytes": args.budget, "fit": fits_asked[0],
             "rows": [dict(r.totals(), step_ms=tl.step_ms, vs_all_resident=tl.step_ms / resident - 1,
                           exposed_transfer_ms=tl.exposed_ms, overlap=tl.overlap)
                      for r, tl in zip(rows, timelines)],
             "gpu_profile": prof.name, "all_resident_ms": resident,
-            "min_budget": {"budget_bytes": smallest.budget_bytes, "l_peak_bytes": smallest.l_peak_bytes,
-                           "persistent_bytes": smallest.persistent_bytes, "ratio": smallest.ratio}}
+            "min_budget": least(smallest[fits_asked[0]]),
+            "by_fit": {fit: {"rows": [{"label": r.label, "fits": r.fits, "arena_bytes": r.arena_bytes,
+                                       "lower_bound_bytes": offline.bounds(r.program)[1]}
+                                      for r in by_fit[fit]],
+                             "min_budget": least(smallest[fit])} for fit in fits_asked}}
+
+
+def print_arenas(args, by_fit) -> None:
+    """Each strategy's arena under each fit, and how far it is above the most bytes live at once (the
+    lower bound no placement beats: the rest is fragmentation)."""
+    fits_asked = list(by_fit)
+    table = []
+    for i, r in enumerate(by_fit[fits_asked[0]]):
+        cells = [r.label]
+        for fit in fits_asked:
+            m = by_fit[fit][i]
+            arena, lower = offline.bounds(m.program)
+            cells.append(f"{measure.format_size(arena)} (+{arena / lower - 1:.1%})"
+                         + (" no" if m.fits is False else ""))
+        table.append(cells)
+    print("\narena by fit: the bytes each placement spans, and how far above the most bytes live at once "
+          "(the lower bound no placement beats; the rest is fragmentation)"
+          + ("; no: does not fit --budget, the numbers are without it" if args.budget else ""))
+    print(text_table(["strategy", *(f"fit={fit}" for fit in fits_asked)], table))
 
 
 def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> None:

@@ -9,6 +9,7 @@ import os
 import time
 
 from snlite import measure, search
+from snlite.config import CHOICES
 from snlite.cli_args import EXIT_DOES_NOT_FIT, Status, _batch, _budget, _positive_int, _size, add_quiet_flag
 from snlite.cli_common import (JSON_HELP, KIND_NOTE, add_net_argument, builder_of, kind_table, text_table,
                                write_json)
@@ -49,6 +50,10 @@ def _add_search_flags(p) -> None:
                         "that needs more does not fit (default: unlimited)")
     p.add_argument("--budget", type=_budget, metavar="SIZE", default=measure.parse_size("12GiB"),
                    help="device memory (default 12GiB)")
+    p.add_argument("--fit", choices=CHOICES["fit"], default="first",
+                   help="how every strategy's arena offsets are chosen: first fit (the paper's, the "
+                        "default), best fit, or offline (after the walk, knowing every lifetime: a smaller "
+                        "arena)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
     add_quiet_flag(p)
 
@@ -107,6 +112,11 @@ def host_words(args) -> str:
     return f" and {measure.format_size(args.host_budget)} of pinned host memory" if args.host_budget else ""
 
 
+def fit_words(args) -> str:
+    """What --fit adds to the heading: where the offsets are not first fit's, how they are chosen."""
+    return "" if args.fit == "first" else f", every arena offset by fit={args.fit}"
+
+
 def found_cell(r) -> str:
     return "none" if r.value is None else (f">= {r.value:,d}" if r.capped else f"{r.value:,d}")
 
@@ -117,19 +127,20 @@ def cmd_maxbatch(args) -> int:
     t0 = time.perf_counter()
     status = Status("snlite maxbatch", args.quiet)
     rows = search.max_batch_table(build, args.budget, args.max_batch, progress=status,
-                                  host_budget_bytes=args.host_budget)
+                                  host_budget_bytes=args.host_budget, fit=args.fit)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
-        write_json(args.json, {"net": args.net, "budget_bytes": args.budget, "count": "all",
+        write_json(args.json, {"net": args.net, "budget_bytes": args.budget, "count": "all", "fit": args.fit,
                                "rows": found_json(rows, "batch"), "seconds": seconds})
         if args.json == "-":
             return status_code
     paper = search.PAPER_BATCH.get(args.net.lower())
     other = search.PAPER_BEST_OTHER_BATCH.get(args.net.lower())
     print(f"largest batch of {args.net} in {measure.format_size(args.budget)}, simulated on the meta device "
-          "(count all: weights, gradients, momentum, the batch, activations and workspace all on the device)")
+          "(count all: weights, gradients, momentum, the batch, activations and workspace all on the device)"
+          + fit_words(args))
     head = ["strategy", "batch", "peak", "host memory", "probes"] + (["paper"] if paper else [])
     table = [[r.label, found_cell(r), measure.format_size(r.trace.peak_bytes if r.trace else None),
               measure.format_size(r.host_peak_bytes), r.probes]
@@ -154,18 +165,18 @@ def cmd_maxdepth(args) -> int:
     units, why = planner_ceiling(args.max_units)
     status = Status("snlite maxdepth", args.quiet)
     rows = search.max_depth_table(args.batch, args.budget, units, progress=status,
-                                  host_budget_bytes=args.host_budget)
+                                  host_budget_bytes=args.host_budget, fit=args.fit)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
         write_json(args.json, {"batch": args.batch, "budget_bytes": args.budget, "count": "all",
-                               "rows": found_json(rows, "depth"), "seconds": seconds})
+                               "fit": args.fit, "rows": found_json(rows, "depth"), "seconds": seconds})
         if args.json == "-":
             return status_code
     print(f"deepest ImageNet ResNet (depth = 3 * residual units + 2) at batch {args.batch} in "
           f"{measure.format_size(args.budget)}, simulated on the meta device (count all: weights, gradients, "
-          f"momentum, the batch, activations and workspace all on the device)")
+          f"momentum, the batch, activations and workspace all on the device)" + fit_words(args))
     paper = search.PAPER_DEPTH_AT_BATCH.get(args.batch)
     head = ["strategy", "depth", "units", "peak", "host memory", "probes", "time"]
     head += ["paper"] if paper else []

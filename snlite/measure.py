@@ -231,17 +231,18 @@ def all_resident_ms(graph, gpu: str = "H200", workspace: str = "none") -> float:
     return timing.estimate(place(graph, ALL_RESIDENT.replace(workspace=workspace)), graph, gpu).step_ms
 
 
-def compare(graph, budget_bytes: int | None = None, progress=no_progress) -> list[Measurement]:
+def compare(graph, budget_bytes: int | None = None, progress=no_progress,
+            fit: str = "first") -> list[Measurement]:
     """One Measurement per strategy of ``COMPARE`` (each "+ recompute" row on top of liveness +
-    offload), then the sqrt(N) checkpointing reference (liveness on). With a budget, each row
-    runs under it (the cache only moves data when memory runs short, so only then does it show).
-    ``progress(text)`` is told which strategy runs (``snlite compare`` shows it on stderr)."""
-    n = len(COMPARE) + 1
+    offload), then the sqrt(N) checkpointing reference (liveness on), each placed with ``fit``. With
+    a budget, each row runs under it (the cache only moves data when memory runs short, so only then
+    does it show). ``progress(text)`` is told which strategy runs (``snlite compare`` shows it)."""
+    n, placed = len(COMPARE) + 1, "" if fit == "first" else f", fit={fit}"
     rows = []
     for i, (label, cfg) in enumerate(COMPARE.items(), 1):
-        progress(f"{graph.name}: {label} ({i}/{n})")
-        rows.append(measure(graph, cfg.replace(budget_bytes=budget_bytes), label))
-    progress(f"{graph.name}: {SQRT_LABEL} ({n}/{n})")
+        progress(f"{graph.name}: {label} ({i}/{n}{placed})")
+        rows.append(measure(graph, cfg.replace(budget_bytes=budget_bytes, fit=fit), label))
+    progress(f"{graph.name}: {SQRT_LABEL} ({n}/{n}{placed})")
     plan = checkpoint_plan(graph)
-    rows.append(measure(graph, plan.config.replace(budget_bytes=budget_bytes), SQRT_LABEL, plan))
+    rows.append(measure(graph, plan.config.replace(budget_bytes=budget_bytes, fit=fit), SQRT_LABEL, plan))
     return rows

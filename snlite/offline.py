@@ -10,8 +10,8 @@ what compilers that plan memory ahead do (TensorFlow Lite's arena planner, XLA's
 2. :func:`assign` gives each block an offset such that two blocks whose lifetimes meet never share a
    byte. It is one pure function, lifetimes in, offsets out: greedy by size (largest block first, each
    into the tightest gap that fits among the blocks it meets; equal sizes in time order, or longest
-   first) and greedy by breadth (the busiest moment first, its blocks largest first), the smallest
-   arena kept;
+   first), greedy by breadth (the busiest moment first, its blocks largest first), by area and by
+   lifetime, the smallest arena kept;
 3. :func:`relocate` writes the offsets back into the program; nothing else changes.
 
 Why reuse is safe across streams: the walk emits a block's ``Free`` only after compute has waited for
@@ -27,10 +27,12 @@ reserved bytes live at once, which no placement can beat; arena minus lower boun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from snlite.program import Alloc, Copy, Free, HandOver
 
@@ -96,15 +98,20 @@ def arena_of(blocks: list[Block], offsets: list[int]) -> int:
 
 def assign(blocks: list[Block]) -> list[int]:
     """Offsets for ``blocks`` (multiples of 1 KiB, as the blocks' sizes are) such that two blocks live
-    at the same instruction never overlap. Greedy in three orders, the smallest arena kept: by size
-    with equal sizes in time order (which colours a run of equal blocks as tightly as their overlaps
-    allow), by size with equal sizes longest-lived first (TensorFlow Lite's), and by breadth."""
+    at the same instruction never overlap. Greedy in five orders, the smallest arena kept (each wins
+    somewhere in the zoo): by size with equal sizes in time order (which colours a run of equal blocks
+    as tightly as their overlaps allow), by size with equal sizes longest-lived first (TensorFlow
+    Lite's), by breadth, by area (bytes times instructions: a long-lived block placed before the
+    large short ones it would otherwise have to sit above), and longest-lived first."""
     if not blocks:
         return []
+    if min(b.nbytes for b in blocks) <= 0:
+        raise ValueError("every block takes at least one byte (the pool reserves whole blocks)")
     ranked = sorted(range(len(blocks)), key=lambda k: blocks[k].start)  # in time order from here on
     timed = [blocks[k] for k in ranked]
     tries = [_greedy(timed, order) for order in (
-        _by_size(timed, "start"), _by_size(timed, "longest"), _by_breadth(timed))]
+        _by_size(timed, "start"), _by_size(timed, "longest"), _by_breadth(timed),
+        _by_extent(timed, "area"), _by_extent(timed, "duration"))]
     best = min(tries, key=lambda offsets: arena_of(timed, offsets))
     offsets = [0] * len(blocks)
     for rank, k in enumerate(ranked):
@@ -121,24 +128,32 @@ def _by_size(blocks: list[Block], ties: str) -> list[int]:
                   key=lambda k: (-blocks[k].nbytes, blocks[k].start - blocks[k].end, blocks[k].start))
 
 
+def _by_extent(blocks: list[Block], measure: str) -> list[int]:
+    """Largest ``"area"`` first (bytes times the instructions it lives), or longest-lived first
+    (``"duration"``, equal lifetimes largest first); then the earliest. ``blocks`` in time order."""
+    def key(k):
+        b, lives = blocks[k], blocks[k].end - blocks[k].start + 1
+        return (-lives * b.nbytes, k) if measure == "area" else (-lives, -b.nbytes, k)
+    return sorted(range(len(blocks)), key=key)
+
+
 def _by_breadth(blocks: list[Block]) -> list[int]:
     """The busiest moment first (the most bytes live at a block's allocation), each moment's blocks
     largest first: the blocks that decide the peak are placed while the arena is still empty.
     ``blocks`` in time order."""
     starts, ends, sizes = _arrays(blocks)
     live, total, gone = [], 0, []  # the bytes live at each block's start: one sweep, a heap of ends
-    for k, b in enumerate(blocks):
+    for b in blocks:
         while gone and gone[0][0] < b.start:
             total -= heapq.heappop(gone)[1]
         total += b.nbytes
         live.append(total)
         heapq.heappush(gone, (b.end, b.nbytes))
-    order, seen = [], np.zeros(len(blocks), bool)
-    for k in sorted(range(len(blocks)), key=lambda k: (-live[k], k)):
-        here = np.flatnonzero((ends[:k + 1] >= starts[k]) & ~seen[:k + 1])
-        seen[here] = True
-        order.extend(sorted(here.tolist(), key=lambda j: (-blocks[j].nbytes, j)))
-    return order
+    busiest = np.array(sorted(range(len(blocks)), key=lambda k: (-live[k], k)), dtype=np.int64)
+    by_rank = np.lexsort((np.arange(len(blocks)), -sizes))  # largest first, then the earliest
+    rank = np.empty_like(by_rank)
+    rank[by_rank] = np.arange(len(blocks))
+    return _moments_in_order(starts, ends, rank, by_rank, busiest).tolist()
 
 
 def _arrays(blocks: list[Block]) -> tuple:
@@ -150,28 +165,120 @@ def _arrays(blocks: list[Block]) -> tuple:
 def _greedy(blocks: list[Block], order: list[int]) -> list[int]:
     """Place ``blocks`` (in time order) in ``order``: each goes into the smallest gap, among the placed
     blocks whose lifetimes meet its own, that holds it (the lowest such gap on a tie), else above them.
-    In NumPy, one block at a time: those that meet it are the earlier ones still live at its start
-    and the later ones that start before its end (a slice, starts being sorted); the placed ones
-    sorted by offset, the floor below each (the highest top before it), the gaps, the smallest that
-    fits."""
+    The blocks that meet block k are the earlier ones still live at its start and the later ones
+    that start before its end; a segment tree of the placed blocks' ends finds both without looking
+    at the others, so a block costs the blocks it meets, not every block before it."""
     starts, ends, sizes = _arrays(blocks)
-    last = np.searchsorted(starts, ends, side="right")  # blocks [k + 1, last[k]) start while k lives
-    offsets = np.full(len(blocks), -1, dtype=np.int64)
-    never = np.iinfo(np.int64).max
-    for k in order:
-        nb = np.concatenate((np.flatnonzero(ends[:k] >= starts[k]), np.arange(k + 1, last[k])))
-        nb = nb[offsets[nb] >= 0]
-        if not len(nb):
-            offsets[k] = 0
+    last = np.searchsorted(starts, ends, side="right")  # blocks k + 1 .. last[k] - 1 start while k lives
+    return _place_in_order(starts, ends, sizes, last, np.array(order, dtype=np.int64)).tolist()
+
+
+# The greedy's inner loops, compiled for the CPU and cached on disk beside this file: in NumPy every
+# block costs a dozen calls (tens of microseconds), and a deep ResNet has 100,000 blocks placed thrice.
+compiled = functools.partial(njit, cache=True)
+
+
+@compiled
+def _tree(values):
+    """A max segment tree over ``values`` (leaves from index ``size``): any range's largest value in
+    O(log n), so a query can skip whole ranges of blocks that cannot meet its own."""
+    size = 1
+    while size < len(values):
+        size *= 2
+    tree = np.full(2 * size, -1, dtype=np.int64)
+    for i in range(len(values)):
+        tree[size + i] = values[i]
+    for node in range(size - 1, 0, -1):
+        tree[node] = _larger(tree[2 * node], tree[2 * node + 1])
+    return tree
+
+
+@compiled
+def _larger(a, b):
+    return a if a > b else b  # not the builtin max, whose generic version takes seconds to compile
+
+
+@compiled
+def _set(tree, i, value):
+    """Leaf ``i`` of ``tree`` set to ``value``, its ancestors' maxima updated."""
+    node = len(tree) // 2 + i
+    tree[node] = value
+    while node > 1:
+        node //= 2
+        tree[node] = _larger(tree[2 * node], tree[2 * node + 1])
+
+
+@compiled
+def _report(tree, lo, hi, least, out):
+    """Into ``out``, every leaf index in [lo, hi) whose value is at least ``least``; their count. A
+    walk down from the root that enters only the ranges whose maximum reaches ``least``."""
+    size, count = len(tree) // 2, 0
+    stack = np.empty((2 * 64, 3), dtype=np.int64)  # node, and the leaves [first, end) it covers
+    stack[0, 0], stack[0, 1], stack[0, 2] = 1, 0, size
+    depth = 1
+    while depth:
+        depth -= 1
+        node, first, end = stack[depth, 0], stack[depth, 1], stack[depth, 2]
+        if end <= lo or first >= hi or tree[node] < least:
             continue
-        lows, tops = offsets[nb], offsets[nb] + sizes[nb]
-        by = np.lexsort((tops, lows))
-        lows, tops = lows[by], tops[by]
-        floors = np.concatenate(([0], np.maximum.accumulate(tops)[:-1]))
-        gaps = np.where(lows - floors >= sizes[k], lows - floors, never)
-        best = int(np.argmin(gaps))
-        offsets[k] = floors[best] if gaps[best] != never else max(floors[-1], tops[-1])
-    return offsets.tolist()
+        if node >= size:
+            out[count] = node - size
+            count += 1
+            continue
+        middle = (first + end) // 2
+        stack[depth, 0], stack[depth, 1], stack[depth, 2] = 2 * node + 1, middle, end
+        stack[depth + 1, 0], stack[depth + 1, 1], stack[depth + 1, 2] = 2 * node, first, middle
+        depth += 2
+    return count
+
+
+@compiled
+def _place_in_order(starts, ends, sizes, last, order):
+    """Each block in ``order`` into the smallest gap, among the placed blocks whose lifetimes meet its
+    own, that holds it (the lowest such gap on a tie), else above them all (see :func:`_greedy`)."""
+    n = len(starts)
+    placed = _tree(np.full(n, -1, dtype=np.int64))  # a placed block's end; -1 while unplaced
+    offsets = np.full(n, -1, dtype=np.int64)
+    met = np.empty(n, dtype=np.int64)
+    for k in order:
+        count = _report(placed, 0, k, starts[k], met)  # earlier, still live at k's start
+        for j in range(k + 1, last[k]):                # later, starting while k lives
+            if offsets[j] >= 0:
+                met[count] = j
+                count += 1
+        lows = np.sort(offsets[met[:count]])
+        tops = np.sort(offsets[met[:count]] + sizes[met[:count]])
+        offset, best = (tops[-1] if count else 0), -1  # above them all, unless a gap holds it
+        for i in range(count + 1):
+            # the gap below lows[i] (or above them all): free if the i blocks that begin lower all
+            # end by then, the highest of them ending at tops[i - 1] (sizes are positive)
+            if i == count or (i > 0 and lows[i] == lows[i - 1]) or (i > 0 and tops[i - 1] > lows[i]):
+                continue
+            floor = tops[i - 1] if i else 0
+            gap = lows[i] - floor
+            if gap >= sizes[k] and (best < 0 or gap < best):
+                best, offset = gap, floor
+        offsets[k] = offset
+        _set(placed, k, ends[k])
+    return offsets
+
+
+@compiled
+def _moments_in_order(starts, ends, rank, by_rank, busiest):
+    """The blocks in :func:`_by_breadth`'s order: for each block of ``busiest`` in turn, the blocks
+    live at its start not yet taken (the earlier ones still live, and itself) in ``rank`` order
+    (``by_rank[r]`` is the block of rank ``r``)."""
+    unseen = _tree(ends)  # a block's end until it is taken, then -1
+    order = np.empty(len(starts), dtype=np.int64)
+    here = np.empty(len(starts), dtype=np.int64)
+    taken = 0
+    for k in busiest:
+        count = _report(unseen, 0, k + 1, starts[k], here)
+        for r in np.sort(rank[here[:count]]):
+            order[taken] = by_rank[r]
+            taken += 1
+            _set(unseen, by_rank[r], -1)
+    return order
 
 
 def relocate(program):

@@ -313,27 +313,28 @@ def _resnet_builder(batch: int):
     return build
 
 
-def _numbered(progress, i: int, n: int):
-    return lambda text: progress(f"{text} [strategy {i}/{n}]")
+def _strategies(progress, **limits):
+    """Each strategy of ``SEARCH`` as ``(label, config with limits, numbered progress)``."""
+    return [(label, cfg.replace(**limits), lambda text, i=i: progress(f"{text} [strategy {i}/{len(SEARCH)}]"))
+            for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 
 def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH, progress=no_progress,
-                    host_budget_bytes: int | None = None) -> list[Found]:
-    """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5); with
-    ``host_budget_bytes`` a batch whose plan needs more pinned host memory does not fit either."""
-    return [max_batch(build, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes),
-                      label, hi=hi, progress=_numbered(progress, i, len(SEARCH)))
-            for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
+                    host_budget_bytes: int | None = None, fit: str = "first") -> list[Found]:
+    """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5), each placed with
+    ``fit``; with ``host_budget_bytes`` a batch whose plan needs more pinned host memory does not fit."""
+    return [max_batch(build, cfg, label, hi=hi, progress=each) for label, cfg, each in _strategies(
+        progress, budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes, fit=fit)]
 
 
 def max_depth_table(batch: int, budget_bytes: int, max_units: int = MAX_UNITS, progress=no_progress,
-                    host_budget_bytes: int | None = None) -> list[Found]:
-    """:func:`max_depth` under every strategy of ``SEARCH`` (the paper's Table 4), sharing the graphs;
-    with ``host_budget_bytes`` a depth whose plan needs more pinned host memory does not fit either."""
+                    host_budget_bytes: int | None = None, fit: str = "first") -> list[Found]:
+    """:func:`max_depth` under every strategy of ``SEARCH`` (the paper's Table 4), each placed with
+    ``fit``, sharing the graphs; with ``host_budget_bytes`` a depth whose plan needs more pinned host
+    memory does not fit."""
     build = _resnet_builder(batch)
-    return [max_depth(batch, cfg.replace(budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes),
-                      label, max_units, build, _numbered(progress, i, len(SEARCH)))
-            for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
+    return [max_depth(batch, cfg, label, max_units, build, each) for label, cfg, each in _strategies(
+        progress, budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes, fit=fit)]
 
 
 # ---------------------------------------------------------------------------- why it does not fit

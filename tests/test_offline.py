@@ -3,6 +3,7 @@ instructions as first fit, only the offsets and the arena differ; blocks live to
 byte; the arena is never above first fit's and reaches the lower bound on small nets; the race checker
 catches a lifetime cut short; training is bit-identical; under a budget fitting is monotone."""
 import dataclasses
+import json
 import random
 
 import pytest
@@ -56,6 +57,55 @@ def test_assign_never_overlaps_live_blocks_and_reaches_the_lower_bound_on_an_int
         assert offline.arena_of(blocks, offsets) >= offline.lower_bound(blocks)
     same = [offline.Block(0, 5, 2048), offline.Block(6, 9, 4096), offline.Block(3, 7, 1024)]
     assert offline.lower_bound(same) == 5120 and offline.arena_of(same, offline.assign(same)) == 5120
+
+
+def reference_greedy(blocks, order) -> list:
+    """The greedy as the docstring states it, in plain Python over every pair of blocks: each block in
+    ``order`` goes into the smallest gap that holds it (the lowest on a tie) among the placed blocks
+    whose lifetimes meet its own, else above them all."""
+    offsets = [None] * len(blocks)
+    for k in order:
+        b = blocks[k]
+        met = sorted((offsets[j], offsets[j] + c.nbytes) for j, c in enumerate(blocks)
+                     if offsets[j] is not None and c.start <= b.end and b.start <= c.end)
+        floor, best = 0, None
+        for low, top in met:
+            if low - floor >= b.nbytes and (best is None or low - floor < best[0]):
+                best = (low - floor, floor)
+            floor = max(floor, top)
+        offsets[k] = best[1] if best else floor
+    return offsets
+
+
+def test_each_order_wins_somewhere_and_assign_keeps_the_smallest_arena():
+    """The orders are there because each one wins on a real program: area on AlexNet's recomputation
+    (a long-lived block the largest-first orders leave on top), breadth on DenseNet-121."""
+    g = get_model("alexnet", batch=200)
+    blocks, _, _ = offline.lifetimes(place(g, MemoryConfig(liveness=True, offload=True, recompute="memory")))
+    blocks.sort(key=lambda b: b.start)
+    arenas = {name: offline.arena_of(blocks, offline._greedy(blocks, order)) for name, order in (
+        ("size", offline._by_size(blocks, "start")), ("breadth", offline._by_breadth(blocks)),
+        ("area", offline._by_extent(blocks, "area")))}
+    assert arenas["area"] == offline.lower_bound(blocks) < min(arenas["size"], arenas["breadth"])
+    assert offline.arena_of(blocks, offline.assign(blocks)) == arenas["area"]
+
+
+def test_the_fast_greedy_places_exactly_as_the_plain_statement_of_it():
+    """The segment tree must find every placed block a block meets, and the gap rule must be the one
+    stated: every order, random lifetimes, some blocks alive almost throughout."""
+    rng = random.Random(11)
+    for _ in range(60):
+        blocks = []
+        for _ in range(rng.randint(1, 120)):
+            start = rng.randint(0, 200)
+            blocks.append(offline.Block(start, start + rng.choice((0, 3, 20, 150)),
+                                        1024 * rng.choice((1, 2, 3, 5, 8, 16))))
+        blocks.sort(key=lambda b: b.start)
+        for order in (offline._by_size(blocks, "start"), offline._by_size(blocks, "longest"),
+                      offline._by_extent(blocks, "area"), offline._by_extent(blocks, "duration"),
+                      offline._by_breadth(blocks)):
+            assert sorted(order) == list(range(len(blocks)))
+            assert offline._greedy(blocks, order) == reference_greedy(blocks, order)
 
 
 def test_a_wrong_assignment_is_caught_by_the_tests_own_overlap_check():
@@ -186,7 +236,7 @@ def test_without_the_cache_or_the_dynamic_workspace_the_smallest_budget_is_the_o
 
 def test_a_budget_between_the_lower_bound_and_the_offline_arena_says_so():
     g = get_model("alexnet", batch=8)
-    config = MemoryConfig(liveness=True, recompute="memory", workspace="fastest", fit="offline")
+    config = MemoryConfig(liveness=True, workspace="fastest", fit="offline")
     arena, lower = offline.bounds(place(g, config))
     assert lower < arena
     with pytest.raises(BudgetError, match=f"the bytes live at once fit \\({lower:,d} at most\\), but placing "
@@ -213,3 +263,51 @@ def test_the_live_pool_limits_the_bytes_in_use_not_where_they_are():
         live.alloc(3 * KB, "y")
     with pytest.raises(PoolFullError, match="c"):
         LivePool(4 * KB, 64 * KB).alloc_all([("a", 2 * KB), ("b", KB), ("c", 2 * KB)])
+
+
+def test_compare_shows_each_strategys_arena_under_each_fit_and_the_smallest_budgets(capsys):
+    from snlite import cli, measure, search
+
+    g = get_model("lenet", batch=8)
+    argv = ["compare", "lenet", "--batch", "8", "--fit", "first", "offline"]
+    assert cli.main(argv + ["offline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fit"] == "first" and list(out["by_fit"]) == ["first", "offline"]  # each fit once, in order
+    for fit, got in out["by_fit"].items():
+        rows = measure.compare(g, fit=fit)
+        assert [r["label"] for r in got["rows"]] == [r.label for r in rows]
+        assert [(r["arena_bytes"], r["lower_bound_bytes"]) for r in got["rows"]] == [offline.bounds(r.program)
+                                                                                      for r in rows]
+        least = search.min_budget(g, MemoryConfig.superneurons(fit=fit))
+        assert got["min_budget"]["budget_bytes"] == least.budget_bytes
+    first, off = (out["by_fit"][f] for f in ("first", "offline"))
+    assert all(o["arena_bytes"] <= f["arena_bytes"] for o, f in zip(off["rows"], first["rows"]))
+    assert off["min_budget"]["budget_bytes"] <= first["min_budget"]["budget_bytes"]
+    assert out["min_budget"] == first["min_budget"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    head = next(line for line in text.splitlines() if line.startswith("strategy") and "fit=" in line)
+    assert head.split() == ["strategy", "fit=first", "fit=offline"]
+    assert "arena by fit:" in text and "superneurons(fit='offline') runs in " in text
+    with pytest.raises(SystemExit, match="2"):
+        cli.main(["compare", "lenet", "--fit", "worst"])
+    assert "argument --fit: invalid choice: 'worst'" in capsys.readouterr().err
+
+
+def test_the_searches_take_fit_offline(capsys):
+    from snlite import cli, search
+
+    argv = ["maxbatch", "lenet", "--budget", "16MiB", "--max-batch", "256", "--quiet", "--json", "-"]
+    found = {}
+    for fit in ("first", "offline"):
+        assert cli.main(argv + ["--fit", fit]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["fit"] == fit
+        found[fit] = {r["strategy"]: r["batch"] for r in out["rows"]}
+    config = MemoryConfig.superneurons(fit="offline", budget_bytes=16 << 20)
+    build = lambda b: get_model("lenet", batch=b)  # noqa: E731
+    assert found["offline"]["superneurons"] == search.max_batch(build, config, hi=256).value
+    assert found["offline"]["superneurons"] >= found["first"]["superneurons"]
+    assert cli.main(argv[:-2] + ["--fit", "offline"]) == 0
+    heading = capsys.readouterr().out.splitlines()[0]
+    assert heading.endswith("on the device), every arena offset by fit=offline")
