@@ -12,7 +12,8 @@ what compilers that plan memory ahead do (TensorFlow Lite's arena planner, XLA's
    into the tightest gap that fits among the blocks it meets; equal sizes in time order, or longest
    first), greedy by breadth (the busiest moment first, its blocks largest first), by area and by
    lifetime, the smallest arena kept;
-3. :func:`relocate` writes the offsets back into the program; nothing else changes.
+3. :func:`pack` keeps them where that arena is smaller than the walk's own, and :func:`relocate` writes
+   them back into the program; nothing else changes.
 
 Why reuse is safe across streams: the walk emits a block's ``Free`` only after compute has waited for
 any copy still reading it (:meth:`snlite.copies.Emitter.release`), and every later user of the bytes
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,62 +98,49 @@ def arena_of(blocks: list[Block], offsets: list[int]) -> int:
 
 def assign(blocks: list[Block]) -> list[int]:
     """Offsets for ``blocks`` (multiples of 1 KiB, as the blocks' sizes are) such that two blocks live
-    at the same instruction never overlap. Greedy in five orders, the smallest arena kept (each wins
-    somewhere in the zoo): by size with equal sizes in time order (which colours a run of equal blocks
-    as tightly as their overlaps allow), by size with equal sizes longest-lived first (TensorFlow
-    Lite's), by breadth, by area (bytes times instructions: a long-lived block placed before the
-    large short ones it would otherwise have to sit above), and longest-lived first."""
+    at the same instruction never overlap: greedy in each order of :func:`orders`, the smallest arena
+    kept (the first such order on a tie)."""
     if not blocks:
         return []
     if min(b.nbytes for b in blocks) <= 0:
         raise ValueError("every block takes at least one byte (the pool reserves whole blocks)")
     ranked = sorted(range(len(blocks)), key=lambda k: blocks[k].start)  # in time order from here on
-    timed = [blocks[k] for k in ranked]
-    tries = [_greedy(timed, order) for order in (
-        _by_size(timed, "start"), _by_size(timed, "longest"), _by_breadth(timed),
-        _by_extent(timed, "area"), _by_extent(timed, "duration"))]
-    best = min(tries, key=lambda offsets: arena_of(timed, offsets))
+    starts, ends, sizes = _arrays([blocks[k] for k in ranked])
+    last = np.searchsorted(starts, ends, side="right")  # blocks k + 1 .. last[k] - 1 start while k lives
+    tries = [_place_in_order(starts, ends, sizes, last, order)
+             for order in orders(starts, ends, sizes).values()]
+    best = min(tries, key=lambda offsets: int((offsets + sizes).max()))
     offsets = [0] * len(blocks)
     for rank, k in enumerate(ranked):
-        offsets[k] = best[rank]
+        offsets[k] = int(best[rank])
     return offsets
 
 
-def _by_size(blocks: list[Block], ties: str) -> list[int]:
-    """Largest first; among equal sizes the earliest first (``ties="start"``) or the longest-lived
-    first, then the earliest (``"longest"``)."""
-    if ties == "start":
-        return sorted(range(len(blocks)), key=lambda k: (-blocks[k].nbytes, blocks[k].start))
-    return sorted(range(len(blocks)),
-                  key=lambda k: (-blocks[k].nbytes, blocks[k].start - blocks[k].end, blocks[k].start))
+def orders(starts, ends, sizes) -> dict:
+    """The orders :func:`assign` places blocks in (blocks in time order, as arrays; each order an
+    array of block indices), each one that wins somewhere in the zoo: largest first with equal sizes
+    in time order (which colours a run of equal blocks as tightly as their overlaps allow); largest
+    first with equal sizes longest-lived first (TensorFlow Lite's); by breadth (:func:`_by_breadth`);
+    by area, bytes times instructions (a long-lived block placed before the large short ones it would
+    otherwise have to sit above); longest-lived first, equal lifetimes largest first. Remaining ties
+    in time order."""
+    k, lives = np.arange(len(starts)), ends - starts + 1
+    return {"size": np.lexsort((k, -sizes)), "size, longest first": np.lexsort((k, -lives, -sizes)),
+            "breadth": _by_breadth(starts, ends, sizes), "area": np.lexsort((k, -lives * sizes)),
+            "lifetime": np.lexsort((k, -sizes, -lives))}
 
 
-def _by_extent(blocks: list[Block], measure: str) -> list[int]:
-    """Largest ``"area"`` first (bytes times the instructions it lives), or longest-lived first
-    (``"duration"``, equal lifetimes largest first); then the earliest. ``blocks`` in time order."""
-    def key(k):
-        b, lives = blocks[k], blocks[k].end - blocks[k].start + 1
-        return (-lives * b.nbytes, k) if measure == "area" else (-lives, -b.nbytes, k)
-    return sorted(range(len(blocks)), key=key)
-
-
-def _by_breadth(blocks: list[Block]) -> list[int]:
+def _by_breadth(starts, ends, sizes):
     """The busiest moment first (the most bytes live at a block's allocation), each moment's blocks
-    largest first: the blocks that decide the peak are placed while the arena is still empty.
-    ``blocks`` in time order."""
-    starts, ends, sizes = _arrays(blocks)
-    live, total, gone = [], 0, []  # the bytes live at each block's start: one sweep, a heap of ends
-    for b in blocks:
-        while gone and gone[0][0] < b.start:
-            total -= heapq.heappop(gone)[1]
-        total += b.nbytes
-        live.append(total)
-        heapq.heappush(gone, (b.end, b.nbytes))
-    busiest = np.array(sorted(range(len(blocks)), key=lambda k: (-live[k], k)), dtype=np.int64)
-    by_rank = np.lexsort((np.arange(len(blocks)), -sizes))  # largest first, then the earliest
+    largest first: the blocks that decide the peak are placed while the arena is still empty."""
+    k = np.arange(len(starts))
+    by_end = np.argsort(ends, kind="stable")
+    ended = np.concatenate(([0], np.cumsum(sizes[by_end])))[np.searchsorted(ends[by_end], starts)]
+    live = np.cumsum(sizes) - ended  # every block begun by each start, less those ended before it
+    by_rank = np.lexsort((k, -sizes))  # largest first, then the earliest
     rank = np.empty_like(by_rank)
-    rank[by_rank] = np.arange(len(blocks))
-    return _moments_in_order(starts, ends, rank, by_rank, busiest).tolist()
+    rank[by_rank] = k
+    return _moments_in_order(starts, ends, rank, by_rank, np.lexsort((k, -live)))
 
 
 def _arrays(blocks: list[Block]) -> tuple:
@@ -165,16 +152,18 @@ def _arrays(blocks: list[Block]) -> tuple:
 def _greedy(blocks: list[Block], order: list[int]) -> list[int]:
     """Place ``blocks`` (in time order) in ``order``: each goes into the smallest gap, among the placed
     blocks whose lifetimes meet its own, that holds it (the lowest such gap on a tie), else above them.
-    The blocks that meet block k are the earlier ones still live at its start and the later ones
-    that start before its end; a segment tree of the placed blocks' ends finds both without looking
-    at the others, so a block costs the blocks it meets, not every block before it."""
+    The blocks that meet block k are the earlier ones still live at its start, which a segment tree
+    of the placed blocks' ends finds without looking at the others, and the later ones that start
+    before its end, a range (starts are sorted): a block costs the blocks it meets, not every block
+    before it."""
     starts, ends, sizes = _arrays(blocks)
     last = np.searchsorted(starts, ends, side="right")  # blocks k + 1 .. last[k] - 1 start while k lives
     return _place_in_order(starts, ends, sizes, last, np.array(order, dtype=np.int64)).tolist()
 
 
 # The greedy's inner loops, compiled for the CPU and cached on disk beside this file: in NumPy every
-# block costs a dozen calls (tens of microseconds), and a deep ResNet has 100,000 blocks placed thrice.
+# block costs a dozen calls (tens of microseconds), and a deep ResNet has 100,000 blocks, placed five
+# times.
 compiled = functools.partial(njit, cache=True)
 
 
@@ -281,16 +270,37 @@ def _moments_in_order(starts, ends, rank, by_rank, busiest):
     return order
 
 
-def relocate(program):
-    """``program`` with its body's arena blocks at the offsets :func:`assign` chooses (above the
-    persistent tensors), where that arena is smaller than the walk's own; nothing else changes."""
+@dataclass(frozen=True)
+class Packing:
+    """What :func:`pack` chose for a program: the smaller ``arena`` it reaches (the walk's own where
+    that is as small; then ``offsets`` is None), the ``lower`` bound no placement beats (both with the
+    persistent tensors), and each body block's new offset with the block each instruction names."""
+
+    arena: int
+    lower: int
+    which: list
+    offsets: list | None = None
+
+
+def pack(program) -> Packing:
+    """The offsets :func:`assign` chooses for ``program``'s body blocks (above the persistent
+    tensors) where that arena is smaller than the walk's own; :func:`relocate` writes them."""
     blocks, which, base = lifetimes(program)
-    if program.arena_bytes <= base + lower_bound(blocks):  # the walk's own placement is already the best
-        return program
+    lower = base + lower_bound(blocks)
+    if program.arena_bytes <= lower:  # the walk's own placement is already the best
+        return Packing(program.arena_bytes, lower, which)
     offsets = assign(blocks)
-    if base + arena_of(blocks, offsets) >= program.arena_bytes:  # the walk's own placement is as good
-        return program
-    return with_offsets(program, which, [base + o for o in offsets])
+    arena = base + arena_of(blocks, offsets)
+    if arena >= program.arena_bytes:  # the walk's own placement is as good
+        return Packing(program.arena_bytes, lower, which)
+    return Packing(arena, lower, which, [base + o for o in offsets])
+
+
+def relocate(program, packing: Packing | None = None):
+    """``program`` with its body's arena blocks where :func:`pack` puts them (``packing``, if it was
+    already chosen); nothing else changes."""
+    packing = packing or pack(program)
+    return program if packing.offsets is None else with_offsets(program, packing.which, packing.offsets)
 
 
 def with_offsets(program, which: list[int | None], offsets: list[int]):

@@ -26,7 +26,7 @@ from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
 from snlite.config import MIN_BUDGET_BYTES, MemoryConfig
 from snlite.pool import TensorPool
-from snlite.program import MODES, Program, without_cycle_collection
+from snlite.program import MODES, Launch, Program, without_cycle_collection
 from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
 from snlite.tensor import IllegalTransition
 from snlite.trace import trace_program
@@ -175,41 +175,49 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
     instructions, other offsets. Where first fit runs out of contiguous room, the walk is planned
     with :class:`~snlite.pool.LivePool`, which limits only the bytes in use. Where the offsets then
     need more than the budget (the arena above the lower bound), the walk is planned again with less
-    room: first less offered to the dynamic workspace (``spare``), then, once it gets none, a smaller
-    budget for the cache to evict against. Each retry takes the overshoot (at least a byte) and at
-    least twice the last cut, and neither phase can cut more than the budget, so each ends within
-    about 35 walks (2**35 bytes is 32 GiB; a larger budget adds one walk per doubling): at a fit, or
-    where the walk itself cannot fit, or with nothing left to cut."""
-    def walk(config, spare=0):
+    room: first less offered to the dynamic workspace (``spare``), then, once it gets none (or no conv
+    takes any, when more withheld would change no walk), a smaller budget for the cache to evict
+    against. Each retry takes the overshoot (at least a byte) and at least twice the last cut, and
+    neither phase can cut more than the budget, so each ends within about 35 walks (2**35 bytes is
+    32 GiB; a larger budget adds one walk per doubling): at a fit, or where the walk itself cannot
+    fit, or with nothing left to cut."""
+    def walk(config, spare=0):  # the walk, then its offsets chosen offline (written only if kept)
         placed = placement.walk(job.graph, config, plan, job.specs, job.costs, job.mode, hints, spare)
-        placed.program = offline.relocate(placed.program)
+        return placed, offline.pack(placed.program)
+
+    def kept(placed, packing):
+        placed.program = offline.relocate(placed.program, packing)
         return placed
 
     budget = job.config.budget_bytes
     try:
-        return walk(job.config.replace(fit="first"))
+        return kept(*walk(job.config.replace(fit="first")))
     except BudgetError:
         if budget is None:
             raise
     planning, spare, cut, overshot = budget, 0, 0, None
     while True:
         try:
-            placed = walk(job.config.replace(budget_bytes=planning), spare)
+            placed, packing = walk(job.config.replace(budget_bytes=planning), spare)
         except BudgetError:
             if overshot is None:
                 raise  # more bytes live at once than the budget: no placement can fit
             raise BudgetError(overshot) from None
-        arena, lower = offline.bounds(placed.program)
-        if arena <= budget:
-            return placed
+        if packing.arena <= budget:
+            return kept(placed, packing)
         overshot = (f"{job.graph.name} does not fit a budget of {budget:,d} bytes under "
-                    f"{job.config.describe()} with fit='offline': the bytes live at once fit ({lower:,d} at "
-                    f"most), but placing them needs an arena of {arena:,d} bytes")
-        cut = max(arena - budget, 2 * cut)
+                    f"{job.config.describe()} with fit='offline': the bytes live at once fit "
+                    f"({packing.lower:,d} at most), but placing them needs an arena of {packing.arena:,d} "
+                    "bytes")
+        cut = max(packing.arena - budget, 2 * cut)
         if job.config.workspace == "dynamic" and spare < planning:
-            spare += cut
-            cut = 0 if spare >= planning else cut  # the cache's phase starts from the overshoot again
-        elif job.config.cache and planning - cut >= MIN_BUDGET_BYTES:
+            if any(type(ins) is Launch and ins.workspace for ins in placed.program.body):
+                spare += cut
+                cut = 0 if spare >= planning else cut  # the cache's phase starts from the overshoot again
+                continue
+            # no conv took a workspace: withholding more room changes no walk, so that phase ends here
+            spare, cut = planning, packing.arena - budget
+        if job.config.cache and planning - cut >= MIN_BUDGET_BYTES:
             planning -= cut
         else:
             raise BudgetError(overshot)

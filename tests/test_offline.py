@@ -83,9 +83,8 @@ def test_each_order_wins_somewhere_and_assign_keeps_the_smallest_arena():
     g = get_model("alexnet", batch=200)
     blocks, _, _ = offline.lifetimes(place(g, MemoryConfig(liveness=True, offload=True, recompute="memory")))
     blocks.sort(key=lambda b: b.start)
-    arenas = {name: offline.arena_of(blocks, offline._greedy(blocks, order)) for name, order in (
-        ("size", offline._by_size(blocks, "start")), ("breadth", offline._by_breadth(blocks)),
-        ("area", offline._by_extent(blocks, "area")))}
+    arenas = {name: offline.arena_of(blocks, offline._greedy(blocks, order.tolist()))
+              for name, order in offline.orders(*offline._arrays(blocks)).items()}
     assert arenas["area"] == offline.lower_bound(blocks) < min(arenas["size"], arenas["breadth"])
     assert offline.arena_of(blocks, offline.assign(blocks)) == arenas["area"]
 
@@ -101,9 +100,8 @@ def test_the_fast_greedy_places_exactly_as_the_plain_statement_of_it():
             blocks.append(offline.Block(start, start + rng.choice((0, 3, 20, 150)),
                                         1024 * rng.choice((1, 2, 3, 5, 8, 16))))
         blocks.sort(key=lambda b: b.start)
-        for order in (offline._by_size(blocks, "start"), offline._by_size(blocks, "longest"),
-                      offline._by_extent(blocks, "area"), offline._by_extent(blocks, "duration"),
-                      offline._by_breadth(blocks)):
+        for order in offline.orders(*offline._arrays(blocks)).values():
+            order = order.tolist()
             assert sorted(order) == list(range(len(blocks)))
             assert offline._greedy(blocks, order) == reference_greedy(blocks, order)
 
