@@ -23,6 +23,7 @@ import numpy as np
 
 from kernels.lrn import MAX_SIZE as LRN_MAX_SIZE
 from snlite.layers import LAYER_TYPES, Layer
+from snlite.records import record
 from snlite.route import execution_route
 
 KINDS = ("input", "weight", "weight_grad", "buffer", "optimizer", "activation", "gradient")
@@ -44,7 +45,7 @@ class TensorSpec:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Step:
     """One step of the route: a layer's forward or backward, and the tensors it touches."""
 

@@ -31,6 +31,8 @@ import gc
 import json
 from dataclasses import dataclass, field
 
+from snlite.records import record
+
 COMPUTE, COPY_OUT, COPY_IN, HOST = "compute", "copy_out", "copy_in", "host"
 STREAMS = (COMPUTE, COPY_OUT, COPY_IN)  # the device streams every program uses
 SPACES = ("arena", "slab", "raw")
@@ -40,7 +42,7 @@ FORMAT = "snlite-program/1"
 
 
 # ---------------------------------------------------------------------------- instructions
-@dataclass(frozen=True, slots=True)
+@record
 class Alloc:
     """``tensor`` gets ``nbytes`` (whole blocks) at ``offset`` of ``space``. Bookkeeping in the arena
     and the slab; with ``space="raw"`` one device allocation (handle ``offset``) whose NaN fill runs on
@@ -57,7 +59,7 @@ class Alloc:
         return f"alloc {self.tensor} at {_where(self.space, self.offset)}, {_size(self.nbytes)}{fill}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Free:
     """``tensor``'s block returns to its pool: from here, work on ``stream`` may reuse it at once;
     work on another stream must first wait for an event recorded on ``stream`` after this point."""
@@ -72,7 +74,7 @@ class Free:
         return f"free {self.tensor} at {_where(self.space, self.offset)}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HandOver:
     """An in-place write has happened: ``new`` now owns ``old``'s block, and ``old`` is dead."""
 
@@ -83,7 +85,7 @@ class HandOver:
         return f"{self.new} takes over {self.old}'s block"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Copy:
     """An asynchronous copy of ``nbytes`` of ``tensor`` on ``stream``, from ``src`` at ``src_offset``
     to ``dst`` at ``dst_offset``; ``why`` is one of :data:`COPY_REASONS`."""
@@ -107,7 +109,7 @@ class Copy:
                 f"{_where(self.dst, self.dst_offset)}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Record:
     """Event ``event`` marks everything enqueued on ``stream`` so far."""
 
@@ -127,7 +129,7 @@ WAIT_REASONS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Wait:
     """Later work on ``stream`` starts only after ``event``'s mark; ``why``: one of :data:`WAIT_REASONS`."""
 
@@ -139,7 +141,7 @@ class Wait:
         return f"wait for {self.event}" + (f" ({self.why})" if self.why else "")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostWait:
     """The CPU blocks until ``event``'s mark has run (the end of an iteration)."""
 
@@ -150,7 +152,7 @@ class HostWait:
         return f"host waits for {self.event}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostWrite:
     """The CPU writes an input of the iteration (the batch, its labels) into its pinned slot."""
 
@@ -163,7 +165,7 @@ class HostWrite:
         return f"host writes {self.tensor} into {_where('slab', self.offset)}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostRead:
     """The CPU reads a result (the loss, the logits) from its pinned slot."""
 
@@ -176,7 +178,7 @@ class HostRead:
         return f"host reads {self.tensor} from {_where('slab', self.offset)}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Launch:
     """One op of the plan: a layer step's kernels on ``stream``. ``reads``/``writes`` name the
     tensors (recomputed incarnations resolved); ``inplace`` pairs (new, old) write ``new`` into

@@ -31,11 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from snlite.liveness import first_and_last_use, step_tensors
+from snlite.records import record
 
 STRATEGIES = ("off", "speed", "memory", "cost_aware")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Op:
     """One operation of a plan: a route step, or a forward re-run for recomputation."""
 

@@ -31,6 +31,7 @@ from snlite import liveness, offload, recompute
 from snlite.config import MemoryConfig
 from snlite.graph import TensorSpec
 from snlite.recompute import Op, base_name
+from snlite.records import record
 
 # what lives the whole run, in the order the placement pass lays it out: the weight gradients last, so
 # that a grads program (no optimizer state) is a train program's prefix
@@ -54,7 +55,7 @@ def optimizer_specs(graph) -> dict[str, TensorSpec]:
             for n, t in graph.tensors().items() if t.kind == "weight"}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PlannedOp:
     """An op and the memory actions around it."""
 

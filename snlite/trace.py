@@ -22,6 +22,7 @@ import numpy as np
 
 from snlite.liveness import step_tensors
 from snlite.program import Alloc, Copy, Free, HandOver, Launch, without_cycle_collection
+from snlite.records import record
 from snlite.scheduler import PERSISTENT_KINDS
 
 CATEGORIES = ("weights", "weight_grads", "optimizer", "input", "activations", "gradients", "workspace",
@@ -39,7 +40,7 @@ def counted(device_bytes: dict, count: str) -> int:
     return sum(device_bytes.get(c, 0) for c in cats)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepRecord:
     """The device's state at the busiest moment of one op (its inputs, outputs and workspace held)."""
 
