@@ -210,7 +210,8 @@ class Placer(Residency):
         if not train:
             self.results.append(self._copy_out(self.logits))
         self._release_state()
-        for name in [n for n in self.tensors if n not in self.persistent_set]:
+        gone, kept = (State.FREED, State.UNALLOCATED), self.persistent_set  # gone: most tensors by now
+        for name in [n for n, t in self.tensors.items() if t.state not in gone and n not in kept]:
             self._free(name)  # the end of the iteration: nothing but the persistent tensors survives
         if self.mode == "train" and not self.in_backward and self.optimizer:
             self._updates()
@@ -275,9 +276,8 @@ class Placer(Residency):
         for name in op.reads:
             t = tensors[name]
             if t.state is State.ON_DEVICE:  # the common case, without a call: a hit if the cache holds it
-                if cache and name in self.lru:
+                if cache and self.lru.touch(name):
                     self.stats["cache_hits"] += 1
-                    self.lru.touch(name)
                 continue
             self._make_readable(t, op.step)
         handed = {new for new, _ in op.inplace}  # written into another tensor's buffer
