@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -159,6 +160,15 @@ class _Memo(dict):
 _ITEMSIZE = _Memo(lambda dtype: np.dtype(dtype).itemsize)  # dtype name -> bytes per element
 
 
+class _About(NamedTuple):
+    """What the trace needs to know of one tensor (or incarnation), worked out on its first use."""
+
+    kind: str
+    category: str
+    own: int | None  # the paper's count: its own bytes (None under count "all", and for a workspace)
+    in_working_set: bool  # its bytes count in an op's working set (l_i): not persistent, and counted
+
+
 def _trace_program(program, count: str) -> Trace:
     reader = _Reader(program, count)
     handlers = {Launch: reader.launch, Alloc: reader.alloc, Free: reader.free, HandOver: reader.hand_over,
@@ -178,8 +188,8 @@ class _Reader:
     that holds or moves memory: ``device`` bytes by category, ``held`` bytes by tensor, the pinned
     ``host`` bytes, and a log of the body's allocations to name what was live at the peak."""
 
-    __slots__ = ("count", "tensors", "tr", "cats", "kind", "in_working_set", "own", "device", "held",
-                 "cat_of", "host", "host_state", "resident", "log", "peak_log", "body")
+    __slots__ = ("count", "tensors", "tr", "cats", "about", "device", "held", "cat_of", "host", "host_state",
+                 "resident", "log", "peak_log", "body")
 
     def __init__(self, program, count: str):
         stats, tensors = program.stats, program.tensors
@@ -188,12 +198,11 @@ class _Reader:
                         recompute_count=stats.get("recompute_count", 0),
                         extra_flops=stats.get("extra_flops", 0), cache_hits=stats.get("cache_hits", 0),
                         cache_misses=stats.get("cache_misses", 0))
-        self.cats = cats = PAPER_CATEGORIES if count == "paper" else None
-        self.kind = kind = _Memo(lambda name: tensors[name.split("#", 1)[0]][2])  # tensor -> its kind
-        # tensor -> whether its bytes count in an op's working set (l_i): not persistent, and counted
-        self.in_working_set = _Memo(lambda name: kind[name] not in PERSISTENT_KINDS
-                                    and (cats is None or KIND_CATEGORY[kind[name]] in cats))
-        self.own = _Memo(self._own_bytes)  # tensor -> its own bytes (the paper's count)
+        self.cats = PAPER_CATEGORIES if count == "paper" else None
+        # tensor -> what the trace needs to know of it, worked out once per (shape, dtype, kind): deep nets
+        # repeat a few of those thousands of times
+        about_spec = _Memo(self._about)
+        self.about = _Memo(lambda name: about_spec[tensors[name.split("#", 1)[0]]])
         self.device = dict.fromkeys(CATEGORIES, 0)
         self.held: dict[str, int] = {}  # device tensor -> its bytes (its block's, or its own: paper)
         self.cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
@@ -202,19 +211,21 @@ class _Reader:
         self.peak_log = 0  # how much of the log led up to the peak
         self.body = False
 
-    def _own_bytes(self, name: str) -> int | None:
-        """The paper's count: a tensor's own bytes (None for a workspace: its block's)."""
-        shape, dtype, _ = self.tensors[name.split("#", 1)[0]]
-        return None if shape is None else math.prod(shape) * _ITEMSIZE[dtype]
+    def _about(self, spec: tuple) -> "_About":
+        shape, dtype, kind = spec
+        category, cats = KIND_CATEGORY[kind], self.cats
+        own = None if cats is None or shape is None else math.prod(shape) * _ITEMSIZE[dtype]
+        counted_here = cats is None or category in cats
+        return _About(kind, category, own, kind not in PERSISTENT_KINDS and counted_here)
 
     def launch(self, ins) -> None:
         """An op's busiest moment: its inputs, outputs and workspace held; one StepRecord."""
         if ins.op < 0:  # the SGD step after backward: the weights and their kin, nothing more
             return
-        tr, device, held, in_working_set = self.tr, self.device, self.held, self.in_working_set
+        tr, device, held, about = self.tr, self.device, self.held, self.about
         working = 0  # l_i
         for n in step_tensors(ins.reads, ins.writes, ins.inplace):
-            if in_working_set[n]:
+            if about[n].in_working_set:
                 working += held[n]
         if self.count == "all":
             working += device["weights"] + device["weight_grads"] + device["optimizer"]
@@ -233,13 +244,13 @@ class _Reader:
         if ins.space == "slab":
             self.host += ins.nbytes
             self.tr.host_peak_bytes = max(self.tr.host_peak_bytes, self.host)
-            if self.kind[ins.tensor] == "optimizer":
+            if self.about[ins.tensor].kind == "optimizer":
                 self.host_state += ins.nbytes
                 self.tr.host_optimizer_bytes = max(self.tr.host_optimizer_bytes, self.host_state)
             return
-        c = self.cat_of[ins.tensor] = KIND_CATEGORY[self.kind[ins.tensor]]
-        own = None if self.cats is None else self.own[ins.tensor]
-        n = ins.nbytes if own is None else own
+        about = self.about[ins.tensor]
+        c = self.cat_of[ins.tensor] = about.category
+        n = ins.nbytes if about.own is None else about.own
         self.held[ins.tensor] = n
         self.device[c] += n
         self.resident += 1
@@ -249,7 +260,7 @@ class _Reader:
     def free(self, ins) -> None:
         if ins.space == "slab":
             self.host -= ins.nbytes
-            if self.kind[ins.tensor] == "optimizer":
+            if self.about[ins.tensor].kind == "optimizer":
                 self.host_state -= ins.nbytes
             return
         n = self.held.pop(ins.tensor)
@@ -260,7 +271,7 @@ class _Reader:
     def hand_over(self, ins) -> None:
         n = self.held.pop(ins.old)
         self.device[self.cat_of.pop(ins.old)] -= n
-        c = self.cat_of[ins.new] = KIND_CATEGORY[self.kind[ins.new]]
+        c = self.cat_of[ins.new] = self.about[ins.new].category
         self.held[ins.new] = n
         self.device[c] += n
         self.log += [(ins.old, -n), (ins.new, n)]
@@ -282,8 +293,7 @@ class _Reader:
         live: dict[str, int] = {}
         for name, nbytes in self.log[:self.peak_log]:
             live[name] = live.get(name, 0) + nbytes
-        kind, cats = self.kind, self.cats
-        shown = ((n, b) for n, b in live.items()
-                 if b > 0 and (cats is None or KIND_CATEGORY[kind[n]] in cats))
+        about, cats = self.about, self.cats
+        shown = ((n, b) for n, b in live.items() if b > 0 and (cats is None or about[n].category in cats))
         self.tr.peak_tensors = tuple(sorted(shown, key=lambda p: -p[1]))
         return self.tr
