@@ -31,6 +31,11 @@ PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop"
           "relu6": "relu6_"}
 
 
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """A tensor of the network: its name, shape, dtype, and what kind of memory it is."""
@@ -40,9 +45,10 @@ class TensorSpec:
     dtype: str
     kind: str  # one of KINDS
 
-    @functools.cached_property
-    def nbytes(self) -> int:  # computed once: planners ask for it hundreds of thousands of times
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+    def __post_init__(self):
+        # its size, once, as an attribute (not a field): planners ask for it hundreds of thousands of times
+        # (a micro-optimisation: a cached_property's first access, taking its lock, cost more than the spec)
+        object.__setattr__(self, "nbytes", math.prod(self.shape) * _itemsize(self.dtype))
 
 
 @record

@@ -169,10 +169,9 @@ class UpdateStage(Stage):
         if not self.enabled:
             return ops
         out = []
-        for op in ops:
-            out.append(Op(len(out), op.step, op.layer, op.phase, op.reads, op.writes, op.inplace,
-                          op.accumulate,
-                          op.names))
+        for op in ops:  # an op keeps its place until the first update; after it, each moves one more on
+            out.append(op if op.index == len(out) else Op(len(out), op.step, op.layer, op.phase, op.reads,
+                                                          op.writes, op.inplace, op.accumulate, op.names))
             if op.phase == "backward" and graph.layers[op.layer].params():
                 out.append(update_op(graph, op.layer, len(out), op.step, guard=f"{graph.loss_layer}.loss"))
         self.summary = (f"{sum(o.phase == 'update' for o in out)} updates in backward, "
