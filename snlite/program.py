@@ -24,14 +24,12 @@ rule of PyTorch's caching allocator).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
-import gc
 import json
 from dataclasses import dataclass, field
 
-from snlite.records import record
+from snlite.records import record, without_cycle_collection  # noqa: F401 (the passes import it from here)
 
 COMPUTE, COPY_OUT, COPY_IN, HOST = "compute", "copy_out", "copy_in", "host"
 STREAMS = (COMPUTE, COPY_OUT, COPY_IN)  # the device streams every program uses
@@ -311,20 +309,6 @@ class Program:
             raise ValueError(f"{path}: not JSON ({e}); a program is saved by Program.save or "
                              f"snlite plan NET --save-program FILE") from None
         return cls.from_json(data)
-
-
-@contextlib.contextmanager
-def without_cycle_collection():
-    """Python's cycle collector off for a pass that makes hundreds of thousands of small objects and
-    no reference cycles: it would rescan them again and again (a fifth of the time on deep nets).
-    Reference counting still frees everything; the collector's previous state comes back after."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _ins_json(ins) -> list:
