@@ -276,7 +276,7 @@ class Placer(Residency):
         for name in op.reads:
             t = tensors[name]
             if t.state is State.ON_DEVICE:  # the common case, without a call: a hit if the cache holds it
-                if cache and self.lru.touch(name):
+                if cache and name not in persistent and self.lru.touch(name):  # (it never holds weights)
                     self.stats["cache_hits"] += 1
                 continue
             self._make_readable(t, op.step)

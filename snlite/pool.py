@@ -96,8 +96,10 @@ class _Books:
     def _record(self, key: int, name: str, nbytes: int, need: int, step, end: int) -> int:
         self._live[key] = (name, nbytes, need, step)
         self.in_use_bytes += need
-        self.peak_in_use_bytes = max(self.peak_in_use_bytes, self.in_use_bytes)
-        self.high_water_bytes = max(self.high_water_bytes, end)
+        if self.in_use_bytes > self.peak_in_use_bytes:  # (not max(): every allocation of a walk comes here)
+            self.peak_in_use_bytes = self.in_use_bytes
+        if end > self.high_water_bytes:
+            self.high_water_bytes = end
         self.total_allocs += 1
         return key
 
