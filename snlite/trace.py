@@ -56,7 +56,7 @@ class StepRecord:
     working_set_bytes: int  # l_i: what this op itself holds, each tensor once (snlite.liveness.step_tensors)
 
 
-@dataclass(frozen=True)
+@record
 class ConvChoice:
     step: int
     layer: str
