@@ -267,6 +267,7 @@ class Placer(Residency):
         """Lock what the op reads and writes (weights never move: nothing to lock), make its reads
         readable (a cache hit, or a fetch), allocate its writes; returns the locked tensors."""
         tensors, persistent, cache = self.tensors, self.persistent_set, self.config.cache
+        on_device = State.ON_DEVICE  # looked up once: an enum member is a class attribute, slow to reach
         touched = []
         for name in dict.fromkeys((*op.reads, *op.writes)):  # in order: not hashing's
             if name not in persistent or name in self.host_state:
@@ -275,16 +276,16 @@ class Placer(Residency):
                 touched.append(t)
         for name in op.reads:
             t = tensors[name]
-            if t.state is State.ON_DEVICE:  # the common case, without a call: a hit if the cache holds it
+            if t.state is on_device:  # the common case, without a call: a hit if the cache holds it
                 if cache and name not in persistent and self.lru.touch(name):  # (it never holds weights)
                     self.stats["cache_hits"] += 1
                 continue
             self._make_readable(t, op.step)
-        handed = {new for new, _ in op.inplace}  # written into another tensor's buffer
+        handed = {new for new, _ in op.inplace} if op.inplace else ()  # written into another's buffer
         for name in op.writes:
             t = tensors[name]
             if name not in handed:
-                if t.state is not State.ON_DEVICE:
+                if t.state is not on_device:
                     self._alloc(t, op.step)
                 t.mark_written()
         return touched
