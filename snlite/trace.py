@@ -189,7 +189,7 @@ class _Reader:
     ``host`` bytes, and a log of the body's allocations to name what was live at the peak."""
 
     __slots__ = ("count", "tensors", "tr", "cats", "about", "device", "held", "cat_of", "host", "host_state",
-                 "resident", "log", "peak_log", "body")
+                 "resident", "log_tensors", "log_bytes", "peak_log", "body")
 
     def __init__(self, program, count: str):
         stats, tensors = program.stats, program.tensors
@@ -207,7 +207,10 @@ class _Reader:
         self.held: dict[str, int] = {}  # device tensor -> its bytes (its block's, or its own: paper)
         self.cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
         self.host = self.host_state = self.resident = 0
-        self.log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body
+        # the log of the body's allocations: each tensor and its +bytes / -bytes, in two lists (no pair
+        # made per entry: a deep net's body logs hundreds of thousands)
+        self.log_tensors: list[str] = []
+        self.log_bytes: list[int] = []
         self.peak_log = 0  # how much of the log led up to the peak
         self.body = False
 
@@ -236,7 +239,7 @@ class _Reader:
         tr.l_peak_bytes = max(tr.l_peak_bytes, working)
         if total > tr.peak_bytes:
             tr.peak_bytes, tr.peak_step, tr.peak_op = total, ins.step, len(tr.steps) - 1
-            self.peak_log = len(self.log)
+            self.peak_log = len(self.log_bytes)
         for op, algo, chunk, nbytes in ins.convs:
             tr.conv_choices.append(ConvChoice(ins.step, ins.layer, op, algo, chunk, nbytes))
 
@@ -255,7 +258,8 @@ class _Reader:
         self.device[c] += n
         self.resident += 1
         if self.body:
-            self.log.append((ins.tensor, n))
+            self.log_tensors.append(ins.tensor)
+            self.log_bytes.append(n)
 
     def free(self, ins) -> None:
         if ins.space == "slab":
@@ -266,7 +270,8 @@ class _Reader:
         n = self.held.pop(ins.tensor)
         self.device[self.cat_of.pop(ins.tensor)] -= n
         self.resident -= 1
-        self.log.append((ins.tensor, -n))
+        self.log_tensors.append(ins.tensor)
+        self.log_bytes.append(-n)
 
     def hand_over(self, ins) -> None:
         n = self.held.pop(ins.old)
@@ -274,7 +279,8 @@ class _Reader:
         c = self.cat_of[ins.new] = self.about[ins.new].category
         self.held[ins.new] = n
         self.device[c] += n
-        self.log += [(ins.old, -n), (ins.new, n)]
+        self.log_tensors += (ins.old, ins.new)
+        self.log_bytes += (-n, n)
 
     def copy(self, ins) -> None:
         if ins.why in ("input", "result"):  # the batch in, the loss out: not traffic
@@ -291,7 +297,7 @@ class _Reader:
     def finish(self) -> Trace:
         """The trace, with what was live at the peak, largest first."""
         live: dict[str, int] = {}
-        for name, nbytes in self.log[:self.peak_log]:
+        for name, nbytes in zip(self.log_tensors[:self.peak_log], self.log_bytes[:self.peak_log]):
             live[name] = live.get(name, 0) + nbytes
         about, cats = self.about, self.cats
         shown = ((n, b) for n, b in live.items() if b > 0 and (cats is None or about[n].category in cats))
