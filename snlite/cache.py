@@ -59,29 +59,36 @@ class LRUCache:
         self.preferred = frozenset(preferred)
         self._first: OrderedDict[str, None] = OrderedDict()  # preferred tensors (CONV outputs)
         self._rest: OrderedDict[str, None] = OrderedDict()
-
-    def _queue(self, name: str, base: str) -> OrderedDict:
-        return self._first if base in self.preferred else self._rest
+        self._queue: dict[str, OrderedDict] = {}  # cached tensor -> its queue: one lookup per question
 
     def add(self, name: str, base: str | None = None) -> None:
         """``name`` is resident now (most recently used); ``base`` is the tensor it incarnates."""
-        self._queue(name, base or name)[name] = None
+        q = self._queue.get(name)
+        if q is None:
+            q = self._queue[name] = self._first if (base or name) in self.preferred else self._rest
+        q[name] = None
 
-    def touch(self, name: str) -> None:
-        """``name`` was just used: move it to the most recently used end."""
-        for q in (self._first, self._rest):
-            if name in q:
-                q.move_to_end(name)
+    def touch(self, name: str) -> bool:
+        """``name`` was just used: move it to the most recently used end. True if it is cached."""
+        q = self._queue.get(name)
+        if q is None:
+            return False
+        q.move_to_end(name)
+        return True
 
     def remove(self, name: str) -> bool:
         """Forget ``name`` (it left the device); True if it was cached."""
-        return self._first.pop(name, 1) is None or self._rest.pop(name, 1) is None
+        q = self._queue.pop(name, None)
+        if q is None:
+            return False
+        del q[name]
+        return True
 
     def __contains__(self, name: str) -> bool:
-        return name in self._first or name in self._rest
+        return name in self._queue
 
     def __len__(self) -> int:
-        return len(self._first) + len(self._rest)
+        return len(self._queue)
 
     def eviction_order(self):
         """Names in the order they should leave: preferred first, each queue oldest first.
@@ -92,6 +99,7 @@ class LRUCache:
     def clear(self) -> None:
         self._first.clear()
         self._rest.clear()
+        self._queue.clear()
 
 
 def choose_victim(cache: LRUCache, tensors: dict, planned: list | None = None, in_flight=()):

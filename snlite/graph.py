@@ -23,11 +23,17 @@ import numpy as np
 
 from kernels.lrn import MAX_SIZE as LRN_MAX_SIZE
 from snlite.layers import LAYER_TYPES, Layer
+from snlite.records import record, without_cycle_collection
 from snlite.route import execution_route
 
 KINDS = ("input", "weight", "weight_grad", "buffer", "optimizer", "activation", "gradient")
 PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax",
           "relu6": "relu6_"}
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -39,12 +45,13 @@ class TensorSpec:
     dtype: str
     kind: str  # one of KINDS
 
-    @functools.cached_property
-    def nbytes(self) -> int:  # computed once: planners ask for it hundreds of thousands of times
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+    def __post_init__(self):
+        # its size, once, as an attribute (not a field): planners ask for it hundreds of thousands of times
+        # (a micro-optimisation: a cached_property's first access, taking its lock, cost more than the spec)
+        object.__setattr__(self, "nbytes", math.prod(self.shape) * _itemsize(self.dtype))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Step:
     """One step of the route: a layer's forward or backward, and the tensors it touches."""
 
@@ -265,8 +272,19 @@ class Graph:
                 raise ValueError("the graph has no softmax_loss layer: end it with g.softmax_loss(logits)")
             succ = self.consumers()
             route = execution_route(succ, "data")
-            self._cache = (route,) + _Compiler(self, succ, route).run()
+            with without_cycle_collection():  # tens of thousands of specs and steps, and no cycle among them
+                self._cache = (route,) + _Compiler(self, succ, route).run()
         return self._cache
+
+
+@record
+class _Names:
+    """The tensors a layer's two steps name: by role (x, y, dy, dx, labels, what it saves), its
+    parameters and its buffers (worked out once per layer, for both steps)."""
+
+    roles: dict
+    params: list
+    buffers: list
 
 
 class _Compiler:
@@ -309,10 +327,11 @@ class _Compiler:
                 else:
                     tname = f"{p}.grad" if len(self.succ[p]) == 1 else f"{p}.grad@{name}"
                     dxs[(name, p)] = self.tensor(tname, g.layers[p].out_shape, "gradient")
+        names = {name: self.names(name, act, dys[name], dxs, labels) for name in self.fwd}  # both steps' own
         steps = []
         for phase, order in (("forward", self.fwd), ("backward", self.bwd)):
             for name in order:
-                steps.append(self.step(len(steps), name, phase, act, dys[name], dxs, labels))
+                steps.append(self.step(len(steps), name, phase, names[name]))
         self.check_dataflow(steps)
         return self.tensors, steps, act, dys, dxs
 
@@ -329,13 +348,18 @@ class _Compiler:
             written.update(step.writes)
             written.update(new for new, _ in step.inplace)
 
-    def step(self, index, name, phase, act, dy, dxs, labels) -> Step:
+    def names(self, name, act, dy, dxs, labels) -> "_Names":
+        """The tensors of layer ``name`` that its steps name: by role, its parameters, its buffers."""
         g, layer = self.g, self.g.layers[name]
         roles = {"x": [act[i] for i in g.inputs[name]], "y": [act[name]], "labels": [labels],
                  "dy": dy, "dx": [dxs[(name, i)] for i in g.inputs[name]]}
         roles.update({s: [f"{name}.{s}"] for s in layer.saved()})
-        params = [f"{name}.{p}" for p in layer.params()]
-        buffers = [f"{name}.{b}" for b in layer.buffers()]
+        params, buffers = [f"{name}.{p}" for p in layer.params()], [f"{name}.{b}" for b in layer.buffers()]
+        return _Names(roles, params, buffers)
+
+    def step(self, index, name, phase, names: "_Names") -> Step:
+        layer, roles, params, buffers = self.g.layers[name], names.roles, names.params, names.buffers
+        dy = roles["dy"]
         if layer.alias_input:  # flatten: nothing moves; only fork gradients are summed
             return Step(index, name, layer.kind, phase, tuple(dy) if phase == "backward" else (), (),
                         accumulate=tuple(dy[1:]) if phase == "backward" else ())

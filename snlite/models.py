@@ -26,6 +26,7 @@ import functools
 import re
 
 from snlite.graph import Graph
+from snlite.records import without_cycle_collection
 
 PAPER_WIDTH_BATCH = {"alexnet": 1792, "vgg16": 224, "inception_v4": 240, "resnet50": 384, "resnet101": 256,
                      "resnet152": 176}  # docs/paper.md section 7: largest batch SuperNeurons fits in 12 GB
@@ -148,9 +149,10 @@ def resnet(depth: int, batch=None, num_classes=1000) -> Graph:
     x = g.relu(g.batchnorm(g.conv2d(g.input(), 64, 7, stride=2, padding=3, bias=False, name="conv1"),
                            name="bn1"), name="relu")
     x = g.maxpool(x, 3, stride=2, padding=1, name="maxpool")
-    for s, (n, width) in enumerate(zip(blocks, (64, 128, 256, 512)), 1):
-        for b in range(n):
-            x = _bottleneck(g, x, width, stride=2 if b == 0 and s > 1 else 1, name=f"layer{s}.{b}")
+    with without_cycle_collection():  # the paper's deepest has 25,017 layers, and no cycle among them
+        for s, (n, width) in enumerate(zip(blocks, (64, 128, 256, 512)), 1):
+            for b in range(n):
+                x = _bottleneck(g, x, width, stride=2 if b == 0 and s > 1 else 1, name=f"layer{s}.{b}")
     x = g.avgpool(x, x.shape[2], name="avgpool")
     g.softmax_loss(g.linear(g.flatten(x, name="flatten"), num_classes, name="fc"))
     return g

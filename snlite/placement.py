@@ -210,7 +210,8 @@ class Placer(Residency):
         if not train:
             self.results.append(self._copy_out(self.logits))
         self._release_state()
-        for name in [n for n in self.tensors if n not in self.persistent_set]:
+        gone, kept = (State.FREED, State.UNALLOCATED), self.persistent_set  # gone: most tensors by now
+        for name in [n for n, t in self.tensors.items() if t.state not in gone and n not in kept]:
             self._free(name)  # the end of the iteration: nothing but the persistent tensors survives
         if self.mode == "train" and not self.in_backward and self.optimizer:
             self._updates()
@@ -266,6 +267,7 @@ class Placer(Residency):
         """Lock what the op reads and writes (weights never move: nothing to lock), make its reads
         readable (a cache hit, or a fetch), allocate its writes; returns the locked tensors."""
         tensors, persistent, cache = self.tensors, self.persistent_set, self.config.cache
+        on_device = State.ON_DEVICE  # looked up once: an enum member is a class attribute, slow to reach
         touched = []
         for name in dict.fromkeys((*op.reads, *op.writes)):  # in order: not hashing's
             if name not in persistent or name in self.host_state:
@@ -274,17 +276,16 @@ class Placer(Residency):
                 touched.append(t)
         for name in op.reads:
             t = tensors[name]
-            if t.state is State.ON_DEVICE:  # the common case, without a call: a hit if the cache holds it
-                if cache and name in self.lru:
+            if t.state is on_device:  # the common case, without a call: a hit if the cache holds it
+                if cache and name not in persistent and self.lru.touch(name):  # (it never holds weights)
                     self.stats["cache_hits"] += 1
-                    self.lru.touch(name)
                 continue
             self._make_readable(t, op.step)
-        handed = {new for new, _ in op.inplace}  # written into another tensor's buffer
+        handed = {new for new, _ in op.inplace} if op.inplace else ()  # written into another's buffer
         for name in op.writes:
             t = tensors[name]
             if name not in handed:
-                if t.state is not State.ON_DEVICE:
+                if t.state is not on_device:
                     self._alloc(t, op.step)
                 t.mark_written()
         return touched

@@ -96,8 +96,10 @@ class _Books:
     def _record(self, key: int, name: str, nbytes: int, need: int, step, end: int) -> int:
         self._live[key] = (name, nbytes, need, step)
         self.in_use_bytes += need
-        self.peak_in_use_bytes = max(self.peak_in_use_bytes, self.in_use_bytes)
-        self.high_water_bytes = max(self.high_water_bytes, end)
+        if self.in_use_bytes > self.peak_in_use_bytes:  # (not max(): every allocation of a walk comes here)
+            self.peak_in_use_bytes = self.in_use_bytes
+        if end > self.high_water_bytes:
+            self.high_water_bytes = end
         self.total_allocs += 1
         return key
 
@@ -118,13 +120,19 @@ class _Books:
         requests = list(requests)
         if not isinstance(self, TensorPool) or self._live or not self._free:
             return [self.alloc(nbytes, name, step) for name, nbytes in requests]
-        needs = [self.reserved_bytes(nbytes) for _, nbytes in requests]
+        reserved = {n: self.reserved_bytes(n) for n in {nbytes for _, nbytes in requests}}  # a few sizes
+        needs = [reserved[nbytes] for _, nbytes in requests]
         if sum(needs) > self.capacity_bytes:
             return [self.alloc(nbytes, name, step) for name, nbytes in requests]  # fails at the right one
         offsets, offset = [], 0
-        for (name, nbytes), need in zip(requests, needs):
-            offsets.append(self._record(offset, name, nbytes, need, step, end=offset + need))
+        for (name, nbytes), need in zip(requests, needs):  # what _record books, for all of them at once
+            self._live[offset] = (name, nbytes, need, step)
+            offsets.append(offset)
             offset += need
+        self.in_use_bytes = offset  # the pool was empty
+        self.peak_in_use_bytes = max(self.peak_in_use_bytes, offset)
+        self.high_water_bytes = max(self.high_water_bytes, offset)
+        self.total_allocs += len(offsets)
         self._free = [(offset, self.capacity_bytes - offset)] if offset < self.capacity_bytes else []
         return offsets
 

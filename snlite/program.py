@@ -24,12 +24,12 @@ rule of PyTorch's caching allocator).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
-import gc
 import json
 from dataclasses import dataclass, field
+
+from snlite.records import record, without_cycle_collection  # noqa: F401 (the passes import it from here)
 
 COMPUTE, COPY_OUT, COPY_IN, HOST = "compute", "copy_out", "copy_in", "host"
 STREAMS = (COMPUTE, COPY_OUT, COPY_IN)  # the device streams every program uses
@@ -40,7 +40,7 @@ FORMAT = "snlite-program/1"
 
 
 # ---------------------------------------------------------------------------- instructions
-@dataclass(frozen=True, slots=True)
+@record
 class Alloc:
     """``tensor`` gets ``nbytes`` (whole blocks) at ``offset`` of ``space``. Bookkeeping in the arena
     and the slab; with ``space="raw"`` one device allocation (handle ``offset``) whose NaN fill runs on
@@ -57,7 +57,7 @@ class Alloc:
         return f"alloc {self.tensor} at {_where(self.space, self.offset)}, {_size(self.nbytes)}{fill}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Free:
     """``tensor``'s block returns to its pool: from here, work on ``stream`` may reuse it at once;
     work on another stream must first wait for an event recorded on ``stream`` after this point."""
@@ -72,7 +72,7 @@ class Free:
         return f"free {self.tensor} at {_where(self.space, self.offset)}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HandOver:
     """An in-place write has happened: ``new`` now owns ``old``'s block, and ``old`` is dead."""
 
@@ -83,7 +83,7 @@ class HandOver:
         return f"{self.new} takes over {self.old}'s block"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Copy:
     """An asynchronous copy of ``nbytes`` of ``tensor`` on ``stream``, from ``src`` at ``src_offset``
     to ``dst`` at ``dst_offset``; ``why`` is one of :data:`COPY_REASONS`."""
@@ -107,7 +107,7 @@ class Copy:
                 f"{_where(self.dst, self.dst_offset)}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Record:
     """Event ``event`` marks everything enqueued on ``stream`` so far."""
 
@@ -127,7 +127,7 @@ WAIT_REASONS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Wait:
     """Later work on ``stream`` starts only after ``event``'s mark; ``why``: one of :data:`WAIT_REASONS`."""
 
@@ -139,7 +139,7 @@ class Wait:
         return f"wait for {self.event}" + (f" ({self.why})" if self.why else "")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostWait:
     """The CPU blocks until ``event``'s mark has run (the end of an iteration)."""
 
@@ -150,7 +150,7 @@ class HostWait:
         return f"host waits for {self.event}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostWrite:
     """The CPU writes an input of the iteration (the batch, its labels) into its pinned slot."""
 
@@ -163,7 +163,7 @@ class HostWrite:
         return f"host writes {self.tensor} into {_where('slab', self.offset)}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostRead:
     """The CPU reads a result (the loss, the logits) from its pinned slot."""
 
@@ -176,7 +176,7 @@ class HostRead:
         return f"host reads {self.tensor} from {_where('slab', self.offset)}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Launch:
     """One op of the plan: a layer step's kernels on ``stream``. ``reads``/``writes`` name the
     tensors (recomputed incarnations resolved); ``inplace`` pairs (new, old) write ``new`` into
@@ -309,20 +309,6 @@ class Program:
             raise ValueError(f"{path}: not JSON ({e}); a program is saved by Program.save or "
                              f"snlite plan NET --save-program FILE") from None
         return cls.from_json(data)
-
-
-@contextlib.contextmanager
-def without_cycle_collection():
-    """Python's cycle collector off for a pass that makes hundreds of thousands of small objects and
-    no reference cycles: it would rescan them again and again (a fifth of the time on deep nets).
-    Reference counting still frees everything; the collector's previous state comes back after."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _ins_json(ins) -> list:

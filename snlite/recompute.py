@@ -31,11 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from snlite.liveness import first_and_last_use, step_tensors
+from snlite.records import record
 
 STRATEGIES = ("off", "speed", "memory", "cost_aware")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Op:
     """One operation of a plan: a route step, or a forward re-run for recomputation."""
 
@@ -90,12 +91,12 @@ def step_bytes(steps, tensors, persistent) -> list[int]:
 def droppable(graph, keep=()) -> dict[str, str]:
     """Tensor -> the cheap layer whose forward writes it (outputs and saved tensors); none of a
     layer in ``keep``."""
-    out = {}
+    out, tensors = {}, graph.tensors()
     for step in graph.steps():
         layer = graph.layers[step.layer]
         if step.phase == "forward" and not (layer.checkpoint or step.layer in keep) and not layer.alias_input:
             for t in step.writes:
-                if graph.tensors()[t].kind == "activation":
+                if tensors[t].kind == "activation":
                     out[t] = step.layer
     return out
 

@@ -58,8 +58,9 @@ class Residency:
 
     def _alloc(self, t: Tensor, step) -> None:
         t.allocate(self._take_block(t, step))
-        if base_name(t.name) in self.evictable:
-            self.lru.add(t.name, base_name(t.name))
+        base = base_name(t.name)
+        if base in self.evictable:
+            self.lru.add(t.name, base)
 
     def _release_block(self, t: Tensor, offset) -> None:
         self.emit.release(t.name)  # a copy still reads this block: reuse only after it

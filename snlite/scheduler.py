@@ -31,6 +31,7 @@ from snlite import liveness, offload, recompute
 from snlite.config import MemoryConfig
 from snlite.graph import TensorSpec
 from snlite.recompute import Op, base_name
+from snlite.records import record
 
 # what lives the whole run, in the order the placement pass lays it out: the weight gradients last, so
 # that a grads program (no optimizer state) is a train program's prefix
@@ -54,7 +55,7 @@ def optimizer_specs(graph) -> dict[str, TensorSpec]:
             for n, t in graph.tensors().items() if t.kind == "weight"}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PlannedOp:
     """An op and the memory actions around it."""
 
@@ -168,10 +169,9 @@ class UpdateStage(Stage):
         if not self.enabled:
             return ops
         out = []
-        for op in ops:
-            out.append(Op(len(out), op.step, op.layer, op.phase, op.reads, op.writes, op.inplace,
-                          op.accumulate,
-                          op.names))
+        for op in ops:  # an op keeps its place until the first update; after it, each moves one more on
+            out.append(op if op.index == len(out) else Op(len(out), op.step, op.layer, op.phase, op.reads,
+                                                          op.writes, op.inplace, op.accumulate, op.names))
             if op.phase == "backward" and graph.layers[op.layer].params():
                 out.append(update_op(graph, op.layer, len(out), op.step, guard=f"{graph.loss_layer}.loss"))
         self.summary = (f"{sum(o.phase == 'update' for o in out)} updates in backward, "

@@ -16,13 +16,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from snlite.pool import HostPool, TensorPool
+from snlite.records import record
 
 SLOT_BYTES = 256  # the slab's granule: pinned slots are whole multiples of it
 slot_bytes = HostPool(SLOT_BYTES).reserved_bytes
 block_bytes = TensorPool(1024).reserved_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Slot:
     """A fixed pinned slot: ``tensor`` staged ``way`` ("in": the host writes it, "out": the host reads it)."""
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from snlite.liveness import step_tensors
 from snlite.program import Alloc, Copy, Free, HandOver, Launch, without_cycle_collection
+from snlite.records import record
 from snlite.scheduler import PERSISTENT_KINDS
 
 CATEGORIES = ("weights", "weight_grads", "optimizer", "input", "activations", "gradients", "workspace",
@@ -39,7 +41,7 @@ def counted(device_bytes: dict, count: str) -> int:
     return sum(device_bytes.get(c, 0) for c in cats)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepRecord:
     """The device's state at the busiest moment of one op (its inputs, outputs and workspace held)."""
 
@@ -54,7 +56,7 @@ class StepRecord:
     working_set_bytes: int  # l_i: what this op itself holds, each tensor once (snlite.liveness.step_tensors)
 
 
-@dataclass(frozen=True)
+@record
 class ConvChoice:
     step: int
     layer: str
@@ -158,6 +160,15 @@ class _Memo(dict):
 _ITEMSIZE = _Memo(lambda dtype: np.dtype(dtype).itemsize)  # dtype name -> bytes per element
 
 
+class _About(NamedTuple):
+    """What the trace needs to know of one tensor (or incarnation), worked out on its first use."""
+
+    kind: str
+    category: str
+    own: int | None  # the paper's count: its own bytes (None under count "all", and for a workspace)
+    in_working_set: bool  # its bytes count in an op's working set (l_i): not persistent, and counted
+
+
 def _trace_program(program, count: str) -> Trace:
     reader = _Reader(program, count)
     handlers = {Launch: reader.launch, Alloc: reader.alloc, Free: reader.free, HandOver: reader.hand_over,
@@ -177,8 +188,8 @@ class _Reader:
     that holds or moves memory: ``device`` bytes by category, ``held`` bytes by tensor, the pinned
     ``host`` bytes, and a log of the body's allocations to name what was live at the peak."""
 
-    __slots__ = ("count", "tensors", "tr", "cats", "kind", "in_working_set", "own", "device", "held",
-                 "cat_of", "host", "host_state", "resident", "log", "peak_log", "body")
+    __slots__ = ("count", "tensors", "tr", "cats", "about", "device", "held", "cat_of", "host", "host_state",
+                 "resident", "log_tensors", "log_bytes", "peak_log", "body")
 
     def __init__(self, program, count: str):
         stats, tensors = program.stats, program.tensors
@@ -187,33 +198,37 @@ class _Reader:
                         recompute_count=stats.get("recompute_count", 0),
                         extra_flops=stats.get("extra_flops", 0), cache_hits=stats.get("cache_hits", 0),
                         cache_misses=stats.get("cache_misses", 0))
-        self.cats = cats = PAPER_CATEGORIES if count == "paper" else None
-        self.kind = kind = _Memo(lambda name: tensors[name.split("#", 1)[0]][2])  # tensor -> its kind
-        # tensor -> whether its bytes count in an op's working set (l_i): not persistent, and counted
-        self.in_working_set = _Memo(lambda name: kind[name] not in PERSISTENT_KINDS
-                                    and (cats is None or KIND_CATEGORY[kind[name]] in cats))
-        self.own = _Memo(self._own_bytes)  # tensor -> its own bytes (the paper's count)
+        self.cats = PAPER_CATEGORIES if count == "paper" else None
+        # tensor -> what the trace needs to know of it, worked out once per (shape, dtype, kind): deep nets
+        # repeat a few of those thousands of times
+        about_spec = _Memo(self._about)
+        self.about = _Memo(lambda name: about_spec[tensors[name.split("#", 1)[0]]])
         self.device = dict.fromkeys(CATEGORIES, 0)
         self.held: dict[str, int] = {}  # device tensor -> its bytes (its block's, or its own: paper)
         self.cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
         self.host = self.host_state = self.resident = 0
-        self.log: list[tuple[str, int]] = []  # (tensor, +bytes / -bytes) during the body
+        # the log of the body's allocations: each tensor and its +bytes / -bytes, in two lists (no pair
+        # made per entry: a deep net's body logs hundreds of thousands)
+        self.log_tensors: list[str] = []
+        self.log_bytes: list[int] = []
         self.peak_log = 0  # how much of the log led up to the peak
         self.body = False
 
-    def _own_bytes(self, name: str) -> int | None:
-        """The paper's count: a tensor's own bytes (None for a workspace: its block's)."""
-        shape, dtype, _ = self.tensors[name.split("#", 1)[0]]
-        return None if shape is None else math.prod(shape) * _ITEMSIZE[dtype]
+    def _about(self, spec: tuple) -> "_About":
+        shape, dtype, kind = spec
+        category, cats = KIND_CATEGORY[kind], self.cats
+        own = None if cats is None or shape is None else math.prod(shape) * _ITEMSIZE[dtype]
+        counted_here = cats is None or category in cats
+        return _About(kind, category, own, kind not in PERSISTENT_KINDS and counted_here)
 
     def launch(self, ins) -> None:
         """An op's busiest moment: its inputs, outputs and workspace held; one StepRecord."""
         if ins.op < 0:  # the SGD step after backward: the weights and their kin, nothing more
             return
-        tr, device, held, in_working_set = self.tr, self.device, self.held, self.in_working_set
+        tr, device, held, about = self.tr, self.device, self.held, self.about
         working = 0  # l_i
         for n in step_tensors(ins.reads, ins.writes, ins.inplace):
-            if in_working_set[n]:
+            if about[n].in_working_set:
                 working += held[n]
         if self.count == "all":
             working += device["weights"] + device["weight_grads"] + device["optimizer"]
@@ -224,7 +239,7 @@ class _Reader:
         tr.l_peak_bytes = max(tr.l_peak_bytes, working)
         if total > tr.peak_bytes:
             tr.peak_bytes, tr.peak_step, tr.peak_op = total, ins.step, len(tr.steps) - 1
-            self.peak_log = len(self.log)
+            self.peak_log = len(self.log_bytes)
         for op, algo, chunk, nbytes in ins.convs:
             tr.conv_choices.append(ConvChoice(ins.step, ins.layer, op, algo, chunk, nbytes))
 
@@ -232,37 +247,40 @@ class _Reader:
         if ins.space == "slab":
             self.host += ins.nbytes
             self.tr.host_peak_bytes = max(self.tr.host_peak_bytes, self.host)
-            if self.kind[ins.tensor] == "optimizer":
+            if self.about[ins.tensor].kind == "optimizer":
                 self.host_state += ins.nbytes
                 self.tr.host_optimizer_bytes = max(self.tr.host_optimizer_bytes, self.host_state)
             return
-        c = self.cat_of[ins.tensor] = KIND_CATEGORY[self.kind[ins.tensor]]
-        own = None if self.cats is None else self.own[ins.tensor]
-        n = ins.nbytes if own is None else own
+        about = self.about[ins.tensor]
+        c = self.cat_of[ins.tensor] = about.category
+        n = ins.nbytes if about.own is None else about.own
         self.held[ins.tensor] = n
         self.device[c] += n
         self.resident += 1
         if self.body:
-            self.log.append((ins.tensor, n))
+            self.log_tensors.append(ins.tensor)
+            self.log_bytes.append(n)
 
     def free(self, ins) -> None:
         if ins.space == "slab":
             self.host -= ins.nbytes
-            if self.kind[ins.tensor] == "optimizer":
+            if self.about[ins.tensor].kind == "optimizer":
                 self.host_state -= ins.nbytes
             return
         n = self.held.pop(ins.tensor)
         self.device[self.cat_of.pop(ins.tensor)] -= n
         self.resident -= 1
-        self.log.append((ins.tensor, -n))
+        self.log_tensors.append(ins.tensor)
+        self.log_bytes.append(-n)
 
     def hand_over(self, ins) -> None:
         n = self.held.pop(ins.old)
         self.device[self.cat_of.pop(ins.old)] -= n
-        c = self.cat_of[ins.new] = KIND_CATEGORY[self.kind[ins.new]]
+        c = self.cat_of[ins.new] = self.about[ins.new].category
         self.held[ins.new] = n
         self.device[c] += n
-        self.log += [(ins.old, -n), (ins.new, n)]
+        self.log_tensors += (ins.old, ins.new)
+        self.log_bytes += (-n, n)
 
     def copy(self, ins) -> None:
         if ins.why in ("input", "result"):  # the batch in, the loss out: not traffic
@@ -279,10 +297,9 @@ class _Reader:
     def finish(self) -> Trace:
         """The trace, with what was live at the peak, largest first."""
         live: dict[str, int] = {}
-        for name, nbytes in self.log[:self.peak_log]:
+        for name, nbytes in zip(self.log_tensors[:self.peak_log], self.log_bytes[:self.peak_log]):
             live[name] = live.get(name, 0) + nbytes
-        kind, cats = self.kind, self.cats
-        shown = ((n, b) for n, b in live.items()
-                 if b > 0 and (cats is None or KIND_CATEGORY[kind[n]] in cats))
+        about, cats = self.about, self.cats
+        shown = ((n, b) for n, b in live.items() if b > 0 and (cats is None or about[n].category in cats))
         self.tr.peak_tensors = tuple(sorted(shown, key=lambda p: -p[1]))
         return self.tr
