@@ -106,10 +106,13 @@ def assign(blocks: list[Block]) -> list[int]:
         raise ValueError("every block takes at least one byte (the pool reserves whole blocks)")
     ranked = sorted(range(len(blocks)), key=lambda k: blocks[k].start)  # in time order from here on
     starts, ends, sizes = _arrays([blocks[k] for k in ranked])
-    last = np.searchsorted(starts, ends, side="right")  # blocks k + 1 .. last[k] - 1 start while k lives
-    tries = [_place_in_order(starts, ends, sizes, last, order)
-             for order in orders(starts, ends, sizes).values()]
-    best = min(tries, key=lambda offsets: int((offsets + sizes).max()))
+    lower, best = lower_bound(blocks), None
+    for order in orders(starts, ends, sizes).values():
+        offsets = _placed(starts, ends, sizes, order)
+        if best is None or (offsets + sizes).max() < (best + sizes).max():
+            best = offsets
+        if (best + sizes).max() == lower:  # no order can do better
+            break
     offsets = [0] * len(blocks)
     for rank, k in enumerate(ranked):
         offsets[k] = int(best[rank])
@@ -149,7 +152,7 @@ def _arrays(blocks: list[Block]) -> tuple:
                  for f in ("start", "end", "nbytes"))
 
 
-def _greedy(blocks: list[Block], order: list[int]) -> list[int]:
+def _greedy(blocks: list[Block], order: list[int], scan: bool | None = None) -> list[int]:
     """Place ``blocks`` (in time order) in ``order``: each goes into the smallest gap, among the placed
     blocks whose lifetimes meet its own, that holds it (the lowest such gap on a tie), else above them.
     The blocks that meet block k are the earlier ones still live at its start, which a segment tree
@@ -157,8 +160,17 @@ def _greedy(blocks: list[Block], order: list[int]) -> list[int]:
     before its end, a range (starts are sorted): a block costs the blocks it meets, not every block
     before it."""
     starts, ends, sizes = _arrays(blocks)
+    return _placed(starts, ends, sizes, np.array(order, dtype=np.int64), scan).tolist()
+
+
+def _placed(starts, ends, sizes, order, scan: bool | None = None):
+    """:func:`_greedy` on arrays: the offsets of the blocks (in time order) placed in ``order``. Going
+    through every placed block costs about n * n / 2 cheap steps; finding the ones a block meets costs
+    about 16 times as much per block met (a tree walk, then a sort): the cheaper is taken."""
+    n = len(starts)
     last = np.searchsorted(starts, ends, side="right")  # blocks k + 1 .. last[k] - 1 start while k lives
-    return _place_in_order(starts, ends, sizes, last, np.array(order, dtype=np.int64)).tolist()
+    met = (last - np.arange(n) - 1).sum() * 2  # every pair of blocks that meet, counted from both ends
+    return _place_in_order(starts, ends, sizes, last, order, 16 * met > n * n / 2 if scan is None else scan)
 
 
 # The greedy's inner loops, compiled for the CPU and cached on disk beside this file: in NumPy every
@@ -222,34 +234,72 @@ def _report(tree, lo, hi, least, out):
 
 
 @compiled
-def _place_in_order(starts, ends, sizes, last, order):
+def _place_in_order(starts, ends, sizes, last, order, scan):
     """Each block in ``order`` into the smallest gap, among the placed blocks whose lifetimes meet its
-    own, that holds it (the lowest such gap on a tie), else above them all (see :func:`_greedy`)."""
+    own, that holds it (the lowest such gap on a tie), else above them all (see :func:`_greedy`).
+    With ``scan``, by going through every placed block in offset order (where most meet most, that
+    costs less than finding the ones that meet and sorting them by offset); else by finding them."""
     n = len(starts)
     placed = _tree(np.full(n, -1, dtype=np.int64))  # a placed block's end; -1 while unplaced
     offsets = np.full(n, -1, dtype=np.int64)
+    # with scan, the placed blocks lowest offset first: their offsets, ends in bytes, starts and ends
+    # in instructions, side by side so that going through them reads memory in order
+    low, top = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    first, final = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     met = np.empty(n, dtype=np.int64)
-    for k in order:
+    for done in range(n):
+        k = order[done]
+        if scan:
+            offsets[k] = _lowest_gap(low[:done], top[:done], first[:done], final[:done], k, starts, ends,
+                                     sizes)
+            _insert(low, top, first, final, done, k, offsets, starts, ends, sizes)
+            continue
         count = _report(placed, 0, k, starts[k], met)  # earlier, still live at k's start
         for j in range(k + 1, last[k]):                # later, starting while k lives
             if offsets[j] >= 0:
                 met[count] = j
                 count += 1
-        lows = np.sort(offsets[met[:count]])
-        tops = np.sort(offsets[met[:count]] + sizes[met[:count]])
-        offset, best = (tops[-1] if count else 0), -1  # above them all, unless a gap holds it
-        for i in range(count + 1):
-            # the gap below lows[i] (or above them all): free if the i blocks that begin lower all
-            # end by then, the highest of them ending at tops[i - 1] (sizes are positive)
-            if i == count or (i > 0 and lows[i] == lows[i - 1]) or (i > 0 and tops[i - 1] > lows[i]):
-                continue
-            floor = tops[i - 1] if i else 0
-            gap = lows[i] - floor
-            if gap >= sizes[k] and (best < 0 or gap < best):
-                best, offset = gap, floor
-        offsets[k] = offset
+        near = met[:count][np.argsort(offsets[met[:count]])]
+        offsets[k] = _lowest_gap(offsets[near], offsets[near] + sizes[near], starts[near], ends[near], k,
+                                 starts, ends, sizes)
         _set(placed, k, ends[k])
     return offsets
+
+
+@compiled
+def _insert(low, top, first, final, count, k, offsets, starts, ends, sizes):
+    """Block k into the first ``count`` rows of the placed blocks' columns (in offset order), after
+    those at its offset or lower."""
+    lo, hi = 0, count
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if low[middle] <= offsets[k]:
+            lo = middle + 1
+        else:
+            hi = middle
+    for i in range(count, lo, -1):
+        low[i], top[i], first[i], final[i] = low[i - 1], top[i - 1], first[i - 1], final[i - 1]
+    low[lo], top[lo], first[lo], final[lo] = offsets[k], offsets[k] + sizes[k], starts[k], ends[k]
+
+
+@compiled
+def _lowest_gap(low, top, first, final, k, starts, ends, sizes):
+    """Where block k goes among the placed blocks whose offsets are ``low`` (in order, ending at
+    ``top``) and lifetimes ``first`` to ``final`` (those that do not meet k's are passed over): into
+    the smallest gap below one of them that holds it (the lowest on a tie), else above them all. The
+    gap below a block runs from the highest end of the blocks before it (sizes are positive, so of
+    blocks at one offset only the first can have room below)."""
+    floor, best, offset = 0, -1, 0
+    for i in range(len(low)):
+        if first[i] > ends[k] or final[i] < starts[k]:
+            continue
+        gap = low[i] - floor
+        if gap == sizes[k]:
+            return floor  # an exact fit: no gap is smaller, and this is the lowest such
+        if gap > sizes[k] and (best < 0 or gap < best):
+            best, offset = gap, floor
+        floor = _larger(floor, top[i])
+    return offset if best >= 0 else floor
 
 
 @compiled

@@ -90,8 +90,9 @@ def test_each_order_wins_somewhere_and_assign_keeps_the_smallest_arena():
 
 
 def test_the_fast_greedy_places_exactly_as_the_plain_statement_of_it():
-    """The segment tree must find every placed block a block meets, and the gap rule must be the one
-    stated: every order, random lifetimes, some blocks alive almost throughout."""
+    """The segment tree must find every placed block a block meets, the list by offset must stay in
+    order, and the gap rule must be the one stated: every order, both ways, random lifetimes, some
+    blocks alive almost throughout."""
     rng = random.Random(11)
     for _ in range(60):
         blocks = []
@@ -103,7 +104,8 @@ def test_the_fast_greedy_places_exactly_as_the_plain_statement_of_it():
         for order in offline.orders(*offline._arrays(blocks)).values():
             order = order.tolist()
             assert sorted(order) == list(range(len(blocks)))
-            assert offline._greedy(blocks, order) == reference_greedy(blocks, order)
+            for scan in (True, False):  # going through every placed block, or finding those it meets
+                assert offline._greedy(blocks, order, scan) == reference_greedy(blocks, order), scan
 
 
 def test_a_wrong_assignment_is_caught_by_the_tests_own_overlap_check():
