@@ -48,6 +48,7 @@ GPU: it runs the launcher itself on shape-only arrays and records them (``kernel
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import NamedTuple
 
@@ -617,7 +618,21 @@ LAUNCHERS = {"forward": conv2d_forward, "backward_data": conv2d_backward_data,
 def launches(op, algo, x_shape, w_shape, stride=1, padding=0, chunk=1, version=None,
              block=None, groups=1) -> list[Launch]:
     """The launches ``conv2d_<op>`` makes with these arguments, in order (kernel, grid, block and
-    work), recorded from the launcher itself on shape-only arrays: nothing runs, no GPU needed."""
+    work), recorded from the launcher itself on shape-only arrays: nothing runs, no GPU needed. Each
+    set of arguments is recorded once (a planner's searches ask for the same ones thousands of times)."""
+    key = (op, algo, tuple(x_shape), tuple(w_shape), stride, padding, chunk, version, block, groups)
+    try:
+        return list(_recorded(*key))
+    except TypeError:  # an argument that cannot be a key (a list): recorded afresh
+        return _record(op, algo, x_shape, w_shape, stride, padding, chunk, version, block, groups)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _recorded(*key) -> tuple:
+    return tuple(_record(*key))
+
+
+def _record(op, algo, x_shape, w_shape, stride, padding, chunk, version, block, groups) -> list[Launch]:
     if op not in LAUNCHERS:
         raise ValueError(f"conv2d launches: unknown op {op!r}; choose one of {tuple(LAUNCHERS)}")
     x, w = ShapeArray(x_shape), ShapeArray(w_shape)
