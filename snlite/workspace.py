@@ -125,14 +125,26 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
 CONV_OPS = ("forward", "backward_data", "backward_filter")
 
 
+_SHARED: dict = {}  # (cost model, conv key, op) -> candidates: every placement of a search asks again
+
+
 class Ranked:
-    """``candidates`` once per conv shape and op (deep nets repeat a few shapes thousands of times)."""
+    """``candidates`` once per conv shape and op (deep nets repeat a few shapes thousands of times,
+    and a search places the same net again and again: a cost model that can be a key shares them)."""
 
     def __init__(self, model: CostModel):
-        self.model, self.memo = model, {}
+        self.model = model
+        try:
+            hash(model)
+        except TypeError:  # measured costs hold a dict: this placement's own memo
+            self.memo = {}
+            return
+        if len(_SHARED) > 100_000:
+            _SHARED.clear()  # a bound on what a long session keeps
+        self.memo = _SHARED
 
     def __call__(self, layer, op: str) -> list[Choice]:
-        key = (conv_key(layer), op)
+        key = (self.model, conv_key(layer), op)
         if key not in self.memo:
             self.memo[key] = candidates(layer, op, self.model)
         return self.memo[key]
