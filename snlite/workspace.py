@@ -125,7 +125,7 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
 CONV_OPS = ("forward", "backward_data", "backward_filter")
 
 
-_SHARED: dict = {}  # (cost model, conv key, op) -> candidates: every placement of a search asks again
+_SHARED: dict = {}  # cost model -> {(conv key, op): candidates}: every placement of a search asks again
 
 
 class Ranked:
@@ -135,16 +135,14 @@ class Ranked:
     def __init__(self, model: CostModel):
         self.model = model
         try:
-            hash(model)
+            self.memo = _SHARED.setdefault(model, {})
         except TypeError:  # measured costs hold a dict: this placement's own memo
             self.memo = {}
-            return
-        if len(_SHARED) > 100_000:
-            _SHARED.clear()  # a bound on what a long session keeps
-        self.memo = _SHARED
+        if len(self.memo) > 100_000:
+            self.memo.clear()  # a bound on what a long session keeps
 
     def __call__(self, layer, op: str) -> list[Choice]:
-        key = (self.model, conv_key(layer), op)
+        key = (conv_key(layer), op)
         if key not in self.memo:
             self.memo[key] = candidates(layer, op, self.model)
         return self.memo[key]
