@@ -43,7 +43,7 @@ def cmd_compare(args) -> int:
     status = Status("snlite compare", args.quiet)
     fits_asked = list(dict.fromkeys(args.fit))  # in the order given, each once
     by_fit = {fit: measure.compare(graph, args.budget, progress=status, fit=fit) for fit in fits_asked}
-    rows = by_fit[fits_asked[0]]
+    rows = list(by_fit[fits_asked[0]])  # the main table (with --optimal, one row more)
     if args.optimal:
         status(f"{graph.name}: the exact recomputation plan (snlite optimal)")
         rows.append(optimal_row(graph, args.budget, fits_asked[0]))

@@ -289,6 +289,11 @@ def test_compare_shows_each_strategys_arena_under_each_fit_and_the_smallest_budg
     head = next(line for line in text.splitlines() if line.startswith("strategy") and "fit=" in line)
     assert head.split() == ["strategy", "fit=first", "fit=offline"]
     assert "arena by fit:" in text and "superneurons(fit='offline') runs in " in text
+    assert cli.main(["compare", "alexnet", "--batch", "16", "--budget", "850MiB", "--fit", "first",
+                     "offline"]) == 0
+    arenas = capsys.readouterr().out.split("arena by fit:", 1)[1].split("\n\n", 1)[0].splitlines()
+    rows = {line.split("  ")[0]: line for line in arenas[2:]}
+    assert rows["baseline"].endswith(" no") and not rows["liveness"].endswith(" no")  # 898.5 MiB: too much
     with pytest.raises(SystemExit, match="2"):
         cli.main(["compare", "lenet", "--fit", "worst"])
     assert "argument --fit: invalid choice: 'worst'" in capsys.readouterr().err

@@ -440,9 +440,9 @@ def test_snlite_optimal_prints_the_table(capsys):
     code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper", "--offload"])
     out, err = capsys.readouterr()
     assert code == 0 and "+ offload (SuperNeurons: CONV outputs)" in out and "\noptimal offload " in out, err
-    code = cli.main(["compare", "lenet", "--batch", "2", "--optimal"])
+    code = cli.main(["compare", "lenet", "--batch", "2", "--optimal", "--fit", "first", "offline"])
     out, err = capsys.readouterr()
-    assert code == 0 and "\noptimal recompute " in out, err
+    assert code == 0 and "\noptimal recompute " in out and "arena by fit:" in out, err
 
 
 @pytest.mark.parametrize("build", [lambda: mini_inception(2), lambda: cifar_resnet(8, 1),
