@@ -13,7 +13,7 @@ what compilers that plan memory ahead do (TensorFlow Lite's arena planner, XLA's
    first), greedy by breadth (the busiest moment first, its blocks largest first), by area and by
    lifetime, the smallest arena kept;
 3. :func:`pack` keeps them where that arena is smaller than the walk's own, and :func:`relocate` writes
-   them back into the program; nothing else changes.
+   them into the program; nothing else changes.
 
 A deep network has 100,000 blocks, so the greedy's inner loops are compiled for the CPU (Numba, cached
 on disk) and look only at what they must: where a block meets few others, a segment tree over the
@@ -163,8 +163,8 @@ def _greedy(blocks: list[Block], order: list[int], scan: bool | None = None) -> 
     blocks whose lifetimes meet its own, that holds it (the lowest such gap on a tie), else above them.
     The blocks that meet block k are the earlier ones still live at its start, which a segment tree
     of the placed blocks' ends finds without looking at the others, and the later ones that start
-    before its end, a range (starts are sorted): a block costs the blocks it meets, not every block
-    before it."""
+    before its end, a range (starts are sorted); or, where most blocks meet most (``scan``, chosen by
+    :func:`_placed` unless given), every placed block, kept in offset order."""
     starts, ends, sizes = _arrays(blocks)
     return _placed(starts, ends, sizes, np.array(order, dtype=np.int64), scan).tolist()
 
@@ -352,10 +352,8 @@ def pack(program) -> Packing:
     return Packing(arena, lower, which, [base + o for o in offsets])
 
 
-def relocate(program, packing: Packing | None = None):
-    """``program`` with its body's arena blocks where :func:`pack` puts them (``packing``, if it was
-    already chosen); nothing else changes."""
-    packing = packing or pack(program)
+def relocate(program, packing: Packing):
+    """``program`` with its body's arena blocks where :func:`pack` put them; nothing else changes."""
     return program if packing.offsets is None else with_offsets(program, packing.which, packing.offsets)
 
 
