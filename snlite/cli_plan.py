@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from snlite import measure, offline, search, timing
+from snlite import explain, measure, offline, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              check_output_file, memory_config)
@@ -76,7 +76,7 @@ def cmd_plan(args) -> int:
     build, graph, batch = graph_of(args)
     check_keep(graph, config)
     if config.budget_bytes is not None:
-        ex = search.explain_budget(build, batch, config)
+        ex = explain.explain_budget(build, batch, config)
         if not ex.fits:
             return does_not_fit(args, batch, ex)
     m = measure.measure(graph, config)

@@ -422,12 +422,12 @@ def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, messa
                                                                      capsys, monkeypatch):
     """Every output path is checked before anything is computed: the planner, the searches, the
     report, the benchmark and training are all forbidden to start here."""
-    from snlite import bench, gap, measure, report, search
+    from snlite import bench, explain, gap, measure, report, search
 
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the output path was checked")
     for module, names in ((measure, ("measure", "compare")),
-                          (search, ("max_batch_table", "max_depth_table", "explain_budget")),
+                          (search, ("max_batch_table", "max_depth_table")), (explain, ("explain_budget",)),
                           (report, ("paper_report",)), (bench, ("main",)), (gap, ("gap_rows",)),
                           (cli, ("load_data",))):
         for name in names:

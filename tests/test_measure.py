@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from snlite import budget
-from snlite import BudgetError, Graph, MemoryConfig, Model, cli, cli_args, measure, search, simulate
+from snlite import BudgetError, Graph, MemoryConfig, Model, cli, cli_args, explain, measure, search, simulate
 from snlite.models import get_model, resnet
 from snlite.scheduler import Scheduler, validate
 
@@ -142,7 +142,7 @@ def test_a_budget_too_small_explains_and_ranks_the_changes(capsys):
 
 
 def test_the_suggestions_that_say_they_fit_really_fit():
-    ex = search.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=BUDGET))
+    ex = explain.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=BUDGET))
     assert not ex.fits and "does not fit a budget" in ex.message and ex.need.peak_bytes > BUDGET
     assert any(s.fits for s in ex.suggestions) and any(not s.fits for s in ex.suggestions)
     for s in ex.suggestions:
@@ -152,7 +152,7 @@ def test_the_suggestions_that_say_they_fit_really_fit():
     assert keys == sorted(keys)
     smaller = next(s for s in ex.suggestions if s.change.startswith("--batch"))
     assert smaller.batch < 16 and not budget.fits(alexnet(smaller.batch + 1), smaller.config)
-    assert search.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=2**31)).fits
+    assert explain.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=2**31)).fits
 
 
 def test_nothing_fits_when_the_weights_do_not(capsys):

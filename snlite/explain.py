@@ -1,0 +1,126 @@
+"""Why a plan does not fit, and what would make it fit: every change not already on (liveness,
+offload, the cache, recomputation, no workspace, all together, a smaller batch), each simulated on
+the meta device under the same budget and ranked by what it costs.
+
+    explain_budget(lambda b: get_model("alexnet", b), 200, cfg)   # an Explanation, ranked suggestions
+
+``snlite plan NET --budget B`` prints it when a plan does not fit (:mod:`snlite.cli_plan`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from snlite.config import MemoryConfig
+from snlite.errors import BudgetError
+from snlite.measure import Measurement, measure
+from snlite.pipeline import simulate
+from snlite.search import max_batch
+
+COSTS = ("nothing", "bytes moved", "slower convolutions", "extra FLOPs", "a smaller batch")
+
+
+@dataclass
+class Suggestion:
+    """A change to the configuration (or the batch), simulated under the same budget. ``peak_bytes``
+    is the peak of that run where it fits, else of the run without a budget (what it would need)."""
+
+    change: str  # as flags: "--liveness", "--recompute cost_aware", "--batch 96"
+    what: str
+    config: MemoryConfig
+    batch: int
+    fits: bool
+    peak_bytes: int | None
+    saved_bytes: int | None
+    extra_flops: int = 0
+    forward_flops: int = 0
+    moved_bytes: int = 0
+    host_peak_bytes: int = 0
+    cost: str = "nothing"  # one of COSTS
+
+    @property
+    def extra_pct(self) -> float:
+        return 100.0 * self.extra_flops / self.forward_flops if self.forward_flops else 0.0
+
+    def rank_key(self):
+        return (not self.fits, COSTS.index(self.cost), self.extra_flops, self.moved_bytes,
+                self.peak_bytes or 0)
+
+
+@dataclass
+class Explanation:
+    """Whether ``batch`` fits ``config``; if not, the runtime's account of where it failed, the run
+    without a budget (``need``: its peak, the step and the tensors live there) and the ranked changes."""
+
+    net: str
+    batch: int
+    config: MemoryConfig
+    fits: bool
+    message: str = ""
+    need: Measurement | None = None
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+
+def _changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
+    out = []
+    if not c.liveness:
+        out.append(("--liveness", "turn on liveness analysis", {"liveness": True}))
+    if not c.offload:
+        out.append(("--offload", "offload CONV outputs to the host", {"offload": True}))
+    if not c.cache:
+        out.append(("--cache", "turn on the LRU tensor cache", {"cache": True}))
+    if c.recompute not in ("cost_aware", "memory"):
+        out.append(("--recompute cost_aware", "cost-aware recomputation", {"recompute": "cost_aware"}))
+    if c.recompute != "memory":
+        out.append(("--recompute memory", "memory-centric recomputation", {"recompute": "memory"}))
+    if c.workspace != "none":
+        out.append(("--workspace none", "no convolution workspace", {"workspace": "none"}))
+    return out
+
+
+def _cost(m: Measurement, changes: dict) -> str:
+    """What a change costs, by what it turns on (offload and the cache cost nothing if they moved nothing)."""
+    moved = 1 if m.moved_bytes else 0
+    rank = {"liveness": 0, "offload": moved, "cache": moved, "workspace": 2, "recompute": 3}
+    return COSTS[max(rank[k] for k in changes)]
+
+
+def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
+    """Does ``build(batch)`` fit ``config.budget_bytes``? If not: why (the runtime's message, and
+    the run without a budget), and every change not already on, each simulated under the same
+    budget (liveness, offload, the cache, cost-aware or memory-centric recomputation, no
+    workspace, all of them together, and the largest batch that fits as it is), ranked: those
+    that fit first; then by what they cost: nothing < bytes moved < slower convolutions < extra
+    FLOPs < a smaller batch; then fewer extra FLOPs, fewer bytes moved, a lower peak."""
+    if config.budget_bytes is None:
+        raise ValueError("explain_budget needs a budget (config.budget_bytes)")
+    config = config.replace(count="all")
+    graph = build(batch)
+    try:
+        simulate(graph, config)
+        return Explanation(graph.name, batch, config, True)
+    except BudgetError as e:
+        message = str(e)
+    need = measure(graph, config.replace(budget_bytes=None))
+    changes = _changes(config)
+    together = [c for c in changes if c[0] != "--recompute memory" or config.recompute == "cost_aware"]
+    if len(together) > 1:
+        changes.append((" ".join(flag for flag, _, _ in together), "all of the above together",
+                        {k: v for _, _, kw in together for k, v in kw.items()}))
+    suggestions = []
+    for flag, what, kw in changes:
+        m = measure(graph, config.replace(**kw))
+        suggestions.append(Suggestion(flag, what, config.replace(**kw), batch, bool(m.fits), m.peak_bytes,
+                                      need.peak_bytes - m.peak_bytes, m.trace.extra_flops, m.forward_flops,
+                                      m.moved_bytes, m.trace.host_peak_bytes, _cost(m, kw)))
+    if batch > 1:
+        found = max_batch(build, config, lo=1, hi=batch - 1)
+        if found.value is not None:
+            t = found.trace
+            suggestions.append(Suggestion(f"--batch {found.value}",
+                                          "the largest batch that fits as configured",
+                                          config, found.value, True, t.peak_bytes,
+                                          need.peak_bytes - t.peak_bytes, t.extra_flops,
+                                          build(found.value).flops(), t.d2h_bytes + t.h2d_bytes,
+                                          t.host_peak_bytes, "a smaller batch"))
+    suggestions.sort(key=Suggestion.rank_key)
+    return Explanation(graph.name, batch, config, False, message, need, suggestions)
