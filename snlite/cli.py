@@ -55,7 +55,8 @@ from snlite.cli_plan import add_check_command, add_plan_command, cmd_check, cmd_
 from snlite.cli_search import add_search_commands, cmd_maxbatch, cmd_maxdepth
 from snlite.device import DEVICE_NAMES
 from snlite.errors import BudgetError
-from snlite.train import Model, param_problem
+from snlite.arguments import param_problem
+from snlite.train import Model
 
 DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), mnist:PATH (a "
              "directory with the four MNIST IDX files), cifar10:PATH (the CIFAR-10 binary batches)")

@@ -9,12 +9,13 @@ Layer math follows PyTorch, and ``model.params`` uses PyTorch's state_dict names
 can be exchanged. The dropout mask depends only on (seed, iteration, layer, element); BatchNorm's
 running statistics are updated exactly once per training step.
 
-Never silent: arguments are checked where they come in (a batch of the graph's shape and of
-numbers, one integer label in [0, classes) per sample, a finite positive learning rate), and the
-loss of every training step is checked (the one number read back anyway). A NaN or infinite loss
-raises :class:`~snlite.anomaly.NonFiniteError`, naming the iteration and the first place a
-non-finite value appeared (a host re-run of the forward pass, :mod:`snlite.anomaly`); the step then
-changes nothing: no weight update, the BatchNorm statistics restored, ``iteration`` not advanced.
+Never silent: arguments are checked where they come in (:mod:`snlite.arguments`: a batch of the
+graph's shape and of numbers, one integer label in [0, classes) per sample, a finite positive
+learning rate), and the loss of every training step is checked (the one number read back anyway). A
+NaN or infinite loss raises :class:`~snlite.anomaly.NonFiniteError`, naming the iteration and the
+first place a non-finite value appeared (a host re-run of the forward pass, :mod:`snlite.anomaly`);
+the step then changes nothing: no weight update, the BatchNorm statistics restored, ``iteration``
+not advanced.
 NaN and Inf flow through the layers as in PyTorch, so ``predict`` shows them in its logits.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 
 import numpy as np
 
-from snlite import anomaly
+from snlite import anomaly, arguments
 from snlite.anomaly import NonFiniteError
 from snlite.checker import check
 from snlite.config import MemoryConfig
@@ -176,7 +177,7 @@ class Model:
             a = np.asarray(v)
             if a.dtype.kind not in "biuf":
                 raise ValueError(f"parameter {n} must hold numbers, got dtype {a.dtype}")
-            problem = param_problem(self.graph, n, a)
+            problem = arguments.param_problem(self.graph, n, a)
             if problem:
                 raise ValueError(f"parameter {problem}; nothing was set")
             values[n] = a
@@ -213,11 +214,11 @@ class Model:
         """Logits in inference mode, for any number of samples (run in batches of the graph's N).
         A NaN or an infinity in ``x`` or in the weights shows in the logits, as in PyTorch."""
         self._needs_data("predict")
-        x = _samples(self.graph, x, "predict", empty_ok=True)  # no samples: no logits, as in PyTorch
+        x = arguments.samples(self.graph, x, "predict", empty_ok=True)  # no samples: no logits, as in PyTorch
         n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
         out = []
         for start in range(0, len(x), n):
-            results = self._run("infer", {"data": _padded(x[start:start + n], n, shape)})
+            results = self._run("infer", {"data": arguments.padded(x[start:start + n], n, shape)})
             out.append(self._logits_of(results)[:len(x[start:start + n])])
         return np.concatenate(out) if out else np.zeros((0, self.graph.num_classes), np.float32)
 
@@ -225,16 +226,17 @@ class Model:
         """Accuracy of ``predict`` on (x, labels): one integer label in [0, classes) per sample.
         Logits that are not finite raise NonFiniteError (an argmax over NaN means nothing)."""
         self._needs_data("evaluate")
-        x = _samples(self.graph, x, "evaluate")
-        labels = _labels(labels, len(x), self.graph.num_classes, "evaluate")
+        x = arguments.samples(self.graph, x, "evaluate")
+        labels = arguments.class_labels(labels, len(x), self.graph.num_classes, "evaluate")
         logits = self.predict(x)
         bad = ~np.isfinite(logits).all(axis=1)
         if bad.any():
             i = int(np.argmax(bad))
             n, shape = self.graph.input_shape[0], self.graph.input_shape[1:]
             start = i - i % n
-            where = anomaly.first_nonfinite(self.graph, self.params, _padded(x[start:start + n], n, shape),
-                                            train=False, iteration=self.iteration, seed=self.seed)
+            batch = arguments.padded(x[start:start + n], n, shape)
+            where = anomaly.first_nonfinite(self.graph, self.params, batch, train=False,
+                                            iteration=self.iteration, seed=self.seed)
             where = where or "no layer of a host re-run (the device and the references disagree)"
             raise NonFiniteError(f"evaluate: the logits of {int(bad.sum()):,d} of {len(x):,d} samples are "
                                  f"not finite (the first: sample {i}); the first non-finite values appear in "
@@ -289,7 +291,7 @@ class Model:
     def _train_iteration(self, x, labels, mode: str, sgd=None) -> tuple[float, np.ndarray | None]:
         if labels is None:
             raise ValueError("training needs labels")
-        x, labels = _check_batch(self.graph, x, labels)
+        x, labels = arguments.training_batch(self.graph, x, labels)
         before = {n: self._read(n) for n in self.buffer_names} if self.device.has_data else {}
         try:
             results = self._run(mode, {"data": x, "labels": labels}, sgd)
@@ -340,91 +342,6 @@ class Model:
                 self.device.host_write(self.executor.host_views[name], value)
             else:
                 self.device.write(value, self.executor.view(name))
-
-
-# ---------------------------------------------------------------- checks at the public API
-def param_problem(graph, name: str, a: np.ndarray) -> str | None:
-    """What is wrong with ``a`` (an array of numbers) as the parameter ``name`` of ``graph``, or None:
-    it must be float32 (another dtype is refused, never cast: float64 may overflow or round, int32 or
-    bool is likely the wrong array), finite, and a BatchNorm ``running_var`` >= 0 (a negative variance
-    makes ``predict`` NaN). ``set_params`` and ``snlite train --load`` share it."""
-    if a.dtype != np.float32:
-        return (f"{name} has dtype {a.dtype}, but parameters are float32: convert it first, "
-                f"value.astype(np.float32)")
-    bad = anomaly.describe(a)
-    if bad:
-        return f"{name} is not finite: {bad}"
-    layer, _, local = name.rpartition(".")
-    kind = getattr(graph.layers.get(layer), "kind", None)
-    if local == "running_var" and kind == "batchnorm" and (a < 0).any():
-        i = np.unravel_index(int(np.argmax(a < 0)), a.shape)
-        return (f"{name} is a BatchNorm variance, which cannot be negative: {int((a < 0).sum()):,d} of "
-                f"{a.size:,d} values are (the first at {tuple(map(int, i))}: {a[i].item()!r})")
-    return None
-
-
-def _numbers(x, who: str) -> np.ndarray:
-    """``x`` as a float32 array; a ValueError if it is not an array of numbers."""
-    try:
-        a = np.asarray(x)
-    except ValueError as e:  # ragged nested lists
-        raise ValueError(f"{who}: the input is not an array of numbers ({e})") from None
-    if a.dtype.kind not in "biuf":
-        raise ValueError(f"{who}: the input must hold numbers, got dtype {a.dtype}")
-    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: reported by the checks
-        return np.ascontiguousarray(a, dtype=np.float32)
-
-
-def _samples(graph, x, who: str, empty_ok: bool = False) -> np.ndarray:
-    """Samples of the graph's sample shape, as float32: at least one unless ``empty_ok``."""
-    a = _numbers(x, who)
-    shape = graph.input_shape[1:]
-    if a.shape[1:] != shape or a.ndim != len(graph.input_shape):
-        raise ValueError(f"{who}: expected samples of shape (any, {', '.join(map(str, shape))}), got "
-                         f"shape {a.shape}")
-    if not len(a) and not empty_ok:
-        raise ValueError(f"{who}: got no samples (shape {a.shape}); pass at least one sample of "
-                         f"shape {shape}")
-    return a
-
-
-def _padded(chunk, n, shape) -> np.ndarray:
-    batch = np.zeros((n,) + shape, np.float32)
-    batch[:len(chunk)] = chunk
-    return batch
-
-
-def _labels(labels, n: int, k: int, who: str) -> np.ndarray:
-    """``n`` class indices in [0, k) as int32: integer-valued (2.0 is class 2; 2.7, NaN, True or a
-    string is an error, never truncated), one per sample."""
-    want = f"{who}: labels must be {n} integers in [0, {k}) (class indices, one per sample)"
-    try:
-        a = np.asarray(labels)
-    except ValueError as e:
-        raise ValueError(f"{want}; got something that is not an array ({e})") from None
-    if a.dtype.kind not in "iuf":
-        raise ValueError(f"{want}; got dtype {a.dtype}")
-    if a.shape != (n,):
-        raise ValueError(f"{want}; got shape {a.shape}")
-    bad = (a < 0) | (a >= k)
-    if a.dtype.kind == "f":
-        bad |= ~np.isfinite(a) | (a != np.round(a))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(f"{want}; labels[{i}] is {a[i].item()!r}")
-    return a.astype(np.int32)
-
-
-def _check_batch(graph, x, labels) -> tuple[np.ndarray, np.ndarray]:
-    """(x as float32, labels as int32) if ``x`` is one batch of the graph's shape and ``labels`` one
-    valid class index per sample; else a ValueError saying what is wrong."""
-    x = _numbers(x, "input batch")
-    if x.ndim and not len(x):
-        raise ValueError(f"input batch is empty (shape {x.shape}); a training step takes one batch of the "
-                         f"graph's {graph.input_shape}")
-    if x.shape != graph.input_shape:
-        raise ValueError(f"input batch has shape {x.shape}, the graph expects {graph.input_shape}")
-    return x, _labels(labels, graph.input_shape[0], graph.num_classes, "training batch")
 
 
 def _programs(graph, config, plan, costs, in_backward: bool) -> tuple[dict, MemoryConfig]:
