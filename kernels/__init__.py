@@ -3,7 +3,8 @@
 One module per family. Each holds, in this order: NumPy references (``op_ref``), CUDA kernels
 (``_op_v1`` naive, ``_op_v2``... faster), launchers ``op(..., out, *, stream=0, version=...)`` that
 never allocate, ``OPS`` (name -> :class:`~kernels._common.Op`) and ``examples`` for the
-self-check ``python -m kernels.<family>``. This package never imports ``snlite``.
+self-check ``python -m kernels.<family>`` (conv keeps its direct algorithm's kernels in
+``conv_direct``). This package never imports ``snlite``.
 """
 from __future__ import annotations
 

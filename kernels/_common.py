@@ -164,9 +164,12 @@ class Kernel:
         return f"<registered kernel {self.name}>"
 
 
-def cuda_kernel(signature: str):
+def cuda_kernel(signature: str, module: str | None = None):
     """Decorator: ``cuda.jit`` the function lazily and record ``signature`` for the PTX check;
     returns a :class:`Kernel` (launched like a Numba kernel, and able to record its launches).
+    The kernel is registered as ``<module>.<function name>``; ``module`` defaults to the function's
+    own (a family whose kernels live in a module of their own, ``kernels.conv_direct``, names its
+    family's instead, so the launch report and ``registers.json`` find them under the family).
 
     The jit stays lazy (no signature passed to Numba) so the simulator accepts the same code;
     the recorded signature uses C-contiguous layouts (``float32[:, ::1]``), int64 for Python
@@ -174,11 +177,11 @@ def cuda_kernel(signature: str):
     """
 
     def deco(fn):
-        module = fn.__module__
-        if module == "__main__":  # python -m kernels.conv: the name it has when imported
+        where = module or fn.__module__
+        if where == "__main__":  # python -m kernels.conv: the name it has when imported
             main_spec = getattr(sys.modules["__main__"], "__spec__", None)
-            module = main_spec.name if main_spec else module
-        spec = KernelSpec(f"{module}.{fn.__name__}", fn, signature)
+            where = main_spec.name if main_spec else where
+        spec = KernelSpec(f"{where}.{fn.__name__}", fn, signature)
         _KERNELS.append(spec)
         return Kernel(spec, cuda.jit(fn))
 

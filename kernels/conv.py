@@ -16,13 +16,13 @@ The direct algorithm runs every group in the same launches (its tiles never stra
 Algorithms (``ALGORITHMS``), chosen per call by the runtime ("the fastest whose workspace fits"),
 both working on ``chunk`` images at a time where they need a workspace (1-D float32, at least
 ``workspace_bytes(...)``, from the caller):
-- ``direct``: ``version`` picks the direct kernel: v1 naive (one thread per output), v2
-  (forward, backward_filter) an implicit GEMM with w/dy and column tiles in shared memory, one
-  launch. backward_filter v3 splits the reduction over images to fill a large GPU: per chunk,
-  one launch sums each image's s_n in its own blocks (grid z = the chunk's images; the chunk's
-  first image adds straight onto dw) and a second launch folds the others, kept in the workspace
-  ((chunk - 1) x Cout x K floats), into dw in order. No workspace (chunk 1): v2. Forward and
-  backward_data need no workspace.
+- ``direct`` (its kernels: :mod:`kernels.conv_direct`): ``version`` picks the direct kernel: v1
+  naive (one thread per output), v2 (forward, backward_filter) an implicit GEMM with w/dy and column
+  tiles in shared memory, one launch. backward_filter v3 splits the reduction over images to fill a
+  large GPU: per chunk, one launch sums each image's s_n in its own blocks (grid z = the chunk's
+  images; the chunk's first image adds straight onto dw) and a second launch folds the others, kept
+  in the workspace ((chunk - 1) x Cout x K floats), into dw in order. No workspace (chunk 1): v2.
+  Forward and backward_data need no workspace.
 - ``im2col``: column buffers (``kernels.im2col``) in the workspace, then ONE batched GEMM per chunk
   (``kernels.gemm.gemm_batched``, grid z = the chunk's images): two launches per chunk. Backward
   filter sums the chunk's images inside the GEMM (``reduce=True``). ``version`` (and ``block``)
@@ -53,18 +53,18 @@ from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32
 
 from kernels import gemm as _gemm
 from kernels._check import Example, main
-from kernels._common import (MAX_GRID_Z, Launch, Op, ShapeArray, ceil_div, check, cuda_kernel, grid_z_parts,
-                             pair, record_launches, unravel4)
-from kernels.im2col import _col_value, _out_index, _tap, col2im, col2im_ref, im2col, im2col_ref, output_hw
+from kernels._common import (MAX_GRID_Z, Launch, Op, ShapeArray, ceil_div, check, grid_z_parts, pair,
+                             record_launches)
+from kernels.conv_direct import (DIRECT, TILE, backward_data_v1_geometry, backward_filter_tiled_geometry,
+                                 backward_filter_v1_geometry, fold_geometry, fold_v1, forward_v1_geometry,
+                                 forward_v2_geometry)
+from kernels.im2col import col2im, col2im_ref, im2col, im2col_ref, output_hw
 
 ALGORITHMS = ("direct", "im2col")
 DIRECT_VERSIONS = {"forward": ("v1", "v2"), "backward_data": ("v1",), "backward_filter": ("v1", "v2", "v3")}
-BLOCK = 128  # threads per block of the 1-D (v1) launches
-TILE = 16  # v2 tiles are TILE x TILE, one thread per output element of the tile
 
 
 # ---------------------------------------------------------------- shapes and workspace (pure)
@@ -209,260 +209,6 @@ def conv2d_backward_filter_ref(x, dy, dw, *, stride=1, padding=0, groups=1, algo
         dw[cout] = np.einsum("nop,nkp->ok", dy[:, cout].reshape(g.n, g.cog, g.p), col).reshape(dw[cout].shape)
 
 
-# ---------------------------------------------------------------- kernels
-_SIG4 = "float32[:, :, :, ::1]"
-_SIG3 = "float32[:, :, ::1]"
-_SIG2 = "float32[:, ::1]"
-
-
-# Groups need no argument: the shapes say them. w holds C/groups input channels, so groups =
-# C / w.shape[1], and output channel co belongs to group co // (Cout/groups), whose input channels
-# start at that group times C/groups. Each direct kernel is built twice (``_direct_kernels``):
-# ``grouped`` is a constant of its closure, so the groups=1 kernels compile without the group
-# arithmetic (the registers the launch report and the cost model read stay those of a plain
-# convolution), and the ``*_grouped`` twins with it.
-def _direct_kernels(grouped: bool) -> dict:
-    """The direct algorithm's kernels, by name (``forward_v1``, ...), for groups=1 or for any groups."""
-    suffix = "_grouped" if grouped else ""
-
-    def register(signature):
-        def deco(fn):
-            fn.__name__ = fn.__qualname__ = f"{fn.__name__}{suffix}"
-            return cuda_kernel(signature)(fn)
-        return deco
-
-    @cuda.jit(device=True, inline=True)
-    def first_channel(co, c_, cg, co_):
-        """The first input channel of output channel co's group (cg = C/groups input channels each)."""
-        return co // (co_ // (c_ // cg)) * cg if grouped else 0
-
-    @cuda.jit(device=True, inline=True)
-    def group_tile(co_, k_, c_, khw):
-        """The block's group and this thread's output channel, for the tiled kernels (grid y = the
-        groups' TILE-row tiles, ``Geometry.co_tiles``): (group, co, whether co is in the group)."""
-        if not grouped:
-            co = cuda.blockIdx.y * TILE + cuda.threadIdx.y
-            return 0, co, co < co_
-        cog = co_ // (c_ // (k_ // khw))
-        tiles = (cog + TILE - 1) // TILE
-        grp = cuda.blockIdx.y // tiles
-        local = cuda.blockIdx.y % tiles * TILE + cuda.threadIdx.y
-        return grp, grp * cog + local, local < cog
-
-    @cuda.jit(device=True, inline=True)
-    def filter_tile_sum(x, dy3, dyt, ct, n, grp, co, co_ok, k_, kh_, kw_, ow_, sh, sw, ph, pw):
-        """s_n[co, k] for this thread's (k, co) of the block's TILE x TILE tile of dw (in group grp:
-        ``group_tile``): the sum over p ascending of dy[n, co, p] * col[n, grp*K + k, p], p in tiles
-        of dy and col (built from x) staged in the shared arrays dyt and ct. Every thread of the
-        block must call it (it has barriers)."""
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        if not grouped:  # as group_tile has it, computed here where the loads use it
-            co = cuda.blockIdx.y * TILE + ty
-            co_ok = co < dy3.shape[1]
-        kt = cuda.blockIdx.x * TILE + ty  # the k this thread stages into the col tile
-        k0 = grp * k_ if grouped else 0  # the group's first row of col
-        p_ = dy3.shape[2]
-        s = float32(0.0)
-        for p0 in range(0, p_, TILE):
-            dyt[ty, tx] = dy3[n, co, p0 + tx] if co_ok and p0 + tx < p_ else float32(0.0)
-            inside = kt < k_ and p0 + tx < p_
-            ct[tx, ty] = _col_value(x, n, k0 + kt, p0 + tx, kh_, kw_, ow_, sh, sw, ph, pw) if inside \
-                else float32(0.0)
-            cuda.syncthreads()
-            for pp in range(min(TILE, p_ - p0)):
-                s += dyt[ty, pp] * ct[pp, tx]
-            cuda.syncthreads()
-        return s
-
-    @register(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
-    def _forward_v1(x, w, y, sh, sw, ph, pw):
-        # Naive: one thread per element of y; k = (ci, kh, kw) ascending, padded taps add w * 0.0.
-        i = cuda.grid(1)
-        n_, co_, oh_, ow_ = y.shape
-        if i < n_ * co_ * oh_ * ow_:
-            n, co, oh, ow = unravel4(i, co_, oh_, ow_)
-            c0 = first_channel(co, x.shape[1], w.shape[1], co_)
-            acc = float32(0.0)
-            for ci in range(w.shape[1]):
-                for kh in range(w.shape[2]):
-                    for kw in range(w.shape[3]):
-                        acc += w[co, ci, kh, kw] * _tap(x, n, c0 + ci, oh * sh - ph + kh, ow * sw - pw + kw)
-            y[n, co, oh, ow] = acc
-
-    @register(f"void({_SIG4}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64)")
-    def _forward_v2(x, w2, y3, kh_, kw_, ow_, sh, sw, ph, pw):
-        # Implicit GEMM: y[n] (Cout x P) = w (Cout x K) @ col[n] (K x P), per group: a TILE x TILE
-        # block of one group stages a tile of w and a tile of the group's rows of col (built from x
-        # on the fly) in shared memory, k ascending.
-        wt = cuda.shared.array((TILE, TILE), float32)
-        ct = cuda.shared.array((TILE, TILE), float32)
-        tx, ty, n = cuda.threadIdx.x, cuda.threadIdx.y, cuda.blockIdx.z
-        p = cuda.blockIdx.x * TILE + tx
-        co_, k_ = w2.shape
-        grp, co, co_ok = group_tile(co_, k_, x.shape[1], kh_ * kw_)
-        p_ = y3.shape[2]
-        acc = float32(0.0)
-        for k0 in range(0, k_, TILE):
-            wt[ty, tx] = w2[co, k0 + tx] if co_ok and k0 + tx < k_ else float32(0.0)
-            inside = k0 + ty < k_ and p < p_
-            kc = grp * k_ + k0 + ty  # the row of col: the group's rows come one after the other
-            ct[ty, tx] = _col_value(x, n, kc, p, kh_, kw_, ow_, sh, sw, ph, pw) if inside else float32(0.0)
-            cuda.syncthreads()
-            for kk in range(min(TILE, k_ - k0)):
-                acc += wt[ty, kk] * ct[kk, tx]
-            cuda.syncthreads()
-        if co_ok and p < p_:
-            y3[n, co, p] = acc
-
-    @register(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
-    def _backward_data_v1(dy, w, dx, sh, sw, ph, pw):
-        # Naive: one thread per element of dx; per tap (kh, kw ascending) a sum over the co of c's
-        # group, then added.
-        i = cuda.grid(1)
-        n_, c_, h_, w_ = dx.shape
-        co_, cg, kh_, kw_ = w.shape
-        if i < n_ * c_ * h_ * w_:
-            n, c, ih, iw = unravel4(i, c_, h_, w_)
-            cog = co_ // (c_ // cg) if grouped else co_
-            co0, cl = (c // cg * cog, c % cg) if grouped else (0, c)
-            total = float32(0.0)
-            for kh in range(kh_):
-                oh = _out_index(ih + ph - kh, sh, dy.shape[2])
-                if oh >= 0:
-                    for kw in range(kw_):
-                        ow = _out_index(iw + pw - kw, sw, dy.shape[3])
-                        if ow >= 0:
-                            acc = float32(0.0)
-                            for co in range(co0, co0 + cog):
-                                acc += w[co, cl, kh, kw] * dy[n, co, oh, ow]
-                            total += acc
-            dx[n, c, ih, iw] = total
-
-    @register(f"void({_SIG4}, {_SIG4}, {_SIG4}, int64, int64, int64, int64)")
-    def _backward_filter_v1(x, dy, dw, sh, sw, ph, pw):
-        # Naive: one thread per element of dw; per image a sum over (oh, ow), then the gemm epilogue.
-        i = cuda.grid(1)
-        co_, c_, kh_, kw_ = dw.shape
-        if i < co_ * c_ * kh_ * kw_:
-            co, c, kh, kw = unravel4(i, c_, kh_, kw_)
-            ci = first_channel(co, x.shape[1], c_, co_) + c
-            dwv = float32(0.0)
-            for n in range(dy.shape[0]):
-                s = float32(0.0)
-                for oh in range(dy.shape[2]):
-                    for ow in range(dy.shape[3]):
-                        s += dy[n, co, oh, ow] * _tap(x, n, ci, oh * sh - ph + kh, ow * sw - pw + kw)
-                dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
-            dw[co, c, kh, kw] = dwv
-
-    @register(f"void({_SIG4}, {_SIG3}, {_SIG2}, int64, int64, int64, int64, int64, int64, int64)")
-    def _backward_filter_v2(x, dy3, dw2, kh_, kw_, ow_, sh, sw, ph, pw):
-        # Implicit GEMM per image: s_n (Cout x K) = dy[n] (Cout x P) @ col[n]^T, p ascending in tiles
-        # of dy and col staged in shared memory; then dw = 1*s_n (+ 1*dw) as the gemm epilogue does.
-        dyt = cuda.shared.array((TILE, TILE), float32)
-        ct = cuda.shared.array((TILE, TILE), float32)
-        k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
-        co_, k_ = dw2.shape
-        grp, co, co_ok = group_tile(co_, k_, x.shape[1], kh_ * kw_)
-        dwv = float32(0.0)
-        for n in range(dy3.shape[0]):
-            s = filter_tile_sum(x, dy3, dyt, ct, n, grp, co, co_ok, k_, kh_, kw_, ow_, sh, sw, ph, pw)
-            dwv = _gemm._epilogue(s, dwv, float32(1.0), float32(1.0), n > 0)
-        if co_ok and k < k_:
-            dw2[co, k] = dwv
-
-    @register(f"void({_SIG4}, {_SIG3}, {_SIG2}, {_SIG3}, int64, int64, int64, int64, int64, int64, int64, "
-              "int64)")
-    def _backward_filter_v3(x, dy3, dw2, part, n0, kh_, kw_, ow_, sh, sw, ph, pw):
-        # Split over images: block (x, y, z) computes s_n of image n = n0 + z for one tile (v2's sum
-        # for one image), so a chunk fills the GPU. Image n0 adds straight onto dw (the epilogue);
-        # the others go to part[z - 1], which _fold_v1 then adds onto dw in order.
-        dyt = cuda.shared.array((TILE, TILE), float32)
-        ct = cuda.shared.array((TILE, TILE), float32)
-        z = cuda.blockIdx.z
-        k = cuda.blockIdx.x * TILE + cuda.threadIdx.x
-        co_, k_ = dw2.shape
-        grp, co, co_ok = group_tile(co_, k_, x.shape[1], kh_ * kw_)
-        s = filter_tile_sum(x, dy3, dyt, ct, n0 + z, grp, co, co_ok, k_, kh_, kw_, ow_, sh, sw, ph, pw)
-        if co_ok and k < k_:
-            if z == 0:
-                dw2[co, k] = _gemm._epilogue(s, dw2[co, k] if n0 > 0 else float32(0.0), float32(1.0),
-                                             float32(1.0), n0 > 0)
-            else:
-                part[z - 1, co, k] = s
-
-    return {"forward_v1": _forward_v1, "forward_v2": _forward_v2, "backward_data_v1": _backward_data_v1,
-            "backward_filter_v1": _backward_filter_v1, "backward_filter_v2": _backward_filter_v2,
-            "backward_filter_v3": _backward_filter_v3}
-
-
-_DIRECT = {False: _direct_kernels(False), True: _direct_kernels(True)}  # grouped -> kernels
-
-
-@cuda_kernel(f"void({_SIG3}, {_SIG2})")
-def _fold_v1(part, dw2):
-    # The second level of v3's reduction: dw = 1*part[0] + 1*dw, then part[1], ... in order.
-    j = cuda.grid(1)
-    co_, k_ = dw2.shape
-    if j < co_ * k_:
-        co, k = j // k_, j % k_
-        dwv = dw2[co, k]
-        for i in range(part.shape[0]):
-            dwv = _gemm._epilogue(part[i, co, k], dwv, float32(1.0), float32(1.0), True)
-        dw2[co, k] = dwv
-
-
-# ---------------------------------------------------------------- launch geometry (pure)
-# Work per launch (see kernels._common.Launch): the direct kernels do one FMA per two loads
-# (fma_share 1/3); the naive ones (v1) load one operand per FMA from global memory (the other is
-# the same for the whole warp), the tiled ones each operand once per tile that needs it.
-def _name(g, kernel):
-    """The registered name of direct kernel ``kernel`` for the geometry's groups."""
-    return f"kernels.conv._{kernel}{'_grouped' if g.groups > 1 else ''}"
-
-
-def _macs(g, images):
-    return images * g.co * g.k * g.p
-
-
-def _forward_v1_geometry(g) -> Launch:
-    out = g.n * g.co * g.p
-    return Launch(_name(g, "forward_v1"), ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
-                  bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
-
-
-def _forward_v2_geometry(g) -> Launch:
-    tiles = 4 * g.n * (g.co * g.k * ceil_div(g.p, TILE) + g.k * g.p * g.co_tiles + g.co * g.p)
-    return Launch(_name(g, "forward_v2"), (ceil_div(g.p, TILE), g.co_tiles, g.n), (TILE, TILE),
-                  flops=2 * _macs(g, g.n), bytes=tiles, fma_share=1 / 3)
-
-
-def _backward_data_v1_geometry(g) -> Launch:  # each dx sums the Cout/groups outputs of its group
-    out = g.n * g.c * g.h * g.w
-    return Launch(_name(g, "backward_data_v1"), ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
-                  bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
-
-
-def _backward_filter_v1_geometry(g) -> Launch:
-    out = g.co * g.k
-    return Launch(_name(g, "backward_filter_v1"), ceil_div(out, BLOCK), BLOCK, flops=2 * _macs(g, g.n),
-                  bytes=4 * (_macs(g, g.n) + out), fma_share=1 / 3)
-
-
-def _backward_filter_tiled_geometry(g, version, images) -> Launch:
-    """v2 (all images in each block) or v3's first launch (one image per block, grid z = images)."""
-    tiles = 4 * images * (g.co * g.p * ceil_div(g.k, TILE) + g.k * g.p * g.co_tiles)
-    slabs = 4 * g.co * g.k * (2 if version == "v2" else images + 1)  # v3 writes a slab per image, reads dw
-    return Launch(_name(g, f"backward_filter_{version}"),
-                  (ceil_div(g.k, TILE), g.co_tiles, 1 if version == "v2" else images), (TILE, TILE),
-                  flops=2 * _macs(g, images), bytes=tiles + slabs, fma_share=1 / 3)
-
-
-def _fold_geometry(g, slabs) -> Launch:
-    out = g.co * g.k
-    return Launch("kernels.conv._fold_v1", ceil_div(out, BLOCK), BLOCK, flops=0, bytes=4 * out * (slabs + 2))
-
-
 # ---------------------------------------------------------------- launchers
 DIRECT_DEFAULT = {"forward": "v2", "backward_data": "v1", "backward_filter": "v2"}  # v3 when chunk > 1
 
@@ -531,12 +277,12 @@ def conv2d_forward(x, w, y, *, stride=1, padding=0, groups=1, algo="im2col", wor
     version, ws = _prepare(name, "forward", g, algo, workspace, chunk, version)
     if y.size == 0:
         return
-    y3, direct = y.reshape(g.n, g.co, g.p), _DIRECT[g.groups > 1]
+    y3, direct = y.reshape(g.n, g.co, g.p), DIRECT[g.groups > 1]
     if algo == "direct" and version == "v1":
-        direct["forward_v1"].launch(_forward_v1_geometry(g), stream, x, w, y, *g.stride, *g.padding)
+        direct["forward_v1"].launch(forward_v1_geometry(g), stream, x, w, y, *g.stride, *g.padding)
     elif algo == "direct":  # grid z = images: at most MAX_GRID_Z of them a launch
         for n0, m in grid_z_parts(g.n, MAX_GRID_Z):
-            direct["forward_v2"].launch(_forward_v2_geometry(g._replace(n=m)), stream, x[n0:n0 + m],
+            direct["forward_v2"].launch(forward_v2_geometry(g._replace(n=m)), stream, x[n0:n0 + m],
                                         w.reshape(g.co, g.k), y3[n0:n0 + m], *_v2_args(g))
     else:  # per chunk: im2col, then y[n] = w @ col[n] for the chunk's images in one launch
         for n0, m in _chunks(g, chunk):
@@ -558,7 +304,7 @@ def conv2d_backward_data(dy, w, dx, *, stride=1, padding=0, groups=1, algo="im2c
     if dx.size == 0:
         return
     if algo == "direct":
-        _DIRECT[g.groups > 1]["backward_data_v1"].launch(_backward_data_v1_geometry(g), stream, dy, w, dx,
+        DIRECT[g.groups > 1]["backward_data_v1"].launch(backward_data_v1_geometry(g), stream, dy, w, dx,
                                                          *g.stride, *g.padding)
         return
     dy3 = dy.reshape(g.n, g.co, g.p)
@@ -580,12 +326,12 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, groups=1, algo="im
     version, ws = _prepare(name, "backward_filter", g, algo, workspace, chunk, version)
     if dw.size == 0:
         return
-    dy3, dw2, direct = dy.reshape(g.n, g.co, g.p), dw.reshape(g.co, g.k), _DIRECT[g.groups > 1]
+    dy3, dw2, direct = dy.reshape(g.n, g.co, g.p), dw.reshape(g.co, g.k), DIRECT[g.groups > 1]
     if g.n == 0 or (algo == "direct" and version == "v1"):  # an empty batch: dw = 0, by the direct kernel
-        direct["backward_filter_v1"].launch(_backward_filter_v1_geometry(g), stream, x, dy, dw, *g.stride,
+        direct["backward_filter_v1"].launch(backward_filter_v1_geometry(g), stream, x, dy, dw, *g.stride,
                                             *g.padding)
     elif algo == "direct" and version == "v2":
-        direct["backward_filter_v2"].launch(_backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3,
+        direct["backward_filter_v2"].launch(backward_filter_tiled_geometry(g, "v2", g.n), stream, x, dy3,
                                             dw2, *_v2_args(g))
     elif algo == "direct":  # v3, per chunk: each image's s_n in parallel, then the fold in order
         for c0, cm in _chunks(g, chunk):
@@ -598,10 +344,10 @@ def conv2d_backward_filter(x, dy, dw, *, stride=1, padding=0, groups=1, algo="im
                     part = ws[:(m - 1) * g.co * g.k].reshape(m - 1, g.co, g.k)
                 else:
                     part = dw.reshape(1, g.co, g.k)
-                direct["backward_filter_v3"].launch(_backward_filter_tiled_geometry(g, "v3", m), stream, x,
+                direct["backward_filter_v3"].launch(backward_filter_tiled_geometry(g, "v3", m), stream, x,
                                                     dy3, dw2, part, n0, *_v2_args(g))
                 if m > 1:
-                    _fold_v1.launch(_fold_geometry(g, m - 1), stream, part, dw2)
+                    fold_v1.launch(fold_geometry(g, m - 1), stream, part, dw2)
     else:  # per chunk: im2col, then dw (+)= the chunk's s_n, summed in order inside one launch
         for n0, m in _chunks(g, chunk):
             col = ws[:m * g.k * g.p].reshape(m, g.k, g.p)
