@@ -146,24 +146,42 @@ def _quick_safe_simulator():
 HOOK_CHECKS_UP_TO = 20_000  # instructions
 
 
+def _identity(program, graph) -> tuple:
+    """What the race checker's verdict on ``program`` (for ``graph``) depends on, hashed: two programs
+    alike in all of it get the same verdict."""
+    return (program.net, program.config, program.mode, program.allocator, program.arena_bytes,
+            program.slab_bytes, graph.input_shape, hash(tuple(sorted(program.tensors.items()))),
+            hash(program.setup), hash(program.body))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _every_program_is_checked():
     """Every program the suite places (up to HOOK_CHECKS_UP_TO instructions) is run through the
     race checker (and the checker's own consistency checks) before anything uses it: a placement
-    that could race fails the test that built it, wherever that is."""
-    from snlite import checker, pipeline
+    that could race fails the test that built it, wherever that is. A Model checks its programs
+    again itself; there, a program alike in everything to one already proven race-free is not
+    checked a second time (tests build the same models again and again)."""
+    from snlite import checker, pipeline, train
 
     checked = set()  # programs already checked: tests place the same net under the same config often
 
     def check(program, graph):
         if len(program) > HOOK_CHECKS_UP_TO:
             return
-        key = (program.net, program.config, program.mode, graph.input_shape, hash(program.setup),
-               hash(program.body))
+        key = _identity(program, graph)
         if key not in checked:
             checker.check(program, graph=graph)  # its tensors and layers the net's too
             checked.add(key)
 
+    def model_check(program, iterations=2, *, graph=None):
+        key = _identity(program, graph) if graph is not None and iterations == 2 else None
+        if key is None or key not in checked:
+            checker.check(program, iterations, graph=graph)
+            if key is not None:
+                checked.add(key)
+
     pipeline.AFTER_PLACEMENT.append(check)
+    train.check = model_check
     yield
+    train.check = checker.check
     pipeline.AFTER_PLACEMENT.remove(check)
