@@ -54,6 +54,11 @@ def pytest_configure(config):
             f"these tests are {ROOT}'s, but they would import {where}: they would test that code, not "
             f"this checkout's. Grade this checkout with 'python -m snlite.assignments grade' run from "
             f"{ROOT}, or run pytest there without '-p snlite.grading'")
+    # pytest-xdist hands out whole files (--dist loadfile) in the order the workers collected them,
+    # LONGEST_FIRST below, only if told not to sort them by their number of tests first (it does by
+    # default: test_kernels' 256 quick tests went first, the notebooks' 10 slow ones near the end)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def _cuda_mode() -> tuple[str, bool]:
