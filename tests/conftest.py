@@ -54,6 +54,20 @@ def pytest_configure(config):
             f"these tests are {ROOT}'s, but they would import {where}: they would test that code, not "
             f"this checkout's. Grade this checkout with 'python -m snlite.assignments grade' run from "
             f"{ROOT}, or run pytest there without '-p snlite.grading'")
+    # pytest-xdist hands out whole files (--dist loadfile) in the order the workers collected them,
+    # LONGEST_FIRST below, only if told not to sort them by their number of tests first (it does by
+    # default: test_kernels' 256 quick tests went first, the notebooks' 10 slow ones near the end)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    # Each xdist worker (gw0, gw1, ...) on one core of its own, and so its subprocesses: the CUDA
+    # simulator runs a block's threads (up to 256 Python threads) taking turns at the GIL every
+    # 0.5 ms, which is cheap on one core and costly when the threads are spread over two (each hand-
+    # over wakes a thread on the other core). Under -n 2 the simulator tests took 2 to 6 times as
+    # long as on one core alone (test_concat's round trip 11 s against 1.8 s), the others 1.1 times.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker[:2] == "gw" and worker[2:].isdigit() and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
 
 
 def _cuda_mode() -> tuple[str, bool]:
@@ -73,11 +87,15 @@ def pytest_report_header(config):
 
 
 # The longest test files, longest first: pytest-xdist hands each worker whole files in collection
-# order, so running these first lets the two workers finish together (longest processing time first)
-# instead of one of them starting a 40-second file when the other has nothing left to do.
-LONGEST_FIRST = ("test_from_torch.py", "test_ptx.py", "test_tutorials_notebooks.py", "test_gpucheck.py",
-                 "test_tutorials.py", "test_executor.py", "test_student_copy.py", "test_measure.py",
-                 "test_train.py", "test_report.py", "test_update_in_backward.py", "test_optimal.py")
+# order (see pytest_configure), so running these first lets the two workers finish together (longest
+# processing time first) instead of one of them starting a 40-second file when the other has nothing
+# left to do. By their time on one core (the simulator's files, test_kernels, test_nonfinite,
+# test_conv, test_gpucheck, test_update_in_backward, took 1.5 to 3 times that under -n 2 unpinned).
+LONGEST_FIRST = ("test_tutorials_notebooks.py", "test_kernels.py", "test_from_torch.py", "test_nonfinite.py",
+                 "test_executor.py", "test_ptx.py", "test_conv.py", "test_measure.py", "test_student_copy.py",
+                 "test_gpucheck.py", "test_optimal.py", "test_docs.py", "test_gemm.py", "test_train.py",
+                 "test_planted_bugs.py", "test_report.py", "test_update_in_backward.py", "test_cli.py",
+                 "test_tutorials.py", "test_dropout.py")
 
 
 def _order(item) -> int:
@@ -146,24 +164,42 @@ def _quick_safe_simulator():
 HOOK_CHECKS_UP_TO = 20_000  # instructions
 
 
+def _identity(program, graph) -> tuple:
+    """What the race checker's verdict on ``program`` (for ``graph``) depends on, hashed: two programs
+    alike in all of it get the same verdict."""
+    return (program.net, program.config, program.mode, program.allocator, program.arena_bytes,
+            program.slab_bytes, graph.input_shape, hash(tuple(sorted(program.tensors.items()))),
+            hash(program.setup), hash(program.body))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _every_program_is_checked():
     """Every program the suite places (up to HOOK_CHECKS_UP_TO instructions) is run through the
     race checker (and the checker's own consistency checks) before anything uses it: a placement
-    that could race fails the test that built it, wherever that is."""
-    from snlite import checker, pipeline
+    that could race fails the test that built it, wherever that is. A Model checks its programs
+    again itself; there, a program alike in everything to one already proven race-free is not
+    checked a second time (tests build the same models again and again)."""
+    from snlite import checker, pipeline, train
 
     checked = set()  # programs already checked: tests place the same net under the same config often
 
     def check(program, graph):
         if len(program) > HOOK_CHECKS_UP_TO:
             return
-        key = (program.net, program.config, program.mode, graph.input_shape, hash(program.setup),
-               hash(program.body))
+        key = _identity(program, graph)
         if key not in checked:
             checker.check(program, graph=graph)  # its tensors and layers the net's too
             checked.add(key)
 
+    def model_check(program, iterations=2, *, graph=None):
+        key = _identity(program, graph) if graph is not None and iterations == 2 else None
+        if key is None or key not in checked:
+            checker.check(program, iterations, graph=graph)
+            if key is not None:
+                checked.add(key)
+
     pipeline.AFTER_PLACEMENT.append(check)
+    train.check = model_check
     yield
+    train.check = checker.check
     pipeline.AFTER_PLACEMENT.remove(check)

@@ -4,7 +4,8 @@ registers, spills, shared memory per kernel) is what ptxas says now.
 
 The simulator runs kernels as Python and checks no types, so a kernel that only works there
 would pass every other test. This compiles each registered kernel with the simulator off, in a
-subprocess, for both architectures, and assembles it with ``ptxas -v`` where ptxas is installed.
+subprocess, for both architectures (typed and lowered once, then NVVM for each:
+``kernels.launches.compile_ptx_per_arch``), and assembles it with ``ptxas -v`` where ptxas is installed.
 """
 import json
 import os
@@ -23,19 +24,19 @@ import json, re, sys
 import kernels
 for fam in kernels.FAMILIES:
     kernels.family(fam)
-from numba.cuda import compile_ptx
-from kernels.launches import ptxas_path, run_ptxas
+from kernels.launches import compile_ptx_per_arch, ptxas_path, run_ptxas
 FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.f(16|32|64)\b")
 ptxas = ptxas_path()
+archs = json.loads(sys.argv[1])
 out = {}
 for spec in kernels.registered_kernels():
+    try:
+        ptxs = compile_ptx_per_arch(spec, archs)
+    except Exception as e:
+        out[spec.name] = dict.fromkeys(archs, {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
+        continue
     out[spec.name] = {}
-    for arch in json.loads(sys.argv[1]):
-        try:
-            ptx, _ = compile_ptx(spec.py_func, spec.signature, cc=(int(arch[3]), int(arch[4])))
-        except Exception as e:
-            out[spec.name][arch] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
-            continue
+    for arch, ptx in ptxs.items():
         atomics = sorted(set(m.group(0) for m in FLOAT_ATOMIC.finditer(ptx)))
         res = run_ptxas(ptx, arch, ptxas).__dict__ if ptxas else None
         out[spec.name][arch] = {"ok": True, "float_atomics": atomics, "resources": res}

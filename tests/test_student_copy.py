@@ -85,15 +85,15 @@ def test_an_untouched_student_copy_fails_under_grade_and_under_plain_pytest(tmp_
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
     # plain pytest, as its console script runs it: -P, so the current directory is not on the path
     proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-m", "a1", "tests/test_assignments.py",
-                           "-q", "-p", "no:cacheprovider"], cwd=copy, env=env, capture_output=True, text=True,
-                          timeout=300)
+                           "-q", "-p", "no:cacheprovider", "--tb=line"], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and re.search(r"^(\d+) failed, \d+ deselected", out, re.M), out[-3000:]
     assert " passed" not in out.splitlines()[-1] and "NotImplementedError: Assignment 1: liveness" in out, \
         f"pytest -m a1 in the student copy passed the stubs (it tested another snlite?):\n{out[-3000:]}"
     # grade: all five fail, the summary first, one line each, the first failure named
-    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade"], cwd=copy, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "--tb=line"], cwd=copy,
+                          env=env, capture_output=True, text=True, timeout=300)
     summary = summary_of(proc.stdout)
     assert proc.returncode == 1 and summary[0] == f"grading assignments 1, 2, 3, 4, 5 of {copy.resolve()}", \
         proc.stdout[-3000:]
