@@ -188,12 +188,19 @@ def compile_ptx_per_arch(spec, archs=ARCHS) -> dict:
     lack (float64 atomic add below 6.0, fast tanh below 7.5), so IR lowered for the oldest arch asked
     for is valid for all; the PTX is ``numba.cuda.compile_ptx``'s for each arch but for the mangled
     names, in a little over half the time (typing and lowering are four fifths of a compile). Needs
-    the simulator OFF in this process."""
-    from numba.cuda.compiler import _compile_pyfunc_with_fixup  # compile_ptx's own first half
+    the simulator OFF in this process. The first half is a private function of numba-cuda: where a
+    release has renamed it or changed its arguments, each arch is compiled by the public
+    ``compile_ptx`` instead (the same PTX, in the full time; a kernel that does not compile fails there
+    with its own error)."""
+    from numba.cuda import compile_ptx
 
     ccs = {arch: (int(arch[3]), int(arch[4])) for arch in archs}
-    lib, _ = _compile_pyfunc_with_fixup(spec.py_func, spec.signature, device=False, abi="numba",
-                                        cc=min(ccs.values()))
+    try:
+        from numba.cuda.compiler import _compile_pyfunc_with_fixup  # compile_ptx's own first half
+        lib, _ = _compile_pyfunc_with_fixup(spec.py_func, spec.signature, device=False, abi="numba",
+                                            cc=min(ccs.values()))
+    except (ImportError, TypeError):
+        return {arch: compile_ptx(spec.py_func, spec.signature, cc=cc)[0] for arch, cc in ccs.items()}
     out = {}
     for arch, cc in ccs.items():
         (out[arch],) = lib.get_asm_strs(cc=cc)  # compile_ptx's second half: NVVM for this arch
