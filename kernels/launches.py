@@ -12,11 +12,11 @@ block, and (for GEMM and convolution) the work. The report runs each layer's for
 backward that way, with the convolution algorithm and chunk that ``snlite.simulate`` chose for
 each conv step on the meta device, then the SGD update.
 
-Waves: a GPU runs ``SMs x blocks per SM`` blocks at once; blocks per SM (occupancy) is limited
-by threads, by shared memory and by registers per thread. Registers, spills and static shared
-memory come from ptxas (``ptxas -v``) on the PTX that Numba generates; they are measured once
-into ``kernels/registers.json`` (``--registers``; ``tests/test_ptx.py`` checks the file against
-ptxas where ptxas is installed) and read from there, or measured now with ``--ptxas``.
+Waves: a GPU runs ``SMs x blocks per SM`` blocks at once; blocks per SM (occupancy) is limited by
+threads, by shared memory and by registers per thread. Registers, spills and static shared memory
+come from ptxas (``ptxas -v``) on the PTX that Numba generates (:mod:`kernels.registers`); they are
+measured once into ``kernels/registers.json`` (``--registers``; ``tests/test_ptx.py`` checks the
+file against ptxas where ptxas is installed) and read from there, or measured now with ``--ptxas``.
 
 :func:`launch_ms` turns a launch's work into an estimated time on a GPU (the convolution cost
 model of ``snlite.workspace`` uses it). This module never imports snlite: the network and its conv
@@ -26,25 +26,17 @@ builds them.
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import math
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import types
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from kernels._common import Launch, ShapeArray, record_launches
+from kernels.registers import REGISTERS_FILE, Resources, measured_with, resources, write_registers
 
-REGISTERS_FILE = Path(__file__).with_name("registers.json")
 TARGET_OUTPUT_ELEMENTS = 10**7  # conv ops writing more than this must run at least TARGET_WAVES waves
 TARGET_WAVES = 2.0
 
@@ -74,19 +66,8 @@ GPUS = {
     # the paper's GPU; no ptxas for sm_35 any more, so its occupancy is an upper bound (threads, blocks, smem)
     "K40": Gpu("K40", "sm_35", 15, 2048, 16, 65536, 48 * 1024, 0, 4.29, 288.0),
 }
-ARCHS = ("sm_90", "sm_80", "sm_75")
 REGISTER_UNIT = 256  # registers are allocated to a warp in units of 256
 SHARED_UNIT = 128  # shared memory is allocated to a block in units of 128 bytes
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What ptxas reports for one kernel on one architecture."""
-
-    registers: int
-    spill_bytes: int  # spill stores + spill loads
-    shared_bytes: int  # static shared memory
-    stack_bytes: int
 
 
 @dataclass(frozen=True)
@@ -132,148 +113,6 @@ def launch_ms(gpu: Gpu, launch: Launch, res: Resources | None = None) -> float:
     compute_s = launch.flops / (gpu.fp32_tflops * 1e12 * launch.fma_share)
     memory_s = launch.bytes / (gpu.bandwidth_gbs * 1e9)
     return 1e3 * max(compute_s, memory_s) / fill
-
-
-# ---------------------------------------------------------------- registers: ptxas
-def ptxas_path() -> str | None:
-    """The ptxas executable (PATH, then $CUDA_HOME/bin), or None."""
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    cand = Path(home, "bin", "ptxas") if home else None
-    return str(cand) if cand and cand.exists() else None
-
-
-def ptxas_version(ptxas: str) -> str:
-    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60).stdout
-    return next((line.strip() for line in out.splitlines() if "release" in line), out.strip())
-
-
-def parse_ptxas(text: str) -> Resources:
-    """Resources from the ``ptxas -v`` log of one kernel."""
-    def num(pattern):
-        m = re.search(pattern, text)
-        return int(m.group(1)) if m else 0
-
-    if not re.search(r"Used (\d+) registers", text):
-        raise ValueError(f"no register count in the ptxas output:\n{text[-2000:]}")
-    return Resources(registers=num(r"Used (\d+) registers"),
-                     spill_bytes=num(r"(\d+) bytes spill stores") + num(r"(\d+) bytes spill loads"),
-                     shared_bytes=num(r"(\d+) bytes smem"), stack_bytes=num(r"(\d+) bytes stack frame"))
-
-
-def run_ptxas(ptx: str, arch: str, ptxas: str) -> Resources:
-    """Assemble ``ptx`` for ``arch`` with ``ptxas -v``. Numba's NVVM may write a newer PTX ISA
-    version than this ptxas reads; then the ``.version`` line is lowered to the one ptxas names
-    and it is assembled again (the kernels use nothing newer)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        for _ in range(2):
-            Path(src).write_text(ptx)
-            proc = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", obj], capture_output=True,
-                                  text=True, timeout=300)
-            if proc.returncode == 0:
-                return parse_ptxas(proc.stdout + proc.stderr)
-            m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", proc.stderr)
-            if not m:
-                break
-            ptx = re.sub(r"^\.version \S+", f".version {m.group(1)}", ptx, count=1, flags=re.M)
-    raise RuntimeError(f"ptxas failed for {arch}:\n{proc.stderr[-2000:]}")
-
-
-def compile_ptx_per_arch(spec, archs=ARCHS) -> dict:
-    """{arch: PTX} for one registered kernel: typed and lowered to LLVM IR once, then NVVM for each
-    arch. Numba-cuda's lowering reads the compute capability only to avoid instructions older GPUs
-    lack (float64 atomic add below 6.0, fast tanh below 7.5), so IR lowered for the oldest arch asked
-    for is valid for all; the PTX is ``numba.cuda.compile_ptx``'s for each arch but for the mangled
-    names, in a little over half the time (typing and lowering are four fifths of a compile). Needs
-    the simulator OFF in this process. The first half is a private function of numba-cuda: where a
-    release has renamed it or changed its arguments, each arch is compiled by the public
-    ``compile_ptx`` instead (the same PTX, in the full time; a kernel that does not compile fails there
-    with its own error)."""
-    from numba.cuda import compile_ptx
-
-    ccs = {arch: (int(arch[3]), int(arch[4])) for arch in archs}
-    try:
-        from numba.cuda.compiler import _compile_pyfunc_with_fixup  # compile_ptx's own first half
-        lib, _ = _compile_pyfunc_with_fixup(spec.py_func, spec.signature, device=False, abi="numba",
-                                            cc=min(ccs.values()))
-    except (ImportError, TypeError):
-        return {arch: compile_ptx(spec.py_func, spec.signature, cc=cc)[0] for arch, cc in ccs.items()}
-    out = {}
-    for arch, cc in ccs.items():
-        (out[arch],) = lib.get_asm_strs(cc=cc)  # compile_ptx's second half: NVVM for this arch
-    return out
-
-
-def compile_resources(names=None, archs=ARCHS) -> dict:
-    """{kernel name: {arch: Resources as a dict}} for the registered kernels (those in ``names``,
-    or all): PTX from :func:`compile_ptx_per_arch`, then ptxas. Needs the simulator OFF in this
-    process (use :func:`measure_resources` from anywhere)."""
-    import kernels
-
-    for fam in kernels.FAMILIES:
-        kernels.family(fam)
-    ptxas = ptxas_path()
-    if ptxas is None:
-        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to "
-                           "measure registers")
-    out = {}
-    for spec in kernels.registered_kernels():
-        if names is not None and spec.name not in names:
-            continue
-        out[spec.name] = {arch: run_ptxas(ptx, arch, ptxas).__dict__
-                          for arch, ptx in compile_ptx_per_arch(spec, archs).items()}
-    return out
-
-
-def measure_resources(names=None, archs=ARCHS) -> dict:
-    """:func:`compile_resources` in a subprocess with the CUDA simulator off."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    script = ("import json, sys\nfrom kernels.launches import compile_resources\n"
-              "names, archs = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
-              "print(json.dumps(compile_resources(names, archs)))\n")
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(names) if names else None),
-                           json.dumps(list(archs))], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"measuring registers failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
-
-
-@functools.cache
-def _table() -> dict:
-    try:
-        return json.loads(REGISTERS_FILE.read_text())
-    except FileNotFoundError:
-        return {"kernels": {}}
-
-
-def resources(kernel: str, arch: str, measured: dict | None = None) -> Resources | None:
-    """The kernel's resources on ``arch``: from ``measured`` (a :func:`measure_resources`
-    result), else from kernels/registers.json; None if neither has it."""
-    for table in (measured or {}, _table()["kernels"]):
-        entry = table.get(kernel, {}).get(arch)
-        if entry:
-            return Resources(**entry)
-    return None
-
-
-def write_registers(path=None) -> dict:
-    """Measure every registered kernel on every arch and write the table (``--registers``) to
-    ``path`` (default kernels/registers.json)."""
-    path = REGISTERS_FILE if path is None else path
-    ptxas = ptxas_path()
-    if ptxas is None:
-        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to "
-                           "measure registers")
-    table = {"ptxas": ptxas_version(ptxas), "archs": list(ARCHS), "kernels": measure_resources()}
-    Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    _table.cache_clear()
-    return table
 
 
 # ---------------------------------------------------------------- one iteration of a network
@@ -435,7 +274,7 @@ def format_report(rows, gpu: Gpu, measured=None, conv_only: bool = False) -> str
     lines.append("(waves: the fewest of the op's launches, on the " + gpu.name + ")")
     kernels_used = Counter(l.kernel for r in shown for l in r.launches)
     example = {l.kernel: l for r in shown for l in r.launches}
-    ptxas = _table().get("ptxas", "no table")
+    ptxas = measured_with()
     src = "measured now with ptxas" if measured else f"kernels/registers.json ({ptxas})"
     lines += ["", f"kernels on the {gpu.name} ({gpu.sms} SMs, {gpu.arch}; registers and spills: {src}):",
               f"{'kernel':44} {'launches':>8} {'threads':>7} {'regs':>5} {'spills':>6} {'smem B':>7} "

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from kernels import launches as L
+from kernels.registers import measure_resources
 from snlite.cli_args import EXIT_OK, CliError, _batch, _budget, _float_in, _positive_int
 from snlite.cli_common import add_net_argument, builder_of
 from snlite.config import MemoryConfig
@@ -55,7 +56,7 @@ def cmd_launches(args) -> int:
     trace = simulate(graph, config)
     rows = L.network_launches(graph, trace.conv_choices)
     used = {launch.kernel for r in rows for launch in r.launches}
-    measured = L.measure_resources(used, (L.GPUS[args.gpu].arch,)) if args.ptxas else None
+    measured = measure_resources(used, (L.GPUS[args.gpu].arch,)) if args.ptxas else None
     print(f"launch report: {graph.name}, batch {graph.input_shape[0]}, one training iteration (forward, "
           f"backward, SGD); conv algorithms as snlite.simulate chose them under {config.describe()}")
     print(L.format_report(rows, L.GPUS[args.gpu], measured, conv_only=args.conv))

@@ -15,7 +15,7 @@ from numba import cuda
 
 import snlite
 from kernels import conv, gemm
-from kernels import launches as L
+from kernels import launches as L, registers as R
 from kernels._common import Launch, ShapeArray, record_launches
 from nets import grouped_net
 from snlite import MemoryConfig
@@ -110,20 +110,20 @@ def test_a_launch_geometry_is_what_the_launcher_uses():
 # ---------------------------------------------------------------- occupancy, waves, time
 def test_occupancy_is_limited_by_registers_shared_memory_or_threads():
     launch = Launch("k", 1000, (16, 16))
-    v3 = L.Resources(registers=115, spill_bytes=0, shared_bytes=8448, stack_bytes=0)
+    v3 = R.Resources(registers=115, spill_bytes=0, shared_bytes=8448, stack_bytes=0)
     assert L.occupancy(H200, launch, v3) == L.Occupancy(2, "registers")  # 115 -> 128 a thread: 32 KiB a block
-    v3_sm75 = L.Resources(registers=137, spill_bytes=0, shared_bytes=8448, stack_bytes=0)
+    v3_sm75 = R.Resources(registers=137, spill_bytes=0, shared_bytes=8448, stack_bytes=0)
     assert L.occupancy(L.GPUS["T4"], launch, v3_sm75) == L.Occupancy(1, "registers")  # 144 a thread: 36 KiB
     assert L.occupancy(H200, launch, None) == L.Occupancy(8, "threads")  # unmeasured: an upper bound
-    big_smem = L.Resources(registers=16, spill_bytes=0, shared_bytes=48 * 1024, stack_bytes=0)
+    big_smem = R.Resources(registers=16, spill_bytes=0, shared_bytes=48 * 1024, stack_bytes=0)
     assert L.occupancy(H200, launch, big_smem) == L.Occupancy(4, "shared memory")  # 228 KiB // 49 KiB
     tiny = Launch("k", 1000, 32)
-    assert L.occupancy(H200, tiny, L.Resources(16, 0, 0, 0)) == L.Occupancy(32, "blocks")
+    assert L.occupancy(H200, tiny, R.Resources(16, 0, 0, 0)) == L.Occupancy(32, "blocks")
     assert L.waves(H200, Launch("k", 2 * 132 * 2, (16, 16)), v3) == 2.0
 
 
 def test_launch_ms_charges_for_the_part_of_the_gpu_left_idle():
-    res = L.Resources(registers=32, spill_bytes=0, shared_bytes=0, stack_bytes=0)
+    res = R.Resources(registers=32, spill_bytes=0, shared_bytes=0, stack_bytes=0)
     slots = H200.sms * L.occupancy(H200, Launch("k", 1, 256), res).blocks_per_sm
 
     def ms(blocks, flops):
@@ -224,14 +224,14 @@ def test_a_grouped_net_launches_the_grouped_twins_and_ptxas_measured_them():
     (dw,) = next(r.launches for r in rows if r.layer == "dw1" and r.op == "conv2d_forward")
     assert dw.grid[1] == 4  # 4 groups (depthwise) of one output each: a tile row apiece
     assert "not measured" not in L.format_report(rows, H200)
-    assert all(L.resources(l.kernel, arch) for r in rows for l in r.launches for arch in L.ARCHS)
+    assert all(L.resources(l.kernel, arch) for r in rows for l in r.launches for arch in R.ARCHS)
 
 
 def test_report_marks_unmeasured_kernels(monkeypatch):
     graph = get_model("lenet", 4)
     rows = L.network_launches(graph, snlite.simulate(graph, MemoryConfig()).conv_choices)
     assert "not measured" not in L.format_report(rows, H200)
-    monkeypatch.setattr(L, "_table", lambda: {"kernels": {}})
+    monkeypatch.setattr(R, "_table", lambda: {"kernels": {}})
     assert "(not measured: an upper bound)" in L.format_report(rows, H200)
 
 
@@ -261,34 +261,34 @@ def test_kernels_launches_only_remeasures_registers_and_points_at_the_report():
 
 
 def _ptxas_or_skip():
-    if L.ptxas_path() is None:
+    if R.ptxas_path() is None:
         pytest.skip("ptxas not found (install the CUDA toolkit or set CUDA_HOME): registers not measured")
 
 
 def test_measuring_one_kernel_gives_the_tables_numbers():
     _ptxas_or_skip()
-    table = json.loads(L.REGISTERS_FILE.read_text())
-    if L.ptxas_version(L.ptxas_path()) != table["ptxas"]:
+    table = json.loads(R.REGISTERS_FILE.read_text())
+    if R.ptxas_version(R.ptxas_path()) != table["ptxas"]:
         pytest.skip("this ptxas is not the one the table was measured with")
-    measured = L.measure_resources({"kernels.conv._fold_v1"}, ("sm_90",))  # a subprocess, simulator off
+    measured = R.measure_resources({"kernels.conv._fold_v1"}, ("sm_90",))  # a subprocess, simulator off
     assert measured == \
         {"kernels.conv._fold_v1": {"sm_90": table["kernels"]["kernels.conv._fold_v1"]["sm_90"]}}
-    assert L.resources("kernels.conv._fold_v1", "sm_90", measured) == \
-        L.resources("kernels.conv._fold_v1", "sm_90")
+    assert R.resources("kernels.conv._fold_v1", "sm_90", measured) == \
+        R.resources("kernels.conv._fold_v1", "sm_90")
 
 
 def test_the_registers_command_writes_the_table(tmp_path, monkeypatch, capsys):
     _ptxas_or_skip()
     fake = {"kernels.x._k_v1": {arch: {"registers": 8, "spill_bytes": 0, "shared_bytes": 0, "stack_bytes": 0}
-                                for arch in L.ARCHS}}
-    monkeypatch.setattr(L, "measure_resources", lambda names=None, archs=L.ARCHS: fake)
-    monkeypatch.setattr(L, "REGISTERS_FILE", tmp_path / "registers.json")
+                                for arch in R.ARCHS}}
+    monkeypatch.setattr(R, "measure_resources", lambda names=None, archs=R.ARCHS: fake)
+    monkeypatch.setattr(R, "REGISTERS_FILE", tmp_path / "registers.json")
     try:
         assert L.main(["--registers"]) == 0
     finally:
-        L._table.cache_clear()
+        R._table.cache_clear()
     written = json.loads((tmp_path / "registers.json").read_text())
-    assert written["kernels"] == fake and written["archs"] == list(L.ARCHS) and "release" in written["ptxas"]
+    assert written["kernels"] == fake and written["archs"] == list(R.ARCHS) and "release" in written["ptxas"]
     assert "1 kernels" in capsys.readouterr().out
 
 

@@ -5,7 +5,7 @@ registers, spills, shared memory per kernel) is what ptxas says now.
 The simulator runs kernels as Python and checks no types, so a kernel that only works there
 would pass every other test. This compiles each registered kernel with the simulator off, in a
 subprocess, for both architectures (typed and lowered once, then NVVM for each:
-``kernels.launches.compile_ptx_per_arch``), and assembles it with ``ptxas -v`` where ptxas is installed.
+``kernels.registers.compile_ptx_per_arch``), and assembles it with ``ptxas -v`` where ptxas is installed.
 """
 import json
 import os
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import kernels
-from kernels import launches
+from kernels import registers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHS = ("sm_90", "sm_75")
@@ -24,7 +24,7 @@ import json, re, sys
 import kernels
 for fam in kernels.FAMILIES:
     kernels.family(fam)
-from kernels.launches import compile_ptx_per_arch, ptxas_path, run_ptxas
+from kernels.registers import compile_ptx_per_arch, ptxas_path, run_ptxas
 FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.f(16|32|64)\b")
 ptxas = ptxas_path()
 archs = json.loads(sys.argv[1])
@@ -71,7 +71,7 @@ def test_kernel_compiles_to_ptx(name, ptx_results):
 
 @pytest.fixture(scope="module")
 def table():
-    return json.loads(launches.REGISTERS_FILE.read_text())
+    return json.loads(registers.REGISTERS_FILE.read_text())
 
 
 def test_registers_table_covers_every_kernel_without_spills(ptx_results, table):
@@ -88,10 +88,10 @@ def test_registers_table_covers_every_kernel_without_spills(ptx_results, table):
 
 
 def _ptxas_or_skip(table):
-    ptxas = launches.ptxas_path()
+    ptxas = registers.ptxas_path()
     if ptxas is None:
         pytest.skip("ptxas not found (install the CUDA toolkit or set CUDA_HOME): registers not re-measured")
-    version = launches.ptxas_version(ptxas)
+    version = registers.ptxas_version(ptxas)
     if version != table["ptxas"]:
         pytest.skip(f"ptxas here is {version!r}, the table was measured with {table['ptxas']!r}: "
                     "counts may differ")

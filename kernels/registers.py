@@ -1,0 +1,183 @@
+"""Registers, spills and shared memory per kernel, from ptxas: what bounds a launch's occupancy.
+
+    python -m kernels.launches --registers        # re-measure every kernel into kernels/registers.json
+
+Numba's CUDA compiler turns each registered kernel into PTX on the CPU (:func:`compile_ptx_per_arch`,
+typed and lowered once, then NVVM for each architecture of ``ARCHS``); ``ptxas -v`` assembles it and
+says what it uses (:func:`run_ptxas`). Measuring needs ptxas (the CUDA toolkit) and the simulator
+off, so it runs in a subprocess (:func:`measure_resources`); the results are kept in
+``kernels/registers.json`` (``tests/test_ptx.py`` checks the file against ptxas where ptxas is
+installed), and :func:`resources` reads them from there for the launch report
+(:mod:`kernels.launches`) and the cost model.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REGISTERS_FILE = Path(__file__).with_name("registers.json")
+ARCHS = ("sm_90", "sm_80", "sm_75")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for one kernel on one architecture."""
+
+    registers: int
+    spill_bytes: int  # spill stores + spill loads
+    shared_bytes: int  # static shared memory
+    stack_bytes: int
+
+
+def ptxas_path() -> str | None:
+    """The ptxas executable (PATH, then $CUDA_HOME/bin), or None."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    cand = Path(home, "bin", "ptxas") if home else None
+    return str(cand) if cand and cand.exists() else None
+
+
+def ptxas_version(ptxas: str) -> str:
+    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60).stdout
+    return next((line.strip() for line in out.splitlines() if "release" in line), out.strip())
+
+
+def parse_ptxas(text: str) -> Resources:
+    """Resources from the ``ptxas -v`` log of one kernel."""
+    def num(pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else 0
+
+    if not re.search(r"Used (\d+) registers", text):
+        raise ValueError(f"no register count in the ptxas output:\n{text[-2000:]}")
+    return Resources(registers=num(r"Used (\d+) registers"),
+                     spill_bytes=num(r"(\d+) bytes spill stores") + num(r"(\d+) bytes spill loads"),
+                     shared_bytes=num(r"(\d+) bytes smem"), stack_bytes=num(r"(\d+) bytes stack frame"))
+
+
+def run_ptxas(ptx: str, arch: str, ptxas: str) -> Resources:
+    """Assemble ``ptx`` for ``arch`` with ``ptxas -v``. Numba's NVVM may write a newer PTX ISA
+    version than this ptxas reads; then the ``.version`` line is lowered to the one ptxas names
+    and it is assembled again (the kernels use nothing newer)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        for _ in range(2):
+            Path(src).write_text(ptx)
+            proc = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", obj], capture_output=True,
+                                  text=True, timeout=300)
+            if proc.returncode == 0:
+                return parse_ptxas(proc.stdout + proc.stderr)
+            m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", proc.stderr)
+            if not m:
+                break
+            ptx = re.sub(r"^\.version \S+", f".version {m.group(1)}", ptx, count=1, flags=re.M)
+    raise RuntimeError(f"ptxas failed for {arch}:\n{proc.stderr[-2000:]}")
+
+
+def compile_ptx_per_arch(spec, archs=ARCHS) -> dict:
+    """{arch: PTX} for one registered kernel: typed and lowered to LLVM IR once, then NVVM for each
+    arch. Numba-cuda's lowering reads the compute capability only to avoid instructions older GPUs
+    lack (float64 atomic add below 6.0, fast tanh below 7.5), so IR lowered for the oldest arch asked
+    for is valid for all; the PTX is ``numba.cuda.compile_ptx``'s for each arch but for the mangled
+    names, in a little over half the time (typing and lowering are four fifths of a compile). Needs
+    the simulator OFF in this process. The first half is a private function of numba-cuda: where a
+    release has renamed it or changed its arguments, each arch is compiled by the public
+    ``compile_ptx`` instead (the same PTX, in the full time; a kernel that does not compile fails there
+    with its own error)."""
+    from numba.cuda import compile_ptx
+
+    ccs = {arch: (int(arch[3]), int(arch[4])) for arch in archs}
+    try:
+        from numba.cuda.compiler import _compile_pyfunc_with_fixup  # compile_ptx's own first half
+        lib, _ = _compile_pyfunc_with_fixup(spec.py_func, spec.signature, device=False, abi="numba",
+                                            cc=min(ccs.values()))
+    except (ImportError, TypeError):
+        return {arch: compile_ptx(spec.py_func, spec.signature, cc=cc)[0] for arch, cc in ccs.items()}
+    out = {}
+    for arch, cc in ccs.items():
+        (out[arch],) = lib.get_asm_strs(cc=cc)  # compile_ptx's second half: NVVM for this arch
+    return out
+
+
+def compile_resources(names=None, archs=ARCHS) -> dict:
+    """{kernel name: {arch: Resources as a dict}} for the registered kernels (those in ``names``,
+    or all): PTX from :func:`compile_ptx_per_arch`, then ptxas. Needs the simulator OFF in this
+    process (use :func:`measure_resources` from anywhere)."""
+    import kernels
+
+    for fam in kernels.FAMILIES:
+        kernels.family(fam)
+    ptxas = ptxas_path()
+    if ptxas is None:
+        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to "
+                           "measure registers")
+    out = {}
+    for spec in kernels.registered_kernels():
+        if names is not None and spec.name not in names:
+            continue
+        out[spec.name] = {arch: run_ptxas(ptx, arch, ptxas).__dict__
+                          for arch, ptx in compile_ptx_per_arch(spec, archs).items()}
+    return out
+
+
+def measure_resources(names=None, archs=ARCHS) -> dict:
+    """:func:`compile_resources` in a subprocess with the CUDA simulator off."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    script = ("import json, sys\nfrom kernels.registers import compile_resources\n"
+              "names, archs = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+              "print(json.dumps(compile_resources(names, archs)))\n")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(names) if names else None),
+                           json.dumps(list(archs))], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measuring registers failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+@functools.cache
+def _table() -> dict:
+    try:
+        return json.loads(REGISTERS_FILE.read_text())
+    except FileNotFoundError:
+        return {"kernels": {}}
+
+
+def measured_with() -> str:
+    """The ptxas release kernels/registers.json was measured with ("no table" without the file)."""
+    return _table().get("ptxas", "no table")
+
+
+def resources(kernel: str, arch: str, measured: dict | None = None) -> Resources | None:
+    """The kernel's resources on ``arch``: from ``measured`` (a :func:`measure_resources`
+    result), else from kernels/registers.json; None if neither has it."""
+    for table in (measured or {}, _table()["kernels"]):
+        entry = table.get(kernel, {}).get(arch)
+        if entry:
+            return Resources(**entry)
+    return None
+
+
+def write_registers(path=None) -> dict:
+    """Measure every registered kernel on every arch and write the table (``--registers``) to
+    ``path`` (default kernels/registers.json)."""
+    path = REGISTERS_FILE if path is None else path
+    ptxas = ptxas_path()
+    if ptxas is None:
+        raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to "
+                           "measure registers")
+    table = {"ptxas": ptxas_version(ptxas), "archs": list(ARCHS), "kernels": measure_resources()}
+    Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    _table.cache_clear()
+    return table
