@@ -90,6 +90,7 @@ class Placer(Residency):
         self.emit = Emitter("raw" if self.raw else "arena")
         self.out = self.emit.out
         self._reserved: dict[int, int] = {}
+        self._bases: list[str] | None = None  # slab.incarnations, for the bounds (both ask)
         self.capacity = config.budget_bytes or self._arena_bound()
         self.pool = self._pool()
         self.layout = slab.layout(graph, self.nbytes, self.host_state, self.train)
@@ -107,9 +108,14 @@ class Placer(Residency):
         self.setup = self._place_persistent()
 
     # ------------------------------------------------------------ sizes
+    def _incarnations(self) -> list[str]:
+        if self._bases is None:
+            self._bases = slab.incarnations(self.specs, self.plan)
+        return self._bases
+
     def _arena_bound(self) -> int:
-        bases = slab.incarnations(self.specs, self.plan)
-        return slab.arena_upper_bound(self.nbytes, bases, self.ranked.largest_workspace(self.graph))
+        return slab.arena_upper_bound(self.nbytes, self._incarnations(),
+                                      self.ranked.largest_workspace(self.graph))
 
     def _pool(self):
         """Raw, first or best fit; under ``fit="offline"`` the walk's offsets are provisional
@@ -124,7 +130,7 @@ class Placer(Residency):
     def _host_bound(self) -> int:
         if not (self.config.offload or self.config.cache):
             return 0
-        return slab.host_upper_bound(self.nbytes, slab.incarnations(self.specs, self.plan), self.evictable)
+        return slab.host_upper_bound(self.nbytes, self._incarnations(), self.evictable)
 
     def _place_persistent(self) -> tuple:
         """The weights, their gradients, buffers and momentum: placed once, before the iteration,

@@ -157,6 +157,19 @@ class _Memo(dict):
         return value
 
 
+class _ByName(dict):
+    """Tensor name -> what ``about_spec`` says of its spec in ``tensors`` (an incarnation,
+    ``relu1#r2``, is its tensor's), worked out on the name's first use."""
+
+    def __init__(self, tensors: dict, about_spec: _Memo):
+        super().__init__()
+        self.tensors, self.about_spec = tensors, about_spec
+
+    def __missing__(self, name: str):
+        value = self[name] = self.about_spec[self.tensors[name.split("#", 1)[0]]]
+        return value
+
+
 _ITEMSIZE = _Memo(lambda dtype: np.dtype(dtype).itemsize)  # dtype name -> bytes per element
 
 
@@ -189,7 +202,7 @@ class _Reader:
     ``host`` bytes, and a log of the body's allocations to name what was live at the peak."""
 
     __slots__ = ("count", "tensors", "tr", "cats", "about", "device", "held", "cat_of", "host", "host_state",
-                 "resident", "log_tensors", "log_bytes", "peak_log", "body")
+                 "resident", "log_tensors", "log_bytes", "peak_log", "body", "counts", "total")
 
     def __init__(self, program, count: str):
         stats, tensors = program.stats, program.tensors
@@ -201,9 +214,11 @@ class _Reader:
         self.cats = PAPER_CATEGORIES if count == "paper" else None
         # tensor -> what the trace needs to know of it, worked out once per (shape, dtype, kind): deep nets
         # repeat a few of those thousands of times
-        about_spec = _Memo(self._about)
-        self.about = _Memo(lambda name: about_spec[tensors[name.split("#", 1)[0]]])
+        self.about = _ByName(tensors, _Memo(self._about))
         self.device = dict.fromkeys(CATEGORIES, 0)
+        # the categories the count counts, and their bytes now: kept as the bytes move, so that each
+        # op's total is a read, not a sum
+        self.counts, self.total = frozenset(self.cats or CATEGORIES), 0
         self.held: dict[str, int] = {}  # device tensor -> its bytes (its block's, or its own: paper)
         self.cat_of: dict[str, str] = {}  # device tensor -> the category its bytes count in now
         self.host = self.host_state = self.resident = 0
@@ -233,7 +248,7 @@ class _Reader:
         if self.count == "all":
             working += device["weights"] + device["weight_grads"] + device["optimizer"]
             working += held[ins.workspace] if ins.workspace else 0
-        total = counted(device, self.count)
+        total = self.total
         tr.steps.append(StepRecord(ins.op, ins.step, ins.layer, ins.phase, dict(device), self.host,
                                    self.resident, total, working))
         tr.l_peak_bytes = max(tr.l_peak_bytes, working)
@@ -256,6 +271,8 @@ class _Reader:
         n = ins.nbytes if about.own is None else about.own
         self.held[ins.tensor] = n
         self.device[c] += n
+        if c in self.counts:
+            self.total += n
         self.resident += 1
         if self.body:
             self.log_tensors.append(ins.tensor)
@@ -267,18 +284,21 @@ class _Reader:
             if self.about[ins.tensor].kind == "optimizer":
                 self.host_state -= ins.nbytes
             return
-        n = self.held.pop(ins.tensor)
-        self.device[self.cat_of.pop(ins.tensor)] -= n
+        n, c = self.held.pop(ins.tensor), self.cat_of.pop(ins.tensor)
+        self.device[c] -= n
+        if c in self.counts:
+            self.total -= n
         self.resident -= 1
         self.log_tensors.append(ins.tensor)
         self.log_bytes.append(-n)
 
     def hand_over(self, ins) -> None:
-        n = self.held.pop(ins.old)
-        self.device[self.cat_of.pop(ins.old)] -= n
+        n, old = self.held.pop(ins.old), self.cat_of.pop(ins.old)
+        self.device[old] -= n
         c = self.cat_of[ins.new] = self.about[ins.new].category
         self.held[ins.new] = n
         self.device[c] += n
+        self.total += n * ((c in self.counts) - (old in self.counts))
         self.log_tensors += (ins.old, ins.new)
         self.log_bytes += (-n, n)
 
@@ -286,9 +306,10 @@ class _Reader:
         if ins.why in ("input", "result"):  # the batch in, the loss out: not traffic
             return
         if ins.to_host:  # offload, evict, or momentum written back ("state"): in flight until freed
-            n = self.held[ins.tensor]
-            self.device[self.cat_of[ins.tensor]] -= n
+            n, c = self.held[ins.tensor], self.cat_of[ins.tensor]
+            self.device[c] -= n
             self.device["in_flight"] += n
+            self.total += n * (("in_flight" in self.counts) - (c in self.counts))
             self.cat_of[ins.tensor] = "in_flight"
             self.tr.d2h_bytes += ins.nbytes
         else:  # prefetch, fetch, or momentum read back ("state")
