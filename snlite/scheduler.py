@@ -197,6 +197,8 @@ class LivenessStage(Stage):
     name = "liveness"
 
     def apply(self, ops, persistent, dropped):
+        if not (self.enabled or dropped):  # no liveness and nothing recomputed: nothing is freed early
+            return {}
         handed = {i: {old for _, old in op.inplace} for i, op in enumerate(ops) if op.inplace}
         if self.enabled:
             frees = {i: [t for t in ts if t not in handed[i]] if i in handed else ts
