@@ -162,12 +162,14 @@ def choose_strategies(graph, strategy: str, persistent, keep=()) -> dict[str, st
             chosen[r] = "speed"
             continue
         start, end = min(starts), max(last[t] for t in mine)
+        live = [t for t in mine if last[t] >= start]  # the segment's tensors still to be used then
+        held = sum(tensors[t].nbytes for t in live)
+        if held + max(sizes[start:end + 1]) <= l_peak:  # fits even if the window's largest step held it all
+            chosen[r] = "speed"
+            continue
         dies: dict[int, int] = {}  # step -> bytes of the segment's tensors whose last use it is
-        held = 0
-        for t in mine:
-            if last[t] >= start:
-                held += tensors[t].nbytes
-                dies[last[t]] = dies.get(last[t], 0) + tensors[t].nbytes
+        for t in live:
+            dies[last[t]] = dies.get(last[t], 0) + tensors[t].nbytes
         peak = 0
         for i in range(start, end + 1):  # backward steps only: backward follows the whole forward
             s = steps[i]
