@@ -30,7 +30,9 @@ def step_tensors(reads, writes, inplace=()) -> set[str]:
     same buffer and counted once. Their bytes are the step's working set, the paper's l_i, and the
     largest over the route is l_peak (:func:`snlite.recompute.step_bytes`,
     :func:`snlite.trace.trace_program`)."""
-    new = {n for n, _ in inplace} if inplace else ()
+    if not inplace:  # most steps: nothing to leave out
+        return {*reads, *writes}
+    new = {n for n, _ in inplace}
     return {t for t in (*reads, *writes) if t not in new}
 
 

@@ -79,6 +79,12 @@ def segments(graph, keep=()) -> dict[str, str]:
     return root
 
 
+def forward_steps(graph) -> list:
+    """The route's forward steps: the first half of ``graph.steps()``, one per layer in route order
+    (the backward steps follow them all), so that a pass over the forward never visits the backward."""
+    return graph.steps()[:len(graph.route()[0])]
+
+
 def step_bytes(steps, tensors, persistent) -> list[int]:
     """l_i of every route step: the bytes of the non-persistent tensors it reads and writes, each
     counted once, a tensor written in place into another's buffer (dx into dy's) once
@@ -92,9 +98,9 @@ def droppable(graph, keep=()) -> dict[str, str]:
     """Tensor -> the cheap layer whose forward writes it (outputs and saved tensors); none of a
     layer in ``keep``."""
     out, tensors = {}, graph.tensors()
-    for step in graph.steps():
+    for step in forward_steps(graph):
         layer = graph.layers[step.layer]
-        if step.phase == "forward" and not (layer.checkpoint or step.layer in keep) and not layer.alias_input:
+        if not (layer.checkpoint or step.layer in keep) and not layer.alias_input:
             for t in step.writes:
                 if tensors[t].kind == "activation":
                     out[t] = step.layer
@@ -138,13 +144,13 @@ def choose_strategies(graph, strategy: str, persistent, keep=()) -> dict[str, st
     l_peak = max(sizes)
     _, last = first_and_last_use(steps, persistent)
     drop = droppable(graph, keep)
+    forward = forward_steps(graph)
     first_read: dict[str, int] = {}  # dropped tensor -> the first backward step that reads it
-    for s in steps:
-        if s.phase == "backward":
-            for t in s.reads:
-                if t in drop:
-                    first_read.setdefault(t, s.index)
-    fwd = {s.layer: s for s in steps if s.phase == "forward"}
+    for s in steps[len(forward):]:
+        for t in s.reads:
+            if t in drop:
+                first_read.setdefault(t, s.index)
+    fwd = {s.layer: s for s in forward}
     owned: dict[str, set[str]] = {}  # segment -> its tensors
     for layer, r in roots.items():
         owned.setdefault(r, set()).update(t for t in (*fwd[layer].reads, *fwd[layer].writes)
@@ -156,12 +162,14 @@ def choose_strategies(graph, strategy: str, persistent, keep=()) -> dict[str, st
             chosen[r] = "speed"
             continue
         start, end = min(starts), max(last[t] for t in mine)
+        live = [t for t in mine if last[t] >= start]  # the segment's tensors still to be used then
+        held = sum(tensors[t].nbytes for t in live)
+        if held + max(sizes[start:end + 1]) <= l_peak:  # fits even if the window's largest step held it all
+            chosen[r] = "speed"
+            continue
         dies: dict[int, int] = {}  # step -> bytes of the segment's tensors whose last use it is
-        held = 0
-        for t in mine:
-            if last[t] >= start:
-                held += tensors[t].nbytes
-                dies[last[t]] = dies.get(last[t], 0) + tensors[t].nbytes
+        for t in live:
+            dies[last[t]] = dies.get(last[t], 0) + tensors[t].nbytes
         peak = 0
         for i in range(start, end + 1):  # backward steps only: backward follows the whole forward
             s = steps[i]
@@ -221,7 +229,8 @@ def expand(graph, strategy: str, persistent=frozenset(), keep=()) -> tuple[list[
     the cheap layers in ``keep`` keep their outputs, as checkpoints do (see :class:`_Expansion`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown recompute strategy {strategy!r}; choose one of {STRATEGIES}")
-    check_keep(graph, keep)
+    if keep:
+        check_keep(graph, keep)
     if strategy == "off":
         return [Op(s.index, s.index, s.layer, s.phase, s.reads, s.writes, s.inplace, s.accumulate)
                 for s in graph.steps()], RecomputeInfo(strategy)
@@ -245,9 +254,8 @@ class _Expansion:
         self.roots = segments(graph, keep)  # cheap layer -> its segment's checkpoint
         self.per_segment = choose_strategies(graph, strategy, persistent, keep)
         self.info = RecomputeInfo(strategy, tuple(self.drop), self.per_segment)
-        self.fwd_step = {s.layer: s for s in graph.steps() if s.phase == "forward"}
-        self.order = {name: i for i, name in enumerate(graph.route()[0])}
-        self.members: dict[str, list[str]] = {}  # checkpoint -> the cheap layers of its segment
+        self.fwd_step = {s.layer: s for s in forward_steps(graph)}
+        self.members: dict[str, list[str]] = {}  # checkpoint -> its segment's cheap layers, in route order
         for layer, r in self.roots.items():
             self.members.setdefault(r, []).append(layer)
         self.current: dict[str, str] = {}  # dropped tensor -> its live recomputed incarnation
@@ -279,7 +287,7 @@ class _Expansion:
                 continue
             root = self.roots[self.drop[t]]
             if self.per_segment[root] == "speed":
-                for layer in sorted(self.members[root], key=self.order.get):
+                for layer in self.members[root]:
                     if any(w not in self.current for w in self.fwd_step[layer].writes if w in self.drop):
                         self.rerun(layer, s.index)
             else:
@@ -297,11 +305,10 @@ class _Expansion:
         """One forward re-run of ``layer`` for the backward step ``step_index``: each output a new
         incarnation (a recomputed BatchNorm never updates its running statistics)."""
         fs, current = self.fwd_step[layer], self.current
-        buffers = {f"{layer}.{b}" for b in self.graph.layers[layer].buffers()}
         reads = tuple(current.get(t, t) for t in fs.reads)
         names = []
         for t in fs.writes:
-            if t not in buffers:
+            if t in self.drop:  # an output or a saved tensor; not a buffer (running statistics)
                 self.serial += 1
                 current[t] = f"{t}#r{self.serial}"
                 names.append((t, current[t]))

@@ -197,6 +197,8 @@ class LivenessStage(Stage):
     name = "liveness"
 
     def apply(self, ops, persistent, dropped):
+        if not (self.enabled or dropped):  # no liveness and nothing recomputed: nothing is freed early
+            return {}
         handed = {i: {old for _, old in op.inplace} for i, op in enumerate(ops) if op.inplace}
         if self.enabled:
             frees = {i: [t for t in ts if t not in handed[i]] if i in handed else ts
@@ -266,20 +268,22 @@ class Scheduler:
         self.stages = [self.recompute, self.update, self.liveness, self.offload, self.cache, self.workspace]
         self._plan = None
 
-    def persistent(self) -> set[str]:
+    def persistent(self, classic: set[str] | None = None) -> set[str]:
         """What lives the whole run: weights, buffers, momentum, and the weight gradients unless each
-        lives only until its update (``update_in_backward``)."""
+        lives only until its update (``update_in_backward``). ``classic``: the graph's
+        :func:`persistent_tensors`, where the caller has them already."""
         tensors = self.graph.tensors()
+        classic = set(persistent_tensors(tensors)) if classic is None else classic
         if not self.config.update_in_backward:
-            return set(persistent_tensors(tensors))
+            return classic
         # the update ops read and write the momentum buffers (the optimizer's, not the graph's tensors)
-        return set(persistent_tensors(tensors, without_grads=True)) | \
-            {f"{n}.momentum" for n, t in tensors.items() if t.kind == "weight"}
+        weights = [n for n in classic if tensors[n].kind == "weight"]
+        return {n for n in classic if tensors[n].kind != "weight_grad"} | {f"{n}.momentum" for n in weights}
 
     def plan(self) -> Plan:
         if self._plan is None:
-            persistent = self.persistent()
             classic = set(persistent_tensors(self.graph.tensors()))
+            persistent = self.persistent(classic)
             ops, info = self.recompute.apply(self.graph, classic)  # its segment rule counts activations only
             ops = self.update.apply(ops, self.graph)
             frees = self.liveness.apply(ops, persistent, set(info.dropped))

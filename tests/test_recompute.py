@@ -11,7 +11,7 @@ import pytest
 from snlite import MemoryConfig, simulate
 from snlite.liveness import step_tensors
 from snlite.models import alexnet, get_model
-from snlite.recompute import expand, segments, step_bytes
+from snlite.recompute import expand, forward_steps, segments, step_bytes
 from snlite.scheduler import PERSISTENT_KINDS
 
 N = 200  # the paper's batch
@@ -172,3 +172,12 @@ def test_dropout_saves_nothing_so_its_backward_needs_no_rerun(net):
     drops = {s.index for s in net.steps() if s.layer.startswith("drop") and s.phase == "backward"}
     assert drops and not drops & served
     assert not [t for t in net.tensors() if t.startswith("drop") and t.endswith("mask")]
+
+
+@pytest.mark.parametrize("name", ["alexnet", "resnet50", "inception_v4"])
+def test_forward_steps_are_the_routes_first_half(name):
+    """The recompute stage walks only the forward half of the route where it wants forward steps:
+    that half must be every forward step, in route order, and nothing else."""
+    g = get_model(name, 1)
+    assert forward_steps(g) == [s for s in g.steps() if s.phase == "forward"]
+    assert [s.layer for s in forward_steps(g)] == g.route()[0]
