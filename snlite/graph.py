@@ -36,19 +36,22 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class TensorSpec:
-    """A tensor of the network: its name, shape, dtype, and what kind of memory it is."""
+    """A tensor of the network: its name, shape, dtype, and what kind of memory it is; and its size,
+    ``nbytes``, worked out once (an attribute, not a field): planners ask for it hundreds of thousands
+    of times."""
 
     name: str
     shape: tuple
     dtype: str
     kind: str  # one of KINDS
 
-    def __post_init__(self):
-        # its size, once, as an attribute (not a field): planners ask for it hundreds of thousands of times
-        # (a micro-optimisation: a cached_property's first access, taking its lock, cost more than the spec)
-        object.__setattr__(self, "nbytes", math.prod(self.shape) * _itemsize(self.dtype))
+    def __init__(self, name: str, shape: tuple, dtype: str, kind: str):
+        # straight into the instance's dict (a micro-optimisation: the frozen dataclass's own __init__,
+        # one object.__setattr__ per field, took twice as long, and a deep net has 127,000 specs)
+        vars(self).update(name=name, shape=shape, dtype=dtype, kind=kind,
+                          nbytes=math.prod(shape) * _itemsize(dtype))
 
 
 @record
@@ -68,7 +71,7 @@ class Step:
         return f"{self.index:4d} {self.layer} {self.phase}"
 
 
-@dataclass(frozen=True)
+@record
 class Node:
     """What a builder method returns: a layer's output, to pass to the next layer."""
 
@@ -113,7 +116,7 @@ class Graph:
             if not isinstance(n, Node) or n.graph is not self:
                 raise ValueError(f"{_who(kind, name)}: inputs must be nodes returned by this "
                                  f"graph, got {n!r}")
-        if len({n.name for n in nodes}) != len(nodes):
+        if len(nodes) > 1 and len({n.name for n in nodes}) != len(nodes):
             raise ValueError(f"{_who(kind, name)}: the same tensor appears twice among its inputs "
                              f"{[n.name for n in nodes]}")
         if name is None:  # conv1, conv2, bn1, relu1...
@@ -270,25 +273,17 @@ class Graph:
         if self._cache is None:
             if self.loss_layer is None:
                 raise ValueError("the graph has no softmax_loss layer: end it with g.softmax_loss(logits)")
-            succ = self.consumers()
-            route = execution_route(succ, "data")
             with without_cycle_collection():  # tens of thousands of specs and steps, and no cycle among them
+                succ = self.consumers()
+                route = execution_route(succ, "data")
                 self._cache = (route,) + _Compiler(self, succ, route).run()
         return self._cache
 
 
-@record
-class _Names:
-    """The tensors a layer's two steps name: by role (x, y, dy, dx, labels, what it saves), its
-    parameters and its buffers (worked out once per layer, for both steps)."""
-
-    roles: dict
-    params: list
-    buffers: list
-
-
 class _Compiler:
-    """Turns each layer's roles into tensor names and the route into steps."""
+    """Turns each layer's roles into tensor names and the route into steps, in two passes: forward
+    (outputs, parameters, buffers, saved tensors and the forward steps), then backward (gradients and
+    the backward steps). Each layer's roles are worked out once, in the first pass, for both steps."""
 
     def __init__(self, g: Graph, succ, route):
         self.g, self.succ, (self.fwd, self.bwd) = g, succ, route
@@ -301,37 +296,37 @@ class _Compiler:
         return name
 
     def run(self):
-        g = self.g
+        g, steps = self.g, []
         act, dys, dxs = {}, {}, {}
+        roles = {}  # layer -> its tensors by role, and its own "params", "grads" and "buffers"
         for name in self.fwd:  # output names, in forward order (a flatten's is its input's)
             layer = g.layers[name]
             if layer.alias_input:
                 act[name] = act[g.inputs[name][0]]
             else:
-                act[name] = self.tensor(name, layer.out_shape,
-                                        "input" if layer.kind == "data" else "activation")
+                kind = "input" if layer.kind == "data" else "activation"
+                act[name] = self.tensor(name, layer.out_shape, kind)
+            own = roles[name] = {"x": [act[i] for i in g.inputs[name]], "y": [act[name]],
+                                 "labels": ["labels"], "params": [], "grads": []}
             for p, shape in layer.params().items():
-                self.tensor(f"{name}.{p}", shape, "weight")
-                self.tensor(f"{name}.{p}.grad", shape, "weight_grad")
-            for b, shape in layer.buffers().items():
-                self.tensor(f"{name}.{b}", shape, "buffer")
+                own["params"].append(self.tensor(f"{name}.{p}", shape, "weight"))
+                own["grads"].append(self.tensor(f"{name}.{p}.grad", shape, "weight_grad"))
+            own["buffers"] = [self.tensor(f"{name}.{b}", s, "buffer") for b, s in layer.buffers().items()]
             for s, (shape, dtype) in layer.saved().items():
-                self.tensor(f"{name}.{s}", shape, "activation", dtype)
-        labels = self.tensor("labels", (g.input_shape[0],), "input", "int32")
+                own[s] = [self.tensor(f"{name}.{s}", shape, "activation", dtype)]
+            steps.append(self.forward_step(len(steps), layer, own))
+        self.tensor("labels", (g.input_shape[0],), "input", "int32")
         for name in self.bwd:  # gradient names, consumers before producers
-            cons = self.succ[name]
-            dys[name] = [dxs[(c, name)] for c in cons]
+            layer = g.layers[name]
+            dys[name] = [dxs[(c, name)] for c in self.succ[name]]
             for p in g.inputs[name]:
-                if g.layers[name].alias_input:
+                if layer.alias_input:
                     dxs[(name, p)] = dys[name][0]
                 else:
                     tname = f"{p}.grad" if len(self.succ[p]) == 1 else f"{p}.grad@{name}"
                     dxs[(name, p)] = self.tensor(tname, g.layers[p].out_shape, "gradient")
-        names = {name: self.names(name, act, dys[name], dxs, labels) for name in self.fwd}  # both steps' own
-        steps = []
-        for phase, order in (("forward", self.fwd), ("backward", self.bwd)):
-            for name in order:
-                steps.append(self.step(len(steps), name, phase, names[name]))
+            roles[name].update(dy=dys[name], dx=[dxs[(name, i)] for i in g.inputs[name]])
+            steps.append(self.backward_step(len(steps), layer, roles[name]))
         self.check_dataflow(steps)
         return self.tensors, steps, act, dys, dxs
 
@@ -340,42 +335,38 @@ class _Compiler:
         declarations miss a write would make every memory plan wrong, so fail loudly here."""
         written = {n for n, t in self.tensors.items() if t.kind in ("weight", "buffer")}
         for step in steps:
-            missing = [t for t in step.reads if t not in written]
-            if missing:
+            if not written.issuperset(step.reads):
+                missing = [t for t in step.reads if t not in written]
                 raise AssertionError(f"step {step.index} ({step.layer} {step.phase}) reads {missing} before "
                                      f"any step writes them: the {step.kind} layer's declarations "
                                      "are incomplete")
             written.update(step.writes)
             written.update(new for new, _ in step.inplace)
 
-    def names(self, name, act, dy, dxs, labels) -> "_Names":
-        """The tensors of layer ``name`` that its steps name: by role, its parameters, its buffers."""
-        g, layer = self.g, self.g.layers[name]
-        roles = {"x": [act[i] for i in g.inputs[name]], "y": [act[name]], "labels": [labels],
-                 "dy": dy, "dx": [dxs[(name, i)] for i in g.inputs[name]]}
-        roles.update({s: [f"{name}.{s}"] for s in layer.saved()})
-        params, buffers = [f"{name}.{p}" for p in layer.params()], [f"{name}.{b}" for b in layer.buffers()]
-        return _Names(roles, params, buffers)
+    @staticmethod
+    def forward_step(index, layer, roles) -> Step:
+        if layer.alias_input:  # flatten: nothing moves
+            return Step(index, layer.name, layer.kind, "forward", (), ())
+        reads = [t for r in layer.fwd_reads for t in roles[r]] + roles["params"] + roles["buffers"]
+        writes = [t for r in layer.fwd_writes for t in roles[r]]
+        if layer.kind == "batchnorm":
+            writes += roles["buffers"]
+        return Step(index, layer.name, layer.kind, "forward", tuple(reads), tuple(writes))
 
-    def step(self, index, name, phase, names: "_Names") -> Step:
-        layer, roles, params, buffers = self.g.layers[name], names.roles, names.params, names.buffers
+    @staticmethod
+    def backward_step(index, layer, roles) -> Step:
         dy = roles["dy"]
-        if layer.alias_input:  # flatten: nothing moves; only fork gradients are summed
-            return Step(index, name, layer.kind, phase, tuple(dy) if phase == "backward" else (), (),
-                        accumulate=tuple(dy[1:]) if phase == "backward" else ())
-        if phase == "forward":
-            reads = [t for r in layer.fwd_reads for t in roles[r]] + params + buffers
-            writes = [t for r in layer.fwd_writes for t in roles[r]]
-            if layer.kind == "batchnorm":
-                writes += buffers
-            return Step(index, name, layer.kind, phase, tuple(reads), tuple(writes))
-        reads = [t for r in layer.bwd_reads for t in roles[r]] + [p for p in params if p.endswith(".weight")]
-        writes = [t for r in layer.bwd_writes for t in roles[r]] + [f"{p}.grad" for p in params]
+        if layer.alias_input:  # flatten: only fork gradients are summed
+            return Step(index, layer.name, layer.kind, "backward", tuple(dy), (), accumulate=tuple(dy[1:]))
+        weight = [p for p in roles["params"] if p.endswith(".weight")]  # the bias is not read
+        reads = [t for r in layer.bwd_reads for t in roles[r]] + weight
+        writes = [t for r in layer.bwd_writes for t in roles[r]] + roles["grads"]
         inplace = ()
         if layer.bwd_inplace and roles["dx"]:
             inplace = ((roles["dx"][0], (dy or roles["y"])[0]),)
         accumulate = tuple(dy[1:]) if layer.kind != "data" else ()
-        return Step(index, name, layer.kind, phase, tuple(reads), tuple(writes), inplace, accumulate)
+        return Step(index, layer.name, layer.kind, "backward", tuple(reads), tuple(writes), inplace,
+                    accumulate)
 
 
 # ---------------------------------------------------------------- argument checks (PyTorch's types)
@@ -397,7 +388,9 @@ def _integer(v, what, minimum=1) -> int:
 
 def _pair(v, what, minimum=1) -> tuple[int, int]:
     """An int, or a pair of ints, each >= ``minimum``, as ``(h, w)``."""
-    pair = (v, v) if _is_int(v) else tuple(v) if isinstance(v, (tuple, list)) else ()
+    if _is_int(v) and v >= minimum:  # one number, checked once
+        return int(v), int(v)
+    pair = tuple(v) if isinstance(v, (tuple, list)) else ()
     if len(pair) != 2 or not all(_is_int(p) and p >= minimum for p in pair):
         raise ValueError(f"{what} must be an integer >= {minimum} or a pair of them, got {v!r}")
     return int(pair[0]), int(pair[1])

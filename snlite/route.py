@@ -13,12 +13,10 @@ from __future__ import annotations
 
 def join_counting_dfs(successors: dict, start) -> list:
     """Visit order of Algorithm 1 from ``start`` over ``successors`` (node -> ordered list)."""
-    n_inputs: dict = {}
-    for node, succ in successors.items():
-        n_inputs.setdefault(node, 0)
+    waiting = dict.fromkeys(successors, 0)  # node -> how many of its predecessors have not called it yet
+    for succ in successors.values():
         for s in succ:
-            n_inputs[s] = n_inputs.get(s, 0) + 1
-    calls = dict.fromkeys(n_inputs, 0)
+            waiting[s] = waiting.get(s, 0) + 1
     order = [start]
     stack = [iter(successors.get(start, ()))]
     while stack:
@@ -26,8 +24,8 @@ def join_counting_dfs(successors: dict, start) -> list:
         if nxt is None:
             stack.pop()
             continue
-        calls[nxt] += 1
-        if calls[nxt] == n_inputs[nxt]:  # the last predecessor has called: the join runs now
+        waiting[nxt] -= 1
+        if waiting[nxt] == 0:  # the last predecessor has called: the join runs now
             order.append(nxt)
             stack.append(iter(successors.get(nxt, ())))
     return order
