@@ -325,7 +325,7 @@ class _Compiler:
                 else:
                     tname = f"{p}.grad" if len(self.succ[p]) == 1 else f"{p}.grad@{name}"
                     dxs[(name, p)] = self.tensor(tname, g.layers[p].out_shape, "gradient")
-            roles[name].update(dy=dys[name], dx=[dxs[(name, i)] for i in g.inputs[name]])
+            roles[name]["dy"], roles[name]["dx"] = dys[name], [dxs[(name, i)] for i in g.inputs[name]]
             steps.append(self.backward_step(len(steps), layer, roles[name]))
         self.check_dataflow(steps)
         return self.tensors, steps, act, dys, dxs
@@ -341,7 +341,8 @@ class _Compiler:
                                      f"any step writes them: the {step.kind} layer's declarations "
                                      "are incomplete")
             written.update(step.writes)
-            written.update(new for new, _ in step.inplace)
+            if step.inplace:
+                written.update(new for new, _ in step.inplace)
 
     @staticmethod
     def forward_step(index, layer, roles) -> Step:
