@@ -111,14 +111,16 @@ class Graph:
         if self.loss_layer is not None:
             raise ValueError(f"cannot add {_who(kind, name)} after softmax_loss: the loss must be "
                              "the last layer")
-        nodes = list(inputs)
-        for n in nodes:
+        in_names, in_shapes = [], []
+        for n in inputs:
             if not isinstance(n, Node) or n.graph is not self:
                 raise ValueError(f"{_who(kind, name)}: inputs must be nodes returned by this "
                                  f"graph, got {n!r}")
-        if len(nodes) > 1 and len({n.name for n in nodes}) != len(nodes):
+            in_names.append(n.name)
+            in_shapes.append(n.shape)
+        if len(in_names) > 1 and len(set(in_names)) != len(in_names):
             raise ValueError(f"{_who(kind, name)}: the same tensor appears twice among its inputs "
-                             f"{[n.name for n in nodes]}")
+                             f"{in_names}")
         if name is None:  # conv1, conv2, bn1, relu1...
             prefix = PREFIX.get(kind, kind)
             self._counts[prefix] = self._counts.get(prefix, 0) + 1
@@ -128,9 +130,9 @@ class Graph:
                 name = f"{prefix}{self._counts[prefix]}"
         if not isinstance(name, str) or not name or "@" in name or name in self.layers:
             raise ValueError(f"layer name {name!r} is empty, contains '@' or is already used")
-        layer = LAYER_TYPES[kind](name, [n.shape for n in nodes], **attrs)
+        layer = LAYER_TYPES[kind](name, in_shapes, **attrs)
         self.layers[name] = layer
-        self.inputs[name] = [n.name for n in nodes]
+        self.inputs[name] = in_names
         if kind == "softmax_loss":
             self._loss = name
         self._cache = None
@@ -318,15 +320,18 @@ class _Compiler:
         self.tensor("labels", (g.input_shape[0],), "input", "int32")
         for name in self.bwd:  # gradient names, consumers before producers
             layer = g.layers[name]
-            dys[name] = [dxs[(c, name)] for c in self.succ[name]]
-            for p in g.inputs[name]:
+            own = roles[name]
+            own["dy"] = dys[name] = [dxs[(c, name)] for c in self.succ[name]]
+            own["dx"] = []
+            for p in g.inputs[name]:  # the gradient of each input: a flatten's is its own output's
                 if layer.alias_input:
-                    dxs[(name, p)] = dys[name][0]
+                    grad = dys[name][0]
                 else:
                     tname = f"{p}.grad" if len(self.succ[p]) == 1 else f"{p}.grad@{name}"
-                    dxs[(name, p)] = self.tensor(tname, g.layers[p].out_shape, "gradient")
-            roles[name]["dy"], roles[name]["dx"] = dys[name], [dxs[(name, i)] for i in g.inputs[name]]
-            steps.append(self.backward_step(len(steps), layer, roles[name]))
+                    grad = self.tensor(tname, g.layers[p].out_shape, "gradient")
+                dxs[(name, p)] = grad
+                own["dx"].append(grad)
+            steps.append(self.backward_step(len(steps), layer, own))
         self.check_dataflow(steps)
         return self.tensors, steps, act, dys, dxs
 
