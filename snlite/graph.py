@@ -36,19 +36,27 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
 
 
-@dataclass(frozen=True)
+_setattr = object.__setattr__  # past a frozen dataclass's own __setattr__, which refuses
+
+
+@dataclass(frozen=True, init=False)
 class TensorSpec:
-    """A tensor of the network: its name, shape, dtype, and what kind of memory it is."""
+    """A tensor of the network: its name, shape, dtype, what kind of memory it is, and ``nbytes``, its
+    size, worked out once (not a field): planners ask for it hundreds of thousands of times."""
 
     name: str
     shape: tuple
     dtype: str
     kind: str  # one of KINDS
 
-    def __post_init__(self):
-        # its size, once, as an attribute (not a field): planners ask for it hundreds of thousands of times
-        # (a micro-optimisation: a cached_property's first access, taking its lock, cost more than the spec)
-        object.__setattr__(self, "nbytes", math.prod(self.shape) * _itemsize(self.dtype))
+    def __init__(self, name: str, shape: tuple, dtype: str, kind: str):
+        # the dataclass's __init__ and a __post_init__ in one call (a micro-optimisation: a deep net has
+        # 127,000 specs), each set as a frozen dataclass sets it, which keeps reading them fast
+        _setattr(self, "name", name)
+        _setattr(self, "shape", shape)
+        _setattr(self, "dtype", dtype)
+        _setattr(self, "kind", kind)
+        _setattr(self, "nbytes", math.prod(shape) * _itemsize(dtype))
 
 
 @record
@@ -68,7 +76,7 @@ class Step:
         return f"{self.index:4d} {self.layer} {self.phase}"
 
 
-@dataclass(frozen=True)
+@record
 class Node:
     """What a builder method returns: a layer's output, to pass to the next layer."""
 
@@ -108,14 +116,16 @@ class Graph:
         if self.loss_layer is not None:
             raise ValueError(f"cannot add {_who(kind, name)} after softmax_loss: the loss must be "
                              "the last layer")
-        nodes = list(inputs)
-        for n in nodes:
+        in_names, in_shapes = [], []
+        for n in inputs:
             if not isinstance(n, Node) or n.graph is not self:
                 raise ValueError(f"{_who(kind, name)}: inputs must be nodes returned by this "
                                  f"graph, got {n!r}")
-        if len({n.name for n in nodes}) != len(nodes):
+            in_names.append(n.name)
+            in_shapes.append(n.shape)
+        if len(in_names) > 1 and len(set(in_names)) != len(in_names):
             raise ValueError(f"{_who(kind, name)}: the same tensor appears twice among its inputs "
-                             f"{[n.name for n in nodes]}")
+                             f"{in_names}")
         if name is None:  # conv1, conv2, bn1, relu1...
             prefix = PREFIX.get(kind, kind)
             self._counts[prefix] = self._counts.get(prefix, 0) + 1
@@ -125,9 +135,9 @@ class Graph:
                 name = f"{prefix}{self._counts[prefix]}"
         if not isinstance(name, str) or not name or "@" in name or name in self.layers:
             raise ValueError(f"layer name {name!r} is empty, contains '@' or is already used")
-        layer = LAYER_TYPES[kind](name, [n.shape for n in nodes], **attrs)
+        layer = LAYER_TYPES[kind](name, in_shapes, **attrs)
         self.layers[name] = layer
-        self.inputs[name] = [n.name for n in nodes]
+        self.inputs[name] = in_names
         if kind == "softmax_loss":
             self._loss = name
         self._cache = None
@@ -270,25 +280,17 @@ class Graph:
         if self._cache is None:
             if self.loss_layer is None:
                 raise ValueError("the graph has no softmax_loss layer: end it with g.softmax_loss(logits)")
-            succ = self.consumers()
-            route = execution_route(succ, "data")
             with without_cycle_collection():  # tens of thousands of specs and steps, and no cycle among them
+                succ = self.consumers()
+                route = execution_route(succ, "data")
                 self._cache = (route,) + _Compiler(self, succ, route).run()
         return self._cache
 
 
-@record
-class _Names:
-    """The tensors a layer's two steps name: by role (x, y, dy, dx, labels, what it saves), its
-    parameters and its buffers (worked out once per layer, for both steps)."""
-
-    roles: dict
-    params: list
-    buffers: list
-
-
 class _Compiler:
-    """Turns each layer's roles into tensor names and the route into steps."""
+    """Turns each layer's roles into tensor names and the route into steps, in two passes: forward
+    (outputs, parameters, buffers, saved tensors and the forward steps), then backward (gradients and
+    the backward steps). Each layer's roles are worked out once, in the first pass, for both steps."""
 
     def __init__(self, g: Graph, succ, route):
         self.g, self.succ, (self.fwd, self.bwd) = g, succ, route
@@ -301,37 +303,40 @@ class _Compiler:
         return name
 
     def run(self):
-        g = self.g
+        g, steps = self.g, []
         act, dys, dxs = {}, {}, {}
+        roles = {}  # layer -> its tensors by role, and its own "params", "grads" and "buffers"
         for name in self.fwd:  # output names, in forward order (a flatten's is its input's)
             layer = g.layers[name]
             if layer.alias_input:
                 act[name] = act[g.inputs[name][0]]
             else:
-                act[name] = self.tensor(name, layer.out_shape,
-                                        "input" if layer.kind == "data" else "activation")
+                kind = "input" if layer.kind == "data" else "activation"
+                act[name] = self.tensor(name, layer.out_shape, kind)
+            own = roles[name] = {"x": [act[i] for i in g.inputs[name]], "y": [act[name]],
+                                 "labels": ["labels"], "params": [], "grads": []}
             for p, shape in layer.params().items():
-                self.tensor(f"{name}.{p}", shape, "weight")
-                self.tensor(f"{name}.{p}.grad", shape, "weight_grad")
-            for b, shape in layer.buffers().items():
-                self.tensor(f"{name}.{b}", shape, "buffer")
+                own["params"].append(self.tensor(f"{name}.{p}", shape, "weight"))
+                own["grads"].append(self.tensor(f"{name}.{p}.grad", shape, "weight_grad"))
+            own["buffers"] = [self.tensor(f"{name}.{b}", s, "buffer") for b, s in layer.buffers().items()]
             for s, (shape, dtype) in layer.saved().items():
-                self.tensor(f"{name}.{s}", shape, "activation", dtype)
-        labels = self.tensor("labels", (g.input_shape[0],), "input", "int32")
+                own[s] = [self.tensor(f"{name}.{s}", shape, "activation", dtype)]
+            steps.append(self.forward_step(len(steps), layer, own))
+        self.tensor("labels", (g.input_shape[0],), "input", "int32")
         for name in self.bwd:  # gradient names, consumers before producers
-            cons = self.succ[name]
-            dys[name] = [dxs[(c, name)] for c in cons]
-            for p in g.inputs[name]:
-                if g.layers[name].alias_input:
-                    dxs[(name, p)] = dys[name][0]
+            layer = g.layers[name]
+            own = roles[name]
+            own["dy"] = dys[name] = [dxs[(c, name)] for c in self.succ[name]]
+            own["dx"] = []
+            for p in g.inputs[name]:  # the gradient of each input: a flatten's is its own output's
+                if layer.alias_input:
+                    grad = dys[name][0]
                 else:
                     tname = f"{p}.grad" if len(self.succ[p]) == 1 else f"{p}.grad@{name}"
-                    dxs[(name, p)] = self.tensor(tname, g.layers[p].out_shape, "gradient")
-        names = {name: self.names(name, act, dys[name], dxs, labels) for name in self.fwd}  # both steps' own
-        steps = []
-        for phase, order in (("forward", self.fwd), ("backward", self.bwd)):
-            for name in order:
-                steps.append(self.step(len(steps), name, phase, names[name]))
+                    grad = self.tensor(tname, g.layers[p].out_shape, "gradient")
+                dxs[(name, p)] = grad
+                own["dx"].append(grad)
+            steps.append(self.backward_step(len(steps), layer, own))
         self.check_dataflow(steps)
         return self.tensors, steps, act, dys, dxs
 
@@ -340,42 +345,39 @@ class _Compiler:
         declarations miss a write would make every memory plan wrong, so fail loudly here."""
         written = {n for n, t in self.tensors.items() if t.kind in ("weight", "buffer")}
         for step in steps:
-            missing = [t for t in step.reads if t not in written]
-            if missing:
+            if not written.issuperset(step.reads):
+                missing = [t for t in step.reads if t not in written]
                 raise AssertionError(f"step {step.index} ({step.layer} {step.phase}) reads {missing} before "
                                      f"any step writes them: the {step.kind} layer's declarations "
                                      "are incomplete")
             written.update(step.writes)
-            written.update(new for new, _ in step.inplace)
+            if step.inplace:
+                written.update(new for new, _ in step.inplace)
 
-    def names(self, name, act, dy, dxs, labels) -> "_Names":
-        """The tensors of layer ``name`` that its steps name: by role, its parameters, its buffers."""
-        g, layer = self.g, self.g.layers[name]
-        roles = {"x": [act[i] for i in g.inputs[name]], "y": [act[name]], "labels": [labels],
-                 "dy": dy, "dx": [dxs[(name, i)] for i in g.inputs[name]]}
-        roles.update({s: [f"{name}.{s}"] for s in layer.saved()})
-        params, buffers = [f"{name}.{p}" for p in layer.params()], [f"{name}.{b}" for b in layer.buffers()]
-        return _Names(roles, params, buffers)
+    @staticmethod
+    def forward_step(index, layer, roles) -> Step:
+        if layer.alias_input:  # flatten: nothing moves
+            return Step(index, layer.name, layer.kind, "forward", (), ())
+        reads = [t for r in layer.fwd_reads for t in roles[r]] + roles["params"] + roles["buffers"]
+        writes = [t for r in layer.fwd_writes for t in roles[r]]
+        if layer.kind == "batchnorm":
+            writes += roles["buffers"]
+        return Step(index, layer.name, layer.kind, "forward", tuple(reads), tuple(writes))
 
-    def step(self, index, name, phase, names: "_Names") -> Step:
-        layer, roles, params, buffers = self.g.layers[name], names.roles, names.params, names.buffers
+    @staticmethod
+    def backward_step(index, layer, roles) -> Step:
         dy = roles["dy"]
-        if layer.alias_input:  # flatten: nothing moves; only fork gradients are summed
-            return Step(index, name, layer.kind, phase, tuple(dy) if phase == "backward" else (), (),
-                        accumulate=tuple(dy[1:]) if phase == "backward" else ())
-        if phase == "forward":
-            reads = [t for r in layer.fwd_reads for t in roles[r]] + params + buffers
-            writes = [t for r in layer.fwd_writes for t in roles[r]]
-            if layer.kind == "batchnorm":
-                writes += buffers
-            return Step(index, name, layer.kind, phase, tuple(reads), tuple(writes))
-        reads = [t for r in layer.bwd_reads for t in roles[r]] + [p for p in params if p.endswith(".weight")]
-        writes = [t for r in layer.bwd_writes for t in roles[r]] + [f"{p}.grad" for p in params]
+        if layer.alias_input:  # flatten: only fork gradients are summed
+            return Step(index, layer.name, layer.kind, "backward", tuple(dy), (), accumulate=tuple(dy[1:]))
+        weight = [p for p in roles["params"] if p.endswith(".weight")]  # the bias is not read
+        reads = [t for r in layer.bwd_reads for t in roles[r]] + weight
+        writes = [t for r in layer.bwd_writes for t in roles[r]] + roles["grads"]
         inplace = ()
         if layer.bwd_inplace and roles["dx"]:
             inplace = ((roles["dx"][0], (dy or roles["y"])[0]),)
         accumulate = tuple(dy[1:]) if layer.kind != "data" else ()
-        return Step(index, name, layer.kind, phase, tuple(reads), tuple(writes), inplace, accumulate)
+        return Step(index, layer.name, layer.kind, "backward", tuple(reads), tuple(writes), inplace,
+                    accumulate)
 
 
 # ---------------------------------------------------------------- argument checks (PyTorch's types)
@@ -397,7 +399,9 @@ def _integer(v, what, minimum=1) -> int:
 
 def _pair(v, what, minimum=1) -> tuple[int, int]:
     """An int, or a pair of ints, each >= ``minimum``, as ``(h, w)``."""
-    pair = (v, v) if _is_int(v) else tuple(v) if isinstance(v, (tuple, list)) else ()
+    if _is_int(v) and v >= minimum:  # one number, checked once
+        return int(v), int(v)
+    pair = tuple(v) if isinstance(v, (tuple, list)) else ()
     if len(pair) != 2 or not all(_is_int(p) and p >= minimum for p in pair):
         raise ValueError(f"{what} must be an integer >= {minimum} or a pair of them, got {v!r}")
     return int(pair[0]), int(pair[1])

@@ -11,25 +11,20 @@ layers does not hit Python's recursion limit.
 from __future__ import annotations
 
 
-def join_counting_dfs(successors: dict, start) -> list:
-    """Visit order of Algorithm 1 from ``start`` over ``successors`` (node -> ordered list)."""
-    n_inputs: dict = {}
-    for node, succ in successors.items():
-        n_inputs.setdefault(node, 0)
-        for s in succ:
-            n_inputs[s] = n_inputs.get(s, 0) + 1
-    calls = dict.fromkeys(n_inputs, 0)
+def join_counting_dfs(successors: dict, start, predecessors: dict | None = None) -> list:
+    """Visit order of Algorithm 1 from ``start`` over ``successors`` (node -> ordered list);
+    ``predecessors``, the reversed graph, where the caller has it already."""
+    if predecessors is None:
+        predecessors = reverse(successors)
+    waiting = {node: len(p) for node, p in predecessors.items()}  # the predecessors yet to call each node
     order = [start]
-    stack = [iter(successors.get(start, ()))]
-    while stack:
-        nxt = next(stack[-1], None)
-        if nxt is None:
-            stack.pop()
-            continue
-        calls[nxt] += 1
-        if calls[nxt] == n_inputs[nxt]:  # the last predecessor has called: the join runs now
+    calls = list(reversed(successors.get(start, ())))  # the calls still to make, the next one last
+    while calls:
+        nxt = calls.pop()
+        waiting[nxt] -= 1
+        if waiting[nxt] == 0:  # the last predecessor has called: the join runs now, and calls its successors
             order.append(nxt)
-            stack.append(iter(successors.get(nxt, ())))
+            calls.extend(reversed(successors.get(nxt, ())))
     return order
 
 
@@ -45,12 +40,13 @@ def reverse(successors: dict) -> dict:
 def execution_route(successors: dict, source) -> tuple[list, list]:
     """``(forward, backward)``: the forward visit order from ``source``, and the backward order,
     the same algorithm on the reversed graph from the last forward node."""
-    forward = join_counting_dfs(successors, source)
+    predecessors = reverse(successors)
+    forward = join_counting_dfs(successors, source, predecessors)
     missing = set(successors) - set(forward)
     if missing:
         raise ValueError(f"layers not reachable from {source!r} (or part of a cycle): "
                          f"{sorted(map(str, missing))}")
-    backward = join_counting_dfs(reverse(successors), forward[-1])
+    backward = join_counting_dfs(predecessors, forward[-1], successors)
     if len(backward) != len(forward):
         raise ValueError(f"the network has more than one output layer; the backward route from "
                          f"{forward[-1]!r} misses {sorted(map(str, set(forward) - set(backward)))}")

@@ -2,6 +2,7 @@
 import pytest
 
 from snlite.graph import Graph
+from snlite.layers import LAYER_TYPES, ReLU
 from snlite.workspace import CONV_OPS, candidates
 
 
@@ -105,6 +106,22 @@ def test_errors_name_the_layer_and_shapes(build, match):
     g = Graph((2, 3, 8, 8), 4)
     with pytest.raises(ValueError, match=match):
         build(g, g.input())
+
+
+def test_a_read_no_step_writes_fails_loudly(monkeypatch):
+    class Forgetful(ReLU):  # its backward reads a saved tensor its forward does not declare writing
+        kind = "forgetful"
+        bwd_reads = ("x", "dy", "mask")
+
+        def saved(self):
+            return {"mask": ((2, 4), "float32")}
+
+    monkeypatch.setitem(LAYER_TYPES, "forgetful", Forgetful)
+    g = Graph((2, 4), 4)
+    g.softmax_loss(g.linear(g._add("forgetful", [g.input()], None), 4))
+    with pytest.raises(AssertionError, match=r"step 6 \(forgetful1 backward\) reads \['forgetful1.mask'\] "
+                       "before any step writes them: the forgetful layer's declarations are incomplete"):
+        g.steps()
 
 
 def test_graph_without_loss_or_after_loss():
