@@ -13,7 +13,7 @@ import numpy as np
 
 from snlite import measure, models, recompute, timing, torch_import
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
-from snlite.graph import check_number
+from snlite.checks import check_number
 
 # Exit statuses (docs/troubleshooting.md): 0 done; 1 any other error (one line on stderr); 2 a usage
 # error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network
@@ -195,7 +195,7 @@ def _batch(text: str) -> int:
 def _float_in(low, high, low_open=False, what="a number", float32=False):
     """An argparse type: a finite number in [low, high) (low excluded with ``low_open``); with
     ``float32``, in that range in float32 too (SGD's hyper-parameters: 1e39 is inf there, 1e-50 is 0,
-    0.99999999 is 1), checked by :func:`snlite.graph.check_number`."""
+    0.99999999 is 1), checked by :func:`snlite.checks.check_number`."""
     def parse(text: str) -> float:
         try:
             value = float(text)

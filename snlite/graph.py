@@ -23,6 +23,7 @@ import numpy as np
 
 from kernels.lrn import MAX_SIZE as LRN_MAX_SIZE
 from snlite.layers import LAYER_TYPES, Layer
+from snlite.checks import check_number, int_pair, integer, is_int, pool_args, who
 from snlite.records import record, without_cycle_collection
 from snlite.route import execution_route
 
@@ -96,13 +97,13 @@ class Graph:
             shape = tuple(input_shape)
         except TypeError:
             shape = ()
-        if len(shape) not in (2, 4) or not all(_is_int(s) and s >= 1 for s in shape):
+        if len(shape) not in (2, 4) or not all(is_int(s) and s >= 1 for s in shape):
             raise ValueError(f"input_shape must be (N, C, H, W) or (N, features) of positive integers, "
                              f"got {input_shape!r}")
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         self.input_shape = tuple(int(s) for s in shape)
-        self.num_classes, self.name = _integer(num_classes, "num_classes", 2), name
+        self.num_classes, self.name = integer(num_classes, "num_classes", 2), name
         self.layers: dict[str, Layer] = {}
         self.inputs: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
@@ -114,17 +115,17 @@ class Graph:
         if kind not in LAYER_TYPES:
             raise ValueError(f"unknown layer type {kind!r}; known: {sorted(LAYER_TYPES)}")
         if self.loss_layer is not None:
-            raise ValueError(f"cannot add {_who(kind, name)} after softmax_loss: the loss must be "
+            raise ValueError(f"cannot add {who(kind, name)} after softmax_loss: the loss must be "
                              "the last layer")
         in_names, in_shapes = [], []
         for n in inputs:
             if not isinstance(n, Node) or n.graph is not self:
-                raise ValueError(f"{_who(kind, name)}: inputs must be nodes returned by this "
+                raise ValueError(f"{who(kind, name)}: inputs must be nodes returned by this "
                                  f"graph, got {n!r}")
             in_names.append(n.name)
             in_shapes.append(n.shape)
         if len(in_names) > 1 and len(set(in_names)) != len(in_names):
-            raise ValueError(f"{_who(kind, name)}: the same tensor appears twice among its inputs "
+            raise ValueError(f"{who(kind, name)}: the same tensor appears twice among its inputs "
                              f"{in_names}")
         if name is None:  # conv1, conv2, bn1, relu1...
             prefix = PREFIX.get(kind, kind)
@@ -151,16 +152,17 @@ class Graph:
 
     def conv2d(self, x, out_channels, kernel, stride=1, padding=0, bias=True, groups=1, name=None) -> Node:
         """PyTorch's Conv2d; ``groups`` divides the input and output channels (groups=C: depthwise)."""
-        what = _who("conv2d", name)
-        groups = _integer(groups, f"{what}: groups")
+        what = who("conv2d", name)
+        groups = integer(groups, f"{what}: groups")
         # groups=1 is left out of the attributes: a plain conv's layer stays as it always was
-        return self._add("conv2d", [x], name, out_channels=_integer(out_channels, f"{what}: out_channels"),
-                         kernel=_pair(kernel, f"{what}: kernel"), stride=_pair(stride, f"{what}: stride"),
-                         padding=_pair(padding, f"{what}: padding", 0), bias=bool(bias),
+        return self._add("conv2d", [x], name, out_channels=integer(out_channels, f"{what}: out_channels"),
+                         kernel=int_pair(kernel, f"{what}: kernel"),
+                         stride=int_pair(stride, f"{what}: stride"),
+                         padding=int_pair(padding, f"{what}: padding", 0), bias=bool(bias),
                          **({"groups": groups} if groups > 1 else {}))
 
     def linear(self, x, out_features, bias=True, name=None) -> Node:
-        out_features = _integer(out_features, f"{_who('linear', name)}: out_features")
+        out_features = integer(out_features, f"{who('linear', name)}: out_features")
         return self._add("linear", [x], name, out_features=out_features, bias=bool(bias))
 
     def relu(self, x, name=None) -> Node:
@@ -173,22 +175,22 @@ class Graph:
     def maxpool(self, x, kernel, stride=None, padding=0, ceil_mode=False, name=None) -> Node:
         """PyTorch's MaxPool2d (``ceil_mode`` as its, SqueezeNet's and GoogLeNet's)."""
         return self._add("maxpool", [x], name,
-                         **_pool_args("maxpool", name, kernel, stride, padding, ceil_mode))
+                         **pool_args("maxpool", name, kernel, stride, padding, ceil_mode))
 
     def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
                 name=None) -> Node:
         return self._add("avgpool", [x], name,
-                         **_pool_args("avgpool", name, kernel, stride, padding, ceil_mode),
+                         **pool_args("avgpool", name, kernel, stride, padding, ceil_mode),
                          count_include_pad=bool(count_include_pad))
 
     def batchnorm(self, x, eps=1e-5, momentum=0.1, name=None) -> Node:
-        what = _who("batchnorm", name)
+        what = who("batchnorm", name)
         return self._add("batchnorm", [x], name, eps=check_number(eps, f"{what}: eps", 0.0),
                          momentum=check_number(momentum, f"{what}: momentum", 0.0, 1.0))
 
     def lrn(self, x, size=5, alpha=1e-4, beta=0.75, k=1.0, name=None) -> Node:
-        what = _who("lrn", name)
-        size = _integer(size, f"{what}: size")
+        what = who("lrn", name)
+        size = integer(size, f"{what}: size")
         if size > LRN_MAX_SIZE:
             raise ValueError(f"{what}: size must be at most {LRN_MAX_SIZE} (the kernel's window), got {size}")
         return self._add("lrn", [x], name, size=size, alpha=check_number(alpha, f"{what}: alpha", 0.0),
@@ -196,20 +198,20 @@ class Graph:
                          k=check_number(k, f"{what}: k", 0.0, open_low=True))
 
     def dropout(self, x, p=0.5, name=None) -> Node:
-        p = check_number(p, f"{_who('dropout', name)}: p", 0.0, 1.0, open_high=True)
+        p = check_number(p, f"{who('dropout', name)}: p", 0.0, 1.0, open_high=True)
         return self._add("dropout", [x], name, p=p)
 
     def add(self, *xs, name=None) -> Node:
         xs = list(xs[0]) if len(xs) == 1 and isinstance(xs[0], (list, tuple)) else list(xs)
         if len(xs) < 2:
-            raise ValueError(f"{_who('add', name)}: needs at least two inputs, got {len(xs)}")
+            raise ValueError(f"{who('add', name)}: needs at least two inputs, got {len(xs)}")
         return self._add("add", xs, name)
 
     def concat(self, xs, name=None) -> Node:
         if not isinstance(xs, (list, tuple)):
-            raise ValueError(f"{_who('concat', name)}: expected a list of nodes, got {xs!r}")
+            raise ValueError(f"{who('concat', name)}: expected a list of nodes, got {xs!r}")
         if len(xs) < 2:
-            raise ValueError(f"{_who('concat', name)}: needs at least two inputs, got {len(xs)}")
+            raise ValueError(f"{who('concat', name)}: needs at least two inputs, got {len(xs)}")
         return self._add("concat", list(xs), name)
 
     def flatten(self, x, name=None) -> Node:
@@ -378,72 +380,3 @@ class _Compiler:
         accumulate = tuple(dy[1:]) if layer.kind != "data" else ()
         return Step(index, layer.name, layer.kind, "backward", tuple(reads), tuple(writes), inplace,
                     accumulate)
-
-
-# ---------------------------------------------------------------- argument checks (PyTorch's types)
-def _who(kind, name) -> str:
-    return kind if name is None else f"{kind} {name!r}"
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def _integer(v, what, minimum=1) -> int:
-    """``v`` as an int >= ``minimum``; a float (4.5, or even 4.0), a bool or a string is an error,
-    as in PyTorch, rather than something to truncate."""
-    if not _is_int(v) or v < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
-def _pair(v, what, minimum=1) -> tuple[int, int]:
-    """An int, or a pair of ints, each >= ``minimum``, as ``(h, w)``."""
-    if _is_int(v) and v >= minimum:  # one number, checked once
-        return int(v), int(v)
-    pair = tuple(v) if isinstance(v, (tuple, list)) else ()
-    if len(pair) != 2 or not all(_is_int(p) and p >= minimum for p in pair):
-        raise ValueError(f"{what} must be an integer >= {minimum} or a pair of them, got {v!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def check_number(v, what, low=None, high=None, open_low=False, open_high=False, float32=False) -> float:
-    """``v`` as a float if it is a finite real number (not a bool, not a string) in the given range,
-    else a ValueError naming ``what``; the builder and :meth:`snlite.train.Model.step` use it.
-    ``float32``: the number is used in float32 (SGD's hyper-parameters), so it must also be in the
-    range there: 1e39 is inf in float32, 1e-50 is 0 and 0.99999999 is 1; and a number that is not 0
-    must not become 0 there (``momentum=1e-50`` would turn momentum off without a word). The float
-    returned is ``v`` itself either way (the device rounds it as before)."""
-    def fits(x) -> bool:
-        return math.isfinite(x) and (low is None or x > low or (x == low and not open_low)) \
-            and (high is None or x < high or (x == high and not open_high))
-
-    ok = (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-          and fits(v))
-    if ok and not float32:
-        return float(v)
-    if low is not None and high is not None:
-        rng = f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-    elif low is not None:
-        rng = f"a finite number {'>' if open_low else '>='} {low:g}"
-    else:
-        rng = "a finite number"
-    if not ok:
-        raise ValueError(f"{what} must be {rng}, got {v!r}")
-    with np.errstate(over="ignore", under="ignore"):
-        v32 = float(np.float32(v))
-    if not fits(v32) or (v32 == 0 and v != 0):
-        raise ValueError(f"{what} must be {rng} in float32, the precision training runs in; got {v!r}, which "
-                         f"float32 rounds to {v32!r}: use a number float32 holds in that range"
-                         + (" (0 only if it is 0)" if v32 == 0 else ""))
-    return float(v)
-
-
-def _pool_args(kind, name, kernel, stride, padding, ceil_mode) -> dict:
-    what = _who(kind, name)
-    kernel = _pair(kernel, f"{what}: kernel")
-    if not isinstance(ceil_mode, (bool, np.bool_)):
-        raise ValueError(f"{what}: ceil_mode must be True or False, got {ceil_mode!r}")
-    # floor mode is left out of the attributes: a floor-mode layer stays as it always was
-    return dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, f"{what}: stride"),
-                padding=_pair(padding, f"{what}: padding", 0), **({"ceil_mode": True} if ceil_mode else {}))

@@ -30,7 +30,8 @@ from snlite.checker import check
 from snlite.config import MemoryConfig
 from snlite.device import get_device
 from snlite.executor import Executor
-from snlite.graph import Graph, check_number
+from snlite.checks import check_number
+from snlite.graph import Graph
 from snlite.budget import smallest_budget
 from snlite.errors import BudgetError
 from snlite.pipeline import place
