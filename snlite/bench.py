@@ -32,6 +32,7 @@ from snlite import bench_host, bench_torch, offline
 from snlite.config import CHOICES, MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.pipeline import place, simulate
+from snlite.scheduler import Scheduler
 from snlite.search import min_budget
 from snlite.trace import trace_program
 
@@ -51,30 +52,47 @@ SCALING = (250, 500, 1000, 2500)
 
 def deep(units: int = 2500, batch: int = 1, scaling=SCALING) -> dict:
     """Build the graph of a ResNet of ``units`` bottleneck units (the paper's deepest run), then its
-    program (scheduler + placement) under the baseline and superneurons(), and read its trace; then
-    the superneurons() program's build time at each depth of ``scaling`` (it should grow linearly)."""
+    program under the baseline and superneurons(), phase by phase (the scheduler's plan, the
+    placement walk, the trace), each timed in wall and CPU seconds; then the superneurons() program's
+    build time at each depth of ``scaling`` (it should grow linearly)."""
     depth = 3 * units + 2
-    t0 = time.perf_counter()
+    clock = _Clock()
     g = resnet(depth, batch=batch)
     g.steps()
-    built = time.perf_counter() - t0
-    out = {"depth": depth, "layers": len(g.layers), "build_s": built}
+    out = {"depth": depth, "layers": len(g.layers), "build_s": clock.lap(), "build_cpu_s": clock.cpu}
     for label in ("baseline", "superneurons"):
-        t0 = time.perf_counter()
-        program = place(g, PRESETS[label])
-        t1 = time.perf_counter()
+        config = PRESETS[label]
+        plan = Scheduler(g, config).plan()
+        plan_s, plan_cpu = clock.lap(), clock.cpu
+        program = place(g, config, plan=plan)  # the program place(g, config) makes, its plan timed apart
+        place_s, place_cpu = clock.lap(), clock.cpu
         tr = trace_program(program, "paper")
-        out[label] = {"program_s": t1 - t0, "trace_s": time.perf_counter() - t1, "instructions": len(program),
-                      "peak_bytes": tr.peak_bytes, "l_peak_bytes": tr.l_peak_bytes, "steps": len(tr.steps)}
+        out[label] = {"plan_s": plan_s, "place_s": place_s, "program_s": plan_s + place_s,
+                      "trace_s": clock.lap(), "cpu_s": plan_cpu + place_cpu + clock.cpu,
+                      "instructions": len(program), "peak_bytes": tr.peak_bytes,
+                      "l_peak_bytes": tr.l_peak_bytes, "steps": len(tr.steps)}
     out["scaling"] = []
     for u in sorted({u for u in scaling if u < units} | {units}):
         graph = g if u == units else resnet(3 * u + 2, batch=batch)
         graph.steps()
-        t0 = time.perf_counter()
+        clock.lap()
         program = place(graph, PRESETS["superneurons"])
         out["scaling"].append({"units": u, "layers": len(graph.layers), "instructions": len(program),
-                               "program_s": time.perf_counter() - t0})
+                               "program_s": clock.lap()})
     return out
+
+
+class _Clock:
+    """Laps in wall seconds; ``cpu``: this process's CPU seconds over the last lap."""
+
+    def __init__(self):
+        self.wall, self.cpu_at, self.cpu = time.perf_counter(), time.process_time(), 0.0
+
+    def lap(self) -> float:
+        wall, cpu = time.perf_counter(), time.process_time()
+        lap, self.cpu = wall - self.wall, cpu - self.cpu_at
+        self.wall, self.cpu_at = wall, cpu
+        return lap
 
 
 # the planner's long commands, each timed whole (a fresh process, its start-up included) on one core,
@@ -246,19 +264,18 @@ def main(argv=None) -> int:
     if args.what == "deep":
         r = deep(args.units, args.batch)
         print(f"ResNet-{r['depth']} ({args.units} residual units, {r['layers']:,d} layers), "
-              f"batch {args.batch}: "
-              f"graph built in {r['build_s']:.2f} s")
+              f"batch {args.batch}: graph built in {r['build_s']:.2f} s")
+        print(f"  {'':13} {'plan':>6} {'placement':>10} {'trace':>6} {'instructions':>13} {'ops':>7} "
+              f"{'peak (paper count)':>19} {'l_peak':>10}")
         for label in ("baseline", "superneurons"):
             s = r[label]
-            print(f"  {label:13} program of {s['instructions']:,d} instructions ({s['steps']:,d} ops) "
-                  f"built in "
-                  f"{s['program_s']:.2f} s (scheduler + placement), traced in {s['trace_s']:.2f} s; peak "
-                  f"{s['peak_bytes'] / 2**20:,.1f} MiB (paper count), "
-                  f"l_peak {s['l_peak_bytes'] / 2**20:,.1f} MiB")
+            print(f"  {label:13} {s['plan_s']:5.2f}s {s['place_s']:9.2f}s {s['trace_s']:5.2f}s "
+                  f"{s['instructions']:13,d} {s['steps']:7,d} {s['peak_bytes'] / 2**20:15,.1f} MiB "
+                  f"{s['l_peak_bytes'] / 2**20:6,.1f} MiB")
         sn = r["superneurons"]
         total = r["build_s"] + sn["program_s"] + sn["trace_s"]
-        print(f"  superneurons(): graph + program + trace {total:.2f} s "
-              f"(the lean planner's target at 2,500 units: "
+        print(f"  superneurons(): graph + plan + placement + trace {total:.2f} s wall, "
+              f"{r['build_cpu_s'] + sn['cpu_s']:.2f} s CPU (the lean planner's target at 2,500 units: "
               f"3 s on one core)")
         print("superneurons() program build time by depth (linear in depth: ms per unit stays flat):")
         print(f"  {'units':>6} {'layers':>8} {'instructions':>13} {'seconds':>8} {'ms per unit':>12}")
