@@ -31,7 +31,7 @@ from snlite import liveness, offload, recompute
 from snlite.config import MemoryConfig
 from snlite.graph import TensorSpec
 from snlite.recompute import Op, base_name
-from snlite.records import record
+from snlite.records import record, without_cycle_collection
 
 # what lives the whole run, in the order the placement pass lays it out: the weight gradients last, so
 # that a grads program (no optimizer state) is a train program's prefix
@@ -282,19 +282,23 @@ class Scheduler:
 
     def plan(self) -> Plan:
         if self._plan is None:
-            classic = set(persistent_tensors(self.graph.tensors()))
-            persistent = self.persistent(classic)
-            ops, info = self.recompute.apply(self.graph, classic)  # its segment rule counts activations only
-            ops = self.update.apply(ops, self.graph)
-            frees = self.liveness.apply(ops, persistent, set(info.dropped))
-            if self.update.enabled and not self.liveness.enabled:
-                for i, grads in self.update.frees(ops).items():
-                    frees.setdefault(i, []).extend(grads)
-            transfers = self.offload.apply(ops, self.graph)
-            planned = _planned(ops, transfers, frees)
-            convs = frozenset(n for n, l in self.graph.layers.items() if l.kind == "conv2d")
-            self._plan = Plan(self.config, planned, info, transfers, convs, frozenset(persistent))
+            with without_cycle_collection():  # tens of thousands of ops, and no cycle among them
+                self._plan = self._build()
         return self._plan
+
+    def _build(self) -> Plan:
+        classic = set(persistent_tensors(self.graph.tensors()))
+        persistent = self.persistent(classic)
+        ops, info = self.recompute.apply(self.graph, classic)  # its segment rule counts activations only
+        ops = self.update.apply(ops, self.graph)
+        frees = self.liveness.apply(ops, persistent, set(info.dropped))
+        if self.update.enabled and not self.liveness.enabled:
+            for i, grads in self.update.frees(ops).items():
+                frees.setdefault(i, []).extend(grads)
+        transfers = self.offload.apply(ops, self.graph)
+        planned = _planned(ops, transfers, frees)
+        convs = frozenset(n for n, l in self.graph.layers.items() if l.kind == "conv2d")
+        return Plan(self.config, planned, info, transfers, convs, frozenset(persistent))
 
     def __str__(self) -> str:
         self.plan()
