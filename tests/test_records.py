@@ -1,0 +1,84 @@
+"""snlite.records: ``@record`` is a frozen slotted dataclass in every way a caller sees, and
+``without_cycle_collection`` hands the collector back as it found it, without leaving what the pass
+made for the youngest generation's next collection to scan."""
+import dataclasses
+import gc
+
+import pytest
+
+from snlite.records import record, without_cycle_collection
+
+
+@record
+class Move:
+    tensor: str
+    nbytes: int = 0
+    stream: str = "compute"
+
+
+def test_a_record_is_a_frozen_dataclass_with_slots():
+    m = Move("relu1", 4096)
+    assert (m.tensor, m.nbytes, m.stream) == ("relu1", 4096, "compute")
+    assert m == Move("relu1", 4096, "compute") and m != Move("relu1", 4096, "copy_out")
+    assert repr(m) == "Move(tensor='relu1', nbytes=4096, stream='compute')"
+    assert dataclasses.replace(m, stream="copy_out") == Move("relu1", 4096, "copy_out")
+    assert not hasattr(m, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.nbytes = 0
+    with pytest.raises(TypeError):
+        Move()  # tensor has no default
+
+
+def test_a_record_refuses_what_its_init_would_skip():
+    with pytest.raises(TypeError, match="no __post_init__"):
+        @record
+        class Checked:
+            x: int
+
+            def __post_init__(self):
+                pass
+
+
+@pytest.fixture
+def collector():
+    was = gc.isenabled()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+def test_the_collector_is_off_inside_and_as_it_was_after(collector):
+    gc.enable()
+    with without_cycle_collection():
+        assert not gc.isenabled()
+        with without_cycle_collection():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the inner pass leaves the outer one's state
+    assert gc.isenabled()
+    gc.disable()
+    with without_cycle_collection():
+        pass
+    assert not gc.isenabled()
+
+
+def test_what_a_pass_made_is_not_scanned_as_it_ends(collector):
+    gc.enable()
+    gc.collect()
+    runs = [g["collections"] for g in gc.get_stats()]
+    with without_cycle_collection():
+        made = [[i] for i in range(20_000)]  # tracked objects, all still held after the pass
+    assert [g["collections"] for g in gc.get_stats()] == runs  # no collection ran at the end of the pass
+    assert gc.get_count()[0] < gc.get_threshold()[0]  # nor is one due
+    assert gc.is_tracked(made[0]) and len(made) == 20_000
+
+
+def test_objects_the_program_froze_stay_frozen(collector):
+    gc.enable()
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with without_cycle_collection():
+            made = [[i] for i in range(1_000)]
+        assert gc.get_freeze_count() == frozen and gc.isenabled() and made
+    finally:
+        gc.unfreeze()
