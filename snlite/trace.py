@@ -15,6 +15,7 @@ one buffer; dropout's backward writes its own dx; dropout saves no mask), no wor
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -182,6 +183,15 @@ class _About(NamedTuple):
     in_working_set: bool  # its bytes count in an op's working set (l_i): not persistent, and counted
 
 
+def _about(cats, spec: tuple) -> _About:
+    """What the trace needs to know of a tensor of ``spec`` under the count's categories ``cats``."""
+    shape, dtype, kind = spec
+    category = KIND_CATEGORY[kind]
+    own = None if cats is None or shape is None else math.prod(shape) * _ITEMSIZE[dtype]
+    counted_here = cats is None or category in cats
+    return _About(kind, category, own, kind not in PERSISTENT_KINDS and counted_here)
+
+
 def _trace_program(program, count: str) -> Trace:
     reader = _Reader(program, count)
     handlers = {Launch: reader.launch, Alloc: reader.alloc, Free: reader.free, HandOver: reader.hand_over,
@@ -214,7 +224,7 @@ class _Reader:
         self.cats = PAPER_CATEGORIES if count == "paper" else None
         # tensor -> what the trace needs to know of it, worked out once per (shape, dtype, kind): deep nets
         # repeat a few of those thousands of times
-        self.about = _ByName(tensors, _Memo(self._about))
+        self.about = _ByName(tensors, _Memo(functools.partial(_about, self.cats)))  # (not self's: no cycle)
         self.device = dict.fromkeys(CATEGORIES, 0)
         # the categories the count counts, and their bytes now: kept as the bytes move, so that each
         # op's total is a read, not a sum
@@ -228,13 +238,6 @@ class _Reader:
         self.log_bytes: list[int] = []
         self.peak_log = 0  # how much of the log led up to the peak
         self.body = False
-
-    def _about(self, spec: tuple) -> "_About":
-        shape, dtype, kind = spec
-        category, cats = KIND_CATEGORY[kind], self.cats
-        own = None if cats is None or shape is None else math.prod(shape) * _ITEMSIZE[dtype]
-        counted_here = cats is None or category in cats
-        return _About(kind, category, own, kind not in PERSISTENT_KINDS and counted_here)
 
     def launch(self, ins) -> None:
         """An op's busiest moment: its inputs, outputs and workspace held; one StepRecord."""

@@ -148,9 +148,6 @@ class _Validator:
         self.live: dict[tuple, tuple] = {}  # (space, tensor) -> (offset, nbytes); device space: arena or raw
         self.handles: dict[int, str] = {}  # raw handle -> the tensor holding it
         self.at = None
-        self._handlers = {Alloc: self._alloc, Free: self._free, HandOver: self._hand_over, Copy: self._copy,
-                          Record: self._event, Wait: self._event, HostWait: self._event,
-                          HostWrite: self._host, HostRead: self._host, Launch: self._launch}
 
     def fail(self, what: str):
         part, i, ins = self.at
@@ -168,7 +165,7 @@ class _Validator:
             value = getattr(ins, name)
             if not isinstance(value, types) or (value.__class__ is bool):
                 self.fail(f"{name} is {value!r}, which should be {' or '.join(t.__name__ for t in types)}")
-        handler(ins)
+        handler(self, ins)
 
     # ------------------------------------------------------------ names and sizes
     def bytes_of(self, name: str) -> int | None:
@@ -337,6 +334,10 @@ class _Validator:
         elif largest:
             self.fail(f"the conv algorithms need a workspace of {largest:,d} bytes, but the "
                       "launch names none")
+
+    # each instruction's check, as plain functions (bound methods held by the pass would make a cycle)
+    _handlers = {Alloc: _alloc, Free: _free, HandOver: _hand_over, Copy: _copy, Record: _event, Wait: _event,
+                 HostWait: _event, HostWrite: _host, HostRead: _host, Launch: _launch}
 
 
 def _is_int(v) -> bool:

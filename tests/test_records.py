@@ -82,3 +82,41 @@ def test_objects_the_program_froze_stay_frozen(collector):
         assert gc.get_freeze_count() == frozen and gc.isenabled() and made
     finally:
         gc.unfreeze()
+
+
+def test_the_planning_passes_leave_no_reference_cycle(collector):
+    """What without_cycle_collection relies on: every object a pass makes is freed by reference
+    counting alone (a cycle would wait for the collector's next full collection: the trace's reader
+    once held its own bound method, the validator a dict of its bound methods)."""
+    from nets import mixed_net
+    from snlite import checker, search, timing
+    from snlite.config import MemoryConfig
+    from snlite.pipeline import place, probe
+    from snlite.trace import trace_program
+
+    def passes():
+        g = mixed_net()
+        for config in (MemoryConfig(), MemoryConfig.superneurons(),  # (the cache's second placement)
+                       MemoryConfig(liveness=True, offload=True, schedule="H200"),  # retimed copies
+                       MemoryConfig.superneurons().replace(fit="offline")):
+            program = place(g, config)
+            trace_program(program, "all")
+            trace_program(program, "paper")
+            checker.find_races(program, graph=g)
+            timing.estimate(program, g)
+        least = search.min_budget(g, MemoryConfig.superneurons()).budget_bytes
+        assert probe(g, MemoryConfig.superneurons().replace(budget_bytes=least)) is not None
+
+    gc.disable()
+    passes()  # once for what only a first use makes (imports, caches)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        passes()
+        gc.collect()
+        left = sorted({type(o).__qualname__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.collect()
+    assert not left, f"the passes left objects in reference cycles: {left}"
