@@ -47,8 +47,10 @@ def without_cycle_collection():
     """Python's cycle collector off for a pass that makes hundreds of thousands of small objects and
     no reference cycles: it would rescan them again and again (a fifth of the time on deep nets).
     Reference counting still frees everything; the collector's previous state comes back after.
-    What the pass made and still holds then goes to the collector's oldest generation unscanned
-    (``gc.freeze`` then ``gc.unfreeze``), unless the program froze objects of its own."""
+    As the collector comes back on, every object it tracks (what the pass made and still holds, say a
+    program of 300,000 instructions) goes to its oldest generation unscanned (``gc.freeze`` then
+    ``gc.unfreeze``), unless the program froze objects of its own: the passes leave no reference cycle
+    (tests/test_records.py), so there is nothing among them for a collection to free."""
     was = gc.isenabled()
     gc.disable()
     try:
