@@ -6,7 +6,12 @@ import gc
 
 import pytest
 
+from nets import mixed_net
+from snlite import checker, search, timing
+from snlite.config import MemoryConfig
+from snlite.pipeline import place, probe
 from snlite.records import record, without_cycle_collection
+from snlite.trace import trace_program
 
 
 @record
@@ -88,12 +93,6 @@ def test_the_planning_passes_leave_no_reference_cycle(collector):
     """What without_cycle_collection relies on: every object a pass makes is freed by reference
     counting alone (a cycle would wait for the collector's next full collection: the trace's reader
     once held its own bound method, the validator a dict of its bound methods)."""
-    from nets import mixed_net
-    from snlite import checker, search, timing
-    from snlite.config import MemoryConfig
-    from snlite.pipeline import place, probe
-    from snlite.trace import trace_program
-
     def passes():
         g = mixed_net()
         for config in (MemoryConfig(), MemoryConfig.superneurons(),  # (the cache's second placement)
