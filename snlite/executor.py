@@ -25,6 +25,7 @@ import contextlib
 
 import numpy as np
 
+from snlite.audit import Audit
 from snlite.layers import StepIO
 from snlite.program import STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
     Record, Wait
@@ -65,6 +66,7 @@ class Executor:
         self.launch_bytes: dict[str, list[int]] = {}
         self.layer_index = {name: i for i, name in enumerate(graph.layers)}
         self.profile = False
+        self.audit = False  # on: every launch is checked to touch only what it names (snlite.audit)
         self.stream_events: dict[str, list[dict]] = {}  # program mode -> its last profiled run
         self.host_views: dict[str, object] = {}  # persistent tensors that live in the pinned slab (momentum)
         # the device views of persistent tensors: a program whose body allocates and frees one of them
@@ -74,6 +76,7 @@ class Executor:
         self._spans: list = []
         # (space, tensor) -> (offset or handle, nbytes) of its allocation
         self.placed: dict[tuple, tuple] = {}
+        self._audit = Audit(self.arena, self.placed)
 
     def install(self, program) -> None:
         """Place the persistent tensors (weights, buffers, momentum, gradients) a program's setup
@@ -219,6 +222,14 @@ class Executor:
             self.results[ins.tensor] = self.device.host_read(self._slab_view(ins, ins.offset))
 
     def _launch(self, ins) -> None:
+        if not self.audit:
+            self._run_launch(ins)
+            return
+        problem = self._audit.launch(ins, lambda: self._run_launch(ins))
+        if problem:
+            raise _Mismatch(problem)
+
+    def _run_launch(self, ins) -> None:
         if ins.phase == "update":
             if ins.op >= 0:  # an update inside backward: an op of the plan
                 self._launched.append(self.in_use_bytes)

@@ -28,7 +28,7 @@ from snlite import anomaly, arguments
 from snlite.anomaly import NonFiniteError
 from snlite.checker import check
 from snlite.config import MemoryConfig
-from snlite.device import get_device
+from snlite.device import HostDevice, get_device
 from snlite.executor import Executor
 from snlite.checks import check_number
 from snlite.graph import Graph
@@ -105,6 +105,8 @@ class Model:
                       max(p.slab_bytes for p in self.programs.values()))
         for program in self.programs.values():
             ex.install(program)
+        if hasattr(self, "executor"):  # the one it replaces: its switches carry over
+            ex.profile, ex.audit = self.executor.profile, self.executor.audit
         self.executor = ex
         if keep:
             self._write(keep)
@@ -271,6 +273,26 @@ class Model:
     @profile.setter
     def profile(self, on: bool) -> None:
         self.executor.profile = bool(on)
+
+    @property
+    def audit(self) -> bool:
+        """Check, around every launch of the next iterations, that its kernels touch only the tensors
+        the launch names, which is all the race checker sees (:mod:`snlite.audit`; the host device
+        only). Slow: the device memory is poisoned and compared around each launch."""
+        return self.executor.audit
+
+    @audit.setter
+    def audit(self, on: bool) -> None:
+        if on and type(self.device) is not HostDevice:
+            raise ValueError(f"the access audit runs on the host device, which runs each launch as it is "
+                             f"issued and holds its memory in NumPy arrays; this model runs on "
+                             f"{self.device.name!r} ({type(self.device).__name__}): "
+                             "use Model(..., device='host')")
+        if on and self.config.allocator == "raw":
+            raise ValueError("the access audit watches the arena, and the raw allocator has none (each "
+                             "tensor its own buffer): audit under allocator='pool', whose launches name "
+                             "the same tensors")
+        self.executor.audit = bool(on)
 
     @property
     def stream_events(self) -> list[dict]:
