@@ -1,6 +1,8 @@
 """The GPU time model: CUDA's stream rules on hand-made programs with hand-computed times, the model on
 real programs, and the time-aware schedule (snlite.overlap, the cache's write-behind) hiding copies
 without raising the peak."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,18 @@ def test_a_copy_overlaps_the_next_kernel_unless_compute_waits_for_it():
     assert serialized.exposed_ms == pytest.approx(3.0) and serialized.overlap == pytest.approx(0.0)
     assert [(s, a, b) for s, a, b, _, _ in serialized.spans] == [("compute", 0, 2), ("copy_out", 2, 5),
                                                                  ("compute", 5, 7)]
+
+
+def test_a_copy_pays_the_links_latency_before_its_bytes():
+    slow_start = dataclasses.replace(EXACT, copy_latency_us=500.0)
+    serialized = timing.estimate(
+        tiny(SLOT, A, Record("r", "compute"), Wait("r", "copy_out"), COPY_X, Record("c", "copy_out"),
+             Wait("c", "compute"), B, Record("end", "compute"), HostWait("end")),
+        None, slow_start, kernel_ms=lambda ins: (TWO_MS[ins.layer], 1))
+    assert [(s, a, b) for s, a, b, _, _ in serialized.spans] == [("compute", 0, 2), ("copy_out", 2, 5.5),
+                                                                 ("compute", 5.5, 7.5)]
+    k40 = timing.PROFILES["K40"]  # 10 GB/s, 15 us a copy
+    assert timing.copy_ms(k40, 10**9, to_host=True) == pytest.approx(100.015)
 
 
 def test_without_a_ready_wait_the_copy_starts_at_once_and_the_host_pays_for_launches():
