@@ -16,7 +16,8 @@ together on real data: with ``Model.audit`` on, on the host device, around every
 
 A kernel that reads a tensor its launch does not name reads the poison, so its results are NaN or
 differ: a training run audited gives the same losses and weights, bit for bit, as one that is not
-(``tests/test_audit.py`` checks every flag combination, and plants both kinds of omission).
+(``tests/test_audit.py`` checks a sample of the flag combinations, offline placement, a budget
+that makes the cache move data and the presets, and plants both kinds of omission).
 
 The audit needs a device that runs work as it is issued, with its memory in NumPy arrays: the host
 device (not the adversarial one, which defers work, nor the meta device, which holds no data), and a
