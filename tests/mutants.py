@@ -92,6 +92,12 @@ MUTANTS = (
            ("tests/test_timing.py",)),
     Mutant("snlite/timing.py", "    return prof.copy_latency_us * 1e-3 + nbytes / (bw * 1e6)",
            "    return nbytes / (bw * 1e6)", "copies cost no latency", ("tests/test_timing.py",)),
+    # what a user is told
+    Mutant("snlite/train.py", "        return float(np.mean(logits.argmax(axis=1) == labels))",
+           "        return float(np.mean(logits.argmax(axis=1)[1:] == labels[1:]))",
+           "evaluate's accuracy leaves out the first sample", ("tests/test_train.py",)),
+    Mutant("snlite/arguments.py", "bad |= ~np.isfinite(a) | (a != np.round(a))", "bad |= ~np.isfinite(a)",
+           "a label of 2.7 truncated to class 2 instead of refused", ("tests/test_train.py",)),
     # decisions
     Mutant("snlite/pipeline.py", 'states = ("device", "host")', 'states = ("host", "device")',
            'optimizer_state="auto" sends the momentum to the host where the device fits',

@@ -192,7 +192,7 @@ def test_predict_and_evaluate_fail_clearly_or_match_the_reference(samples, poiso
         _clear(e)
         return
     assert (poison is None or samples == 0) and (labels == "good" or samples == 0 and labels != "none")
-    assert samples == 0 or 0.0 <= acc <= 1.0
+    assert samples == 0 or acc == np.mean(logits.argmax(axis=1) == y)  # the share of right answers
 
 
 def test_the_fuzz_strategies_reach_both_outcomes():

@@ -361,4 +361,9 @@ def test_logits_pooled_by_a_convolution_come_back_as_samples_by_classes():
     assert logits.shape == (7, 5)
     _, step_logits = model.step(x[:3], np.array([0, 1, 4]), return_logits=True)
     assert step_logits.shape == (3, 5)
-    assert model.evaluate(x[:3], np.argmax(logits[:3], axis=1)) == 1.0
+    right = np.argmax(logits[:3], axis=1)
+    assert model.evaluate(x[:3], right) == 1.0
+    for wrong in range(3):  # each sample counts: one label off, two of three right
+        labels = right.copy()
+        labels[wrong] = (labels[wrong] + 1) % 5
+        assert model.evaluate(x[:3], labels) == pytest.approx(2 / 3)
