@@ -40,6 +40,10 @@ class Mutant(NamedTuple):
 
 MUTANTS = (
     # the program's waits and the walk's bookkeeping
+    Mutant("snlite/checker.py", "races = find_races(program, iterations, graph=graph)",
+           "races = find_races(program, 1, graph=graph)",
+           "check() looks at one iteration: work left running into the next is not seen",
+           ("tests/test_checker.py",)),
     Mutant("snlite/copies.py", '            self.out.append(Wait(event, COMPUTE, "release"))',
            "            pass", "a block freed while a copy may still read it (the release wait deleted)",
            ("tests/test_checker.py",)),

@@ -85,6 +85,8 @@ def test_two_iterations_catch_work_left_running_at_the_end():
     assert find_races(tiny(*body), iterations=1) == []
     races = find_races(tiny(*body), iterations=2)
     assert races and {r.second.at[0] for r in races} == {1}, "the race is with the second iteration"
+    with pytest.raises(RaceError):  # what check() and snlite check run: two iterations by default
+        check(tiny(*body))
 
 
 def test_malformed_programs_are_program_errors():
