@@ -309,8 +309,9 @@ class Scheduler:
 
 def validate(plan: Plan, persistent) -> None:
     """Walk a plan on plain data and raise PlanError-style ValueError if any op reads a tensor
-    that is not resident then (written earlier, not freed, released or still on the host).
-    The LRU cache's moves are decided by the placement pass, which checks those op by op."""
+    that is not resident then (written earlier, not freed, released or still on the host), or
+    frees one it does not hold (one an in-place write took over, say). The LRU cache's moves are
+    decided by the placement pass, which checks those op by op."""
     resident: set[str] = set(persistent)
     on_host: set[str] = set()
     for p in plan.ops:
@@ -330,5 +331,10 @@ def validate(plan: Plan, persistent) -> None:
         for new, old in op.inplace:
             resident.discard(old)
         resident.update(op.writes)
+        gone = [t for t in p.frees if t not in resident]
+        if gone:
+            raise ValueError(f"op {op.index} ({op.layer} {op.phase}, step {op.step}) frees {gone}, which "
+                             f"{'it does' if len(gone) == 1 else 'they do'} not hold (handed over in place, "
+                             "freed before or on the host)")
         for t in p.frees:
             resident.discard(t)

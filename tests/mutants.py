@@ -102,6 +102,11 @@ MUTANTS = (
            "evaluate's accuracy leaves out the first sample", ("tests/test_train.py",)),
     Mutant("snlite/arguments.py", "bad |= ~np.isfinite(a) | (a != np.round(a))", "bad |= ~np.isfinite(a)",
            "a label of 2.7 truncated to class 2 instead of refused", ("tests/test_train.py",)),
+    # the plan
+    Mutant("snlite/scheduler.py",
+           "handed = {i: {old for _, old in op.inplace} for i, op in enumerate(ops) if op.inplace}",
+           "handed = {}", "liveness frees a tensor at the op whose in-place write took its block over",
+           ("tests/test_executor.py",)),
     # decisions
     Mutant("snlite/pipeline.py", 'states = ("device", "host")', 'states = ("host", "device")',
            'optimizer_state="auto" sends the momentum to the host where the device fits',
