@@ -87,21 +87,29 @@ class MeasuredCosts:
         return ms if ms is not None else self.fallback.estimate(layer, op, algo, chunk)
 
 
-def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:
-    """Every (algorithm, chunk) for this conv step, fastest first (ties: less workspace first).
-    Direct is one candidate (no workspace), and for backward-filter also one per chunk > 1 (its
-    split version keeps the chunk's partial sums). im2col runs groups=1 only: a grouped convolution's
-    candidates are the direct ones."""
-    n = layer.in_shapes[0][0]
-    chunks, k = [], n
+DIRECT = ("direct", 1)  # the algorithm without workspace: what mode "none" runs
+
+
+def options(batch: int, groups: int, op: str) -> list[tuple[str, int]]:
+    """Every (algorithm, chunk) a conv step over ``batch`` images can run, :data:`DIRECT` first:
+    im2col over chunks of k images (k = batch, batch/2, ..., 1; groups=1 only: a grouped
+    convolution's candidates are the direct ones), and for backward-filter the direct algorithm
+    split over chunks of k > 1 images (it keeps the chunk's partial sums)."""
+    chunks, k = [], batch
     while k >= 1:
         chunks.append(k)
         k //= 2
-    options = [("direct", 1)] + [("im2col", c) for c in chunks if layer.groups == 1]
+    out = [DIRECT] + [("im2col", c) for c in chunks if groups == 1]
     if op == "backward_filter":
-        options += [("direct", c) for c in chunks if c > 1]
+        out += [("direct", c) for c in chunks if c > 1]
+    return out
+
+
+def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:
+    """Every (algorithm, chunk) of :func:`options` for this conv step, with its workspace and its
+    estimated time, fastest first (ties: less workspace first)."""
     out = [Choice(algo, c, layer.workspace_bytes(op, algo, c), model.estimate(layer, op, algo, c))
-           for algo, c in options]
+           for algo, c in options(layer.in_shapes[0][0], layer.groups, op)]
     return sorted(out, key=lambda c: (c.est_ms, c.workspace_bytes))
 
 
@@ -109,12 +117,13 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
            ranked: list[Choice] | None = None) -> Choice:
     """The algorithm for one conv step under ``mode``; ``largest_free_bytes`` is the pool's
     largest free block now (None: unlimited). ``ranked``: ``candidates(layer, op, model)``, if the
-    caller already has them (the placement pass asks thousands of times)."""
+    caller already has them (the placement pass asks thousands of times). Mode "none" ranks
+    nothing: it runs :data:`DIRECT`, whatever the others cost."""
     if mode not in MODES:
         raise ValueError(f"unknown workspace mode {mode!r}; choose one of {MODES}")
-    ranked = candidates(layer, op, model) if ranked is None else ranked
     if mode == "none":
-        return next(c for c in ranked if c.algo == "direct" and c.workspace_bytes == 0)
+        return Choice(*DIRECT, 0, model.estimate(layer, op, *DIRECT))
+    ranked = candidates(layer, op, model) if ranked is None else ranked
     if mode == "fastest" or largest_free_bytes is None:
         return ranked[0]
     for c in ranked:  # fastest first; direct needs no workspace, so one always fits
@@ -122,7 +131,13 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
             return c
 
 
-CONV_OPS = ("forward", "backward_data", "backward_filter")
+@functools.lru_cache(maxsize=4096)
+def _largest_workspace(key: tuple, op: str) -> int:
+    """The most workspace any of :func:`options` needs for a conv of ``key`` (:func:`conv_key`): no
+    time estimated (what the arena's upper bound asks, whatever the mode)."""
+    x_shape, w_shape, stride, padding, groups = key
+    return max(conv_kernels.workspace_bytes(op, algo, x_shape, w_shape, stride, padding, c, groups=groups)
+               for algo, c in options(x_shape[0], groups, op))
 
 
 _SHARED: dict = {}  # cost model -> {(conv key, op): candidates}: every placement of a search asks again
@@ -147,15 +162,18 @@ class Ranked:
             self.memo[key] = candidates(layer, op, self.model)
         return self.memo[key]
 
-    def largest_workspace(self, graph) -> int:
+    @staticmethod
+    def largest_workspace(graph) -> int:
         """The most workspace any conv step of ``graph`` could ask for (an unlimited arena holds it)."""
-        return max((c.workspace_bytes for layer in graph.layers.values() if layer.kind == "conv2d"
-                    for op in CONV_OPS for c in self(layer, op)), default=0)
+        return max((_largest_workspace(conv_key(layer), op) for layer in graph.layers.values()
+                    if layer.kind == "conv2d" for op in CONV_OPS), default=0)
 
     def step(self, layer, phase: str, mode: str, largest_free_bytes: int) -> tuple[tuple, int]:
         """One conv step's choices: ``((op, algo, chunk, workspace bytes), ...)`` for each conv op the
         step runs (a recomputation re-runs forward), and the workspace the step needs (their largest)."""
         ops = ("forward",) if phase in ("forward", "recompute") else ("backward_filter", "backward_data")
+        if mode == "none":  # direct, no workspace: nothing to rank
+            return tuple((op, *DIRECT, 0) for op in ops), 0
         choices = [(op, choose(layer, op, mode, largest_free_bytes, self.model, self(layer, op)))
                    for op in ops]
         return tuple((op, c.algo, c.chunk, c.workspace_bytes) for op, c in choices), \

@@ -3,7 +3,7 @@ only ever lower the peak; budgets (device and pinned host) fail before anything 
 the arena and the pinned slab are the programs' high-water marks."""
 import pytest
 
-from nets import mixed_net
+from nets import grouped_net, mixed_net
 from snlite.config import MemoryConfig
 from snlite.device import MetaDevice
 from snlite.models import get_model
@@ -75,6 +75,30 @@ def test_workspace_modes():
     assert chosen != best, "a tight pool must force a smaller workspace somewhere"
     launches = [i for i in place(g, tight).body if type(i) is Launch and i.convs]
     assert all(i.workspace is None or i.workspace.endswith(".workspace") for i in launches)
+
+
+@pytest.mark.parametrize("name", ["alexnet", "inception_v4", "grouped"])
+def test_mode_none_and_the_arena_bound_rank_nothing_and_agree_with_the_ranking(name):
+    """Mode "none" runs the direct algorithm without ranking the candidates, and the arena's upper
+    bound takes the largest workspace without estimating a time: both must be what the full ranking
+    says (the direct candidate without workspace; the largest workspace of any candidate)."""
+    from snlite import workspace as ws
+
+    g = grouped_net(n=6) if name == "grouped" else get_model(name, batch=6)
+    convs = [layer for layer in g.layers.values() if layer.kind == "conv2d"]
+    assert any(layer.groups > 1 for layer in convs) == (name == "grouped")
+    ranked = ws.Ranked(ws.CostModel())
+    for layer in convs:
+        for op in ws.CONV_OPS:
+            every = ws.candidates(layer, op)
+            direct = next(c for c in every if c.algo == "direct" and c.workspace_bytes == 0)
+            assert ws.choose(layer, op, "none", 123) == direct
+            assert ranked.step(layer, "backward" if op != "forward" else "forward", "none", 0)[0] == tuple(
+                (o, "direct", 1, 0) for o in (("forward",) if op == "forward" else
+                                              ("backward_filter", "backward_data")))
+            assert ws._largest_workspace(ws.conv_key(layer), op) == max(c.workspace_bytes for c in every)
+    assert ranked.largest_workspace(g) == max(c.workspace_bytes for layer in convs for op in ws.CONV_OPS
+                                              for c in ws.candidates(layer, op)) > 0
 
 
 @pytest.mark.parametrize("name", ["lenet", "alexnet", "vgg16", "resnet50", "resnet101", "resnet152",
