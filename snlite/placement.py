@@ -79,8 +79,9 @@ class Placer(Residency):
             if config.optimizer_state == "host" else set()
         self.state_out: list[Tensor] = []  # momentum copied back to the host, its device block freed next op
         placed = persistent_tensors(specs, without_grads=self.in_backward or mode == "infer")
-        self.persistent = [n for n in placed if n not in self.host_state]
-        self.persistent_set = set(self.persistent) | self.host_state
+        self.persistent = [n for n in placed if n not in self.host_state]  # on the device all iteration
+        self.fixed = frozenset(self.persistent)  # never move: no state to keep, nothing to lock
+        self.persistent_set = self.fixed | self.host_state
         self.dropped = set(plan.recompute.dropped)
         self.evictable = {n for n, t in specs.items() if t.kind in EVICTABLE_KINDS}
         self.nbytes = {n: t.nbytes for n, t in specs.items()}
@@ -140,12 +141,9 @@ class Placer(Residency):
         except PoolFullError as e:
             live = [(name, self.nbytes[name]) for name, _ in self.pool.allocations().values()]
             raise BudgetError(self._budget_message(e.name, "setup", e, live)) from None
-        setup = []
-        for name, offset in zip(self.persistent, offsets):
-            t = self.tensors[name] = Tensor(name, self.nbytes[name], self.kinds[name], State.ON_DEVICE,
-                                            offset)
-            setup.append(Alloc(name, self.emit.space, offset, self.reserved(t.nbytes),
-                               COMPUTE if self.raw else None))
+        space, stream = self.emit.space, COMPUTE if self.raw else None
+        setup = [Alloc(name, space, offset, self.reserved(self.nbytes[name]), stream)
+                 for name, offset in zip(self.persistent, offsets)]
         # momentum waiting in the slab, before the staging area
         for name, offset in self.layout.state.items():
             self.tensors[name] = Tensor(name, self.nbytes[name], "optimizer", State.ON_HOST,
@@ -272,15 +270,17 @@ class Placer(Residency):
     def _resident(self, op) -> list[Tensor]:
         """Lock what the op reads and writes (weights never move: nothing to lock), make its reads
         readable (a cache hit, or a fetch), allocate its writes; returns the locked tensors."""
-        tensors, persistent, cache = self.tensors, self.persistent_set, self.config.cache
+        tensors, fixed, persistent, cache = self.tensors, self.fixed, self.persistent_set, self.config.cache
         on_device = State.ON_DEVICE  # looked up once: an enum member is a class attribute, slow to reach
         touched = []
         for name in dict.fromkeys((*op.reads, *op.writes)):  # in order: not hashing's
-            if name not in persistent or name in self.host_state:
+            if name not in fixed:
                 t = tensors.get(name) or self._tensor(name)
                 t.locked = True
                 touched.append(t)
         for name in op.reads:
+            if name in fixed:
+                continue
             t = tensors[name]
             if t.state is on_device:  # the common case, without a call: a hit if the cache holds it
                 if cache and name not in persistent and self.lru.touch(name):  # (it never holds weights)
@@ -289,6 +289,8 @@ class Placer(Residency):
             self._make_readable(t, op.step)
         handed = {new for new, _ in op.inplace} if op.inplace else ()  # written into another's buffer
         for name in op.writes:
+            if name in fixed:
+                continue
             t = tensors[name]
             if name not in handed:
                 if t.state is not on_device:

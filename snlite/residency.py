@@ -49,7 +49,8 @@ class Residency:
                 victim = self.config.cache and choose_victim(
                     self.lru, self.tensors, self.planned_evictions.get(self.op_index), self.behind_in_flight)
                 if not victim:
-                    live = [(x.name, x.nbytes) for x in self.tensors.values() if x.resident]
+                    live = [(n, self.nbytes[n]) for n in self.persistent]  # then the rest, in the order made
+                    live += [(x.name, x.nbytes) for x in self.tensors.values() if x.resident]
                     raise BudgetError(self._budget_message(t.name, step, e, live)) from None
                 self._evict(victim)
         self.out.append(Alloc(t.name, self.emit.space, offset, self.reserved(nbytes),
