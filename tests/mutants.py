@@ -114,6 +114,10 @@ MUTANTS = (
     Mutant("snlite/workspace.py", "        if c.workspace_bytes <= largest_free_bytes:\n            return c",
            "        if c.workspace_bytes < largest_free_bytes:\n            return c",
            "the dynamic workspace refuses a block it would fill exactly", ("tests/test_placement.py",)),
+    Mutant("snlite/placement.py",
+           "            if t.state is State.ON_HOST and self.pool.can_fit(max(t.nbytes, 1)):",
+           "            if t.state is State.ON_HOST:",
+           "a read-ahead fetch evicts to make room for itself", ("tests/test_moves.py",)),
 )
 
 

@@ -87,3 +87,50 @@ def test_a_deep_net_at_its_smallest_budget_leaves_nothing_held(config):
     assert m["clean"] > 0
     if config.recompute == "memory":
         assert m["handed"] > 0, "a gradient back from the host must be taken over in place here"
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.6])
+def test_a_read_ahead_starts_only_where_its_block_fits_and_never_evicts(fraction, monkeypatch):
+    """The cache's second placement fetches ahead of need only where the block fits as things stand
+    (snlite.placement.Placer._read_ahead): a read-ahead that evicted to make room would move more bytes
+    for an earlier start, which the time-aware placement then refuses whole. ResNet-50 at batch 8 under
+    superneurons(), half and 60% of its arena, its first placement's evictions and fetches retimed for
+    the H200: read-aheads start, some wait for room, and none evicts."""
+    from snlite import overlap, placement, pipeline, timing
+
+    seen = {"fetched": 0, "waited": 0, "evicted": 0, "evicted_ahead": 0}
+    read_ahead, evict = placement.Placer._read_ahead, placement.Placer._evict
+
+    def counted_read_ahead(self, op):
+        self.ahead_now, before = True, self.stats["cache_misses"]
+        try:
+            read_ahead(self, op)
+        except BudgetError:
+            seen["evicted_ahead"] += 1  # nothing left to evict for it: it made room by force
+            raise
+        finally:
+            self.ahead_now = False
+        seen["fetched"] += self.stats["cache_misses"] - before
+        seen["waited"] += len(self._ready)
+
+    def counted_evict(self, t):
+        seen["evicted_ahead" if getattr(self, "ahead_now", False) else "evicted"] += 1
+        evict(self, t)
+
+    g = get_model("resnet50", batch=8)
+    config = MemoryConfig.superneurons()
+    config = config.replace(budget_bytes=int(place(g, config).arena_bytes * fraction) // 1024 * 1024)
+    job, first = pipeline._first(g, config, "train", None, None, True)
+    start = timing.op_starts(first.program, g, config.schedule, len(job.plan.ops))
+    nbytes = {n: t.nbytes for n, t in job.specs.items()}
+    link = timing.profile(config.schedule)
+    hints = overlap.cache_hints(first.evictions, first.fetches, start, nbytes, link)[0]  # the read-aheads
+    monkeypatch.setattr(placement.Placer, "_read_ahead", counted_read_ahead)
+    monkeypatch.setattr(placement.Placer, "_evict", counted_evict)
+    try:
+        placement.walk(g, job.config, job.plan, job.specs, job.costs, job.mode, hints)
+    except BudgetError:
+        pass  # an earlier fetch can leave a later op short: the pipeline then keeps the first placement
+    assert seen["evicted_ahead"] == 0, f"a read-ahead evicted to make room: {seen}"
+    assert seen["fetched"] > 10 and seen["waited"] > 0 and seen["evicted"] > 10, \
+        f"the read-aheads must start, and at least one must wait for room: {seen}"
