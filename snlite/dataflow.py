@@ -93,8 +93,7 @@ def check_dataflow(program, iterations: int = 2) -> None:
     for it in range(iterations):
         held, updated = set(lasting), set()
         for i, ins in enumerate(program.body):
-            where = f"body #{i} ({ins})" + (f", iteration {it + 1}" if it else "")
-            _step(ins, held, slab, kind, updated, where)
+            _step(ins, held, slab, kind, updated, (i, ins, it))
         at = f"at the end of iteration {it + 1}"
         stale = [t for o, t in kept.items() if slab.get(o) != t]
         if stale:
@@ -123,16 +122,23 @@ def _check_results(program) -> None:
         raise DataflowError(f"the {program.mode} program never gives the host its loss ({losses[0]})")
 
 
-def _need(name: str, held: set, what: str, where: str) -> None:
+def _where(at: tuple) -> str:
+    """Where body instruction ``at`` = (index, instruction, iteration) is, for a message: written only
+    when one is raised (an instruction's text formats its sizes, and the check visits each one twice)."""
+    i, ins, it = at
+    return f"body #{i} ({ins})" + (f", iteration {it + 1}" if it else "")
+
+
+def _need(name: str, held: set, what: str, at: tuple) -> None:
     if name not in held:
-        raise DataflowError(f"{where}: {what} {name}, whose value was never written in this iteration (a "
-                            "kernel or copy that writes it is missing, or comes later)")
+        raise DataflowError(f"{_where(at)}: {what} {name}, whose value was never written in this iteration "
+                            "(a kernel or copy that writes it is missing, or comes later)")
 
 
-def _step(ins, held, slab, kind, updated, where) -> None:
+def _step(ins, held, slab, kind, updated, at) -> None:
     t = type(ins)
     if t is Launch:
-        _launch(ins, held, slab, kind, updated, where)
+        _launch(ins, held, slab, kind, updated, at)
     elif t is Copy:  # a copy carries a value if its source holds one; a copy of nothing leaves nothing
         if ins.to_host:
             if ins.tensor in held:
@@ -147,8 +153,8 @@ def _step(ins, held, slab, kind, updated, where) -> None:
         slab.put(ins.offset, ins.tensor)
     elif t is HostRead:
         if slab.get(ins.offset) != ins.tensor:
-            raise DataflowError(f"{where}: reads {ins.tensor} from a pinned slot that does not hold it (the "
-                                "copy of the result is missing or comes later)")
+            raise DataflowError(f"{_where(at)}: reads {ins.tensor} from a pinned slot that does not hold it "
+                                "(the copy of the result is missing or comes later)")
     elif t is Alloc or t is Free:
         if ins.space == "slab":
             slab.clear(ins.offset, ins.offset + ins.nbytes)  # a new slot holds nothing, nor a freed one
@@ -158,15 +164,16 @@ def _step(ins, held, slab, kind, updated, where) -> None:
         held.discard(ins.old)
 
 
-def _launch(ins, held, slab, kind, updated, where) -> None:
+def _launch(ins, held, slab, kind, updated, at) -> None:
     update = ins.phase == "update"
     if not update:
         for name in (*ins.reads, *ins.writes):
             if _weight_of(name) in updated:
-                raise DataflowError(f"{where}: touches {name} after the SGD update of {_weight_of(name)} in "
-                                    "this iteration (an update comes after the layer's last backward step)")
+                raise DataflowError(f"{_where(at)}: touches {name} after the SGD update of "
+                                    f"{_weight_of(name)} in this iteration (an update comes after the "
+                                    "layer's last backward step)")
     for name in ins.reads:
-        _need(name, held, "reads", where)
+        _need(name, held, "reads", at)
     inplace = dict(ins.inplace)
     for name in ins.writes:
         if kind.get(name) == "input":  # the input layer names the batch and labels: their copies write them
@@ -179,7 +186,7 @@ def _launch(ins, held, slab, kind, updated, where) -> None:
         for name in ins.writes:
             if kind.get(name) == "weight":
                 if name in updated:
-                    raise DataflowError(f"{where}: updates {name} a second time in this iteration")
+                    raise DataflowError(f"{_where(at)}: updates {name} a second time in this iteration")
                 updated.add(name)
 
 
