@@ -25,6 +25,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+import simulator_pool  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent  # the checkout these tests belong to
 
 
@@ -126,8 +128,9 @@ def _quick_safe_simulator():
     - shared-array get-or-create under a lock: the simulator's ``cuda.shared.array`` checks and
       then creates without a lock, so two threads of a launch's first block can (rarely) get
       different arrays and compute garbage;
-    - a short GIL switch interval: ``syncthreads`` polls the block's Python threads, so kernels
-      with barriers run several times faster."""
+    - a block's threads run on a pool of threads, with a barrier that waits instead of polling
+      (tests/simulator_pool.py): kernels run about five times faster, the same code in the same
+      order."""
     from numba import config
 
     if not config.ENABLE_CUDASIM:
@@ -150,12 +153,11 @@ def _quick_safe_simulator():
                 self._allocations[key] = np.empty(shape, numpy_dtype)
             return self._allocations[key]
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5e-4)
     kernelapi.FakeCUDAShared.array = array
+    simulator_pool.install()
     yield
+    simulator_pool.uninstall()
     kernelapi.FakeCUDAShared.array = original
-    sys.setswitchinterval(old)
 
 
 # Programs longer than this are not checked by the hook below: they are the deep ResNets a depth

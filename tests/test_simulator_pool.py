@@ -1,0 +1,160 @@
+"""The simulator's blocks on a pool of threads (tests/simulator_pool.py, installed for the whole
+session by tests/conftest.py) run kernels as the simulator's own block manager does: the same
+results with barriers, early returns and the block-wide votes, the same error from a failing thread,
+and no new thread per CUDA thread."""
+import threading
+
+import numpy as np
+import pytest
+from numba import config, cuda, float32, int32
+
+import simulator_pool
+
+pytestmark = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="the pool replaces the simulator's manager")
+
+
+@cuda.jit
+def _block_sums(x, out):
+    """A tree reduction in shared memory: wrong unless every syncthreads waits for the whole block."""
+    s = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    s[t] = x[cuda.grid(1)]
+    cuda.syncthreads()
+    step = 32
+    while step > 0:
+        if t < step:
+            s[t] += s[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = s[0]
+
+
+@cuda.jit
+def _early_return(x, out):
+    """Half the threads return first; the others still meet at their barriers."""
+    s = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    if t % 2 == 1:
+        return
+    s[t] = x[cuda.grid(1)]
+    cuda.syncthreads()
+    out[cuda.grid(1)] = s[(t + 2) % 64]
+
+
+@cuda.jit
+def _votes(x, out):
+    i = cuda.grid(1)
+    out[i, 0] = cuda.syncthreads_count(x[i] > 0)
+    out[i, 1] = cuda.syncthreads_and(x[i] > 0)
+    out[i, 2] = cuda.syncthreads_or(x[i] > 0)
+
+
+@cuda.jit
+def _fails_in_one_thread(x, out):
+    t = cuda.threadIdx.x
+    if cuda.blockIdx.x == 1 and t == 5:
+        raise ValueError("thread 5 of block 1 fails")
+    cuda.syncthreads()
+    out[cuda.grid(1)] = x[cuda.grid(1)]
+
+
+@cuda.jit
+def _two_dimensional(out):
+    x, y = cuda.grid(2)
+    out[y, x] = (cuda.blockIdx.y * 100 + cuda.blockIdx.x) * 10_000 + cuda.threadIdx.y * 100 + cuda.threadIdx.x
+
+
+def _launch(kernel, grid, block, *args, timeout=20):
+    """Launch on a thread of its own, failing (not hanging) if it never returns."""
+    result = {}
+
+    def go():
+        try:
+            kernel[grid, block](*args)
+        except Exception as e:
+            result["error"] = e
+
+    worker = threading.Thread(target=go, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    assert not worker.is_alive(), f"the launch of {kernel.__name__} never returned: a barrier never let go"
+    if "error" in result:
+        raise result["error"]
+
+
+@pytest.fixture
+def original_manager():
+    """Run a test's launches on the simulator's own block manager, then the pool again."""
+    simulator_pool.uninstall()
+    try:
+        yield
+    finally:
+        simulator_pool.install()
+
+
+def _run_all(rng):
+    x = rng.standard_normal(256).astype(np.float32)
+    sums, early, votes = np.zeros(4, np.float32), np.zeros(256, np.float32), np.zeros((256, 3), np.int32)
+    _launch(_block_sums, 4, 64, x, sums)
+    _launch(_early_return, 4, 64, x, early)
+    _launch(_votes, 4, 64, x, votes)
+    grid2 = np.zeros((6, 8), np.int64)
+    _launch(_two_dimensional, (2, 3), (4, 2), grid2)
+    return x, sums, early, votes, grid2
+
+
+def test_the_pool_computes_what_the_simulators_own_manager_computes(rng):
+    x, sums, early, votes, grid2 = _run_all(rng)
+    np.testing.assert_allclose(sums, x.reshape(4, 64).sum(axis=1), rtol=1e-5)
+    even = np.arange(256) % 2 == 0
+    np.testing.assert_array_equal(early[even], x.reshape(4, 64)[:, (np.arange(0, 64, 2) + 2) % 64].ravel())
+    positive = (x.reshape(4, 64) > 0)
+    np.testing.assert_array_equal(votes[:, 0], np.repeat(positive.sum(axis=1), 64))
+    np.testing.assert_array_equal(votes[:, 1], np.repeat(positive.all(axis=1), 64))
+    np.testing.assert_array_equal(votes[:, 2], np.repeat(positive.any(axis=1), 64))
+    ys, xs = np.mgrid[0:6, 0:8]
+    np.testing.assert_array_equal(grid2, (ys // 2 * 100 + xs // 4) * 10_000 + ys % 2 * 100 + xs % 4)
+    simulator_pool.uninstall()
+    try:
+        again = _run_all(np.random.default_rng(0))
+    finally:
+        simulator_pool.install()
+    for ours, theirs in zip(_run_all(np.random.default_rng(0)), again):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("manager", ["pool", "original"])
+def test_a_failing_thread_raises_its_own_error_named_as_the_simulator_names_it(manager, request):
+    if manager == "original":
+        request.getfixturevalue("original_manager")
+    x, out = np.arange(128, dtype=np.float32), np.zeros(128, np.float32)
+    with pytest.raises(ValueError, match=r"^tid=\[5, 0, 0\] ctaid=\[1, 0, 0\]: thread 5 of block 1 fails$"):
+        _launch(_fails_in_one_thread, 2, 64, x, out)
+    _launch(_block_sums, 2, 64, x, out[:2])  # and the next launch runs normally
+    np.testing.assert_allclose(out[:2], x.reshape(2, 64).sum(axis=1))
+
+
+def test_the_pool_keeps_its_threads_for_the_next_blocks():
+    x, out = np.ones(512, np.float32), np.zeros(8, np.float32)
+    _launch(_block_sums, 8, 64, x, out)
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(3):
+        _launch(_block_sums, 8, 64, x, out)
+    created = {t.ident for t in threading.enumerate()} - before
+    assert len(created) <= 1, f"{len(created)} threads created for 24 blocks of 64 threads run from the pool"
+    np.testing.assert_array_equal(out, 64)
+
+
+def test_a_dynamic_shared_array_and_int_types_still_work():
+    @cuda.jit
+    def shift(x, out):
+        s = cuda.shared.array(0, int32)
+        t = cuda.threadIdx.x
+        s[t] = x[t]
+        cuda.syncthreads()
+        out[t] = s[(t + 1) % cuda.blockDim.x]
+
+    x, out = np.arange(32, dtype=np.int32), np.zeros(32, np.int32)
+    shift[1, 32, 0, 32 * 4](x, out)
+    np.testing.assert_array_equal(out, np.roll(x, -1))
