@@ -91,13 +91,14 @@ def pytest_report_header(config):
 # The longest test files, longest first: pytest-xdist hands each worker whole files in collection
 # order (see pytest_configure), so running these first lets the two workers finish together (longest
 # processing time first) instead of one of them starting a 40-second file when the other has nothing
-# left to do. By their time on one core (the simulator's files, test_kernels, test_nonfinite,
-# test_conv, test_gpucheck, test_update_in_backward, took 1.5 to 3 times that under -n 2 unpinned).
-LONGEST_FIRST = ("test_tutorials_notebooks.py", "test_kernels.py", "test_from_torch.py", "test_nonfinite.py",
-                 "test_executor.py", "test_ptx.py", "test_conv.py", "test_measure.py", "test_student_copy.py",
-                 "test_gpucheck.py", "test_optimal.py", "test_docs.py", "test_gemm.py", "test_train.py",
-                 "test_planted_bugs.py", "test_report.py", "test_update_in_backward.py", "test_cli.py",
-                 "test_tutorials.py", "test_dropout.py")
+# left to do. By their time under -n 2 on 12-06 (the simulator's files on its pool of threads:
+# tests/simulator_pool.py), from test_tutorials_notebooks.py's 64 s down to test_train.py's 7.5 s.
+LONGEST_FIRST = ("test_tutorials_notebooks.py", "test_from_torch.py", "test_ptx.py", "test_executor.py",
+                 "test_student_copy.py", "test_measure.py", "test_docs.py", "test_optimal.py",
+                 "test_planted_bugs.py", "test_cli.py", "test_kernels.py", "test_report.py",
+                 "test_tutorials.py", "test_gpucheck.py", "test_conv.py", "test_nonfinite.py",
+                 "test_placement.py", "test_update_in_backward.py", "test_launches.py", "test_checker.py",
+                 "test_train.py")
 
 
 def _order(item) -> int:
