@@ -62,10 +62,11 @@ def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
     # Each xdist worker (gw0, gw1, ...) on one core of its own, and so its subprocesses: the CUDA
-    # simulator runs a block's threads (up to 256 Python threads) taking turns at the GIL every
-    # 0.5 ms, which is cheap on one core and costly when the threads are spread over two (each hand-
-    # over wakes a thread on the other core). Under -n 2 the simulator tests took 2 to 6 times as
-    # long as on one core alone (test_concat's round trip 11 s against 1.8 s), the others 1.1 times.
+    # simulator runs a block's threads (up to 256 Python threads) taking turns at the GIL, which is
+    # cheap on one core and costly when the threads are spread over two (each hand-over wakes a
+    # thread on the other core). Under -n 2 unpinned, with the simulator's own block manager, the
+    # simulator tests took 2 to 6 times as long as on one core alone (test_concat's round trip 11 s
+    # against 1.8 s), the others 1.1 times.
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker[:2] == "gw" and worker[2:].isdigit() and hasattr(os, "sched_setaffinity"):
         cpus = sorted(os.sched_getaffinity(0))
