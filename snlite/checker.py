@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.program import (COMPUTE, HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait,
                             HostWrite, Launch, Program, Record, Wait, stream_of, without_cycle_collection)
+from snlite.records import record
 from snlite.validate import ProgramError, validate
 
 ALL_STREAMS = (*STREAMS, HOST)
@@ -47,7 +48,7 @@ class RaceError(AssertionError):
                          f"({program.config}, {program.mode}):\n\n{shown}{more}")
 
 
-@dataclass(frozen=True)
+@record
 class Access:
     """One instruction touching one byte range: ``at`` = (iteration, body index)."""
 
