@@ -118,6 +118,13 @@ MUTANTS = (
            "            if t.state is State.ON_HOST and self.pool.can_fit(max(t.nbytes, 1)):",
            "            if t.state is State.ON_HOST:",
            "a read-ahead fetch evicts to make room for itself", ("tests/test_moves.py",)),
+    Mutant("tests/simulator_pool.py", "                if block.waiting == block.live:\n",
+           "                if block.waiting >= block.live - 1:\n",
+           "the simulator pool's barrier lets the block go one thread early",
+           ("tests/test_simulator_pool.py",)),
+    Mutant("tests/simulator_pool.py", "if block.error is None and not block.abort:", "if True:",
+           "the simulator pool raises an aborted thread's error, not the failing one's",
+           ("tests/test_simulator_pool.py",)),
 )
 
 
