@@ -115,7 +115,8 @@ def _worker_class(BlockThread, Dim3):
 
 _free: list = []  # idle pool threads
 _lock = threading.Lock()
-_original = None
+_original = None  # the simulator's own BlockManager.run, while the pool's is installed
+_Worker = None  # the pool thread class, made by install() from the simulator's BlockThread
 
 
 def _run(self, grid_point, *args):
@@ -141,8 +142,6 @@ def _run(self, grid_point, *args):
     if block.error is not None:
         raise block.error[0].with_traceback(block.error[1])
 
-
-_Worker = None
 
 
 def install() -> None:
