@@ -58,9 +58,6 @@ def _worker_class(BlockThread, Dim3):
             self.go = threading.Lock()
             self.go.acquire()  # released by assign()
             self.block = None
-            self.debug = self.abort = False
-            self.syncthreads_blocked = False
-            self.exception = None
 
         def assign(self, block: _Block, block_idx, thread_idx, block_dim) -> None:
             self.block, self._manager = block, block.manager
