@@ -1,6 +1,6 @@
 """Why a plan does not fit, and what would make it fit: every change not already on (liveness,
-offload, the cache, recomputation, no workspace, all together, a smaller batch), each simulated on
-the meta device under the same budget and ranked by what it costs.
+offload, the cache, recomputation, no workspace, all together, offline placement, a smaller batch),
+each simulated on the meta device under the same budget and ranked by what it costs.
 
     explain_budget(lambda b: get_model("alexnet", b), 200, cfg)   # an Explanation, ranked suggestions
 
@@ -77,8 +77,15 @@ def _changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
     return out
 
 
-def _cost(m: Measurement, changes: dict) -> str:
-    """What a change costs, by what it turns on (offload and the cache cost nothing if they moved nothing)."""
+def _cost(m: Measurement, changes: dict, need: Measurement) -> str:
+    """What a change costs, by what it turns on (offload and the cache cost nothing if they moved
+    nothing). Offline placement places the same program: it costs nothing unless fitting the budget
+    made it move more bytes than the run without a budget (the cache evicting), or choose another
+    convolution algorithm than that run's fastest (less room for the workspace)."""
+    if "fit" in changes:
+        if m.trace.conv_choices != need.trace.conv_choices:
+            return "slower convolutions"
+        return "bytes moved" if m.moved_bytes > need.moved_bytes else "nothing"
     moved = 1 if m.moved_bytes else 0
     rank = {"liveness": 0, "offload": moved, "cache": moved, "workspace": 2, "recompute": 3}
     return COSTS[max(rank[k] for k in changes)]
@@ -88,7 +95,8 @@ def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
     """Does ``build(batch)`` fit ``config.budget_bytes``? If not: why (the runtime's message, and
     the run without a budget), and every change not already on, each simulated under the same
     budget (liveness, offload, the cache, cost-aware or memory-centric recomputation, no
-    workspace, all of them together, and the largest batch that fits as it is), ranked: those
+    workspace, all of them together; offline placement, where a first or best fit pool's
+    fragmentation may be what failed; and the largest batch that fits as it is), ranked: those
     that fit first; then by what they cost: nothing < bytes moved < slower convolutions < extra
     FLOPs < a smaller batch; then fewer extra FLOPs, fewer bytes moved, a lower peak."""
     if config.budget_bytes is None:
@@ -106,12 +114,15 @@ def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
     if len(together) > 1:
         changes.append((" ".join(flag for flag, _, _ in together), "all of the above together",
                         {k: v for _, _, kw in together for k, v in kw.items()}))
+    if config.allocator == "pool" and config.fit != "offline":  # the same program, packed from its lifetimes
+        changes.append(("--fit offline", "offline placement, from the lifetimes",
+                        {"fit": "offline"}))
     suggestions = []
     for flag, what, kw in changes:
         m = measure(graph, config.replace(**kw))
         suggestions.append(Suggestion(flag, what, config.replace(**kw), batch, bool(m.fits), m.peak_bytes,
                                       need.peak_bytes - m.peak_bytes, m.trace.extra_flops, m.forward_flops,
-                                      m.moved_bytes, m.trace.host_peak_bytes, _cost(m, kw)))
+                                      m.moved_bytes, m.trace.host_peak_bytes, _cost(m, kw, need)))
     if batch > 1:
         found = max_batch(build, config, lo=1, hi=batch - 1)
         if found.value is not None:

@@ -155,6 +155,21 @@ def test_the_suggestions_that_say_they_fit_really_fit():
     assert explain.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=2**31)).fits
 
 
+def test_where_first_fit_fragments_offline_placement_is_suggested_first_at_no_cost():
+    """A budget of exactly the offline arena: first fit runs out of contiguous room where offline
+    placement, the same program packed from its lifetimes, fits; so it ranks first and costs nothing.
+    Already offline, it is not suggested."""
+    config = MemoryConfig(liveness=True)
+    arena = simulate(alexnet(16), config.replace(fit="offline")).arena_bytes
+    config = config.replace(budget_bytes=arena)
+    assert not budget.fits(alexnet(16), config), "first fit fits the offline arena here: pick a tighter case"
+    top = explain.explain_budget(alexnet, 16, config).suggestions[0]
+    assert (top.change, top.fits, top.cost, top.moved_bytes) == ("--fit offline", True, "nothing", 0)
+    assert top.config == config.replace(fit="offline", count="all")
+    smaller = config.replace(fit="offline", budget_bytes=arena - 2**20)
+    assert "--fit offline" not in [s.change for s in explain.explain_budget(alexnet, 16, smaller).suggestions]
+
+
 def test_nothing_fits_when_the_weights_do_not(capsys):
     code, out, err = run(capsys, "plan", "alexnet", "--batch", 2, "--budget", "100MiB", "--json", "-")
     assert code == cli.EXIT_DOES_NOT_FIT
