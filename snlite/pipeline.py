@@ -179,32 +179,29 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
     takes any, when more withheld would change no walk), a smaller budget for the cache to evict
     against. Each retry takes the overshoot (at least a byte) and at least twice the last cut, and
     neither phase can cut more than the budget, so each ends within about 35 walks (2**35 bytes is
-    32 GiB; a larger budget adds one walk per doubling): at a fit, or where the walk itself cannot
-    fit, or with nothing left to cut."""
+    32 GiB; a larger budget adds one walk per doubling): at a fit, or with nothing left to cut, or
+    where the walk itself cannot fit the smaller budget; then the budgets between that one and the
+    last that overshot are bisected (:func:`_between`)."""
     def walk(config, spare=0):  # the walk, then its offsets chosen offline (written only if kept)
         placed = placement.walk(job.graph, config, plan, job.specs, job.costs, job.mode, hints, spare)
         return placed, offline.pack(placed.program)
 
-    def kept(placed, packing):
-        placed.program = offline.relocate(placed.program, packing)
-        return placed
-
     budget = job.config.budget_bytes
     try:
-        return kept(*walk(job.config.replace(fit="first")))
+        return _kept(*walk(job.config.replace(fit="first")))
     except BudgetError:
         if budget is None:
             raise
-    planning, spare, cut, overshot = budget, 0, 0, None
+    planning, spare, cut, overshot, above = budget, 0, 0, None, budget
     while True:
         try:
             placed, packing = walk(job.config.replace(budget_bytes=planning), spare)
         except BudgetError:
             if overshot is None:
                 raise  # more bytes live at once than the budget: no placement can fit
-            raise BudgetError(overshot) from None
+            return _between(walk, job.config, spare, planning, above, budget, overshot)
         if packing.arena <= budget:
-            return kept(placed, packing)
+            return _kept(placed, packing)
         overshot = (f"{job.graph.name} does not fit a budget of {budget:,d} bytes under "
                     f"{job.config.describe()} with fit='offline': the bytes live at once fit "
                     f"({packing.lower:,d} at most), but placing them needs an arena of {packing.arena:,d} "
@@ -218,9 +215,33 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
             # no conv took a workspace: withholding more room changes no walk, so that phase ends here
             spare, cut = planning, packing.arena - budget
         if job.config.cache and planning - cut >= MIN_BUDGET_BYTES:
-            planning -= cut
+            above, planning = planning, planning - cut
         else:
             raise BudgetError(overshot)
+
+
+def _kept(placed: placement.Placed, packing) -> placement.Placed:
+    """The walk's program with its offsets chosen offline (``packing``)."""
+    placed.program = offline.relocate(placed.program, packing)
+    return placed
+
+
+def _between(walk, config: MemoryConfig, spare: int, lo: int, hi: int, budget: int, overshot: str):
+    """``fit="offline"``'s last resort: the cache's budget ``lo`` was cut too far (the walk cannot fit
+    it), and at ``hi`` the offsets overshot ``budget``; bisect the budgets between them, to within
+    1/256 of ``budget`` (a few walks: searches under offline probe many budgets that fail), for a
+    walk whose offsets fit."""
+    while hi - lo > max(MIN_BUDGET_BYTES, budget // 256):
+        mid = (lo + hi) // 2
+        try:
+            placed, packing = walk(config.replace(budget_bytes=mid), spare)
+        except BudgetError:
+            lo = mid
+            continue
+        if packing.arena <= budget:
+            return _kept(placed, packing)
+        hi = mid
+    raise BudgetError(overshot)
 
 
 def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.Placed]:

@@ -208,6 +208,23 @@ def test_under_a_budget_offline_fits_where_first_fit_fragments():
         place(g, tight.replace(fit="offline", budget_bytes=lower - 1024))
 
 
+def test_where_the_caches_budget_is_cut_too_far_offline_bisects_back_to_a_fit():
+    """ResNet-50 at batch 8 under superneurons(), 1% over first fit's smallest budget: first fit
+    fragments there, the offline walk's offsets overshoot the budget, and the cache's budget, cut by
+    twice as much each time, goes from overshooting (211 MB) to too small for the walk (187 MB).
+    Between those two offline finds one that fits, where first fit at a budget 1% smaller fits too."""
+    g = get_model("resnet50", batch=8)
+    config = MemoryConfig.superneurons()
+    least = smallest_budget(g, config)
+    budget = least + least // 100
+    assert fits(g, config.replace(budget_bytes=least)) and not fits(g, config.replace(budget_bytes=budget)), \
+        "first fit no longer fragments 1% over its smallest budget here: pick another case"
+    program = place(g, config.replace(budget_bytes=budget, fit="offline"))
+    arena, lower = offline.bounds(program)
+    assert lower <= arena <= budget
+    check(program, graph=g)
+
+
 def test_plan_takes_fit_offline_and_prints_the_lower_bound_next_to_the_arena(capsys):
     from snlite import bench, cli
 
