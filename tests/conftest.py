@@ -131,8 +131,8 @@ def _quick_safe_simulator():
       then creates without a lock, so two threads of a launch's first block can (rarely) get
       different arrays and compute garbage;
     - a block's threads run on a pool of threads, with a barrier that waits instead of polling
-      (tests/simulator_pool.py): kernels run about five times faster, the same code in the same
-      order."""
+      (tests/simulator_pool.py): kernels run two to five times faster, the same code, the blocks
+      in the same order."""
     from numba import config
 
     if not config.ENABLE_CUDASIM:
