@@ -181,7 +181,8 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
     neither phase can cut more than the budget, so each ends within about 35 walks (2**35 bytes is
     32 GiB; a larger budget adds one walk per doubling): at a fit, or with nothing left to cut, or
     where the walk itself cannot fit the smaller budget; then the budgets between that one and the
-    last that overshot are bisected (:func:`_between`)."""
+    last that overshot are bisected (:func:`_between`). Where nothing fits yet, first fit is planned
+    against each smaller budget whose offsets overshot (:func:`_first_fit_below`)."""
     def walk(config, spare=0):  # the walk, then its offsets chosen offline (written only if kept)
         placed = placement.walk(job.graph, config, plan, job.specs, job.costs, job.mode, hints, spare)
         return placed, offline.pack(placed.program)
@@ -193,19 +194,23 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
         if budget is None:
             raise
     planning, spare, cut, overshot, above = budget, 0, 0, None, budget
+    tried: list[int] = []  # smaller budgets where the bytes fitted, the offsets not: _first_fit_below
     while True:
         try:
             placed, packing = walk(job.config.replace(budget_bytes=planning), spare)
         except BudgetError:
             if overshot is None:
                 raise  # more bytes live at once than the budget: no placement can fit
-            return _between(walk, job.config, spare, planning, above, budget, overshot)
+            found = _between(walk, job.config, spare, planning, above, budget, tried)
+            break
         if packing.arena <= budget:
             return _kept(placed, packing)
         overshot = (f"{job.graph.name} does not fit a budget of {budget:,d} bytes under "
                     f"{job.config.describe()} with fit='offline': the bytes live at once fit "
                     f"({packing.lower:,d} at most), but placing them needs an arena of {packing.arena:,d} "
                     "bytes")
+        if planning < budget:
+            tried.append(planning)
         cut = max(packing.arena - budget, 2 * cut)
         if job.config.workspace == "dynamic" and spare < planning:
             if any(type(ins) is Launch and ins.workspace for ins in placed.program.body):
@@ -214,10 +219,14 @@ def _offline(job: Job, plan, hints) -> placement.Placed:
                 continue
             # no conv took a workspace: withholding more room changes no walk, so that phase ends here
             spare, cut = planning, packing.arena - budget
-        if job.config.cache and planning - cut >= MIN_BUDGET_BYTES:
-            above, planning = planning, planning - cut
-        else:
-            raise BudgetError(overshot)
+        if not (job.config.cache and planning - cut >= MIN_BUDGET_BYTES):
+            found = None  # nothing left to cut
+            break
+        above, planning = planning, planning - cut
+    found = found or _first_fit_below(walk, job.config, tried)
+    if found is None:
+        raise BudgetError(overshot)
+    return found
 
 
 def _kept(placed: placement.Placed, packing) -> placement.Placed:
@@ -226,11 +235,11 @@ def _kept(placed: placement.Placed, packing) -> placement.Placed:
     return placed
 
 
-def _between(walk, config: MemoryConfig, spare: int, lo: int, hi: int, budget: int, overshot: str):
-    """``fit="offline"``'s last resort: the cache's budget ``lo`` was cut too far (the walk cannot fit
-    it), and at ``hi`` the offsets overshot ``budget``; bisect the budgets between them, to within
-    1/256 of ``budget`` (a few walks: searches under offline probe many budgets that fail), for a
-    walk whose offsets fit."""
+def _between(walk, config: MemoryConfig, spare: int, lo: int, hi: int, budget: int, tried: list):
+    """``fit="offline"``: the cache's budget ``lo`` was cut too far (the walk cannot fit it), and at
+    ``hi`` the offsets overshot ``budget``; bisect the budgets between them, to within 1/256 of
+    ``budget`` (a few walks: searches under offline probe many budgets that fail), for a walk whose
+    offsets fit; None where none does (each budget whose offsets overshot is added to ``tried``)."""
     while hi - lo > max(MIN_BUDGET_BYTES, budget // 256):
         mid = (lo + hi) // 2
         try:
@@ -240,8 +249,23 @@ def _between(walk, config: MemoryConfig, spare: int, lo: int, hi: int, budget: i
             continue
         if packing.arena <= budget:
             return _kept(placed, packing)
+        tried.append(mid)
         hi = mid
-    raise BudgetError(overshot)
+    return None
+
+
+def _first_fit_below(walk, config: MemoryConfig, budgets: list):
+    """``fit="offline"``'s last resort: first fit planned against each smaller budget where the
+    offline walk fitted the bytes live at once but not its offsets, largest first; the first that
+    fits is kept (its arena is within that budget, so within the real one). First fit is not
+    monotone in the budget: where it fragments at the budget itself, a smaller one can change the
+    cache's evictions enough to fit. None where none does."""
+    for planning in sorted(set(budgets), reverse=True):
+        try:
+            return _kept(*walk(config.replace(fit="first", budget_bytes=planning)))
+        except BudgetError:
+            continue
+    return None
 
 
 def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.Placed]:

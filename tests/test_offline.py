@@ -9,7 +9,7 @@ import random
 import pytest
 
 from nets import mixed_net
-from snlite import offline
+from snlite import offline, pipeline
 from snlite.budget import fits, smallest_budget
 from snlite.checker import check
 from snlite.config import MemoryConfig
@@ -223,6 +223,24 @@ def test_where_the_caches_budget_is_cut_too_far_offline_bisects_back_to_a_fit():
     arena, lower = offline.bounds(program)
     assert lower <= arena <= budget
     check(program, graph=g)
+
+
+def test_where_every_offline_walk_overshoots_first_fit_under_a_smaller_budget_is_the_last_resort(monkeypatch):
+    """Inception-v4 at batch 4 under superneurons(), 2% over first fit's smallest budget: first fit
+    fragments there, and the offline walk's offsets overshoot at every budget the cache is planned
+    against that its bytes fit (277 MB for 265 MB). First fit planned against one of those smaller
+    budgets fits, within it, so offline fits wherever that is so."""
+    g = get_model("inception_v4", batch=4)
+    config = MemoryConfig.superneurons(budget_bytes=265_132_032)
+    assert fits(g, config.replace(budget_bytes=259_934_208)) and not fits(g, config), \
+        "first fit no longer fragments 2% over its smallest budget here: pick another case"
+    program = place(g, config.replace(fit="offline"))
+    arena, lower = offline.bounds(program)
+    assert lower <= arena <= config.budget_bytes
+    check(program, graph=g)
+    monkeypatch.setattr(pipeline, "_first_fit_below", lambda walk, config, budgets: None)
+    with pytest.raises(BudgetError, match="the bytes live at once fit .* but placing them needs an arena"):
+        place(g, config.replace(fit="offline"))
 
 
 def test_plan_takes_fit_offline_and_prints_the_lower_bound_next_to_the_arena(capsys):
