@@ -227,9 +227,9 @@ def test_where_the_caches_budget_is_cut_too_far_offline_bisects_back_to_a_fit():
 
 def test_where_every_offline_walk_overshoots_first_fit_under_a_smaller_budget_is_the_last_resort(monkeypatch):
     """Inception-v4 at batch 4 under superneurons(), 2% over first fit's smallest budget (259,934,208
-    bytes, as smallest_budget finds it): first fit fragments there, and the offline walk's offsets overshoot at every budget the cache is planned
-    against that its bytes fit (277 MB for 265 MB). First fit planned against one of those smaller
-    budgets fits, within it, so offline fits wherever that is so."""
+    bytes, as smallest_budget finds it): first fit fragments there, and the offline walk's offsets
+    overshoot at every budget the cache is planned against that its bytes fit (277 MB for 265 MB).
+    First fit planned against one of those smaller budgets fits, within it, so offline fits there."""
     g = get_model("inception_v4", batch=4)
     config = MemoryConfig.superneurons(budget_bytes=265_132_032)
     assert fits(g, config.replace(budget_bytes=259_934_208)) and not fits(g, config), \
