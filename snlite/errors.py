@@ -13,6 +13,10 @@ class BudgetError(MemoryError):
     """The plan does not fit the memory budget; says where, what was live, and what would fit."""
 
 
+class HostBudgetError(BudgetError):
+    """What ran out is the pinned host memory budget (``host_budget_bytes``), not the device's."""
+
+
 class PlanError(RuntimeError):
     """A plan asked an op to read a tensor that is not resident (a scheduler bug)."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from snlite import slab
 from snlite import workspace as ws
-from snlite.errors import BudgetError, PlanError, staging_message
+from snlite.errors import BudgetError, HostBudgetError, PlanError, staging_message
 from snlite.residency import Residency
 from snlite.cache import Eviction, Fetch, Hints, LRUCache
 from snlite.copies import Emitter
@@ -96,7 +96,7 @@ class Placer(Residency):
         self.pool = self._pool()
         self.layout = slab.layout(graph, self.nbytes, self.host_state, self.train)
         if config.host_budget_bytes is not None and config.host_budget_bytes < self.layout.staging_bytes:
-            raise BudgetError(staging_message(graph, config.describe(), config.host_budget_bytes,
+            raise HostBudgetError(staging_message(graph, config.describe(), config.host_budget_bytes,
                                               self.layout.state_bytes, self.layout.staging_bytes))
         self.host = HostPool((config.host_budget_bytes - self.layout.staging_bytes)
                              if config.host_budget_bytes

@@ -13,7 +13,7 @@ cache on, or raises :class:`~snlite.errors.BudgetError` with the live tensors na
 from __future__ import annotations
 
 from snlite.cache import Eviction, Fetch, choose_victim
-from snlite.errors import BudgetError, PlanError, device_message, host_message
+from snlite.errors import BudgetError, HostBudgetError, PlanError, device_message, host_message
 from snlite.pool import PoolFullError
 from snlite.program import COMPUTE, Alloc, Free, HandOver
 from snlite.recompute import base_name
@@ -74,7 +74,7 @@ class Residency:
         try:
             offset = self.layout.staging_bytes + self.host.alloc(nbytes, name, step)
         except PoolFullError as e:
-            raise BudgetError(host_message(
+            raise HostBudgetError(host_message(
                 self.graph, self.config.describe(), self.config.host_budget_bytes, name, nbytes, step,
                 e.stats.largest_free_bytes, list(self.host.allocations().values()),
                 [(s.name, s.nbytes) for s in self.layout.staging.values()])) from None

@@ -33,7 +33,7 @@ from snlite.executor import Executor
 from snlite.checks import check_number
 from snlite.graph import Graph
 from snlite.budget import smallest_budget
-from snlite.errors import BudgetError
+from snlite.errors import BudgetError, HostBudgetError
 from snlite.pipeline import place
 from snlite.program import format_size
 from snlite.scheduler import Scheduler
@@ -379,10 +379,10 @@ def _programs(graph, config, plan, costs, in_backward: bool) -> tuple[dict, Memo
         for mode in modes[1:]:
             programs[mode] = place(graph, resolved, mode, plan=None if in_backward else plan, costs=costs)
     except BudgetError as e:
-        host = "host budget" in str(e)
+        host = isinstance(e, HostBudgetError)
         need = smallest_budget(graph, config if host else config.replace(host_budget_bytes=None), costs=costs,
                                host=host)
-        raise BudgetError(f"{e} The smallest {'host ' if host else ''}budget that works under this "
+        raise type(e)(f"{e} The smallest {'host ' if host else ''}budget that works under this "
                           f"configuration is {need:,d} bytes ({format_size(need)}).") from None
     for program in programs.values():
         check(program, graph=graph)  # proven race-free before anything runs (linear in the program's length)

@@ -8,7 +8,7 @@ from snlite.config import MemoryConfig
 from snlite.device import MetaDevice
 from snlite.models import get_model
 from snlite.budget import smallest_budget
-from snlite.errors import BudgetError
+from snlite.errors import BudgetError, HostBudgetError
 from snlite.pipeline import place, simulate
 from snlite.scheduler import optimizer_specs
 from snlite.program import Alloc, Copy, Launch, Wait
@@ -170,11 +170,12 @@ def test_a_host_budget_too_small_fails_early_and_names_the_pinned_memory():
     cfg = MemoryConfig(liveness=True, offload=True)
     slab = place(g, cfg).slab_bytes
     Model(g, cfg.replace(host_budget_bytes=slab), device="host")  # exactly the slab: fits
-    with pytest.raises(BudgetError, match=r"does not fit a host budget of [\d,]+ bytes of pinned memory .* "
-                                          r"at step \d+ \(\w+ \w+\), [\w.:]+ needs [\d,]+ bytes .* On the "
-                                          r"host there: .*The smallest host budget that works .* is "):
+    pinned = (r"does not fit a host budget of [\d,]+ bytes of pinned memory .* at step \d+ \(\w+ \w+\), "
+              r"[\w.:]+ needs [\d,]+ bytes .* On the host there: "
+              r".*The smallest host budget that works .* is ")
+    with pytest.raises(HostBudgetError, match=pinned):
         Model(g, cfg.replace(host_budget_bytes=slab - 256), device="host")
-    with pytest.raises(BudgetError, match="while staging the batch"):
+    with pytest.raises(HostBudgetError, match="while staging the batch"):
         place(g, cfg.replace(host_budget_bytes=256))
 
 
