@@ -75,7 +75,7 @@ def cmd_plan(args) -> int:
     check_exports(args, config)
     build, graph, batch = graph_of(args)
     check_keep(graph, config)
-    if config.budget_bytes is not None:
+    if config.budget_bytes is not None or config.host_budget_bytes is not None:
         ex = explain.explain_budget(build, batch, config)
         if not ex.fits:
             return does_not_fit(args, batch, ex)
@@ -215,14 +215,16 @@ def conv_table(choices, limit: int = 12) -> str:
 
 def print_explanation(ex) -> None:
     """Why ``ex`` does not fit, and the ranked changes (stdout)."""
-    need = ex.need.trace
+    need, host = ex.need.trace, ex.ran_out == "host"
     at = need.steps[need.peak_op]
-    print(f"{ex.net}, batch {ex.batch}, does NOT fit a budget of "
-          f"{measure.format_size(ex.config.budget_bytes)} under {ex.config.describe()}.")
+    budget = (f"a host budget of {measure.format_size(ex.config.host_budget_bytes)} of pinned memory" if host
+              else f"a budget of {measure.format_size(ex.config.budget_bytes)}")
+    print(f"{ex.net}, batch {ex.batch}, does NOT fit {budget} under {ex.config.describe()}.")
     print(f"\nwhere it failed: {ex.message}")
+    pins = f" and pins {measure.format_size(ex.need.slab_bytes)} of host memory" if host else ""
     print(f"\nwithout a budget it peaks at {measure.format_size(need.peak_bytes)} (count all; "
           f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at step "
-          f"{need.peak_step} ({at.layer} {at.phase}); the largest tensors live there:")
+          f"{need.peak_step} ({at.layer} {at.phase}){pins}; the largest tensors live there:")
     for name, nbytes in need.peak_tensors[:8]:
         print(f"  {name:40} {measure.format_size(nbytes):>12}")
     print("\nwhat would make it fit, each simulated under the same budget on the meta device (ranked: those "
@@ -236,7 +238,7 @@ def print_explanation(ex) -> None:
     print(text_table(["#", "change", "what", "fits", "peak", "saves", "extra FLOPs", "moved", "costs"], rows,
                      "><<<>>>><"))
     if not any(s.fits for s in ex.suggestions):
-        print("\nnothing here fits: a larger --budget, or a smaller network")
+        print(f"\nnothing here fits: a larger --{'host-' if host else ''}budget, or a smaller network")
     elif ex.suggestions[0].fits:
         print(f"\ntry: {ex.suggestions[0].change}")
 
@@ -244,7 +246,8 @@ def print_explanation(ex) -> None:
 def explanation_json(ex) -> dict:
     """An Explanation as plain data: the message, the run without a budget, the ranked suggestions."""
     need = ex.need.trace
-    return {"config": ex.config, "budget_bytes": ex.config.budget_bytes, "message": ex.message,
+    return {"config": ex.config, "budget_bytes": ex.config.budget_bytes,
+            "host_budget_bytes": ex.config.host_budget_bytes, "ran_out": ex.ran_out, "message": ex.message,
             "need": ex.need.totals(), "peak_tensors": need.peak_tensors,
             "suggestions": [dict(dataclasses.asdict(s), rank=i) for i, s in enumerate(ex.suggestions, 1)]}
 

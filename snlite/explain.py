@@ -1,17 +1,20 @@
 """Why a plan does not fit, and what would make it fit: every change not already on (liveness,
 offload, the cache, recomputation, no workspace, all together, offline placement, a smaller batch),
-each simulated on the meta device under the same budget and ranked by what it costs.
+each simulated on the meta device under the same budget and ranked by what it costs. Where the
+pinned host budget is what ran out, the changes are those that pin less (no offload, no cache, the
+momentum on the device, all together, a smaller batch).
 
     explain_budget(lambda b: get_model("alexnet", b), 200, cfg)   # an Explanation, ranked suggestions
 
-``snlite plan NET --budget B`` prints it when a plan does not fit (:mod:`snlite.cli_plan`).
+``snlite plan NET --budget B`` (or ``--host-budget H``) prints it when a plan does not fit
+(:mod:`snlite.cli_plan`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from snlite.config import MemoryConfig
-from snlite.errors import BudgetError
+from snlite.errors import BudgetError, HostBudgetError
 from snlite.measure import Measurement, measure
 from snlite.pipeline import simulate
 from snlite.search import max_batch
@@ -58,6 +61,7 @@ class Explanation:
     message: str = ""
     need: Measurement | None = None
     suggestions: list[Suggestion] = field(default_factory=list)
+    ran_out: str = "device"  # the budget that ran out: "device" (budget_bytes) or "host" (host_budget_bytes)
 
 
 def _changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
@@ -77,6 +81,19 @@ def _changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
     return out
 
 
+def _host_changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
+    """The changes that pin less host memory (the staged batch and results stay: a smaller batch)."""
+    out = []
+    if c.offload:
+        out.append(("--no-offload", "keep CONV outputs on the device", {"offload": False}))
+    if c.cache:
+        out.append(("--no-cache", "no LRU tensor cache: nothing evicted to the host", {"cache": False}))
+    if c.optimizer_state != "device":
+        out.append(("--optimizer-state device", "keep SGD's momentum on the device",
+                    {"optimizer_state": "device"}))
+    return out
+
+
 def _cost(m: Measurement, changes: dict, need: Measurement) -> str:
     """What a change costs, by what it turns on (offload and the cache cost nothing if they moved
     nothing). Offline placement places the same program: it costs nothing unless fitting the budget
@@ -87,34 +104,37 @@ def _cost(m: Measurement, changes: dict, need: Measurement) -> str:
             return "slower convolutions"
         return "bytes moved" if m.moved_bytes > need.moved_bytes else "nothing"
     moved = 1 if m.moved_bytes else 0
-    rank = {"liveness": 0, "offload": moved, "cache": moved, "workspace": 2, "recompute": 3}
+    rank = {"liveness": 0, "offload": moved, "cache": moved, "optimizer_state": moved, "workspace": 2,
+            "recompute": 3}
     return COSTS[max(rank[k] for k in changes)]
 
 
 def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
-    """Does ``build(batch)`` fit ``config.budget_bytes``? If not: why (the runtime's message, and
-    the run without a budget), and every change not already on, each simulated under the same
-    budget (liveness, offload, the cache, cost-aware or memory-centric recomputation, no
-    workspace, all of them together; offline placement, where a first or best fit pool's
-    fragmentation may be what failed; and the largest batch that fits as it is), ranked: those
-    that fit first; then by what they cost: nothing < bytes moved < slower convolutions < extra
-    FLOPs < a smaller batch; then fewer extra FLOPs, fewer bytes moved, a lower peak."""
-    if config.budget_bytes is None:
-        raise ValueError("explain_budget needs a budget (config.budget_bytes)")
+    """Does ``build(batch)`` fit ``config``'s budgets (``budget_bytes``, ``host_budget_bytes`` or
+    both)? If not: why (the runtime's message, and the run without a budget), and every change not
+    already on, each simulated under the same budgets (liveness, offload, the cache, cost-aware or
+    memory-centric recomputation, no workspace, all of them together; offline placement, where a
+    first or best fit pool's fragmentation may be what failed; and the largest batch that fits as
+    it is), ranked: those that fit first; then by what they cost: nothing < bytes moved < slower
+    convolutions < extra FLOPs < a smaller batch; then fewer extra FLOPs, fewer bytes moved, a lower
+    peak. Where the host budget ran out (``ran_out`` "host"), the changes are those that pin less:
+    no offload, no cache, the momentum on the device, all of them together, a smaller batch."""
+    if config.budget_bytes is None and config.host_budget_bytes is None:
+        raise ValueError("explain_budget needs a budget (config.budget_bytes or config.host_budget_bytes)")
     config = config.replace(count="all")
     graph = build(batch)
     try:
         simulate(graph, config)
         return Explanation(graph.name, batch, config, True)
     except BudgetError as e:
-        message = str(e)
-    need = measure(graph, config.replace(budget_bytes=None))
-    changes = _changes(config)
+        message, ran_out = str(e), "host" if isinstance(e, HostBudgetError) else "device"
+    need = measure(graph, config.replace(budget_bytes=None, host_budget_bytes=None))
+    changes = _host_changes(config) if ran_out == "host" else _changes(config)
     together = [c for c in changes if c[0] != "--recompute memory" or config.recompute == "cost_aware"]
     if len(together) > 1:
         changes.append((" ".join(flag for flag, _, _ in together), "all of the above together",
                         {k: v for _, _, kw in together for k, v in kw.items()}))
-    if config.allocator == "pool" and config.fit != "offline":  # the same program, packed from its lifetimes
+    if ran_out == "device" and config.allocator == "pool" and config.fit != "offline":
         changes.append(("--fit offline", "offline placement, from the lifetimes",
                         {"fit": "offline"}))
     suggestions = []
@@ -134,4 +154,4 @@ def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
                                           build(found.value).flops(), t.d2h_bytes + t.h2d_bytes,
                                           t.host_peak_bytes, "a smaller batch"))
     suggestions.sort(key=Suggestion.rank_key)
-    return Explanation(graph.name, batch, config, False, message, need, suggestions)
+    return Explanation(graph.name, batch, config, False, message, need, suggestions, ran_out)

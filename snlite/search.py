@@ -265,10 +265,11 @@ PAPER_BATCH = PAPER_WIDTH_BATCH
 
 def max_batch(build, config: MemoryConfig, label: str = "", lo: int = 1, hi: int = MAX_BATCH,
               progress=no_progress) -> Found:
-    """The largest batch in [lo, hi] for which ``build(batch)`` fits ``config.budget_bytes``."""
-    if config.budget_bytes is None:
-        raise ValueError("max_batch needs a budget (config.budget_bytes)")
-    sample = (8, 32) if hi >= 32 else None
+    """The largest batch in [lo, hi] for which ``build(batch)`` fits ``config``'s budgets
+    (``budget_bytes``, ``host_budget_bytes`` or both; the first guess is drawn from the device's)."""
+    if config.budget_bytes is None and config.host_budget_bytes is None:
+        raise ValueError("max_batch needs a budget (config.budget_bytes or config.host_budget_bytes)")
+    sample = (8, 32) if hi >= 32 and config.budget_bytes is not None else None
     return _search(label or config.describe(), config, range(lo, hi + 1), build, sample, progress,
                    lambda b: f"batch {b:,d}", further=True, slack="ratio")
 

@@ -1,0 +1,124 @@
+"""snlite.explain and ``snlite plan --budget``/``--host-budget`` where a plan does not fit: where it
+failed, the run without a budget, and the ranked changes, each simulated under the same budgets."""
+import json
+import re
+
+from snlite import MemoryConfig, budget, cli, explain, simulate
+from snlite.measure import format_size, measure
+from snlite.models import get_model
+
+
+def run(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def alexnet(batch):
+    return get_model("alexnet", batch)
+
+
+BUDGET = 830 * 2**20  # alexnet at batch 16: the baseline needs ~900 MiB, the weights alone ~714 MiB
+
+
+def test_a_budget_too_small_explains_and_ranks_the_changes(capsys):
+    code, out, err = run(capsys, "plan", "alexnet", "--batch", 16, "--budget", "830MiB")
+    assert code == cli.EXIT_DOES_NOT_FIT, err
+    assert "does NOT fit a budget of 830.0 MiB" in out and "where it failed:" in out and "Live there:" in out
+    assert "without a budget it peaks at" in out
+    assert re.search(r"^#  change +what +fits +peak +saves +extra FLOPs +moved +costs$", out, re.M)
+    code, js, _ = run(capsys, "plan", "alexnet", "--batch", 16, "--budget", "830MiB", "--json")
+    suggestions = json.loads(js)["explanation"]["suggestions"]
+    assert code == cli.EXIT_DOES_NOT_FIT and len(suggestions) >= 6
+    flags = [s["change"] for s in suggestions]
+    assert {"--liveness", "--offload", "--cache", "--recompute cost_aware",
+            "--recompute memory"} <= set(flags)
+    assert any(f.startswith("--batch ") for f in flags)
+    fits = [s["fits"] for s in suggestions]
+    assert fits == sorted(fits, reverse=True), "the changes that fit come first"
+    rows = [line.split() for line in out.split("costs\n", 1)[1].splitlines() if re.match(r"^ ?\d+  ", line)]
+    assert [int(r[0]) for r in rows] == list(range(1, len(flags) + 1))
+    for row, flag in zip(rows, flags):
+        assert " ".join(row[1:]).startswith(flag)
+    assert "try: " + flags[0] in out
+
+
+def test_the_suggestions_that_say_they_fit_really_fit():
+    ex = explain.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=BUDGET))
+    assert not ex.fits and "does not fit a budget" in ex.message and ex.need.peak_bytes > BUDGET
+    assert ex.ran_out == "device"
+    assert any(s.fits for s in ex.suggestions) and any(not s.fits for s in ex.suggestions)
+    for s in ex.suggestions:
+        assert s.config.budget_bytes == BUDGET
+        assert budget.fits(alexnet(s.batch), s.config) == s.fits, s.change
+    keys = [s.rank_key() for s in ex.suggestions]
+    assert keys == sorted(keys)
+    smaller = next(s for s in ex.suggestions if s.change.startswith("--batch"))
+    assert smaller.batch < 16 and not budget.fits(alexnet(smaller.batch + 1), smaller.config)
+    assert explain.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=2**31)).fits
+
+
+def test_where_first_fit_fragments_offline_placement_is_suggested_first_at_no_cost():
+    """A budget of exactly the offline arena: first fit runs out of contiguous room where offline
+    placement, the same program packed from its lifetimes, fits; so it ranks first and costs nothing.
+    Already offline, it is not suggested."""
+    config = MemoryConfig(liveness=True)
+    arena = simulate(alexnet(16), config.replace(fit="offline")).arena_bytes
+    config = config.replace(budget_bytes=arena)
+    assert not budget.fits(alexnet(16), config), "first fit fits the offline arena here: pick a tighter case"
+    top = explain.explain_budget(alexnet, 16, config).suggestions[0]
+    assert (top.change, top.fits, top.cost, top.moved_bytes) == ("--fit offline", True, "nothing", 0)
+    assert top.config == config.replace(fit="offline", count="all")
+    smaller = config.replace(fit="offline", budget_bytes=arena - 2**20)
+    assert "--fit offline" not in [s.change for s in explain.explain_budget(alexnet, 16, smaller).suggestions]
+
+
+def test_nothing_fits_when_the_weights_do_not(capsys):
+    code, out, err = run(capsys, "plan", "alexnet", "--batch", 2, "--budget", "100MiB", "--json", "-")
+    assert code == cli.EXIT_DOES_NOT_FIT
+    data = json.loads(out)
+    assert data["fits"] is False and "weights and optimizer state" in data["explanation"]["message"]
+    assert not any(s["fits"] for s in data["explanation"]["suggestions"])
+
+
+# ---------------------------------------------------------------- the pinned host budget
+OFFLOAD = MemoryConfig(liveness=True, offload=True, optimizer_state="host")  # pins CONV outputs and momentum
+
+
+def test_a_host_budget_too_small_is_explained_never_reported_as_fitting(capsys):
+    """Alone or with a device budget that fits, a host budget too small is what the explanation names,
+    with the pinned memory the run without one needs and the changes that pin less."""
+    pinned = measure(alexnet(16), OFFLOAD).slab_bytes
+    flags = ["plan", "alexnet", "--batch", 16, "--liveness", "--offload", "--optimizer-state", "host",
+             "--host-budget", pinned - 1024]
+    for device in ([], ["--budget", "12GiB"]):
+        code, out, err = run(capsys, *flags, *device)
+        assert code == cli.EXIT_DOES_NOT_FIT, err
+        assert out.startswith("alexnet, batch 16, does NOT fit a host budget of ")
+        assert "of pinned memory" in out.splitlines()[0] and "host budget: fits" not in out
+        assert f"pins {format_size(pinned)} of host memory" in out
+        assert "--fit offline" not in out and "--recompute" not in out
+        code, js, _ = run(capsys, *flags, *device, "--json", "-")
+        data = json.loads(js)["explanation"]
+        assert code == cli.EXIT_DOES_NOT_FIT and data["ran_out"] == "host"
+        assert data["host_budget_bytes"] == pinned - 1024 and "host budget" in data["message"]
+    code, out, _ = run(capsys, *flags[:-1], pinned)
+    assert code == 0 and "host budget: fits" in out
+
+
+def test_the_host_suggestions_pin_less_and_those_that_say_they_fit_really_fit():
+    pinned = measure(alexnet(16), OFFLOAD).slab_bytes
+    config = OFFLOAD.replace(host_budget_bytes=pinned - 1024)
+    ex = explain.explain_budget(alexnet, 16, config)
+    assert not ex.fits and ex.ran_out == "host" and ex.need.slab_bytes == pinned
+    assert {s.change for s in ex.suggestions} == {
+        "--no-offload", "--optimizer-state device", "--no-offload --optimizer-state device", "--batch 15"}
+    for s in ex.suggestions:
+        assert s.config.host_budget_bytes == pinned - 1024 and s.fits
+        assert budget.fits(alexnet(s.batch), s.config), s.change
+    assert [s.rank_key() for s in ex.suggestions] == sorted(s.rank_key() for s in ex.suggestions)
+    assert explain.explain_budget(alexnet, 16, config.replace(host_budget_bytes=pinned)).fits
+    staging = explain.explain_budget(alexnet, 16, OFFLOAD.replace(host_budget_bytes=1024))
+    assert staging.ran_out == "host" and "while staging the batch" in staging.message
+    assert not any(s.fits for s in staging.suggestions)  # not even a batch of 1 stages in 1 KiB
