@@ -382,8 +382,9 @@ def _programs(graph, config, plan, costs, in_backward: bool) -> tuple[dict, Memo
         host = isinstance(e, HostBudgetError)
         need = smallest_budget(graph, config if host else config.replace(host_budget_bytes=None), costs=costs,
                                host=host)
-        raise type(e)(f"{e} The smallest {'host ' if host else ''}budget that works under this "
-                          f"configuration is {need:,d} bytes ({format_size(need)}).") from None
+        said = str(e) if str(e).endswith(".") else f"{e}."  # (a message may end without a full stop)
+        raise type(e)(f"{said} The smallest {'host ' if host else ''}budget that works under this "
+                      f"configuration is {need:,d} bytes ({format_size(need)}).") from None
     for program in programs.values():
         check(program, graph=graph)  # proven race-free before anything runs (linear in the program's length)
     return programs, resolved

@@ -177,6 +177,8 @@ def test_a_host_budget_too_small_fails_early_and_names_the_pinned_memory():
         Model(g, cfg.replace(host_budget_bytes=slab - 256), device="host")
     with pytest.raises(HostBudgetError, match="while staging the batch"):
         place(g, cfg.replace(host_budget_bytes=256))
+    with pytest.raises(HostBudgetError, match=r"the results need [\d,]+ bytes\. The smallest host budget"):
+        Model(g, cfg.replace(host_budget_bytes=256), device="host")
 
 
 def test_trace_and_plan_are_readable():
