@@ -328,15 +328,22 @@ def memory_config(args) -> MemoryConfig:
 def config_warnings(config: MemoryConfig) -> list[str]:
     """What is odd about ``config``: offload, the cache and recomputation free or move tensors on
     top of liveness analysis (docs/paper.md sections 3-5); without it every tensor that is no longer
-    needed stays on the device until the iteration ends."""
+    needed stays on the device until the iteration ends. And a fit chooses where blocks go in the
+    pool's arena, which the raw allocator does not have."""
+    out = []
+    if config.allocator == "raw" and config.fit != "first":
+        out.append(f"--fit {config.fit} has no effect under --allocator raw (one device allocation per "
+                   "tensor: no arena to place blocks in); use --allocator pool, or drop --fit")
     on = [f for f, used in (("--offload", config.offload), ("--cache", config.cache),
                             (f"--recompute {config.recompute}", config.recompute != "off")) if used]
     if config.liveness or not on:
-        return []
+        return out
     named = on[0] if len(on) == 1 else ", ".join(on[:-1]) + " and " + on[-1]
-    return [f"{named} without liveness analysis: tensors nobody will read again stay on the device until the "
-            f"iteration ends, so {'they save' if len(on) > 1 else 'it saves'} less"
-            + (" and the cache copies dead tensors to the host" if config.cache else "") + "; add --liveness"]
+    dead = " and the cache copies dead tensors to the host" if config.cache else ""
+    save = "they save" if len(on) > 1 else "it saves"
+    out.append(f"{named} without liveness analysis: tensors nobody will read again stay on the device until "
+               f"the iteration ends, so {save} less{dead}; add --liveness")
+    return out
 
 
 def _bytes(n: int) -> str:

@@ -124,7 +124,8 @@ def print_peaks(graph, batch: int, config, m) -> None:
     print(f"{graph.name}, batch {batch}: {len(graph.layers)} layers, {graph.param_count():,d} parameters, "
           f"{graph.flops() / 1e9:,.2f} GFLOPs forward; simulated on the meta device")
     print(Scheduler(graph, config))
-    print(f"  allocator {config.allocator} ({config.fit} fit), peak counted as {config.count!r} below, "
+    fit = "" if config.allocator == "raw" else f" ({config.fit} fit)"  # raw: one allocation per tensor
+    print(f"  allocator {config.allocator}{fit}, peak counted as {config.count!r} below, "
           f"budget {measure.format_size(config.budget_bytes) if config.budget_bytes else 'none'}")
     print()
     t, p = m.trace, m.paper

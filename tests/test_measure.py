@@ -420,6 +420,14 @@ def test_optimizations_without_liveness_are_warned_about(flags, named, capsys):
     assert err == ""
 
 
+def test_a_fit_under_the_raw_allocator_is_warned_about(capsys):
+    code, out, err = run(capsys, "plan", "lenet", "--batch", 2, "--allocator", "raw", "--fit", "offline")
+    assert code == 0 and err.startswith("snlite plan: warning: --fit offline has no effect under --allocator")
+    assert "  allocator raw, peak counted" in out
+    for flags in (["--allocator", "raw"], ["--fit", "offline"]):
+        assert run(capsys, "plan", "lenet", "--batch", 2, *flags)[2] == ""
+
+
 class Terminal:
     """A stderr that says it is a terminal, and keeps what was written."""
 
