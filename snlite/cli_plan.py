@@ -14,7 +14,7 @@ import os
 from snlite import explain, measure, offline, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
-                             check_output_file, memory_config)
+                             memory_config)
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, add_export_flags, add_net_argument,
                                check_exports, draw, graph_of, pct, text_table, write_exports, write_json)
 from snlite.dataflow import DataflowError, check_dataflow
@@ -99,7 +99,6 @@ def cmd_plan(args) -> int:
         print("\nper step (KiB):\n" + trace.table())
     print_time(args, graph, batch, config, m)
     if args.save_program:
-        check_output_file("--save-program", args.save_program)
         m.program.save(os.path.expanduser(args.save_program))
         print(f"\nprogram saved to {args.save_program} ({len(m.program):,d} instructions)")
     if args.program:
