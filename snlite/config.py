@@ -98,4 +98,16 @@ class MemoryConfig:
 
 
 baseline = MemoryConfig.baseline
+
+
+def config_of(config) -> MemoryConfig:
+    """``config``, or the baseline for None; anything else (a dict, a preset's name) is refused,
+    saying how to build one."""
+    if config is None:
+        return MemoryConfig()
+    if not isinstance(config, MemoryConfig):
+        raise ValueError(f"config must be a MemoryConfig (or None), got {type(config).__name__} "
+                         f"{config!r:.60}; build one with MemoryConfig(liveness=True, ...) or "
+                         "MemoryConfig.superneurons()")
+    return config
 superneurons = MemoryConfig.superneurons

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from snlite import offline, overlap, placement, timing
 from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
-from snlite.config import MIN_BUDGET_BYTES, MemoryConfig
+from snlite.config import MIN_BUDGET_BYTES, MemoryConfig, config_of
 from snlite.pool import TensorPool
 from snlite.program import MODES, Launch, Program, without_cycle_collection
 from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
@@ -48,7 +48,7 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
     so whether the iteration fits is already decided without it: a search asks only that).
     Raises :class:`~snlite.errors.BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``)
     is too small."""
-    config = _checked(config or MemoryConfig(), mode, optimizer, plan)
+    config = _checked(config_of(config), mode, optimizer, plan)
     with without_cycle_collection():
         job, placed = _first(graph, config, mode, plan, costs, optimizer)
         if refine:
@@ -129,7 +129,7 @@ def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, 
     """The trace of one training iteration of ``graph`` under ``config``, read off its program: what
     a :class:`~snlite.train.Model` (SGD with momentum, unless ``optimizer`` is False) then holds on
     the host or CUDA device, byte for byte. ``costs``: the conv timings a GPU measured."""
-    config = config or MemoryConfig()
+    config = config_of(config)
     program = place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs,
                     optimizer=optimizer)
     return trace_program(program, config.count)

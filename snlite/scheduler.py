@@ -28,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from snlite import liveness, offload, recompute
-from snlite.config import MemoryConfig
+from snlite.config import MemoryConfig, config_of
 from snlite.graph import TensorSpec
 from snlite.recompute import Op, base_name
 from snlite.records import record, without_cycle_collection
@@ -257,8 +257,7 @@ class Scheduler:
 
     def __init__(self, graph, config: MemoryConfig | None = None):
         self.graph = graph
-        self.config = config or MemoryConfig()
-        c = self.config
+        self.config = c = config_of(config)
         self.recompute = RecomputeStage(c.recompute, c.recompute_keep)
         self.liveness = LivenessStage(c.liveness)
         self.offload = OffloadStage(c.offload, lazy=c.cache)

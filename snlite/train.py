@@ -27,7 +27,7 @@ import numpy as np
 from snlite import anomaly, arguments
 from snlite.anomaly import NonFiniteError
 from snlite.checker import check
-from snlite.config import MemoryConfig
+from snlite.config import MemoryConfig, config_of
 from snlite.device import HostDevice, get_device
 from snlite.executor import Executor
 from snlite.checks import check_number
@@ -61,9 +61,7 @@ class Model:
         if not isinstance(graph, Graph):
             raise ValueError(f"graph must be a snlite.Graph, got {type(graph).__name__}")
         self.graph = graph
-        self.config = config or MemoryConfig()
-        if not isinstance(self.config, MemoryConfig):
-            raise ValueError(f"config must be a MemoryConfig (or None), got {type(config).__name__}")
+        self.config = config_of(config)
         if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.device = get_device(device)

@@ -39,3 +39,19 @@ def test_frozen_and_replace_checks_field_names():
     assert cfg.replace(liveness=True).liveness
     with pytest.raises(ValueError, match=r"unknown MemoryConfig field\(s\) \['livness'\]"):
         cfg.replace(livness=True)
+
+
+@pytest.mark.parametrize("config", [{"liveness": True}, "superneurons", 3])
+def test_whatever_takes_a_config_refuses_one_that_is_not_a_memory_config(config):
+    """A dict or a preset's name fails at the door, saying how to build a config (an AttributeError
+    from deep inside the pipeline, naming a field, was what place() and Scheduler said before)."""
+    from snlite import Model, Scheduler, place, simulate
+    from snlite.models import get_model
+
+    g = get_model("lenet", batch=2)
+    for call in (lambda: place(g, config), lambda: simulate(g, config), lambda: Scheduler(g, config),
+                 lambda: Model(g, config, device="meta")):
+        with pytest.raises(ValueError, match=r"config must be a MemoryConfig \(or None\), got .*"
+                                             r"MemoryConfig\.superneurons\(\)"):
+            call()
+    assert place(g, None).config == MemoryConfig().describe()
