@@ -328,12 +328,15 @@ def memory_config(args) -> MemoryConfig:
 def config_warnings(config: MemoryConfig) -> list[str]:
     """What is odd about ``config``: offload, the cache and recomputation free or move tensors on
     top of liveness analysis (docs/paper.md sections 3-5); without it every tensor that is no longer
-    needed stays on the device until the iteration ends. And a fit chooses where blocks go in the
-    pool's arena, which the raw allocator does not have."""
+    needed stays on the device until the iteration ends. A fit chooses where blocks go in the pool's
+    arena, which the raw allocator does not have; the layers recomputation keeps need recomputation."""
     out = []
     if config.allocator == "raw" and config.fit != "first":
         out.append(f"--fit {config.fit} has no effect under --allocator raw (one device allocation per "
                    "tensor: no arena to place blocks in); use --allocator pool, or drop --fit")
+    if config.recompute_keep and config.recompute == "off":
+        out.append("--recompute-keep has no effect without recomputation (nothing is dropped to keep); "
+                   "add --recompute cost_aware (or speed, memory)")
     on = [f for f, used in (("--offload", config.offload), ("--cache", config.cache),
                             (f"--recompute {config.recompute}", config.recompute != "off")) if used]
     if config.liveness or not on:

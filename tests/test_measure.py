@@ -428,6 +428,13 @@ def test_a_fit_under_the_raw_allocator_is_warned_about(capsys):
         assert run(capsys, "plan", "lenet", "--batch", 2, *flags)[2] == ""
 
 
+def test_layers_kept_without_recomputation_are_warned_about(capsys):
+    code, _, err = run(capsys, "plan", "lenet", "--batch", 2, "--liveness", "--recompute-keep", "relu1")
+    assert code == 0 and err.startswith("snlite plan: warning: --recompute-keep has no effect without ")
+    flags = ("plan", "lenet", "--batch", 2, "--liveness", "--recompute-keep", "relu1", "--recompute", "speed")
+    assert run(capsys, *flags)[2] == ""
+
+
 class Terminal:
     """A stderr that says it is a terminal, and keeps what was written."""
 
