@@ -376,7 +376,8 @@ def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
     (["plan", "lenet", "--liveness", "--recompute", "speed", "--recompute-keep", "foo"],
      "--recompute-keep: recompute_keep names 'foo' (no such layer); it takes cheap layers of lenet: "
      "pool1, pool2"),
-    (["train", "lenet", "--data", "synthetic", "--recompute-keep", "foo"], "recompute_keep names 'foo'"),
+    (["train", "lenet", "--data", "synthetic", "--liveness", "--recompute", "speed",
+      "--recompute-keep", "foo"], "recompute_keep names 'foo'"),
 ])
 def test_a_name_that_names_nothing_is_a_usage_error(argv, message, capsys, monkeypatch):
     """An unknown network, GPU profile, --data kind or --recompute-keep layer: exit 2, one line naming
