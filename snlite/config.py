@@ -99,6 +99,8 @@ class MemoryConfig:
 
 baseline = MemoryConfig.baseline
 
+superneurons = MemoryConfig.superneurons
+
 
 def config_of(config) -> MemoryConfig:
     """``config``, or the baseline for None; anything else (a dict, a preset's name) is refused,
@@ -110,4 +112,3 @@ def config_of(config) -> MemoryConfig:
                          f"{config!r:.60}; build one with MemoryConfig(liveness=True, ...) or "
                          "MemoryConfig.superneurons()")
     return config
-superneurons = MemoryConfig.superneurons

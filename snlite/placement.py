@@ -97,7 +97,7 @@ class Placer(Residency):
         self.layout = slab.layout(graph, self.nbytes, self.host_state, self.train)
         if config.host_budget_bytes is not None and config.host_budget_bytes < self.layout.staging_bytes:
             raise HostBudgetError(staging_message(graph, config.describe(), config.host_budget_bytes,
-                                              self.layout.state_bytes, self.layout.staging_bytes))
+                                                  self.layout.state_bytes, self.layout.staging_bytes))
         self.host = HostPool((config.host_budget_bytes - self.layout.staging_bytes)
                              if config.host_budget_bytes
                              else self._host_bound())  # tensors waiting on the host, after the fixed part
