@@ -98,7 +98,6 @@ class MemoryConfig:
 
 
 baseline = MemoryConfig.baseline
-
 superneurons = MemoryConfig.superneurons
 
 
