@@ -187,6 +187,10 @@ class _Memory:
         self.sorted: dict[str, list] = {}  # space key -> sorted [(lo, hi, tensor)]
 
     def alloc(self, space_key: str, tensor: str, lo: int, hi: int, at) -> None:
+        held = self.where.get((_kind(space_key), tensor))
+        if held is not None:  # (validate refuses it within an iteration; a body that never frees it, twice)
+            raise ProgramError(f"instruction {at}: allocates {tensor} again while it is still live at "
+                               f"{held[0]} [{held[1]:#x}, {held[2]:#x}): a Free is missing before it")
         spans = self.sorted.setdefault(space_key, [])
         k = bisect.bisect_left(spans, (lo,))
         for other in spans[max(k - 1, 0):k + 1]:

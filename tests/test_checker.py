@@ -92,6 +92,10 @@ def test_two_iterations_catch_work_left_running_at_the_end():
 def test_malformed_programs_are_program_errors():
     with pytest.raises(ProgramError, match="overlaps x"):
         find_races(tiny(ALLOC_X, Alloc("y", "arena", 0, 1024)))
+    # a body that never frees x is a valid program once; run twice, its next iteration allocates x again
+    with pytest.raises(ProgramError, match=r"instruction \(1, 0\): allocates x again while it is still "
+                                           r"live at arena \[0x0, 0x400\): a Free is missing"):
+        find_races(tiny(ALLOC_X, WRITE_X), iterations=2)
     with pytest.raises(ProgramError, match="touches x, which holds no device memory"):
         find_races(tiny(ALLOC_X, Free("x", "arena", 0, 1024), READ_X))
     with pytest.raises(ProgramError, match="waits for e, which was not recorded"):
