@@ -289,6 +289,15 @@ class Graph:
         return self._cache
 
 
+def graph_of(graph) -> Graph:
+    """``graph``, refused unless it is a :class:`Graph` (a model's name or a PyTorch module is not)."""
+    if not isinstance(graph, Graph):
+        raise ValueError(f"graph must be a snlite.Graph, got {type(graph).__name__} {graph!r:.60}; build one "
+                         "with snlite.models.get_model(NAME, batch), snlite.Graph(...) or "
+                         "snlite.from_torch(module, input_shape)")
+    return graph
+
+
 class _Compiler:
     """Turns each layer's roles into tensor names and the route into steps, in two passes: forward
     (outputs, parameters, buffers, saved tensors and the forward steps), then backward (gradients and

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from snlite import offline, overlap, placement, timing
 from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
+from snlite.graph import graph_of
 from snlite.config import MIN_BUDGET_BYTES, MemoryConfig, config_of
 from snlite.pool import TensorPool
 from snlite.program import MODES, Launch, Program, without_cycle_collection
@@ -48,7 +49,7 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
     so whether the iteration fits is already decided without it: a search asks only that).
     Raises :class:`~snlite.errors.BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``)
     is too small."""
-    config = _checked(config_of(config), mode, optimizer, plan)
+    graph, config = graph_of(graph), _checked(config_of(config), mode, optimizer, plan)
     with without_cycle_collection():
         job, placed = _first(graph, config, mode, plan, costs, optimizer)
         if refine:
@@ -107,7 +108,7 @@ def probe(graph, config: MemoryConfig, plan=None) -> Probe | None:
     With ``optimizer_state="auto"`` under a budget the momentum is tried on the host first: where
     that fits, so does :func:`place` (on the device or, failing that, on the host), and the probe
     is answered by one placement; only where it does not is the device tried."""
-    config = _checked(config, "train", True, plan)
+    graph, config = graph_of(graph), _checked(config_of(config), "train", True, plan)
     try:
         with without_cycle_collection():
             # the scheduler never reads optimizer_state: one plan serves every place the momentum is tried

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from snlite import liveness, offload, recompute
 from snlite.config import MemoryConfig, config_of
-from snlite.graph import TensorSpec
+from snlite.graph import TensorSpec, graph_of
 from snlite.recompute import Op, base_name
 from snlite.records import record, without_cycle_collection
 
@@ -256,7 +256,7 @@ class Scheduler:
     """Builds a :class:`Plan` for ``graph`` under ``config`` from one stage per optimization."""
 
     def __init__(self, graph, config: MemoryConfig | None = None):
-        self.graph = graph
+        self.graph = graph_of(graph)
         self.config = c = config_of(config)
         self.recompute = RecomputeStage(c.recompute, c.recompute_keep)
         self.liveness = LivenessStage(c.liveness)

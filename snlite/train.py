@@ -31,7 +31,7 @@ from snlite.config import MemoryConfig, config_of
 from snlite.device import HostDevice, get_device
 from snlite.executor import Executor
 from snlite.checks import check_number
-from snlite.graph import Graph
+from snlite.graph import Graph, graph_of
 from snlite.budget import smallest_budget
 from snlite.errors import BudgetError, HostBudgetError
 from snlite.pipeline import place
@@ -58,9 +58,7 @@ class Model:
 
     def __init__(self, graph: Graph, config: MemoryConfig | None = None, device="auto", seed: int = 0,
                  anomaly: bool = False, plan=None, costs=None):
-        if not isinstance(graph, Graph):
-            raise ValueError(f"graph must be a snlite.Graph, got {type(graph).__name__}")
-        self.graph = graph
+        self.graph = graph_of(graph)
         self.config = config_of(config)
         if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")

@@ -55,3 +55,18 @@ def test_whatever_takes_a_config_refuses_one_that_is_not_a_memory_config(config)
                                              r"MemoryConfig\.superneurons\(\)"):
             call()
     assert place(g, None).config == MemoryConfig().describe()
+
+
+@pytest.mark.parametrize("graph", ["lenet", None])
+def test_whatever_takes_a_graph_refuses_one_that_is_not_a_graph(graph):
+    """A model's name where a Graph goes fails at the door, saying how to build one."""
+    from snlite import Model, Scheduler, place, simulate
+    from snlite.budget import fits
+    from snlite.search import min_budget
+
+    for call in (lambda: place(graph), lambda: simulate(graph), lambda: Scheduler(graph),
+                 lambda: Model(graph, device="meta"), lambda: fits(graph, MemoryConfig()),
+                 lambda: min_budget(graph)):
+        with pytest.raises(ValueError, match=r"graph must be a snlite\.Graph, got .* build one with "
+                                             r"snlite\.models\.get_model\(NAME, batch\)"):
+            call()
