@@ -1,4 +1,4 @@
-"""Small networks and data shared by the memory tests."""
+"""Small networks, data and helpers shared by the memory tests."""
 import itertools
 
 import numpy as np
@@ -63,3 +63,19 @@ def train_steps(g, config, device, program=None, steps=2):
         model.programs["grads"] = program
     losses = [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(steps)]
     return losses, model.params
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    """``snlite ARGV`` in this process: its exit status, stdout and stderr (never a traceback)."""
+    from snlite import cli
+
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def alexnet(batch):
+    from snlite.models import get_model
+
+    return get_model("alexnet", batch)

@@ -3,21 +3,9 @@ failed, the run without a budget, and the ranked changes, each simulated under t
 import json
 import re
 
+from nets import alexnet, run
 from snlite import MemoryConfig, budget, cli, explain, simulate
 from snlite.measure import format_size, measure
-from snlite.models import get_model
-
-
-def run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, out, err
-
-
-def alexnet(batch):
-    return get_model("alexnet", batch)
-
 
 BUDGET = 830 * 2**20  # alexnet at batch 16: the baseline needs ~900 MiB, the weights alone ~714 MiB
 

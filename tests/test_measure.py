@@ -8,21 +8,11 @@ import types
 import numpy as np
 import pytest
 
+from nets import alexnet, run
 from snlite import budget
 from snlite import BudgetError, Graph, MemoryConfig, Model, cli, cli_args, measure, search, simulate
 from snlite.models import get_model, resnet
 from snlite.scheduler import Scheduler, validate
-
-
-def run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, out, err
-
-
-def alexnet(batch):
-    return get_model("alexnet", batch)
 
 
 # ---------------------------------------------------------------- sizes
