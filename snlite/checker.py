@@ -187,7 +187,8 @@ class _Memory:
         self.sorted: dict[str, list] = {}  # space key -> sorted [(lo, hi, tensor)]
 
     def alloc(self, space_key: str, tensor: str, lo: int, hi: int, at) -> None:
-        held = self.where.get((_kind(space_key), tensor))
+        key = (_kind(space_key), tensor)
+        held = self.where.get(key)
         if held is not None:  # (validate refuses it within an iteration; a body that never frees it, twice)
             raise ProgramError(f"instruction {at}: allocates {tensor} again while it is still live at "
                                f"{held[0]} [{held[1]:#x}, {held[2]:#x}): a Free is missing before it")
@@ -198,7 +199,7 @@ class _Memory:
                 raise ProgramError(f"instruction {at}: {tensor} at {space_key} [{lo:#x}, {hi:#x}) overlaps "
                                    f"{other[2]}, which is still live at [{other[0]:#x}, {other[1]:#x})")
         spans.insert(k, (lo, hi, tensor))
-        self.where[_kind(space_key), tensor] = (space_key, lo, hi)
+        self.where[key] = (space_key, lo, hi)
 
     def free(self, space: str, tensor: str, at) -> tuple:
         loc = self.where.pop((space, tensor), None)
