@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 
 from snlite import measure, offline, optimal, search, timing
-from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, add_quiet_flag
+from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _size, add_quiet_flag
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, add_net_argument, draw, graph_of,
                                kind_table, ordinal, text_table, write_json)
 from snlite.config import CHOICES, MemoryConfig
+from snlite.errors import HostBudgetError
 
 
 def add_compare_command(sub) -> None:
@@ -24,6 +25,10 @@ def add_compare_command(sub) -> None:
     compare.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                          help="run every strategy under this budget and say which fit (the cache only moves "
                               "data when memory runs short)")
+    compare.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
+                         help="pinned host memory (offloaded and cached tensors, momentum on the host, the "
+                              "staged batch): run every strategy under it too, and say which fit and which "
+                              "memory ran out")
     compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
     compare.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
     compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
@@ -42,22 +47,28 @@ def cmd_compare(args) -> int:
     t0 = time.perf_counter()
     status = Status("snlite compare", args.quiet)
     fits_asked = list(dict.fromkeys(args.fit))  # in the order given, each once
-    by_fit = {fit: measure.compare(graph, args.budget, progress=status, fit=fit) for fit in fits_asked}
+    by_fit = {fit: measure.compare(graph, args.budget, status, fit, host_budget_bytes=args.host_budget)
+              for fit in fits_asked}
     rows = list(by_fit[fits_asked[0]])  # the main table (with --optimal, one row more)
     if args.optimal:
         status(f"{graph.name}: the exact recomputation plan (snlite optimal)")
-        rows.append(optimal_row(graph, args.budget, fits_asked[0]))
-    smallest = {}
+        rows.append(optimal_row(graph, args.budget, fits_asked[0], args.host_budget))
+    smallest = {}  # fit -> superneurons()' smallest device budget, or the HostBudgetError that rules all out
     for fit in fits_asked:
         status(f"{graph.name}: the smallest budget of {superneurons_label(fit)}")
-        smallest[fit] = search.min_budget(graph, MemoryConfig.superneurons(fit=fit), superneurons_label(fit))
+        config = MemoryConfig.superneurons(fit=fit, host_budget_bytes=args.host_budget)
+        try:
+            smallest[fit] = search.min_budget(graph, config, superneurons_label(fit))
+        except HostBudgetError as e:
+            smallest[fit] = e
     status(f"{graph.name}: step times on the {args.gpu} profile")
     prof = timing.profile(args.gpu)
     timelines = [r.timeline(prof) for r in rows]
     resident = measure.all_resident_ms(graph, prof)
     status.clear()
     seconds = time.perf_counter() - t0
-    fits = args.budget is None or any(r.fits for r in rows)
+    budgeted = args.budget is not None or args.host_budget is not None
+    fits = not budgeted or any(r.fits for r in rows)
     if args.json:
         write_json(args.json, compare_json(args, batch, rows, timelines, prof, resident, smallest, by_fit))
     if args.plot:
@@ -70,51 +81,86 @@ def cmd_compare(args) -> int:
     if by_fit.keys() != {"first"}:
         print_arenas(args, by_fit)
     print_notes(args, graph, prof, resident, seconds)
-    first = smallest[fits_asked[0]]
-    print(f"\n{first.label} runs in {measure.format_size(first.budget_bytes)} at the least, "
-          f"{first.ratio:.2f} x (l_peak {measure.format_size(first.l_peak_bytes)} + what it holds all "
-          f"iteration {measure.format_size(first.persistent_bytes)}): the paper's \"peak about l_peak\", "
-          "as a budget (snlite.search.min_budget)")
-    for other in (smallest[fit] for fit in fits_asked[1:]):
-        print(f"{other.label} runs in {measure.format_size(other.budget_bytes)} at the least, "
-              f"{other.ratio:.2f} x")
+    print_smallest(args, batch, smallest)
     if not fits:
-        print(f"\nno strategy fits {measure.format_size(args.budget)}: see why, and what would, with "
-              f"snlite plan {args.net} --batch {batch} --budget {args.budget}")
+        print_nothing_fits(args, batch)
         return EXIT_DOES_NOT_FIT
     return 0
+
+
+def print_nothing_fits(args, batch: int) -> None:
+    """No row fits: the budgets, and the plan command that says why and what would."""
+    asked = [f"--budget {args.budget}"] if args.budget is not None else []
+    asked += [f"--host-budget {args.host_budget}"] if args.host_budget is not None else []
+    host = f"a host budget of {measure.format_size(args.host_budget)}" if args.host_budget else ""
+    device = measure.format_size(args.budget) if args.budget is not None else ""
+    print(f"\nno strategy fits {device}{' with ' if device and host else ''}{host}: see why, and what "
+          f"would, with snlite plan {args.net} --batch {batch} {' '.join(asked)}")
+
+
+def budget_text(args) -> str:
+    """The budgets asked, in words: "budget 850.0 MiB", "host budget 500.0 MiB", or both."""
+    parts = [f"budget {measure.format_size(args.budget)}"] if args.budget is not None else []
+    if args.host_budget is not None:
+        parts.append(f"host budget {measure.format_size(args.host_budget)}")
+    return ", ".join(parts)
+
+
+def print_smallest(args, batch: int, smallest) -> None:
+    """superneurons()' smallest device budget under each fit (under --host-budget, where one exists)."""
+    under = (f" with {measure.format_size(args.host_budget)} of pinned host memory"
+             if args.host_budget is not None else "")
+    print()
+    for i, (fit, m) in enumerate(smallest.items()):
+        if isinstance(m, HostBudgetError):
+            print(f"{superneurons_label(fit)} fits no device budget{under}: even on an unlimited device "
+                  f"it pins more (snlite plan {args.net} --batch {batch} --preset superneurons "
+                  f"--host-budget {args.host_budget} says what would fit)")
+        elif i == 0:
+            print(f"{m.label} runs in {measure.format_size(m.budget_bytes)}{under} at the least, "
+                  f"{m.ratio:.2f} x (l_peak {measure.format_size(m.l_peak_bytes)} + what it holds all "
+                  f"iteration {measure.format_size(m.persistent_bytes)}): the paper's \"peak about l_peak\", "
+                  "as a budget (snlite.search.min_budget)")
+        else:
+            print(f"{m.label} runs in {measure.format_size(m.budget_bytes)}{under} at the least, "
+                  f"{m.ratio:.2f} x")
 
 
 def superneurons_label(fit: str) -> str:
     return "superneurons()" if fit == "first" else f"superneurons(fit={fit!r})"
 
 
-def optimal_row(graph, budget, fit: str = "first"):
+def optimal_row(graph, budget, fit: str = "first", host_budget=None):
     """The row of ``--optimal``: the exact planner's least-peak recomputation plan, measured under
-    ``budget``, placed with ``fit``."""
+    ``budget`` (and ``host_budget``), placed with ``fit``."""
     best = optimal.solve(graph)
     if best.plan is None:
         raise CliError(f"--optimal: {best.summary()}")
     gap = "" if best.optimal else f" ({best.status}, gap {100 * (best.gap or 0):.1f}%)"
     label = "optimal recompute" + gap
-    return measure.measure(graph, best.plan.config.replace(budget_bytes=budget, fit=fit), label, best.plan)
+    config = best.plan.config.replace(budget_bytes=budget, host_budget_bytes=host_budget, fit=fit)
+    return measure.measure(graph, config, label, best.plan)
 
 
 def compare_json(args, batch: int, rows, timelines, prof, resident: float, smallest, by_fit) -> dict:
     """The numbers of ``compare --json``: the rows of the first fit asked, and per fit each strategy's
     arena against the bytes live at once, and superneurons()' smallest budget."""
-    def least(m):
+    def least(m):  # None: no device budget fits under --host-budget
+        if isinstance(m, HostBudgetError):
+            return None
         return {"budget_bytes": m.budget_bytes, "l_peak_bytes": m.l_peak_bytes,
                 "persistent_bytes": m.persistent_bytes, "ratio": m.ratio}
 
     fits_asked = list(by_fit)
-    return {"net": args.net, "batch": batch, "budget_bytes": args.budget, "fit": fits_asked[0],
+    return {"net": args.net, "batch": batch, "budget_bytes": args.budget,
+            "host_budget_bytes": args.host_budget, "fit": fits_asked[0],
             "rows": [dict(r.totals(), step_ms=tl.step_ms, vs_all_resident=tl.step_ms / resident - 1,
                           exposed_transfer_ms=tl.exposed_ms, overlap=tl.overlap)
                      for r, tl in zip(rows, timelines)],
             "gpu_profile": prof.name, "all_resident_ms": resident,
             "min_budget": least(smallest[fits_asked[0]]),
-            "by_fit": {fit: {"rows": [{"label": r.label, "fits": r.fits, "arena_bytes": r.arena_bytes,
+            "by_fit": {fit: {"rows": [{"label": r.label, "fits": r.fits, "ran_out": r.ran_out,
+                                       "arena_bytes": r.arena_bytes,
                                        "lower_bound_bytes": offline.bounds(r.program)[1]}
                                       for r in by_fit[fit]],
                              "min_budget": least(smallest[fit])} for fit in fits_asked}}
@@ -135,13 +181,15 @@ def print_arenas(args, by_fit) -> None:
         table.append(cells)
     print("\narena by fit: the bytes each placement spans, and how far above the most bytes live at once "
           "(the lower bound no placement beats; the rest is fragmentation)"
-          + ("; no: does not fit --budget, the numbers are without it" if args.budget else ""))
+          + ("; no: does not fit the budgets, the numbers are without them"
+             if args.budget is not None or args.host_budget is not None else ""))
     print(text_table(["strategy", *(f"fit={fit}" for fit in fits_asked)], table))
 
 
 def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> None:
     """The table of strategies, then what each one's peak holds, by kind."""
-    budget = f", budget {measure.format_size(args.budget)}" if args.budget else ""
+    budgeted = args.budget is not None or args.host_budget is not None
+    budget = f", {budget_text(args)}" if budgeted else ""
     print(f"{graph.name}, batch {batch}{budget}: {len(graph.layers)} layers, {graph.flops() / 1e9:,.2f} "
           "GFLOPs forward; each strategy simulated on the meta device")
     head = ["strategy", "peak (all)", "peak (paper)", "peak/l_peak", "recomputed", "extra FLOPs", "moved",
@@ -150,9 +198,16 @@ def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> Non
               f"{r.paper.ratio:.2f}", r.trace.recompute_count, f"{r.extra_pct:.1f}%",
               measure.format_size(r.moved_bytes), measure.format_size(r.trace.host_peak_bytes),
               f"{timelines[i].step_ms:,.1f} ms", f"{timelines[i].step_ms / resident - 1:+.1%}"]
-             + (["yes" if r.fits else "no"] if args.budget else []) for i, r in enumerate(rows)]
-    print(text_table(head + (["fits"] if args.budget else []), table))
+             + ([fits_cell(args, r)] if budgeted else []) for i, r in enumerate(rows)]
+    print(text_table(head + (["fits"] if budgeted else []), table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]))
+
+
+def fits_cell(args, row) -> str:
+    """yes or no; under --host-budget, which memory ran out: "no (device)" or "no (host)"."""
+    if row.fits:
+        return "yes"
+    return f"no ({row.ran_out})" if args.host_budget is not None else "no"
 
 
 def print_notes(args, graph, prof, resident: float, seconds: float) -> None:

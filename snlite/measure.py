@@ -22,7 +22,7 @@ from decimal import Decimal, InvalidOperation
 from snlite import timing
 from snlite.program import format_size as format_size  # one size format for the package: measure.format_size
 from snlite.config import MemoryConfig
-from snlite.errors import BudgetError
+from snlite.errors import BudgetError, HostBudgetError
 from snlite.pipeline import place
 from snlite.recompute import Op, RecomputeInfo
 from snlite.scheduler import LivenessStage, Plan, PlannedOp, Scheduler
@@ -70,7 +70,8 @@ def parse_size(text: str, exact: bool = False) -> int:
 class Measurement:
     """One configuration simulated: ``trace`` counts everything on the device (count "all"),
     ``paper`` is the same run counted the paper's way (activations + gradients). Under a budget
-    ``fits`` says whether it ran; where it did not, the traces are of the run without a budget."""
+    ``fits`` says whether it ran, and where it did not, ``ran_out`` which memory ran out first
+    ("device" or "host") and the traces are of the run without a budget."""
 
     label: str
     config: MemoryConfig
@@ -80,6 +81,7 @@ class Measurement:
     fits: bool | None = None  # None: no budget given
     program: object = None  # the snlite.program.Program both traces were read off
     graph: object = None
+    ran_out: str | None = None  # "device" or "host": which budget the placement ran out of, if any
 
     def timeline(self, gpu: str = "H200"):
         """The program replayed on a GPU profile (:func:`snlite.timing.estimate`)."""
@@ -116,7 +118,7 @@ class Measurement:
         """The numbers people ask about, as plain data (for JSON)."""
         t, p = self.trace, self.paper
         return {"label": self.label, "config": self.config.describe(), "fits": self.fits,
-                "peak_bytes": t.peak_bytes, "paper_peak_bytes": p.peak_bytes,
+                "ran_out": self.ran_out, "peak_bytes": t.peak_bytes, "paper_peak_bytes": p.peak_bytes,
                 "l_peak_bytes": t.l_peak_bytes, "paper_l_peak_bytes": p.l_peak_bytes,
                 "ratio": t.ratio, "paper_ratio": p.ratio, "peak_step": t.peak_step,
                 "peak_layer": t.steps[t.peak_op].layer if t.steps else None,
@@ -136,15 +138,19 @@ def by_kind_json(trace) -> dict | None:
 
 def measure(graph, config: MemoryConfig, label: str | None = None, plan: Plan | None = None) -> Measurement:
     """Simulate ``config`` with both counts. Under a budget that is too small, the numbers are of
-    the run without it (what it would need) and ``fits`` is False."""
+    the run without it (what it would need), ``fits`` is False and ``ran_out`` says which budget
+    (device or host) the placement ran out of first."""
     budgeted = config.budget_bytes is not None or config.host_budget_bytes is not None
+    ran_out = None
     try:
         program, ok = place(graph, config, plan=plan), (True if budgeted else None)
-    except BudgetError:
+    except BudgetError as e:
+        ran_out = "host" if isinstance(e, HostBudgetError) else "device"
         config = config.replace(budget_bytes=None, host_budget_bytes=None)
         program, ok = place(graph, config, plan=plan), False
     t_all, t_paper = trace_program(program, "all"), trace_program(program, "paper")
-    return Measurement(label or config.describe(), config, t_all, t_paper, graph.flops(), ok, program, graph)
+    return Measurement(label or config.describe(), config, t_all, t_paper, graph.flops(), ok, program, graph,
+                       ran_out)
 
 
 # ---------------------------------------------------------------------------- sqrt(N) checkpoints
@@ -232,17 +238,19 @@ def all_resident_ms(graph, gpu: str = "H200", workspace: str = "none") -> float:
 
 
 def compare(graph, budget_bytes: int | None = None, progress=no_progress,
-            fit: str = "first") -> list[Measurement]:
+            fit: str = "first", host_budget_bytes: int | None = None) -> list[Measurement]:
     """One Measurement per strategy of ``COMPARE`` (each "+ recompute" row on top of liveness +
     offload), then the sqrt(N) checkpointing reference (liveness on), each placed with ``fit``. With
-    a budget, each row runs under it (the cache only moves data when memory runs short, so only then
-    does it show). ``progress(text)`` is told which strategy runs (``snlite compare`` shows it)."""
+    budgets (device, pinned host memory or both), each row runs under them (the cache only moves data
+    when memory runs short, so only then does it show). ``progress(text)`` is told which strategy
+    runs (``snlite compare`` shows it)."""
     n, placed = len(COMPARE) + 1, "" if fit == "first" else f", fit={fit}"
+    budgets = {"budget_bytes": budget_bytes, "host_budget_bytes": host_budget_bytes, "fit": fit}
     rows = []
     for i, (label, cfg) in enumerate(COMPARE.items(), 1):
         progress(f"{graph.name}: {label} ({i}/{n}{placed})")
-        rows.append(measure(graph, cfg.replace(budget_bytes=budget_bytes, fit=fit), label))
+        rows.append(measure(graph, cfg.replace(**budgets), label))
     progress(f"{graph.name}: {SQRT_LABEL} ({n}/{n}{placed})")
     plan = checkpoint_plan(graph)
-    rows.append(measure(graph, plan.config.replace(budget_bytes=budget_bytes, fit=fit), SQRT_LABEL, plan))
+    rows.append(measure(graph, plan.config.replace(**budgets), SQRT_LABEL, plan))
     return rows

@@ -60,12 +60,23 @@ def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneu
     first budget that fits, then bisects down to the block. It searches from the bottom because
     fitting is not quite monotone in the budget (the dynamic workspace and the cache decide by what
     is free, so a larger pool can fragment where a smaller one did not). ``resolution``: the answer
-    in steps of that many blocks (a search's first guess needs it only to about 0.1%)."""
+    in steps of that many blocks (a search's first guess needs it only to about 0.1%).
+
+    Under a ``host_budget_bytes``, a device budget fits only where the pinned memory fits too. With
+    no device budget a plan pins the least (the cache evicts nothing, "auto" keeps the momentum on
+    the device), so where even that exceeds the host budget no device budget can help: the
+    :class:`~snlite.errors.HostBudgetError` of that placement is raised, rather than a search that
+    would never end."""
     t0 = time.perf_counter()
     config = (config or MemoryConfig.superneurons()).replace(budget_bytes=None, count="all")
+    if config.host_budget_bytes is not None:
+        place(graph, config)  # raises HostBudgetError where no device budget meets the host budget
     # the bound must hold for every placement the search may meet: with optimizer_state "auto" a
-    # tight budget sends the momentum to the host, so count it where it weighs least
-    lowest = config.replace(optimizer_state="host") if config.optimizer_state == "auto" else config
+    # tight budget sends the momentum to the host, so count it where it weighs least (the bound is
+    # the device's: the host budget plays no part in it)
+    lowest = config.replace(host_budget_bytes=None)
+    if config.optimizer_state == "auto":
+        lowest = lowest.replace(optimizer_state="host")
     program = place(graph, lowest)
     at_start = trace_program(program, "all").steps[0].device_bytes
     persistent = at_start["weights"] + at_start["weight_grads"] + at_start["optimizer"]

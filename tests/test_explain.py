@@ -1,10 +1,14 @@
 """snlite.explain and ``snlite plan --budget``/``--host-budget`` where a plan does not fit: where it
-failed, the run without a budget, and the ranked changes, each simulated under the same budgets."""
+failed, the run without a budget, and the ranked changes, each simulated under the same budgets; then
+``snlite compare`` and :func:`snlite.search.min_budget` under a pinned host budget."""
 import json
 import re
 
+import pytest
+
 from nets import alexnet, run
-from snlite import MemoryConfig, budget, cli, explain, simulate
+from snlite import MemoryConfig, budget, cli, explain, place, search, simulate
+from snlite.errors import HostBudgetError
 from snlite.measure import format_size, measure
 
 BUDGET = 830 * 2**20  # alexnet at batch 16: the baseline needs ~900 MiB, the weights alone ~714 MiB
@@ -110,3 +114,65 @@ def test_the_host_suggestions_pin_less_and_those_that_say_they_fit_really_fit():
     staging = explain.explain_budget(alexnet, 16, OFFLOAD.replace(host_budget_bytes=1024))
     assert staging.ran_out == "host" and "while staging the batch" in staging.message
     assert not any(s.fits for s in staging.suggestions)  # not even a batch of 1 stages in 1 KiB
+
+
+def test_compare_under_a_host_budget_says_which_memory_ran_out(capsys):
+    """Each row runs under both budgets: a row that says it fits fits both, and one that does not
+    names the memory it ran out of. Offload pins every CONV output whatever the device budget; the
+    cache pins only what the device budget makes it evict, so 10 MiB less host memory fails it."""
+    argv = ["compare", "alexnet", "--batch", 16, "--budget", "830MiB", "--host-budget"]
+    code, js, err = run(capsys, *argv, "30MiB", "--json")
+    assert code == 0, err
+    data = json.loads(js)
+    assert (data["budget_bytes"], data["host_budget_bytes"]) == (830 * 2**20, 30 * 2**20)
+    rows = {r["label"]: r for r in data["rows"]}
+    assert {k: (r["fits"], r["ran_out"]) for k, r in rows.items() if k in ("liveness", "+ offload",
+                                                                           "+ offload + cache")} == {
+        "liveness": (False, "device"), "+ offload": (False, "host"), "+ offload + cache": (True, None)}
+    assert rows["+ offload + cache"]["d2h_bytes"] > 0  # it evicted: the device budget is tight
+    budgets = dict(budget_bytes=830 * 2**20, host_budget_bytes=30 * 2**20)
+    with pytest.raises(HostBudgetError):  # not the device's doing: it fails on an unlimited device too
+        place(alexnet(16), MemoryConfig(liveness=True, offload=True, host_budget_bytes=30 * 2**20))
+    cache = MemoryConfig(liveness=True, offload=True, cache=True)
+    assert budget.fits(alexnet(16), cache.replace(**budgets))
+    assert not budget.fits(alexnet(16), cache.replace(**{**budgets, "host_budget_bytes": 20 * 2**20}))
+    code, js, _ = run(capsys, *argv, "20MiB", "--json")
+    rows = {r["label"]: r for r in json.loads(js)["rows"]}
+    assert (rows["+ offload + cache"]["fits"], rows["+ offload + cache"]["ran_out"]) == (False, "host")
+    code, out, _ = run(capsys, *argv, "30MiB")
+    assert out.startswith("alexnet, batch 16, budget 830.0 MiB, host budget 30.0 MiB: ")
+    assert re.search(r"^\+ offload  .* no \(host\)$", out, re.M)
+    assert re.search(r"^liveness  .* no \(device\)$", out, re.M)
+    assert re.search(r"^\+ offload \+ cache  .* yes$", out, re.M)
+
+
+def test_min_budget_under_a_host_budget_fits_both_and_ends_where_none_can(monkeypatch):
+    """superneurons() with its momentum on the host pins more than 300 MiB at batch 200; with it on the
+    device, less: the smallest device budget under that host budget exists and fits both budgets (the
+    device's lower bound is worked out without the host budget). Under 100 MiB not even the staged
+    batch fits: no device budget can help, and the search says so instead of galloping for ever."""
+    g, host = alexnet(200), 300 * 2**20
+    assert measure(g, MemoryConfig.superneurons(optimizer_state="host")).slab_bytes > host
+    config = MemoryConfig.superneurons(host_budget_bytes=host)
+    m = search.min_budget(g, config)
+    assert budget.fits(g, config.replace(budget_bytes=m.budget_bytes))
+    assert not budget.fits(g, config.replace(budget_bytes=m.budget_bytes - 1024))
+
+    def probe(*_, **__):
+        pytest.fail("min_budget probed a device budget where none meets the host budget: it gallops for ever")
+
+    monkeypatch.setattr(search, "fits", probe)
+    with pytest.raises(HostBudgetError, match="host budget of 104,857,600 bytes"):
+        search.min_budget(g, config.replace(host_budget_bytes=100 * 2**20))
+
+
+def test_compare_says_when_no_device_budget_meets_the_host_budget(capsys):
+    code, out, err = run(capsys, "compare", "alexnet", "--batch", 200, "--host-budget", "100MiB")
+    assert code == cli.EXIT_DOES_NOT_FIT, err
+    assert "superneurons() fits no device budget with 100.0 MiB of pinned host memory" in out
+    assert "no strategy fits a host budget of 100.0 MiB: see why, and what would, with snlite plan alexnet " \
+           "--batch 200 --host-budget 104857600" in out
+    code, js, _ = run(capsys, "compare", "alexnet", "--batch", 200, "--host-budget", "100MiB", "--json")
+    data = json.loads(js)
+    assert data["min_budget"] is None and not any(r["fits"] for r in data["rows"])
+    assert {r["ran_out"] for r in data["rows"]} == {"host"}
