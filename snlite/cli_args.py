@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from snlite import measure, models, recompute, timing, torch_import
-from snlite.config import CHOICES, MIN_BUDGET_BYTES, MemoryConfig
+from snlite.config import CHOICES, MIN_BUDGET_BYTES, MIN_HOST_BUDGET_BYTES, MemoryConfig
 from snlite.checks import check_number
 
 # Exit statuses (docs/troubleshooting.md): 0 done; 1 any other error (one line on stderr); 2 a usage
@@ -239,11 +239,19 @@ def _budget(text: str) -> int:
     return nbytes
 
 
+def _host_budget(text: str) -> int:
+    nbytes = _size(text)
+    if nbytes < MIN_HOST_BUDGET_BYTES:
+        raise argparse.ArgumentTypeError(f"a host budget must be at least {MIN_HOST_BUDGET_BYTES} bytes (one "
+                                         f"slot of the pinned slab), got {text!r} ({nbytes:,d} bytes)")
+    return nbytes
+
+
 # flags whose value may look negative; argparse would take "-5GiB" for a flag and say only
 # "expected one argument", so such a value is joined to its flag ("--budget=-5GiB") and refused
 # by the flag's own check, which says what is wrong
-VALUE_FLAGS = ("--budget", "--seed", "--lr", "--momentum", "--weight-decay", "--batch", "--epochs", "--limit",
-               "--steps", "--top", "--max-batch", "--max-units", "--units")
+VALUE_FLAGS = ("--budget", "--host-budget", "--seed", "--lr", "--momentum", "--weight-decay", "--batch",
+               "--epochs", "--limit", "--steps", "--top", "--max-batch", "--max-units", "--units")
 
 
 def join_negative_values(argv: list[str]) -> list[str]:
@@ -305,7 +313,7 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
                         "on your device: snlite.recompute.expensive_layers)")
     g.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                    help="device memory budget, e.g. 12GiB, 1.5GB, 500MB, 4096 (default: unlimited)")
-    g.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
+    g.add_argument("--host-budget", type=_host_budget, metavar="SIZE", default=None,
                    help="pinned host memory budget (offloaded tensors, the staged batch, results; default: "
                         "unlimited)")
 

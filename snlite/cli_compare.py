@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from snlite import measure, offline, optimal, search, timing
-from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _size, add_quiet_flag
+from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _host_budget, add_quiet_flag
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, add_net_argument, draw, graph_of,
                                kind_table, ordinal, text_table, write_json)
 from snlite.config import CHOICES, MemoryConfig
@@ -25,7 +25,7 @@ def add_compare_command(sub) -> None:
     compare.add_argument("--budget", type=_budget, metavar="SIZE", default=None,
                          help="run every strategy under this budget and say which fit (the cache only moves "
                               "data when memory runs short)")
-    compare.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
+    compare.add_argument("--host-budget", type=_host_budget, metavar="SIZE", default=None,
                          help="pinned host memory (offloaded and cached tensors, momentum on the host, the "
                               "staged batch): run every strategy under it too, and say which fit and which "
                               "memory ran out")

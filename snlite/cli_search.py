@@ -10,7 +10,8 @@ import time
 
 from snlite import measure, search
 from snlite.config import CHOICES
-from snlite.cli_args import EXIT_DOES_NOT_FIT, Status, _batch, _budget, _positive_int, _size, add_quiet_flag
+from snlite.cli_args import (EXIT_DOES_NOT_FIT, Status, _batch, _budget, _host_budget, _positive_int,
+                             add_quiet_flag)
 from snlite.cli_common import (JSON_HELP, KIND_NOTE, add_net_argument, builder_of, kind_table, text_table,
                                write_json)
 
@@ -45,7 +46,7 @@ def _search_parser(sub, name: str, what: str, table: int):
 
 
 def _add_search_flags(p) -> None:
-    p.add_argument("--host-budget", type=_size, metavar="SIZE", default=None,
+    p.add_argument("--host-budget", type=_host_budget, metavar="SIZE", default=None,
                    help="pinned host memory (offloaded and cached tensors, momentum on the host): a plan "
                         "that needs more does not fit (default: unlimited)")
     p.add_argument("--budget", type=_budget, metavar="SIZE", default=measure.parse_size("12GiB"),

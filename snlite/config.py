@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 MIN_BUDGET_BYTES = 1024  # one block of the pool: a smaller arena holds nothing
+MIN_HOST_BUDGET_BYTES = 256  # one slot of the pinned slab
 
 CHOICES = {
     "recompute": ("off", "speed", "memory", "cost_aware"),
@@ -61,9 +62,9 @@ class MemoryConfig:
             raise ValueError(f"MemoryConfig.budget_bytes must be a positive int or None, at least "
                              f"{MIN_BUDGET_BYTES:,d} (one block of the pool), got {b!r}")
         h = self.host_budget_bytes
-        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 256):
-            raise ValueError("MemoryConfig.host_budget_bytes must be a positive int or None, at least 256 "
-                             f"(one slot of the pinned slab), got {h!r}")
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < MIN_HOST_BUDGET_BYTES):
+            raise ValueError("MemoryConfig.host_budget_bytes must be a positive int or None, at least "
+                             f"{MIN_HOST_BUDGET_BYTES} (one slot of the pinned slab), got {h!r}")
 
     @classmethod
     def baseline(cls) -> "MemoryConfig":

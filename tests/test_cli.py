@@ -326,6 +326,13 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
      r"whole bytes, e.g. 1073741931 or 1073741932"),
     (["plan", "lenet", "--host-budget", "2.1GiB"],
      r"argument --host-budget: '2.1GiB' is 2,254,857,830.4 bytes"),
+    (["plan", "lenet", "--host-budget", "-5MiB"],
+     r"argument --host-budget: a size must be positive, got '-5MiB'"),
+    (["compare", "lenet", "--host-budget", "10"],
+     r"argument --host-budget: a host budget must be at least 256 bytes \(one slot of the pinned slab\), got "
+     r"'10' \(10 bytes\)"),
+    (["maxbatch", "lenet", "--host-budget", "255"],
+     r"argument --host-budget: a host budget must be at least 256"),
     (["maxdepth", "--budget", "0.3KiB"], r"argument --budget: '0.3KiB' is 307.2 bytes, not a whole number"),
     (["train", "lenet", "--batch", "-3"], r"argument --batch: expected a positive integer, got -3"),
     # a batch no grid launches (plan ran without end at 1e20, one launch per 65,535 images)
