@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.program import (COMPUTE, HOST, STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait,
-                            HostWrite, Launch, Program, Record, Wait, stream_of, without_cycle_collection)
+                            HostWrite, Launch, Program, Record, Wait, program_of, stream_of,
+                            without_cycle_collection)
 from snlite.records import record
 from snlite.validate import ProgramError, validate
 
@@ -126,7 +127,7 @@ def check_together(programs, *, graph=None) -> None:
     copy not waited for) against the next one's. For each ordered pair (a, b), the sequences a, a, b, b
     and a, b, a, b are checked as one program (:func:`together`), each with its own events; each
     program alone is :func:`check`'s business. Linear in the programs' length (times 8 per pair)."""
-    programs = list(programs.values() if isinstance(programs, dict) else programs)
+    programs = [program_of(p) for p in (programs.values() if isinstance(programs, dict) else programs)]
     for a in programs:
         for b in programs:
             if a is b:

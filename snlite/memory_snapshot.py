@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pickle
 
-from snlite.program import COMPUTE, STREAMS, Alloc, Free
+from snlite.program import COMPUTE, STREAMS, Alloc, Free, program_of
 
 BASE_ADDRESS = 0x7F0000000000  # where the viewer puts the arena's offset 0: a made-up device address
 
@@ -36,6 +36,7 @@ def check_allocator(allocator: str) -> None:
 
 def snapshot(program) -> dict:
     """``program`` (a :class:`~snlite.program.Program` placed with the pool) as a PyTorch memory snapshot."""
+    program = program_of(program)
     check_allocator(program.allocator)
     stream = {s: k for k, s in enumerate(STREAMS)}
     trace = [{"action": "segment_alloc", "addr": BASE_ADDRESS, "size": program.arena_bytes, "stream": 0,

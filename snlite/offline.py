@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from snlite.program import Alloc, Copy, Free, HandOver
+from snlite.program import Alloc, Copy, Free, HandOver, program_of
 
 ARENA = "arena"
 
@@ -58,6 +58,7 @@ class Block:
 def lifetimes(program) -> tuple[list[Block], list[int | None], int]:
     """The body's arena blocks in order of allocation; for each body instruction the block whose offset
     it names (None where it names no arena offset); and the persistent bytes at the arena's start."""
+    program = program_of(program)
     base = max((a.offset + a.nbytes for a in program.setup if isinstance(a, Alloc) and a.space == ARENA),
                default=0)
     starts, sizes, ends, owner, which = [], [], {}, {}, []

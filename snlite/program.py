@@ -311,6 +311,17 @@ class Program:
         return cls.from_json(data)
 
 
+def program_of(program) -> Program:
+    """``program``, refused unless it is a :class:`Program` (what :func:`snlite.simulate` returns, a
+    Trace, is not; nor is a saved program's path or its JSON), saying how to get one."""
+    if not isinstance(program, Program):
+        raise ValueError(f"program must be a snlite.program.Program, got {type(program).__name__} "
+                         f"{program!r:.60}; make one with snlite.place(graph, config), read a saved one with "
+                         "Program.load(PATH) (its JSON: Program.from_json), or take a Model's "
+                         "model.programs[model.step_mode]")
+    return program
+
+
 def _ins_json(ins) -> list:
     return [type(ins).__name__, [_listify(getattr(ins, f.name)) for f in dataclasses.fields(ins)]]
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from kernels import launches as L
 from snlite.program import COMPUTE, STREAMS, Alloc, Copy, Free, HostRead, HostWait, HostWrite, \
-    Launch, Record, Wait, without_cycle_collection
+    Launch, Record, Wait, program_of, without_cycle_collection
 
 MOVING = ("offload", "evict", "prefetch", "fetch", "state")  # copies that exist because memory is short
 
@@ -135,7 +135,7 @@ def estimate(program, graph, gpu="H200", kernel_ms=None) -> Timeline:
     """The timeline of ``program`` (of ``graph``) on the profile ``gpu`` (see the module docstring).
     ``kernel_ms``: a function of a Launch instruction giving (milliseconds, kernel launches), in place
     of the kernels' model (for hand-made programs and lessons; ``graph`` may then be None)."""
-    prof = profile(gpu)
+    program, prof = program_of(program), profile(gpu)
     with without_cycle_collection():
         costs = _Fixed(kernel_ms) if kernel_ms is not None else _Costs(graph, program, prof)
         tl = _replay(program, prof, costs, moving_copies=True)

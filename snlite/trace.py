@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from snlite.liveness import step_tensors
-from snlite.program import Alloc, Copy, Free, HandOver, Launch, without_cycle_collection
+from snlite.program import Alloc, Copy, Free, HandOver, Launch, program_of, without_cycle_collection
 from snlite.records import record
 from snlite.scheduler import PERSISTENT_KINDS
 
@@ -142,6 +142,7 @@ def trace_program(program, count: str = "all") -> Trace:
     once (a dx written into dy's buffer is one buffer: :func:`snlite.liveness.step_tensors`), under
     ``count`` (count "all" adds the weights, their gradients, momentum and the op's workspace). The
     recompute stage's threshold is the same l_peak (:func:`snlite.recompute.step_bytes`)."""
+    program = program_of(program)
     with without_cycle_collection():
         return _trace_program(program, count)
 

@@ -37,7 +37,7 @@ import dataclasses
 import math
 
 from snlite.program import COPY_REASONS, HOST, MODES, STREAMS, WAIT_REASONS, Alloc, Copy, Free, HandOver, \
-    HostRead, HostWait, HostWrite, Launch, Record, Wait
+    HostRead, HostWait, HostWrite, Launch, Record, Wait, program_of
 
 ALLOCATORS = {"pool": "arena", "raw": "raw"}  # the allocator -> the space device tensors live in
 BLOCK = {"arena": 1024, "slab": 256, "raw": 256}  # TensorPool blocks, HostPool slots, cudaMalloc alignment
@@ -55,6 +55,7 @@ class ProgramError(ValueError):
 def validate(program, graph=None) -> None:
     """Raise :class:`ProgramError` at the first number of ``program`` that contradicts the rest of it
     (or ``graph``, the net it was planned for, when given)."""
+    program = program_of(program)
     _header(program)
     nbytes = _tensors(program, graph)
     v = _Validator(program, nbytes, graph)
