@@ -67,8 +67,7 @@ def cmd_compare(args) -> int:
     resident = measure.all_resident_ms(graph, prof)
     status.clear()
     seconds = time.perf_counter() - t0
-    budgeted = args.budget is not None or args.host_budget is not None
-    fits = not budgeted or any(r.fits for r in rows)
+    fits = not budgeted(args) or any(r.fits for r in rows)
     if args.json:
         write_json(args.json, compare_json(args, batch, rows, timelines, prof, resident, smallest, by_fit))
     if args.plot:
@@ -96,6 +95,11 @@ def print_nothing_fits(args, batch: int) -> None:
     device = measure.format_size(args.budget) if args.budget is not None else ""
     print(f"\nno strategy fits {device}{' with ' if device and host else ''}{host}: see why, and what "
           f"would, with snlite plan {args.net} --batch {batch} {' '.join(asked)}")
+
+
+def budgeted(args) -> bool:
+    """Whether --budget or --host-budget was given: then every row says whether it fits."""
+    return args.budget is not None or args.host_budget is not None
 
 
 def budget_text(args) -> str:
@@ -181,15 +185,13 @@ def print_arenas(args, by_fit) -> None:
         table.append(cells)
     print("\narena by fit: the bytes each placement spans, and how far above the most bytes live at once "
           "(the lower bound no placement beats; the rest is fragmentation)"
-          + ("; no: does not fit the budgets, the numbers are without them"
-             if args.budget is not None or args.host_budget is not None else ""))
+          + ("; no: does not fit the budgets, the numbers are without them" if budgeted(args) else ""))
     print(text_table(["strategy", *(f"fit={fit}" for fit in fits_asked)], table))
 
 
 def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> None:
     """The table of strategies, then what each one's peak holds, by kind."""
-    budgeted = args.budget is not None or args.host_budget is not None
-    budget = f", {budget_text(args)}" if budgeted else ""
+    budget = f", {budget_text(args)}" if budgeted(args) else ""
     print(f"{graph.name}, batch {batch}{budget}: {len(graph.layers)} layers, {graph.flops() / 1e9:,.2f} "
           "GFLOPs forward; each strategy simulated on the meta device")
     head = ["strategy", "peak (all)", "peak (paper)", "peak/l_peak", "recomputed", "extra FLOPs", "moved",
@@ -198,8 +200,8 @@ def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> Non
               f"{r.paper.ratio:.2f}", r.trace.recompute_count, f"{r.extra_pct:.1f}%",
               measure.format_size(r.moved_bytes), measure.format_size(r.trace.host_peak_bytes),
               f"{timelines[i].step_ms:,.1f} ms", f"{timelines[i].step_ms / resident - 1:+.1%}"]
-             + ([fits_cell(args, r)] if budgeted else []) for i, r in enumerate(rows)]
-    print(text_table(head + (["fits"] if budgeted else []), table))
+             + ([fits_cell(args, r)] if budgeted(args) else []) for i, r in enumerate(rows)]
+    print(text_table(head + (["fits"] if budgeted(args) else []), table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]))
 
 
