@@ -231,20 +231,19 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _budget(text: str) -> int:
-    nbytes = _size(text)
-    if nbytes < MIN_BUDGET_BYTES:
-        raise argparse.ArgumentTypeError(f"a budget must be at least {MIN_BUDGET_BYTES:,d} bytes (1KiB, one "
-                                         f"block of the pool), got {text!r} ({nbytes:,d} bytes)")
-    return nbytes
+def _size_at_least(least: int, what: str, why: str):
+    """An argparse type: a size of at least ``least`` bytes (``what`` and ``why`` name it in the error)."""
+    def parse(text: str) -> int:
+        nbytes = _size(text)
+        if nbytes < least:
+            raise argparse.ArgumentTypeError(f"{what} must be at least {least:,d} bytes ({why}), got "
+                                             f"{text!r} ({nbytes:,d} bytes)")
+        return nbytes
+    return parse
 
 
-def _host_budget(text: str) -> int:
-    nbytes = _size(text)
-    if nbytes < MIN_HOST_BUDGET_BYTES:
-        raise argparse.ArgumentTypeError(f"a host budget must be at least {MIN_HOST_BUDGET_BYTES} bytes (one "
-                                         f"slot of the pinned slab), got {text!r} ({nbytes:,d} bytes)")
-    return nbytes
+_budget = _size_at_least(MIN_BUDGET_BYTES, "a budget", "1KiB, one block of the pool")
+_host_budget = _size_at_least(MIN_HOST_BUDGET_BYTES, "a host budget", "one slot of the pinned slab")
 
 
 # flags whose value may look negative; argparse would take "-5GiB" for a flag and say only
