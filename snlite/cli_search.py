@@ -103,7 +103,8 @@ def planner_ceiling(max_units: int, free: int | None = -1) -> tuple[int, str]:
 def found_json(rows, key: str) -> list[dict]:
     """The rows of a search (search.Found) as plain data, the value found under ``key``."""
     return [{"strategy": r.label, "config": r.config.describe(), key: r.value, "next": r.next_value,
-             "capped": r.capped, "peak_bytes": r.trace.peak_bytes if r.trace else None,
+             "capped": r.capped, "stopped_by": r.stopped_by,
+             "peak_bytes": r.trace.peak_bytes if r.trace else None,
              "host_peak_bytes": r.host_peak_bytes, "by_kind": measure.by_kind_json(r.trace),
              "probes": r.probes, "seconds": r.seconds} for r in rows]
 
@@ -122,6 +123,11 @@ def found_cell(r) -> str:
     return "none" if r.value is None else (f">= {r.value:,d}" if r.capped else f"{r.value:,d}")
 
 
+def stopped_cells(args, r) -> list[str]:
+    """Under --host-budget, the memory the next candidate ran out of (device or host), as a cell."""
+    return [r.stopped_by or "-"] if args.host_budget else []
+
+
 def cmd_maxbatch(args) -> int:
     build = builder_of(args)
     build(1)  # an unknown name fails here, before the search
@@ -133,18 +139,20 @@ def cmd_maxbatch(args) -> int:
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
-        write_json(args.json, {"net": args.net, "budget_bytes": args.budget, "count": "all", "fit": args.fit,
+        write_json(args.json, {"net": args.net, "budget_bytes": args.budget,
+                               "host_budget_bytes": args.host_budget, "count": "all", "fit": args.fit,
                                "rows": found_json(rows, "batch"), "seconds": seconds})
         if args.json == "-":
             return status_code
     paper = search.PAPER_BATCH.get(args.net.lower())
     other = search.PAPER_BEST_OTHER_BATCH.get(args.net.lower())
-    print(f"largest batch of {args.net} in {measure.format_size(args.budget)}, simulated on the meta device "
-          "(count all: weights, gradients, momentum, the batch, activations and workspace all on the device)"
-          + fit_words(args))
-    head = ["strategy", "batch", "peak", "host memory", "probes"] + (["paper"] if paper else [])
+    print(f"largest batch of {args.net} in {measure.format_size(args.budget)}{host_words(args)}, simulated "
+          "on the meta device (count all: weights, gradients, momentum, the batch, activations and workspace "
+          "all on the device)" + fit_words(args))
+    head = ["strategy", "batch", "peak", "host memory", "probes"]
+    head += (["stopped by"] if args.host_budget else []) + (["paper"] if paper else [])
     table = [[r.label, found_cell(r), measure.format_size(r.trace.peak_bytes if r.trace else None),
-              measure.format_size(r.host_peak_bytes), r.probes]
+              measure.format_size(r.host_peak_bytes), r.probes] + stopped_cells(args, r)
              + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else []) for r in rows]
     print(text_table(head, table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)
@@ -171,19 +179,22 @@ def cmd_maxdepth(args) -> int:
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
-        write_json(args.json, {"batch": args.batch, "budget_bytes": args.budget, "count": "all",
-                               "fit": args.fit, "rows": found_json(rows, "depth"), "seconds": seconds})
+        write_json(args.json, {"batch": args.batch, "budget_bytes": args.budget,
+                               "host_budget_bytes": args.host_budget, "count": "all", "fit": args.fit,
+                               "rows": found_json(rows, "depth"), "seconds": seconds})
         if args.json == "-":
             return status_code
     print(f"deepest ImageNet ResNet (depth = 3 * residual units + 2) at batch {args.batch} in "
-          f"{measure.format_size(args.budget)}, simulated on the meta device (count all: weights, gradients, "
-          f"momentum, the batch, activations and workspace all on the device)" + fit_words(args))
+          f"{measure.format_size(args.budget)}{host_words(args)}, simulated on the meta device (count all: "
+          "weights, gradients, momentum, the batch, activations and workspace all on the device)"
+          + fit_words(args))
     paper = search.PAPER_DEPTH_AT_BATCH.get(args.batch)
     head = ["strategy", "depth", "units", "peak", "host memory", "probes", "time"]
-    head += ["paper"] if paper else []
+    head += (["stopped by"] if args.host_budget else []) + (["paper"] if paper else [])
     table = [[r.label, found_cell(r), "-" if r.value is None else f"{(r.value - 2) // 3:,d}",
               measure.format_size(r.trace.peak_bytes if r.trace else None),
               measure.format_size(r.host_peak_bytes), r.probes, f"{r.seconds:.1f} s"]
+             + stopped_cells(args, r)
              + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else []) for r in rows]
     print(text_table(head, table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)

@@ -104,26 +104,34 @@ class Probe:
 
 def probe(graph, config: MemoryConfig, plan=None) -> Probe | None:
     """Does one training iteration of ``graph`` fit ``config``'s budgets? None where it does not;
-    else a :class:`Probe`. A search asks this of each candidate and places only the answer in full.
-    With ``optimizer_state="auto"`` under a budget the momentum is tried on the host first: where
-    that fits, so does :func:`place` (on the device or, failing that, on the host), and the probe
-    is answered by one placement; only where it does not is the device tried."""
-    graph, config = graph_of(graph), _checked(config_of(config), "train", True, plan)
+    else a :class:`Probe` (:func:`probe_or_raise` says which budget ran out)."""
     try:
-        with without_cycle_collection():
-            # the scheduler never reads optimizer_state: one plan serves every place the momentum is tried
-            plan = plan or Scheduler(graph, config).plan()
-            if config.optimizer_state == "auto" and config.budget_bytes is not None:
-                try:
-                    host = config.replace(optimizer_state="host")
-                    return Probe(*_first(graph, host, "train", plan, None, True), auto=config, plan=plan)
-                except BudgetError:
-                    if _held_bytes(graph) > config.budget_bytes:
-                        raise
-                    config = config.replace(optimizer_state="device")
-            return Probe(*_first(graph, config, "train", plan, None, True))
+        return probe_or_raise(graph, config, plan)
     except BudgetError:
         return None
+
+
+def probe_or_raise(graph, config: MemoryConfig, plan=None) -> Probe:
+    """A :class:`Probe` of one training iteration of ``graph`` under ``config``'s budgets, or the
+    :class:`~snlite.errors.BudgetError` (a :class:`~snlite.errors.HostBudgetError` where the pinned
+    memory ran out) of the placement that decided it does not fit. A search asks this of each
+    candidate and places only the answer in full. With ``optimizer_state="auto"`` under a budget the
+    momentum is tried on the host first: where that fits, so does :func:`place` (on the device or,
+    failing that, on the host), and the probe is answered by one placement; only where it does not
+    is the device tried."""
+    graph, config = graph_of(graph), _checked(config_of(config), "train", True, plan)
+    with without_cycle_collection():
+        # the scheduler never reads optimizer_state: one plan serves every place the momentum is tried
+        plan = plan or Scheduler(graph, config).plan()
+        if config.optimizer_state == "auto" and config.budget_bytes is not None:
+            try:
+                host = config.replace(optimizer_state="host")
+                return Probe(*_first(graph, host, "train", plan, None, True), auto=config, plan=plan)
+            except BudgetError:
+                if _held_bytes(graph) > config.budget_bytes:
+                    raise
+                config = config.replace(optimizer_state="device")
+        return Probe(*_first(graph, config, "train", plan, None, True))
 
 
 def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, costs=None, plan=None):

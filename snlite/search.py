@@ -21,10 +21,10 @@ from functools import lru_cache
 
 from snlite.budget import first_fitting, fits
 from snlite.config import MemoryConfig
-from snlite.errors import BudgetError
+from snlite.errors import BudgetError, HostBudgetError
 from snlite.measure import _LO, no_progress
 from snlite.models import PAPER_WIDTH_BATCH, resnet
-from snlite.pipeline import place, probe, simulate
+from snlite.pipeline import place, probe_or_raise, simulate
 from snlite.scheduler import Scheduler
 from snlite.trace import Trace, trace_program
 
@@ -137,7 +137,8 @@ def largest(n: int, ok, start: int = 0) -> int | None:
 @dataclass
 class Found:
     """What a search found: ``value`` (a batch or a depth; None if even the smallest fails),
-    the trace there, the next candidate (which does not fit; None where the cap was reached).
+    the trace there, the next candidate (which does not fit; None where the cap was reached) and
+    ``stopped_by``, the memory it ran out of ("device" or "host"; None where the cap was reached).
     The trace is of the placement that decided "it fits", with the momentum where :func:`place`
     puts it; :func:`place` adds the cache's time-aware second placement (a GPU schedule), which
     never raises the peak and moves no more bytes, so the search leaves it out (with the cache near
@@ -151,6 +152,7 @@ class Found:
     probes: int
     seconds: float
     capped: bool = False
+    stopped_by: str | None = None
 
     @property
     def host_peak_bytes(self) -> int | None:
@@ -165,32 +167,35 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
     written by ``what``."""
     t0 = time.perf_counter()
     config = config.replace(count="all")
-    traces: dict[int, bool] = {}  # candidate index -> fits
+    traces: dict[int, str | None] = {}  # candidate index -> None where it fits, else what ran out
     best: dict = {}  # the probe of the largest candidate that fit so far (the answer, in the end)
 
     def ok(i):
         if i not in traces:
             progress(f"{label}: probe {len(traces) + 1}, {what(candidates[i])}")
-            found = probe(build(candidates[i]), config)  # does it fit? (all a probe asks)
-            traces[i] = found is not None
-            if found is not None and i >= best.get("i", -1):
-                best.update(i=i, probe=found)
-        return traces[i]
+            try:
+                found = probe_or_raise(build(candidates[i]), config)  # does it fit? (all a probe asks)
+            except BudgetError as e:
+                traces[i] = "host" if isinstance(e, HostBudgetError) else "device"
+            else:
+                traces[i] = None
+                if i >= best.get("i", -1):
+                    best.update(i=i, probe=found)
+        return traces[i] is None
 
     if guess_from:
         progress(f"{label}: estimating from {what(guess_from[0])} and {what(guess_from[1])}")
     guess = _estimate(build, config, guess_from, further, slack)
     start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
     i = largest(len(candidates), ok, start)
-    if i is None:
-        nxt = candidates[0]
-    else:
-        nxt = candidates[i + 1] if i + 1 < len(candidates) else None
+    after = 0 if i is None else i + 1  # the first candidate that does not fit, if any
+    nxt = candidates[after] if after < len(candidates) else None
     trace = None
     if i is not None:
         trace = trace_program(best.pop("probe").final(refine=False), config.count)
     return Found(label, config, None if i is None else candidates[i], trace, nxt,
-                 len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1)
+                 len(traces), time.perf_counter() - t0, capped=i == len(candidates) - 1,
+                 stopped_by=traces.get(after))
 
 
 def _estimate(build, config, xs, further: bool = False, slack: str = "bytes") -> float | None:

@@ -176,3 +176,29 @@ def test_compare_says_when_no_device_budget_meets_the_host_budget(capsys):
     data = json.loads(js)
     assert data["min_budget"] is None and not any(r["fits"] for r in data["rows"])
     assert {r["ran_out"] for r in data["rows"]} == {"host"}
+
+
+def test_a_search_under_a_host_budget_says_which_memory_stopped_it(capsys):
+    """maxbatch's next batch (the first that does not fit) ran out of device or host memory: the row
+    says which, and placing that batch again raises that budget's error."""
+    from snlite.errors import BudgetError
+    from snlite.pipeline import probe_or_raise
+
+    argv = ["maxbatch", "alexnet", "--budget", "2GiB", "--host-budget", "300MiB"]
+    code, js, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    data = json.loads(js)
+    assert (data["budget_bytes"], data["host_budget_bytes"]) == (2 * 2**30, 300 * 2**20)
+    rows = {r["strategy"]: r for r in data["rows"]}
+    assert rows["liveness"]["stopped_by"] == "device" and rows["+ offload"]["stopped_by"] == "host"
+    for r in rows.values():
+        config = search.SEARCH[r["strategy"]].replace(budget_bytes=2 * 2**30, host_budget_bytes=300 * 2**20)
+        with pytest.raises(BudgetError) as e:
+            probe_or_raise(alexnet(r["next"]), config)
+        assert isinstance(e.value, HostBudgetError) == (r["stopped_by"] == "host"), r["strategy"]
+    code, out, _ = run(capsys, *argv)
+    assert out.startswith("largest batch of alexnet in 2.00 GiB and 300.0 MiB of pinned host memory, ")
+    assert re.search(r"^strategy +batch +peak +host memory +probes +stopped by +paper$", out, re.M)
+    assert re.search(r"^\+ offload +103 .* host$", out, re.M)
+    code, out, _ = run(capsys, "maxbatch", "alexnet", "--budget", "2GiB")
+    assert "stopped by" not in out
