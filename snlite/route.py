@@ -48,6 +48,9 @@ def execution_route(successors: dict, source) -> tuple[list, list]:
                          f"{sorted(map(str, missing))}")
     backward = join_counting_dfs(predecessors, forward[-1], successors)
     if len(backward) != len(forward):
-        raise ValueError(f"the network has more than one output layer; the backward route from "
-                         f"{forward[-1]!r} misses {sorted(map(str, set(forward) - set(backward)))}")
+        ends = [str(n) for n in forward if not successors.get(n)]  # outputs: layers that feed nothing
+        raise ValueError(f"the network has more than one output layer: {ends} feed nothing, and only the "
+                         "loss may end a network, so the backward route cannot reach "
+                         f"{sorted(map(str, set(forward) - set(backward)))}; use or remove every other "
+                         "output (each layer's output must lead to the loss)")
     return forward, backward

@@ -47,5 +47,19 @@ def test_deep_chain_does_not_recurse():
 def test_unreachable_and_multiple_outputs_are_named():
     with pytest.raises(ValueError, match="not reachable.*'z'"):
         execution_route({"a": ["b"], "b": [], "z": ["b"]}, "a")
-    with pytest.raises(ValueError, match="more than one output"):
+    with pytest.raises(ValueError, match=r"more than one output layer: \['b', 'c'\] feed nothing"):
         execution_route({"a": ["b", "c"], "b": [], "c": []}, "a")
+
+
+def test_a_layer_whose_output_the_loss_never_uses_is_named():
+    """A ReLU nobody reads is a second output: the error names it (it named only the layers the
+    backward route missed, conv1 and data among them, though both lead to the loss)."""
+    from snlite import Graph, simulate
+
+    g = Graph((2, 1, 8, 8), 3)
+    a = g.conv2d(g.input(), 2, 3, padding=1, name="conv1")
+    g.relu(a, name="unused")
+    g.softmax_loss(g.linear(g.flatten(a), 3))
+    with pytest.raises(ValueError, match=r"more than one output layer: \[.*'unused'.*\] feed nothing.*use or "
+                                         r"remove every other output"):
+        simulate(g)
