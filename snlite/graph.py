@@ -134,8 +134,11 @@ class Graph:
             while name in self.layers:
                 self._counts[prefix] += 1
                 name = f"{prefix}{self._counts[prefix]}"
-        if not isinstance(name, str) or not name or "@" in name or name in self.layers:
-            raise ValueError(f"layer name {name!r} is empty, contains '@' or is already used")
+        if not isinstance(name, str) or not name or "@" in name:
+            raise ValueError(f"layer name {name!r}: a name is a non-empty string without '@'")
+        if name in self.layers:
+            raise ValueError(f"layer name {name!r} is already used by a {self.layers[name].kind} layer: give "
+                             f"this {kind} another name (or leave name out for a numbered one)")
         layer = LAYER_TYPES[kind](name, in_shapes, **attrs)
         self.layers[name] = layer
         self.inputs[name] = in_names

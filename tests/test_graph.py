@@ -98,7 +98,9 @@ def test_route_has_two_steps_per_layer_and_checkpoints():
     (lambda g, x: g._add("conv3d", [x], None), r"unknown layer type 'conv3d'"),
     (lambda g, x: g.softmax_loss(g.linear(g.flatten(x), 7)),
      r"7 classes but the graph was built with num_classes=4"),
-    (lambda g, x: g.conv2d(x, 4, 3, name="data"), r"'data' .* already used"),
+    (lambda g, x: g.conv2d(x, 4, 3, name="data"), r"'data' is already used by a data layer: give this "
+                                                  r"conv2d another name"),
+    (lambda g, x: g.relu(x, name="a@b"), r"layer name 'a@b': a name is a non-empty string without '@'"),
     (lambda g, x: g.add(x, x), r"same tensor appears twice"),
     (lambda g, x: g.dropout(x, p=1.0), r"p must be in \[0, 1\)"),
 ])
