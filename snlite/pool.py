@@ -72,10 +72,14 @@ def _fmt_bytes(n) -> str:
     return "unlimited" if n is None else f"{n:,}"
 
 
-def _check_nbytes(nbytes) -> int:
-    nbytes = operator.index(nbytes)
+def _check_nbytes(nbytes, what: str = "a request") -> int:
+    try:
+        nbytes = operator.index(nbytes)
+    except TypeError:
+        raise TypeError(f"{what} must be a whole number of bytes (an int), got {type(nbytes).__name__} "
+                        f"{nbytes!r}") from None
     if nbytes < 0:
-        raise ValueError(f"a request must be >= 0 bytes, got {nbytes}")
+        raise ValueError(f"{what} must be >= 0 bytes, got {nbytes}")
     return nbytes
 
 
@@ -168,7 +172,7 @@ class TensorPool(_Books):
                              f"(so every offset stays aligned), got {block_bytes}")
         if fit not in FITS:
             raise ValueError(f"fit must be one of {FITS}, got {fit!r}")
-        capacity_bytes = _check_nbytes(capacity_bytes)
+        capacity_bytes = _check_nbytes(capacity_bytes, "a pool's capacity")
         self.block_bytes, self.fit = block_bytes, fit
         self.capacity_bytes = capacity_bytes // block_bytes * block_bytes
         self._free: list[tuple[int, int]] = [(0, self.capacity_bytes)] if self.capacity_bytes else []
@@ -338,7 +342,9 @@ class RawAllocator(_Books):
     what = "raw allocator"
 
     def __init__(self, capacity_bytes: int | None = None):
-        self.capacity_bytes = None if capacity_bytes is None else _check_nbytes(capacity_bytes)
+        if capacity_bytes is not None:
+            capacity_bytes = _check_nbytes(capacity_bytes, "a pool's capacity")
+        self.capacity_bytes = capacity_bytes
         self._open_books()
         self._next_handle = 1
 

@@ -120,8 +120,13 @@ def test_block_bytes_must_be_a_positive_multiple_of_256(block):
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="fit"):
         TensorPool(KB, fit="worst")
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(ValueError, match="a request must be >= 0 bytes, got -1"):
         TensorPool(KB).alloc(-1, "neg")
+    for pool in (TensorPool, RawAllocator):  # the capacity is named, not "a request"
+        with pytest.raises(ValueError, match="a pool's capacity must be >= 0 bytes, got -5"):
+            pool(-5)
+    with pytest.raises(TypeError, match=r"a request must be a whole number of bytes \(an int\), got float"):
+        TensorPool(KB).alloc(10.5, "half a byte")
     assert TensorPool(10 * KB + 100).capacity_bytes == 10 * KB  # rounded down to whole blocks
 
 
