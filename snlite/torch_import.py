@@ -133,13 +133,15 @@ def load_module(source: str, kwargs: dict | None = None):
 
 
 def _construct(make, what: str, kwargs: dict):
-    """``make(**kwargs)``, a constructor that refuses its arguments said in one line."""
+    """``make(**kwargs)``; a constructor that refuses its arguments, or raises, said in one line."""
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     try:
         return make(**kwargs)
     except TypeError as e:
-        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise ValueError(f"{what}({args}) failed: {e}; give its constructor's arguments with --torch-args, "
                          "a JSON object") from None
+    except Exception as e:  # noqa: BLE001 - whatever the user's constructor raises, said in one line
+        raise ValueError(f"{what}({args}) failed: {type(e).__name__}: {e}") from None
 
 
 def _trace(module):

@@ -307,6 +307,8 @@ def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
     for argv, words in [((f"{path}:Nope",), "defines no torch.nn.Module subclass 'Nope'; it defines Tiny"),
                         (("torchvision:resnet9",), "torchvision has no model 'resnet9'; did you mean"),
                         ((f"{path}:Tiny", "--torch-args", '{"depth": 2}'), "Tiny(depth=2) failed"),
+                        ((f"{path}:Tiny", "--torch-args", '{"width": -1}'),  # raised inside the constructor
+                         "Tiny(width=-1) failed: RuntimeError: Trying to create tensor with negative"),
                         ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object")]:
         try:
             status, out, err = _snlite(capsys, "plan", *argv)
