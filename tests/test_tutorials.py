@@ -40,7 +40,8 @@ KEY_LINES = {
     "04_offload_prefetch_cache.py": [r"the plan's transfers add up to [\d,.]+ MiB: True",
                                      r"race on conv1, arena bytes .*: freed while another stream may "
                                      r"still read it",
-                                     r"copy_out copy [\d,]+ bytes device -> host"],
+                                     r"copy_out copy [\d,]+ bytes device -> host",
+                                     r"300 MiB  [\d,.]+ MiB\n +100 MiB  none: not even the staged batch"],
     "05_recompute.py": [r"alexnet \(200\)\s+cost_aware\s+\d+"],
     "06_conv_workspace.py": [r"dynamic, unlimited, equals fastest: True",
                              r"estimated conv time never falls as the budget shrinks: True",

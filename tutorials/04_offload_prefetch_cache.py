@@ -24,7 +24,9 @@ from snlite.checker import find_races
 from snlite.data import synthetic
 from snlite.demo import small_cnn
 from snlite.budget import smallest_budget
+from snlite.errors import HostBudgetError
 from snlite.program import Copy, Free, Launch, Wait
+from snlite.search import min_budget
 from snlite.train import Model
 from snlite.lesson import MiB, QUICK, expect, save_plot  # noqa: F401  (expect: claims the lesson checks)
 
@@ -257,6 +259,33 @@ save_plot("plot_compare_timelines", {f"budget {b / MiB:,.0f} MiB" if b else "unl
                                      for b, tr in (sweep[0], sweep[-1])},
           "04_alexnet_cache_budget.png",
           title=f"AlexNet batch {batch}, superneurons(): unlimited vs smallest budget")
+
+# %% [markdown]
+# ## Two budgets: device memory against pinned host memory
+# Whatever leaves the device waits in one pinned host slab, and pinned memory is scarce too: the
+# operating system cannot page it out. `host_budget_bytes` bounds it (`--host-budget` on the command
+# line). The sweep above showed the cache moving more as the device budget shrank, and under a tight
+# budget `superneurons()` also parks SGD's momentum on the host (`optimizer_state="auto"`): what the
+# device gives up, the host must hold. `snlite.search.min_budget` finds `superneurons()`' smallest
+# device budget under each host budget. (`snlite compare NET --budget B --host-budget H` runs every
+# strategy under both and says which memory each ran out of.)
+
+# %%
+least = {}
+print(f"{'pinned host memory':>18}  smallest device budget")
+for host in (None, 1024, 768, 512, 300, 100):
+    try:
+        least[host] = min_budget(net, MemoryConfig.superneurons(host_budget_bytes=host and host * MiB))
+        text = f"{least[host].budget_bytes / MiB:,.1f} MiB"
+    except HostBudgetError:
+        least[host] = None
+        text = "none: not even the staged batch and its results fit"
+    print(f"{f'{host:,d} MiB' if host else 'unlimited':>18}  {text}")
+device = [least[h].budget_bytes for h in (None, 1024, 768, 512, 300)]
+expect("the less pinned host memory, the larger the smallest device budget; under 100 MiB no device "
+       "budget fits", device == sorted(device) and device[0] < device[-1] and least[100] is None,
+       why="with less room on the host, less can leave the device, so the device must keep it. The staged "
+           "batch (200 images) alone needs more than 100 MiB of the slab, whatever the device holds.")
 
 # %% [markdown]
 # ## Exercise
