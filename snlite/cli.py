@@ -134,7 +134,7 @@ def add_train_command(sub) -> None:
                             "checked each step, and the layers only once a loss is not finite)")
     train.add_argument("--streams", metavar="FILE.png",
                        help="on a CUDA device, time the last step's kernels and copies per stream (compute, "
-                            "copy_out, copy_in) and draw them (needs matplotlib)")
+                            "copy_out, copy_in) and draw them (.png, .svg or .pdf; needs matplotlib)")
     add_export_flags(train, "one training step", measured=" (with --streams, also as measured)")
     add_memory_flags(train)
 

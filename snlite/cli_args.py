@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from snlite import measure, models, recompute, timing, torch_import
+from snlite import measure, models, plot, recompute, timing, torch_import
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MIN_HOST_BUDGET_BYTES, MemoryConfig
 from snlite.checks import check_number
 
@@ -52,6 +52,7 @@ OUTPUT_FILES = {"json": "--json", "plot": "--plot", "timeline": "--timeline",
                 "chrome_trace": "--chrome-trace", "save_program": "--save-program", "save": "--save",
                 "streams": "--streams", "memory_snapshot": "--memory-snapshot"}
 OUTPUT_FOLDERS = {"out": "--out"}
+PLOTS = ("plot", "timeline", "streams")  # the files drawn by snlite.plot: PNG, SVG or PDF by their suffix
 
 
 def check_outputs(args) -> None:
@@ -62,6 +63,11 @@ def check_outputs(args) -> None:
         target = getattr(args, dest, None)
         if target is not None and target != "-":  # --json with no FILE (or -): standard output
             check_output_file(flag, target)
+            if dest in PLOTS:
+                try:
+                    plot.figure_format(target)
+                except ValueError as e:
+                    raise CliError(f"{flag} {e}") from None
     for dest, flag in OUTPUT_FOLDERS.items():
         target = getattr(args, dest, None)
         if target is not None:

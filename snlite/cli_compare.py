@@ -29,7 +29,8 @@ def add_compare_command(sub) -> None:
                          help="pinned host memory (offloaded and cached tensors, momentum on the host, the "
                               "staged batch): run every strategy under it too, and say which fit and which "
                               "memory ran out")
-    compare.add_argument("--plot", metavar="FILE.png", help="draw the trade-off: peak vs extra work")
+    compare.add_argument("--plot", metavar="FILE.png",
+                         help="draw the trade-off: peak vs extra work (.png, .svg or .pdf; needs matplotlib)")
     compare.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
     compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
     compare.add_argument("--optimal", action="store_true",

@@ -56,7 +56,7 @@ def add_optimal_command(sub) -> None:
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the exact peak vs extra-FLOP frontier (sampled at 0 to 100%% of a forward "
-                        "pass) with each heuristic as a point (needs matplotlib)")
+                        "pass) with each heuristic as a point (.png, .svg or .pdf; needs matplotlib)")
     add_quiet_flag(p)
 
 

@@ -38,11 +38,12 @@ def add_plan_command(sub) -> None:
     plan.add_argument("--top", type=_positive_int, default=10,
                       help="live tensors shown at the peak (default 10)")
     plan.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
-    plan.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline (needs matplotlib)")
+    plan.add_argument("--plot", metavar="FILE.png",
+                      help="draw the memory timeline (.png, .svg or .pdf; needs matplotlib)")
     plan.add_argument("--timeline", metavar="FILE.png",
                       help="draw the iteration's estimated timeline: the compute, copy_out and copy_in "
                            "streams on a GPU profile (--gpu), with the device memory in use under them "
-                           "(needs matplotlib)")
+                           "(.png, .svg or .pdf; needs matplotlib)")
     add_export_flags(plan, "the iteration")
     plan.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
     plan.add_argument("--program", action="store_true",

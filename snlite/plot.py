@@ -2,7 +2,9 @@
 
 matplotlib is an optional extra (``pip install -e ".[plot]"``); it is imported only inside these
 functions, figures are drawn on the non-interactive Agg canvas and written to files, and no window
-is ever opened. Every ``plot_*`` function saves a PNG to ``path`` and returns ``path``.
+is ever opened. Every ``plot_*`` function saves its figure to ``path`` and returns ``path``: a PNG, an
+SVG or a PDF, as the file name's suffix says (:func:`figure_format`; another suffix is refused before
+anything is drawn).
 
     import snlite
     from snlite import plot
@@ -31,6 +33,7 @@ INSTALL_HINT = 'plots need matplotlib: pip install -e ".[plot]"  (or: pip instal
 COLORS = {"weights": "#8e9aaf", "weight_grads": "#b8c0cc", "optimizer": "#dde1e7", "input": "#a67c52",
           "activations": "#1f77b4", "gradients": "#ff7f0e", "workspace": "#2ca02c", "in_flight": "#d62728"}
 STREAM_ORDER = ("compute", "copy_out", "copy_in")
+FORMATS = ("png", "svg", "pdf")  # what matplotlib's Agg canvas writes, named by a file's suffix
 
 
 class PlotUnavailable(RuntimeError):
@@ -66,8 +69,20 @@ def _figure(width: float, height: float):
     return fig
 
 
+def figure_format(path) -> str:
+    """The format a plot's file name asks for, from its suffix in any case: "png", "svg" or "pdf".
+    ValueError for any other suffix or none (a file named ``.txt`` that held a PNG would mislead)."""
+    name = os.fspath(path)
+    stem, suffix = os.path.splitext(name)
+    if suffix.lower().lstrip(".") in FORMATS:
+        return suffix.lower().lstrip(".")
+    given = f"its suffix is {suffix!r}" if suffix else "it has no suffix"
+    raise ValueError(f"{name}: a plot is written as PNG, SVG or PDF, chosen by the file name's suffix, and "
+                     f"{given}; name it e.g. {os.path.basename(stem) or 'plot'}.png (or .svg, .pdf)")
+
+
 def _save(fig, path):
-    fig.savefig(path, format="png", dpi=110)
+    fig.savefig(path, format=figure_format(path), dpi=110)
     return path
 
 
@@ -195,6 +210,7 @@ def _count_words(count: str) -> str:
 
 
 def _timelines(traces: dict, path, title, count, max_points, shared_y: bool):
+    figure_format(path)  # a file name that names no format is refused before anything is drawn
     if not traces:
         raise ValueError("no traces to plot")
     n = len(traces)
@@ -243,6 +259,7 @@ def plot_tradeoff(rows, path, title=None, base_flops: float | None = None):
     ``extra_flops``, optional ``moved_bytes`` and ``base_flops``); the Pareto frontier is drawn as a step
     line.
     Extra compute is in GFLOPs, or % of the forward FLOPs when ``base_flops`` is given (argument or rows)."""
+    figure_format(path)
     rows = list(rows)
     if not rows:
         raise ValueError("no rows to plot")
@@ -294,6 +311,7 @@ def plot_streams(events, path, title=None, memory=None, estimate=None):
     with ``memory`` ((ms, device bytes in use) pairs), the device memory over the same time below it;
     with ``estimate`` (events of :func:`snlite.timing.estimate` for the same iteration), each stream's
     modelled row under its measured one."""
+    figure_format(path)
     events = list(events) + [dict(e, stream=f"{e['stream']} (model)") for e in (estimate or ())]
     if not events:
         raise ValueError("no events to plot")
@@ -369,13 +387,17 @@ def main(argv=None) -> int:
                     "per op under baseline and superneurons(), simulated on the meta device "
                     "(needs matplotlib).")
     parser.add_argument("path", nargs="?", metavar="PATH.png",
-                        help=f"where to write the PNG (default: {FIGURE} of the repository snlite "
-                             "runs from)")
+                        help=f"where to write the figure, a PNG, SVG or PDF by its suffix (default: {FIGURE} "
+                             "of the repository snlite runs from)")
     args = parser.parse_args(argv)
     path = args.path or default_figure_path()
     if path is None:
         parser.error("this snlite is installed, not a repository checkout (no docs/ beside it): "
                      "give PATH.png")
+    try:
+        figure_format(path)
+    except ValueError as e:
+        parser.error(str(e))
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         print(f"python -m snlite.plot: error: {path}: its folder does not exist", file=sys.stderr)

@@ -425,6 +425,11 @@ def test_check_and_save_say_an_empty_name_is_empty(capsys):
     (["train", "lenet", "--data", "synthetic", "--save", "{tmp}"], "--save {tmp}: is a folder"),
     (["paper", "--quick", "--out", "{file}/sub"], "{file} is a file, so the folder cannot be created"),
     (["bench", "--out", "{file}/b"], "{file} is a file, so the folder cannot be created"),
+    (["plan", "lenet", "--plot", "{tmp}/p.txt"], "--plot {tmp}/p.txt: a plot is written as PNG, SVG or PDF"),
+    (["plan", "lenet", "--timeline", "{tmp}/t"], "--timeline {tmp}/t: a plot is written as PNG, SVG or PDF"),
+    (["compare", "lenet", "--plot", "{tmp}/c.jpeg"], "its suffix is '.jpeg'; name it e.g. c.png"),
+    (["optimal", "lenet", "--plot", "{tmp}/f.eps"], "its suffix is '.eps'"),
+    (["train", "lenet", "--data", "synthetic", "--streams", "{tmp}/s.txt"], "--streams {tmp}/s.txt: a plot"),
 ])
 def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, message, tmp_path,
                                                                      capsys, monkeypatch):

@@ -1,5 +1,6 @@
-"""Plots: every function writes a PNG (a real LeNet trace, a 50,000-op synthetic one), downsampling
-keeps the peaks, and without matplotlib the error says how to install it."""
+"""Plots: every function writes a PNG (a real LeNet trace, a 50,000-op synthetic one), or an SVG or a PDF
+where the file name says so, downsampling keeps the peaks, and without matplotlib the error says how to
+install it."""
 import importlib.util
 import os
 import struct
@@ -170,6 +171,33 @@ def test_plot_streams_writes_a_png(tmp_path):
 
 
 @needs_mpl
+def test_a_plot_is_written_in_the_format_its_suffix_names(lenet_traces, tmp_path):
+    trace = lenet_traces["superneurons()"]
+    svg = open(plot.plot_timeline(trace, tmp_path / "t.svg"), "rb").read()
+    assert svg.startswith(b"<?xml") and b"<svg" in svg[:1000], "not an SVG"
+    pdf = plot.plot_tradeoff([{"label": "a", "peak_bytes": MIB, "extra_flops": 0}], tmp_path / "t.PDF")
+    assert open(pdf, "rb").read(5) == b"%PDF-", "an upper-case .PDF is a PDF too"
+    assert png_size(plot.plot_compare_timelines(lenet_traces, tmp_path / "t.Png"))[0] == 1320
+
+
+@pytest.mark.parametrize("name,words", [("t.txt", "its suffix is '.txt'"), ("t", "it has no suffix"),
+                                        ("t.jpg", "name it e.g. t.png")])
+def test_a_file_name_that_names_no_format_is_refused_before_anything_is_drawn(name, words, tmp_path,
+                                                                               monkeypatch):
+    """It used to write a PNG under any name (``x.txt`` held a PNG). Refused before matplotlib is even
+    imported: without it, the error is still about the name."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    for draw, data in ((plot.plot_timeline, synthetic_trace(10)),
+                       (plot.plot_tradeoff, [{"label": "a", "peak_bytes": 1, "extra_flops": 0}]),
+                       (plot.plot_streams, [{"stream": "compute", "start_ms": 0, "end_ms": 1, "label": "a"}])):
+        with pytest.raises(ValueError, match="a plot is written as PNG, SVG or PDF") as err:
+            draw(data, tmp_path / name)
+        assert words in str(err.value)
+    assert os.listdir(tmp_path) == []
+    assert [plot.figure_format(n) for n in ("a.png", "b.SVG", "dir.v2/c.pdf")] == ["png", "svg", "pdf"]
+
+
+@needs_mpl
 def test_alexnet_figure_regenerates(tmp_path):
     assert png_size(plot.alexnet_figure(tmp_path / "alexnet.png"))[0] == 1320
 
@@ -193,3 +221,7 @@ def test_module_default_is_the_repositorys_figure_wherever_it_runs(tmp_path, mon
     assert plot.main([str(tmp_path / "here.png")]) == 0 and drawn[-1] == str(tmp_path / "here.png")
     assert plot.main([str(tmp_path / "no" / "x.png")]) == 1
     assert "its folder does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        plot.main([str(tmp_path / "x.txt")])
+    assert exit_.value.code == 2 and "written as PNG, SVG or PDF" in capsys.readouterr().err
+    assert plot.main([str(tmp_path / "fig.svg")]) == 0 and drawn[-1] == str(tmp_path / "fig.svg")
