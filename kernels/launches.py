@@ -61,6 +61,8 @@ class Gpu:
 
 GPUS = {
     "H200": Gpu("H200", "sm_90", 132, 2048, 32, 65536, 228 * 1024, 1024, 67.0, 4800.0),
+    # the same chip (GH100, SXM5) with HBM3 instead of HBM3e: the H200's limits, 70% of its bandwidth
+    "H100": Gpu("H100", "sm_90", 132, 2048, 32, 65536, 228 * 1024, 1024, 67.0, 3350.0),
     "A100": Gpu("A100", "sm_80", 108, 2048, 32, 65536, 164 * 1024, 1024, 19.5, 2039.0),
     "T4": Gpu("T4", "sm_75", 40, 1024, 16, 65536, 64 * 1024, 0, 8.1, 320.0),
     # the paper's GPU; no ptxas for sm_35 any more, so its occupancy is an upper bound (threads, blocks, smem)

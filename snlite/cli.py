@@ -229,7 +229,7 @@ def cmd_train(args) -> int:
 # ---------------------------------------------------------------- pieces of `train`
 def _gpu_of(model) -> str:
     """The time model's profile for ``model``'s device: its GPU where the profiles know it, else H200."""
-    return next((p for p in timing.PROFILES if p in getattr(model.device, "gpu_name", "")), "H200")
+    return timing.profile_for(getattr(model.device, "gpu_name", ""))
 
 
 def write_step_exports(model, args) -> None:

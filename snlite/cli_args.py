@@ -307,9 +307,9 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
              "optimizer_state": "where SGD's momentum lives between updates: device, host (pinned, "
                                 "prefetched before each update and copied back after), auto (host only where "
                                 "the device cannot hold it)",
-             "schedule": "when copies run: paper (the paper's op-based points) or a GPU (H200, A100, T4, "
-                         "K40): releases and prefetches moved in time so copies hide behind compute on that "
-                         "GPU (snlite.overlap)"}
+             "schedule": "when copies run: paper (the paper's op-based points) or a GPU (the profiles "
+                         "of snlite.timing): releases and prefetches moved in time so copies hide behind "
+                         "compute on that GPU (snlite.overlap)"}
     for name, text in helps.items():
         g.add_argument(f"--{name.replace('_', '-')}", choices=CHOICES[name], default=None, help=text,
                        dest=name)

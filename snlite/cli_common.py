@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from snlite import chrome_trace, measure, memory_snapshot, models, plot, torch_import
+from snlite import chrome_trace, measure, memory_snapshot, models, plot, timing, torch_import
 from snlite.cli_args import CliError, check_output_file
 
 NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
@@ -21,8 +21,9 @@ TORCH_BATCH = 32  # the batch of a PyTorch module without --batch
 TORCH_INPUT = (3, 224, 224)  # its input without --input
 BATCH_HELP = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
 JSON_HELP = "write the numbers as JSON to FILE (- or no FILE: standard output, instead of the tables)"
-GPU_HELP = ("the GPU profile of the time model (snlite.timing.PROFILES: H200, A100, T4, K40; default H200): "
-            "estimated step time, how busy each stream is, how much transfer time compute waits for")
+GPU_HELP = (f"the GPU profile of the time model (snlite.timing.PROFILES: {', '.join(timing.PROFILES)}; "
+            "default H200): estimated step time, how busy each stream is, how much transfer time compute "
+            "waits for")
 
 
 # ---------------------------------------------------------------- the network a command names

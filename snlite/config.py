@@ -20,7 +20,7 @@ CHOICES = {
     "allocator": ("pool", "raw"),
     "fit": ("first", "best", "offline"),  # offline: snlite.offline, after the walk
     "count": ("all", "paper"),
-    "schedule": ("paper", "H200", "A100", "T4", "K40"),  # the GPU profiles of snlite.timing
+    "schedule": ("paper", "H200", "H100", "A100", "T4", "K40"),  # paper, then snlite.timing.PROFILES
     "optimizer_state": ("device", "host", "auto"),
 }
 

@@ -34,6 +34,7 @@ kernel times to measured ones (the per-stream events of ``snlite train --streams
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 from dataclasses import dataclass, field
 
@@ -63,6 +64,7 @@ class Profile:
 
 PROFILES = {
     "H200": Profile("NVIDIA H200 (PCIe Gen5 x16)", "H200", h2d_gbs=55.0, d2h_gbs=55.0),
+    "H100": Profile("NVIDIA H100 SXM5 (PCIe Gen5 x16)", "H100", h2d_gbs=55.0, d2h_gbs=55.0),
     "A100": Profile("NVIDIA A100 (PCIe Gen4 x16)", "A100", h2d_gbs=25.0, d2h_gbs=25.0),
     "T4": Profile("NVIDIA T4 (PCIe Gen3 x16)", "T4", h2d_gbs=12.0, d2h_gbs=12.0),
     "K40": Profile("NVIDIA Tesla K40 (PCIe Gen3 x16), the paper's", "K40", h2d_gbs=10.0, d2h_gbs=10.0,
@@ -78,6 +80,13 @@ def profile(name_or_profile) -> Profile:
     if found is None:
         raise ValueError(f"unknown GPU profile {name_or_profile!r}; choose one of {', '.join(PROFILES)}")
     return found
+
+
+def profile_for(gpu_name: str, default: str = "H200") -> str:
+    """The profile of the GPU a CUDA device calls itself (``"NVIDIA H100 80GB HBM3"``: "H100"), its name
+    found at the start of a word of ``gpu_name`` and not followed by a digit (a K40c is a K40, an A1000 no
+    A100); ``default`` for a GPU without a profile (or the simulator)."""
+    return next((p for p in PROFILES if re.search(rf"\b{p}(?!\d)", gpu_name, re.IGNORECASE)), default)
 
 
 @dataclass
@@ -279,4 +288,4 @@ def calibrate(prof, measured_events, modelled: Timeline) -> Profile:
                                kernel_scale=prof.kernel_scale * measured / model)
 
 
-__all__ = ["MOVING", "PROFILES", "Profile", "Timeline", "calibrate", "estimate", "profile"]
+__all__ = ["MOVING", "PROFILES", "Profile", "Timeline", "calibrate", "estimate", "profile", "profile_for"]

@@ -376,7 +376,7 @@ def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
     (["optimal", "nope"], "unknown model 'nope'"),
     (["train", "lenett", "--data", "synthetic"], "unknown model 'lenett'"),
     (["plan", "lenet", "--gpu", "X100"],
-     "--gpu: unknown GPU profile 'X100'; choose one of H200, A100, T4, K40"),
+     "--gpu: unknown GPU profile 'X100'; choose one of H200, H100, A100, T4, K40"),
     (["compare", "lenet", "--gpu", ""], "--gpu: unknown GPU profile ''; choose one of"),
     (["train", "lenet", "--data", "imagenet"], "--data 'imagenet': expected one of synthetic"),
     (["train", "lenet", "--data", "mnist"], "--data 'mnist': expected one of"),

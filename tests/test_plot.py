@@ -189,7 +189,8 @@ def test_a_file_name_that_names_no_format_is_refused_before_anything_is_drawn(na
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     for draw, data in ((plot.plot_timeline, synthetic_trace(10)),
                        (plot.plot_tradeoff, [{"label": "a", "peak_bytes": 1, "extra_flops": 0}]),
-                       (plot.plot_streams, [{"stream": "compute", "start_ms": 0, "end_ms": 1, "label": "a"}])):
+                       (plot.plot_streams, [{"stream": "compute", "start_ms": 0, "end_ms": 1,
+                                             "label": "a"}])):
         with pytest.raises(ValueError, match="a plot is written as PNG, SVG or PDF") as err:
             draw(data, tmp_path / name)
         assert words in str(err.value)

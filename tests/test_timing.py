@@ -6,10 +6,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from kernels.launches import GPUS
 from nets import data_for, mixed_net
 from snlite import models, timing
 from snlite.adversary import COPY_TIES, AdversarialDevice
-from snlite.config import MemoryConfig
+from snlite.config import CHOICES, MemoryConfig
 from snlite.pipeline import place, simulate
 from snlite.program import Alloc, Copy, Free, HostWait, Launch, Program, Record, Wait
 from snlite.trace import trace_program
@@ -79,7 +80,21 @@ def test_raw_frees_synchronize_the_device():
 
 
 def test_profiles_and_errors():
-    assert set(timing.PROFILES) == {"H200", "A100", "T4", "K40"} and timing.profile("h200").gpu == "H200"
+    assert list(timing.PROFILES) == ["H200", "H100", "A100", "T4", "K40"]
+    assert timing.profile("h200").gpu == "H200"
+    # the config's schedules are the profiles, in order (config.py, at the bottom of the imports, lists them)
+    assert CHOICES["schedule"] == ("paper", *timing.PROFILES)
+    assert all(timing.PROFILES[p].gpu in GPUS for p in timing.PROFILES)
+
+
+@pytest.mark.parametrize("gpu_name,profile", [
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("Tesla T4", "T4"), ("Tesla K40c", "K40"), ("NVIDIA RTX A1000", "H200"),
+    ("NVIDIA GeForce RTX 4090", "H200"), ("NVIDIA RTX A4000", "H200"), ("CUDA simulator", "H200")])
+def test_a_cuda_device_is_timed_on_its_own_gpus_profile_where_there_is_one(gpu_name, profile):
+    """A whole word of the device's name picks the profile (an H100 was timed as an H200 before it had
+    a profile of its own); any other GPU gets the default."""
+    assert timing.profile_for(gpu_name) == profile
     with pytest.raises(ValueError, match="unknown GPU profile 'V100'"):
         timing.profile("V100")
 
