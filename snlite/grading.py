@@ -1,6 +1,6 @@
 """Grading: the graders of some assignments run in one pytest session, summed up one line each.
 
-    python -m snlite.assignments grade            # all five: a summary first, pytest's output after
+    python -m snlite.assignments grade            # all of them: a summary first, pytest's output after
     python -m snlite.assignments grade 2 -x -v    # one; what follows the numbers goes to pytest
 
 :func:`grade` runs ``pytest -m "a1 or a2 ..." tests/test_assignments.py`` in the checkout, and this

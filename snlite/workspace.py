@@ -107,18 +107,44 @@ def options(batch: int, groups: int, op: str) -> list[tuple[str, int]]:
 
 def candidates(layer, op: str, model: CostModel = CostModel()) -> list[Choice]:
     """Every (algorithm, chunk) of :func:`options` for this conv step, with its workspace and its
-    estimated time, fastest first (ties: less workspace first)."""
+    estimated time, fastest first (ties: less workspace first).
+
+    Assignment 6 (dynamic convolution workspace), with :func:`choose`. Requirements (``pytest -m a6``
+    checks them):
+
+    - one :class:`Choice` per option of ``options(batch, layer.groups, op)`` (``batch``: the first
+      dimension of ``layer.in_shapes[0]``), none left out, none twice; its ``workspace_bytes`` is
+      ``layer.workspace_bytes(op, algo, chunk)`` and its ``est_ms`` is
+      ``model.estimate(layer, op, algo, chunk)``, asked once per option (a cost model may be a
+      table measured on a GPU, or a model that records each launch: never ask twice);
+    - fastest first; where two take the same time, the one with less workspace first; where they
+      tie on both, in the order of ``options`` (the ranking is the same on every run).
+    """
+    # BEGIN ASSIGNMENT 6: dynamic convolution workspace
     out = [Choice(algo, c, layer.workspace_bytes(op, algo, c), model.estimate(layer, op, algo, c))
            for algo, c in options(layer.in_shapes[0][0], layer.groups, op)]
-    return sorted(out, key=lambda c: (c.est_ms, c.workspace_bytes))
+    return sorted(out, key=lambda c: (c.est_ms, c.workspace_bytes))  # a stable sort: ties keep options' order
+    # END ASSIGNMENT 6
 
 
 def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: CostModel = CostModel(),
            ranked: list[Choice] | None = None) -> Choice:
     """The algorithm for one conv step under ``mode``; ``largest_free_bytes`` is the pool's
     largest free block now (None: unlimited). ``ranked``: ``candidates(layer, op, model)``, if the
-    caller already has them (the placement pass asks thousands of times). Mode "none" ranks
-    nothing: it runs :data:`DIRECT`, whatever the others cost."""
+    caller already has them (the placement pass asks thousands of times).
+
+    Assignment 6 (dynamic convolution workspace; docs/paper.md section 6). Requirements:
+
+    - ``"none"``: :data:`DIRECT`, which needs no workspace, whatever the others cost; nothing is
+      ranked (its ``est_ms`` is ``model.estimate(layer, op, *DIRECT)``);
+    - ``"fastest"``, or no limit (``largest_free_bytes`` None): the first of the ranking;
+    - ``"dynamic"``: the fastest candidate whose workspace fits in the largest free block
+      (``workspace_bytes <= largest_free_bytes``: a block exactly that size fits); :data:`DIRECT`
+      needs none, so one always fits;
+    - with ``ranked`` given, that ranking, as it is: nothing is ranked or estimated again;
+    - any other mode: ValueError naming the modes.
+    """
+    # BEGIN ASSIGNMENT 6: dynamic convolution workspace
     if mode not in MODES:
         raise ValueError(f"unknown workspace mode {mode!r}; choose one of {MODES}")
     if mode == "none":
@@ -129,6 +155,7 @@ def choose(layer, op: str, mode: str, largest_free_bytes: int | None, model: Cos
     for c in ranked:  # fastest first; direct needs no workspace, so one always fits
         if c.workspace_bytes <= largest_free_bytes:
             return c
+    # END ASSIGNMENT 6
 
 
 @functools.lru_cache(maxsize=4096)

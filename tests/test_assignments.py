@@ -6,7 +6,7 @@ an independent reference (a brute-force definition, a block bitmap, NumPy, the p
 recomputed from step bytes) or a property (bit-identical training, valid plans), so any correct
 design passes. The graders run in order: a test for assignment k may rely on the solutions of
 assignments 1..k-1 and never on a later one (a1 simulates with the raw allocator so that it does
-not need the pool of a2; a4 and a5 train networks, which needs a1 and a2).
+not need the pool of a2; a4, a5 and a6 train networks, which needs a1 and a2).
 """
 import importlib
 import math
@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from snlite import workspace as ws
 from snlite.config import MemoryConfig
 from snlite.graph import Graph
 from snlite.liveness import analyze, first_and_last_use, format_table, frees_after
@@ -849,3 +850,159 @@ def test_a5_training_under_cost_aware_recomputation_is_bit_identical():
         got = train(g, cfg)
         assert_same_training(got, want, cfg.describe())
         assert got[2].trace.recompute_count > 0
+
+
+# ================================================================ assignment 6: dynamic convolution workspace
+# docs/paper.md section 6: each conv step runs the fastest algorithm whose workspace fits in the largest
+# free block at that moment. The reference ranks by brute force; made-up cost models make the fastest
+# need the most workspace, make every time tie, and count what is estimated.
+def conv_pair(n=4, c=16, hw=16):
+    """Two 3x3 convs and a grouped one: on the default cost model, backward-data's fastest is im2col
+    over the whole batch (576 KiB of workspace) and backward-filter's the direct algorithm over the
+    whole batch (27 KiB); a grouped conv runs the direct algorithm only."""
+    g = Graph(input_shape=(n, c, hw, hw), num_classes=3, name="conv_pair")
+    c1 = g.conv2d(g.input(), c, 3, padding=1, name="conv1")
+    c2 = g.conv2d(g.relu(c1, name="relu1"), c, 3, padding=1, name="conv2")
+    c3 = g.conv2d(g.relu(c2, name="relu2"), c, 3, stride=2, padding=1, groups=4, name="conv3")
+    g.softmax_loss(g.linear(g.flatten(g.relu(c3, name="relu3")), 3, name="fc"))
+    return g
+
+
+class MadeUpCosts:
+    """A cost model of made-up times, ``ms(layer, op, algo, chunk)``, that records every estimate."""
+
+    def __init__(self, ms):
+        self.ms, self.asked = ms, []
+
+    def estimate(self, layer, op, algo, chunk):
+        self.asked.append((layer.name, op, algo, chunk))
+        return self.ms(layer, op, algo, chunk)
+
+
+def more_workspace_is_faster(layer, op, algo, chunk):
+    return 1.0 / (1 + layer.workspace_bytes(op, algo, chunk))
+
+
+def every_time_ties(layer, op, algo, chunk):
+    return 1.0
+
+
+def reference_ranking(layer, op, model):
+    """Every option with its workspace and time, by (time, workspace, place among the options)."""
+    opts = ws.options(layer.in_shapes[0][0], layer.groups, op)
+    rows = sorted((model.estimate(layer, op, a, c), layer.workspace_bytes(op, a, c), i, a, c)
+                  for i, (a, c) in enumerate(opts))
+    return [ws.Choice(a, c, w, t) for t, w, _, a, c in rows]
+
+
+def reference_fit(ranking, largest_free):
+    return next(c for c in ranking if c.workspace_bytes <= largest_free)
+
+
+CONV_LAYERS = ("conv1", "conv3")
+
+
+@pytest.mark.a6
+@pytest.mark.parametrize("op", ws.CONV_OPS)
+def test_a6_candidates_rank_every_option_once_fastest_first(op):
+    g = conv_pair()
+    for name in CONV_LAYERS:
+        layer = g.layers[name]
+        for ms in (None, more_workspace_is_faster):
+            model = ws.CostModel() if ms is None else MadeUpCosts(ms)
+            want = reference_ranking(layer, op, model)
+            if ms is not None:
+                model.asked.clear()
+            got = ws.candidates(layer, op, model)
+            assert got == want, f"{name} {op}: the ranking should be {want}, got {got}"
+            if ms is not None:
+                opts = ws.options(layer.in_shapes[0][0], layer.groups, op)
+                assert sorted(model.asked) == sorted((name, op, a, c) for a, c in opts), \
+                    f"{name} {op}: each option's time is asked once, and only the options': {model.asked}"
+
+
+@pytest.mark.a6
+@pytest.mark.parametrize("op", ws.CONV_OPS)
+def test_a6_ties_in_time_go_to_less_workspace_then_keep_the_order_of_the_options(op):
+    layer = conv_pair().layers["conv1"]
+    got = ws.candidates(layer, op, MadeUpCosts(every_time_ties))
+    want = reference_ranking(layer, op, MadeUpCosts(every_time_ties))
+    assert [c.workspace_bytes for c in got] == sorted(c.workspace_bytes for c in got), \
+        f"{op}: every time ties, so the least workspace comes first: {got}"
+    assert got == want, f"{op}: ties on both time and workspace keep the order of options: {got}"
+
+
+@pytest.mark.a6
+def test_a6_none_runs_direct_without_workspace_whatever_the_others_cost():
+    g = conv_pair()
+    for name in CONV_LAYERS:
+        for op in ws.CONV_OPS:
+            for free in (None, 0, 1 << 30):
+                model = MadeUpCosts(more_workspace_is_faster)
+                c = ws.choose(g.layers[name], op, "none", free, model)
+                assert (c.algo, c.chunk, c.workspace_bytes) == ("direct", 1, 0), f"{name} {op}: {c}"
+                assert model.asked == [(name, op, "direct", 1)], \
+                    f"mode none ranks nothing: only direct's time is asked, not {model.asked}"
+
+
+@pytest.mark.a6
+@pytest.mark.parametrize("op", ws.CONV_OPS)
+def test_a6_fastest_and_no_limit_take_the_first_of_the_ranking(op):
+    layer = conv_pair().layers["conv1"]
+    model = MadeUpCosts(more_workspace_is_faster)
+    first = reference_ranking(layer, op, model)[0]
+    assert first.workspace_bytes > 0, "the made-up model makes the fastest need workspace"
+    assert ws.choose(layer, op, "fastest", 0, model) == first, "fastest ignores the free block"
+    assert ws.choose(layer, op, "dynamic", None, model) == first, "no limit: the fastest"
+
+
+@pytest.mark.a6
+@pytest.mark.parametrize("op", ws.CONV_OPS)
+def test_a6_dynamic_takes_the_fastest_that_fits_an_exact_fit_included(op):
+    layer = conv_pair().layers["conv1"]
+    for model in (MadeUpCosts(more_workspace_is_faster), ws.CostModel()):
+        ranking = reference_ranking(layer, op, model)
+        sizes = sorted({c.workspace_bytes for c in ranking})
+        assert len(sizes) >= 3
+        for free in sorted({0, *sizes, *(s - 1 for s in sizes if s), *(s + 1 for s in sizes)}):
+            got = ws.choose(layer, op, "dynamic", free, model)
+            want = reference_fit(ranking, free)
+            assert got == want, f"{op}, largest free block {free:,d} bytes: want {want}, got {got}"
+
+
+@pytest.mark.a6
+def test_a6_a_ranking_given_is_used_as_it_is():
+    layer = conv_pair().layers["conv1"]
+    ranking = reference_ranking(layer, "backward_data", MadeUpCosts(more_workspace_is_faster))
+    backwards = ranking[::-1]  # slowest first: a ranking of the caller's own
+    model = MadeUpCosts(more_workspace_is_faster)
+    assert ws.choose(layer, "backward_data", "fastest", None, model, ranked=backwards) == backwards[0]
+    assert ws.choose(layer, "backward_data", "dynamic", 10**9, model, ranked=backwards) == backwards[0]
+    assert model.asked == [], f"with a ranking given nothing is estimated again: {model.asked}"
+
+
+@pytest.mark.a6
+def test_a6_an_unknown_mode_is_refused_by_name():
+    layer = conv_pair().layers["conv1"]
+    with pytest.raises(ValueError, match="dynamic"):
+        ws.choose(layer, "forward", "fast", None)
+
+
+@pytest.mark.a6
+def test_a6_dynamic_workspace_takes_what_fits_now_and_trains_bit_identically():
+    """With room, every conv step runs its fastest algorithm; in a budget that only direct
+    convolutions are sure to fit, some steps still find room for their fastest, others do not,
+    the plan holds, and training is bit-identical to the baseline."""
+    g = conv_pair()
+    model = ws.CostModel()
+    best = {(name, op): reference_ranking(g.layers[name], op, model)[0]
+            for name in ("conv1", "conv2", "conv3") for op in ws.CONV_OPS}
+    fastest = {key: (c.algo, c.chunk) for key, c in best.items()}
+    roomy = simulate(g, MemoryConfig(liveness=True, workspace="dynamic"))
+    assert {(c.layer, c.op): (c.algo, c.chunk) for c in roomy.conv_choices} == fastest
+    budget = simulate(g, MemoryConfig(liveness=True)).arena_bytes  # every conv direct, no workspace
+    tight = MemoryConfig(liveness=True, workspace="dynamic", budget_bytes=budget)
+    picks = [(c.algo, c.chunk) == fastest[c.layer, c.op] for c in simulate(g, tight).conv_choices]
+    assert any(picks) and not all(picks), \
+        f"in {budget:,d} bytes some steps have room for their fastest algorithm, some do not: {picks}"
+    assert_same_training(train(g, tight), train(g, MemoryConfig()), tight.describe())

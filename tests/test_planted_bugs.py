@@ -23,6 +23,7 @@ from numba import cuda, float32
 
 from kernels.gemm import TILE_MAX, _batch_range, _mat, _op_at, _store
 from snlite import liveness, offload, recompute
+from snlite import workspace as ws
 from snlite.pool import TensorPool
 
 pytest_plugins = ("pytester",)
@@ -253,11 +254,42 @@ def window_skipping_the_first_backward_step(graph, strategy, persistent, keep=()
     return chosen
 
 
+# ---------------------------------------------------------------- assignment 6: dynamic convolution workspace
+def dynamic(pick):
+    """``workspace.choose`` with mode "dynamic" under a limit answered by ``pick(ranking, largest free
+    block)``; every other case as the solution answers it."""
+    def choose(layer, op, mode, largest_free_bytes, model=ws.CostModel(), ranked=None):
+        if mode != "dynamic" or largest_free_bytes is None:
+            return ORIGINAL[ws, "choose"](layer, op, mode, largest_free_bytes, model, ranked)
+        return pick(ws.candidates(layer, op, model) if ranked is None else ranked, largest_free_bytes)
+
+    return choose
+
+
+def refuses_an_exact_fit(ranked, free):
+    direct = next(c for c in ranked if (c.algo, c.chunk) == ws.DIRECT)
+    return next((c for c in ranked if c.workspace_bytes < free), direct)
+
+
+def ignores_the_free_block(ranked, free):
+    return ranked[0]
+
+
+def least_workspace_that_fits(ranked, free):
+    return min((c for c in ranked if c.workspace_bytes <= free), key=lambda c: c.workspace_bytes)
+
+
+def ties_to_more_workspace(layer, op, model=ws.CostModel()):
+    ranked = ORIGINAL[ws, "candidates"](layer, op, model)
+    return sorted(ranked, key=lambda c: (c.est_ms, -c.workspace_bytes))
+
+
 ORIGINAL = {(liveness, "first_and_last_use"): liveness.first_and_last_use,
             (liveness, "analyze"): liveness.analyze, (TensorPool, "free"): TensorPool.free,
             (TensorPool, "alloc"): TensorPool.alloc, (TensorPool, "_find"): TensorPool._find,
             (offload, "schedule"): offload.schedule,
-            (recompute, "choose_strategies"): recompute.choose_strategies}
+            (recompute, "choose_strategies"): recompute.choose_strategies,
+            (ws, "choose"): ws.choose, (ws, "candidates"): ws.candidates}
 
 # (assignment, the wrong solution): (object, attribute, replacement)
 PLANTED = {
@@ -287,6 +319,11 @@ PLANTED = {
     (5, "speed-centric everywhere"): (recompute, "choose_strategies", speed_centric_everywhere),
     (5, "the window skips the segment's first backward step"):
         (recompute, "choose_strategies", window_skipping_the_first_backward_step),
+    (6, "an exact fit does not fit (< instead of <=)"): (ws, "choose", dynamic(refuses_an_exact_fit)),
+    (6, "dynamic ignores the free block"): (ws, "choose", dynamic(ignores_the_free_block)),
+    (6, "dynamic takes the least workspace, not the fastest that fits"):
+        (ws, "choose", dynamic(least_workspace_that_fits)),
+    (6, "ties in time go to more workspace"): (ws, "candidates", ties_to_more_workspace),
 }
 
 
@@ -299,11 +336,13 @@ class Plant:
         self.target, self.undo = target, pytest.MonkeyPatch()
 
     def pytest_sessionstart(self, session):
+        ws._SHARED.clear()  # rankings an earlier run memoized, with its own bug or none
         if self.target is not None:
             self.undo.setattr(*self.target)
 
     def pytest_sessionfinish(self, session):
         self.undo.undo()
+        ws._SHARED.clear()
 
     def pytest_collection_modifyitems(self, config, items):
         # (test_a3_v2_compiles_for_a_real_gpu runs a subprocess: no planted bug reaches it)

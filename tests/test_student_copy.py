@@ -16,7 +16,7 @@ from snlite import assignments, grading
 from snlite.assignments import AssignmentError, main, make_student, scan, scan_file, student_text
 
 ROOT = Path(__file__).resolve().parent.parent
-TITLES = {1: "liveness", 2: "pool", 3: "GEMM", 4: "offload", 5: "recomputation"}
+TITLES = {1: "liveness", 2: "pool", 3: "GEMM", 4: "offload", 5: "recomputation", 6: "workspace"}
 
 
 def grade_copy(copy: Path, *numbers: int) -> str:
@@ -35,7 +35,7 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
     printed = []
     regions = make_student(copy, ROOT, out=printed.append)
     numbers = sorted({r.number for r in regions})
-    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 5
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 6
     assert all(TITLES[r.number].lower() in r.title.lower() for r in regions if r.number in TITLES)
     assert any("left out" in line and "test_student_copy.py" in line and "test_planted_bugs.py" in line
                for line in printed)
@@ -91,17 +91,20 @@ def test_an_untouched_student_copy_fails_under_grade_and_under_plain_pytest(tmp_
     assert proc.returncode == 1 and re.search(r"^(\d+) failed, \d+ deselected", out, re.M), out[-3000:]
     assert " passed" not in out.splitlines()[-1] and "NotImplementedError: Assignment 1: liveness" in out, \
         f"pytest -m a1 in the student copy passed the stubs (it tested another snlite?):\n{out[-3000:]}"
-    # grade: all five fail, the summary first, one line each, the first failure named
+    # grade: all of them fail, the summary first, one line each, the first failure named
     proc = subprocess.run([sys.executable, "-m", "snlite.assignments", "grade", "--tb=line"], cwd=copy,
                           env=env, capture_output=True, text=True, timeout=300)
     summary = summary_of(proc.stdout)
-    assert proc.returncode == 1 and summary[0] == f"grading assignments 1, 2, 3, 4, 5 of {copy.resolve()}", \
+    numbers = sorted({r.number for r in scan()[0]})
+    listed = ", ".join(map(str, numbers))
+    assert proc.returncode == 1 and summary[0] == f"grading assignments {listed} of {copy.resolve()}", \
         proc.stdout[-3000:]
-    for k in range(1, 6):
+    for k in numbers:
         line = next(line for line in summary if line.startswith(f"assignment {k}: "))
         assert re.match(rf"assignment {k}: FAILED, \d+ of \d+ tests passed; first failure: test_a{k}_\S+: "
                         rf"NotImplementedError: (tid=.* ctaid=.*: )?Assignment {k}: ", line), line
-    assert len(summary) <= 10 and summary[-1].startswith("0 of 5 assignments passed"), summary
+    assert len(summary) <= len(numbers) + 5, summary
+    assert summary[-1].startswith(f"0 of {len(numbers)} assignments passed"), summary
     # snlite imported from the instructor's repository before pytest starts: the copy's tests refuse
     refuse = ("import sys, snlite, pytest; sys.exit(pytest.main(['-m', 'a1', 'tests/test_assignments.py', "
               "'-q', '-p', 'no:cacheprovider']))")
