@@ -73,7 +73,8 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     except Exception as e:
         cause = e.__cause__ or e  # ShapeProp wraps the module's own error in a dump of the fx node
         raise TorchImportError(f"PyTorch could not run {type(module).__name__} on an input of shape "
-                               f"(1, {', '.join(map(str, shape))}): {cause}") from None
+                               f"(1, {', '.join(map(str, shape))}): {cause} (a model made for another "
+                               "input size: give it, as input_shape or --input CxHxW)") from None
     finally:
         for m, training in modes.items():
             m.train(training)
@@ -202,9 +203,17 @@ _KEEP = []
 def _output(gm):
     node = next(n for n in gm.graph.nodes if n.op == "output")
     value = node.args[0]
-    if not hasattr(value, "meta") or "tensor_meta" not in value.meta:
+    meta = getattr(value, "meta", {}).get("tensor_meta")
+    if hasattr(meta, "shape"):
+        return value
+    several = value if isinstance(value, (tuple, list, dict)) else meta  # or a named tuple (GoogLeNet's)
+    if not isinstance(several, (tuple, list, dict)):
         raise _error(node, f"the model returns {type(value).__name__}, not one tensor of logits")
-    return value
+    kind = getattr(value, "target", None) or next(k for k in (dict, tuple, list) if isinstance(value, k))
+    raise _error(node, f"the model returns {kind.__name__} of {len(several)} outputs, not one tensor of "
+                       "logits: snlite puts one softmax_loss on one output, so construct the model without "
+                       "the others (torchvision's googlenet and inception_v3 in training: aux_logits=False, "
+                       "on the command line --torch-args '{\"aux_logits\": false}')")
 
 
 def torch_params(module) -> dict:

@@ -250,6 +250,44 @@ def test_data_dependent_control_flow_is_explained():
     assert "fx:" in msg
 
 
+class _TwoHeads(nn.Module):
+    """Logits and an auxiliary head, returned together as GoogLeNet and Inception-v3 do in training."""
+
+    def __init__(self, returns):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 5), nn.ReLU(), nn.Flatten())
+        self.fc, self.aux = nn.Linear(4 * 4 * 4, 5), nn.Linear(4 * 4 * 4, 5)
+        self.returns = returns
+
+    def forward(self, x):
+        y = self.body(x)
+        return self.returns(self.fc(y), self.aux(y))
+
+
+Outputs = __import__("collections").namedtuple("Outputs", "logits aux")
+
+
+@pytest.mark.parametrize("returns, words", [
+    (Outputs, ("returns Outputs of 2 outputs, not one tensor of logits", "aux_logits=False",
+               "--torch-args '{\"aux_logits\": false}'")),
+    (lambda a, b: (a, b), ("the model returns tuple of 2 outputs, not one tensor of logits",)),
+    (lambda a, b: [a, b, a], ("the model returns list of 3 outputs",)),
+    (lambda a, b: {"logits": a, "aux": b}, ("the model returns dict of 2 outputs", "aux_logits=False"))])
+def test_a_model_with_several_outputs_is_refused_with_what_to_build_instead(returns, words):
+    """GoogLeNet in training mode returned a named tuple: an AttributeError's traceback, not a line."""
+    with pytest.raises(TorchImportError) as e:
+        from_torch(_TwoHeads(returns), (3, 8, 8), batch=2)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    assert from_torch(_TwoHeads(lambda a, b: a), (3, 8, 8), batch=2).num_classes == 5
+
+
+def test_an_input_too_small_for_the_model_says_to_give_its_size():
+    with pytest.raises(TorchImportError, match=r"PyTorch could not run _TwoHeads on an input of shape "
+                                               r"\(1, 3, 4, 4\): .*give it, as input_shape or --input CxHxW"):
+        from_torch(_TwoHeads(lambda a, b: a), (3, 4, 4), batch=2)
+
+
 def test_a_shape_snlite_would_compute_differently_never_passes_silently():
     # 224x224 VGG: fine; at 32x32 its features end 1x1 and the adaptive pool to 7x7 repeats them
     with pytest.raises(TorchImportError, match="adaptive average pooling from 1x1 to 7x7"):
