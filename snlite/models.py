@@ -130,8 +130,11 @@ def resnet_blocks(depth: int) -> tuple[int, int, int, int]:
     if rem or n3 - 14 < 36:
         def ok(d):
             return d in RESNET_BLOCKS or (d >= 152 and (d - 2) % 3 == 0)
+        basic = f"; ResNet-{depth} is built of basic blocks: import torchvision's (snlite plan " \
+                f"torchvision:resnet{depth}, snlite.from_torch)" if depth in (18, 34) else ""
         raise ValueError(f"no bottleneck ResNet of depth {depth}: valid depths are 50, 101 and "
-                         f"3*(3+8+n3+3)+2 for n3 >= 36 (152, 155, 158, ...); nearest: {_nearest(depth, ok)}")
+                         f"3*(3+8+n3+3)+2 for n3 >= 36 (152, 155, 158, ...); nearest: {_nearest(depth, ok)}"
+                         f"{basic}")
     return (3, 8, n3 - 14, 3)
 
 

@@ -372,6 +372,8 @@ def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["plan", "lenett"], "unknown model 'lenett'; known: lenet, alexnet"),
     (["compare", "resnet51"], "no bottleneck ResNet of depth 51: valid depths are 50, 101"),
+    (["plan", "resnet18"], "ResNet-18 is built of basic blocks: import torchvision's (snlite plan "
+                           "torchvision:resnet18"),
     (["maxbatch", "cifar_resnet21"], "no CIFAR ResNet of depth 21"),
     (["optimal", "nope"], "unknown model 'nope'"),
     (["train", "lenett", "--data", "synthetic"], "unknown model 'lenett'"),
