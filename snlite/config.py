@@ -25,6 +25,15 @@ CHOICES = {
 }
 
 
+def _as_bytes(value) -> str:
+    """How to write a budget given as text or as a float in bytes (the error's last words)."""
+    if isinstance(value, str):
+        return f"; a size written as text is read by snlite.measure.parse_size({value!r})"
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        return f"; bytes are a whole number: {int(value)}"
+    return ""
+
+
 @dataclass(frozen=True)
 class MemoryConfig:
     """Which SuperNeurons optimizations a run uses (docs/memory-config.md explains each field)."""
@@ -60,11 +69,12 @@ class MemoryConfig:
         b = self.budget_bytes
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < MIN_BUDGET_BYTES):
             raise ValueError(f"MemoryConfig.budget_bytes must be a positive int or None, at least "
-                             f"{MIN_BUDGET_BYTES:,d} (one block of the pool), got {b!r}")
+                             f"{MIN_BUDGET_BYTES:,d} (one block of the pool), got {b!r}{_as_bytes(b)}")
         h = self.host_budget_bytes
         if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < MIN_HOST_BUDGET_BYTES):
             raise ValueError("MemoryConfig.host_budget_bytes must be a positive int or None, at least "
-                             f"{MIN_HOST_BUDGET_BYTES} (one slot of the pinned slab), got {h!r}")
+                             f"{MIN_HOST_BUDGET_BYTES} (one slot of the pinned slab), got {h!r}"
+                             f"{_as_bytes(h)}")
 
     @classmethod
     def baseline(cls) -> "MemoryConfig":

@@ -25,7 +25,12 @@ def test_presets():
     ("fit", "worst", r"fit must be one of"),
     ("liveness", 1, r"liveness must be True or False, got 1"),
     ("budget_bytes", -5, r"budget_bytes must be a positive int or None"),
-    ("budget_bytes", 1.5e9, r"budget_bytes must be a positive int or None"),
+    ("budget_bytes", 1.5e9, r"budget_bytes must be a positive int or None, .*got 1500000000.0; bytes are a "
+                            r"whole number: 1500000000$"),
+    ("budget_bytes", 1.5, r"got 1.5$"),
+    ("budget_bytes", "12GiB", r"got '12GiB'; a size written as text is read by "
+                              r"snlite.measure.parse_size\('12GiB'\)"),
+    ("host_budget_bytes", "500MB", r"host_budget_bytes .* got '500MB'; .*parse_size\('500MB'\)"),
 ])
 def test_unknown_values_fail_clearly(field, value, match):
     with pytest.raises(ValueError, match=match):
