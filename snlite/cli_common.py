@@ -22,8 +22,8 @@ TORCH_INPUT = (3, 224, 224)  # its input without --input
 BATCH_HELP = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
 JSON_HELP = "write the numbers as JSON to FILE (- or no FILE: standard output, instead of the tables)"
 GPU_HELP = (f"the GPU profile of the time model (snlite.timing.PROFILES: {', '.join(timing.PROFILES)}; "
-            "default H200): estimated step time, how busy each stream is, how much transfer time compute "
-            "waits for")
+            "default {default}): estimated step time, how busy each stream is, how much transfer time "
+            "compute waits for")
 
 
 # ---------------------------------------------------------------- the network a command names

@@ -31,7 +31,7 @@ def add_compare_command(sub) -> None:
                               "memory ran out")
     compare.add_argument("--plot", metavar="FILE.png",
                          help="draw the trade-off: peak vs extra work (.png, .svg or .pdf; needs matplotlib)")
-    compare.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
+    compare.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP.format(default="H200"))
     compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
     compare.add_argument("--optimal", action="store_true",
                          help="add a row: the exact planner's least-peak recomputation plan, liveness on, "

@@ -45,7 +45,8 @@ def add_plan_command(sub) -> None:
                            "streams on a GPU profile (--gpu), with the device memory in use under them "
                            "(.png, .svg or .pdf; needs matplotlib)")
     add_export_flags(plan, "the iteration")
-    plan.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP)
+    plan.add_argument("--gpu", default=None, metavar="GPU",
+                      help=GPU_HELP.format(default="the GPU --schedule names, else H200"))
     plan.add_argument("--program", action="store_true",
                       help="print the program: every allocation, copy, event and kernel launch of one "
                            "iteration, in order, with its stream, and the race checker's verdict on it")
@@ -73,6 +74,8 @@ def add_check_command(sub) -> None:
 # ---------------------------------------------------------------- snlite plan
 def cmd_plan(args) -> int:
     config = memory_config(args)
+    if args.gpu is None:  # the copies retimed for a GPU are timed on it too
+        args.gpu = config.schedule if config.schedule != "paper" else "H200"
     check_exports(args, config)
     build, graph, batch = graph_of(args)
     check_keep(graph, config)

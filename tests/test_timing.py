@@ -160,3 +160,16 @@ def test_time_aware_schedules_train_bit_identically_on_the_adversarial_device(or
         model = Model(g, config, device=AdversarialDevice(order, seed=4, copies=copies), seed=4)
         assert [model.step(x, labels, lr=0.1, momentum=0.9) for _ in range(2)] == want, config.describe()
         assert all(np.array_equal(model.params[n], v) for n, v in base.params.items())
+
+
+@pytest.mark.parametrize("flags, profile", [
+    ((), "NVIDIA H200"), (("--schedule", "K40"), "NVIDIA Tesla K40"), (("--schedule", "H100"), "NVIDIA H100"),
+    (("--schedule", "K40", "--gpu", "T4"), "NVIDIA T4"), (("--gpu", "a100"), "NVIDIA A100")])
+def test_plan_times_the_iteration_on_the_gpu_its_copies_were_scheduled_for(flags, profile, capsys):
+    """Without --gpu, a plan whose copies --schedule moved for a GPU is timed on that GPU (it was timed
+    on the H200 whatever the schedule); --gpu still picks any profile."""
+    from snlite.cli import main
+
+    assert main(["plan", "lenet", "--batch", "4", "--liveness", "--offload", *flags]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time (estimated"))
+    assert line.startswith(f"time (estimated, snlite.timing): {profile}"), line
