@@ -6,11 +6,11 @@ import pytest
 
 from nets import mixed_net, train_steps
 from snlite.adversary import COPY_TIES, AdversarialDevice
-from snlite.checker import ProgramError, RaceError, check, check_together, find_races, races_by_definition, \
-    together
+from snlite.checker import ProgramError, RaceError, check, find_races, races_by_definition
 from snlite.config import MemoryConfig
 from snlite.pipeline import place, simulate
 from snlite.program import (Alloc, Copy, Free, HostRead, HostWait, HostWrite, Launch, Program, Record, Wait)
+from snlite.together import check_together, together
 from snlite.train import Model
 
 

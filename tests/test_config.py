@@ -81,7 +81,7 @@ def test_whatever_takes_a_graph_refuses_one_that_is_not_a_graph(graph):
 def test_whatever_takes_a_program_refuses_what_is_not_one(what, tmp_path):
     """simulate's Trace, a saved program's path or its JSON where a Program goes fails at the door,
     saying how to get one (an AttributeError naming a field of the Program was what each said)."""
-    from snlite import checker, memory_snapshot, offline, place, simulate, timing
+    from snlite import checker, memory_snapshot, offline, place, simulate, timing, together
     from snlite.models import get_model
     from snlite.trace import trace_program
 
@@ -90,7 +90,7 @@ def test_whatever_takes_a_program_refuses_what_is_not_one(what, tmp_path):
     program.save(tmp_path / "lenet.json")
     wrong = {"trace": simulate(g), "path": str(tmp_path / "lenet.json"), "json": program.to_json()}[what]
     for call in (lambda: trace_program(wrong), lambda: checker.check(wrong),
-                 lambda: checker.find_races(wrong), lambda: checker.check_together([program, wrong]),
+                 lambda: checker.find_races(wrong), lambda: together.check_together([program, wrong]),
                  lambda: timing.estimate(wrong, g), lambda: offline.bounds(wrong),
                  lambda: memory_snapshot.snapshot(wrong)):
         with pytest.raises(ValueError, match=r"program must be a snlite\.program\.Program, got .* make one "
