@@ -8,6 +8,7 @@ design passes. The graders run in order: a test for assignment k may rely on the
 assignments 1..k-1 and never on a later one (a1 simulates with the raw allocator so that it does
 not need the pool of a2; a4, a5 and a6 train networks, which needs a1 and a2).
 """
+import copy
 import importlib
 import math
 import os
@@ -930,6 +931,11 @@ def test_a6_ties_in_time_go_to_less_workspace_then_keep_the_order_of_the_options
     assert [c.workspace_bytes for c in got] == sorted(c.workspace_bytes for c in got), \
         f"{op}: every time ties, so the least workspace comes first: {got}"
     assert got == want, f"{op}: ties on both time and workspace keep the order of options: {got}"
+    flat = copy.copy(layer)  # the same conv, every option needing the same workspace: all tie on both
+    flat.workspace_bytes = lambda op, algo, chunk: 1024
+    got = ws.candidates(flat, op, MadeUpCosts(every_time_ties))
+    assert [(c.algo, c.chunk) for c in got] == ws.options(4, 1, op), \
+        f"{op}: where time and workspace tie, the ranking keeps the order of options: {got}"
 
 
 @pytest.mark.a6

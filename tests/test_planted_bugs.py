@@ -284,6 +284,11 @@ def ties_to_more_workspace(layer, op, model=ws.CostModel()):
     return sorted(ranked, key=lambda c: (c.est_ms, -c.workspace_bytes))
 
 
+def ties_by_name(layer, op, model=ws.CostModel()):
+    ranked = ORIGINAL[ws, "candidates"](layer, op, model)
+    return sorted(ranked, key=lambda c: (c.est_ms, c.workspace_bytes, c.algo, c.chunk))
+
+
 ORIGINAL = {(liveness, "first_and_last_use"): liveness.first_and_last_use,
             (liveness, "analyze"): liveness.analyze, (TensorPool, "free"): TensorPool.free,
             (TensorPool, "alloc"): TensorPool.alloc, (TensorPool, "_find"): TensorPool._find,
@@ -324,6 +329,7 @@ PLANTED = {
     (6, "dynamic takes the least workspace, not the fastest that fits"):
         (ws, "choose", dynamic(least_workspace_that_fits)),
     (6, "ties in time go to more workspace"): (ws, "candidates", ties_to_more_workspace),
+    (6, "ties in time and workspace go by name, not the options' order"): (ws, "candidates", ties_by_name),
 }
 
 
