@@ -18,7 +18,8 @@ def check_together(programs, *, graph=None) -> None:
     "grads", "update", "infer"...) can race when run one after another: work one leaves running (a
     copy not waited for) against the next one's. For each ordered pair (a, b), the sequences a, a, b, b
     and a, b, a, b are checked as one program (:func:`together`), each with its own events; each
-    program alone is :func:`check`'s business. Linear in the programs' length (times 8 per pair)."""
+    program alone is :func:`snlite.checker.check`'s business. Linear in the programs' length (times 8
+    per pair)."""
     programs = [program_of(p) for p in (programs.values() if isinstance(programs, dict) else programs)]
     for a in programs:
         for b in programs:

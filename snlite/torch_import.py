@@ -33,6 +33,7 @@ import sys
 from snlite.graph import Graph
 from snlite.torch_nodes import Importer, TorchImportError, refuse
 
+
 def from_torch(module, input_shape, batch: int = 32, name: str | None = None) -> Graph:
     """The training graph of ``module`` on inputs of ``input_shape`` (C, H, W), ``batch`` at a time,
     with PyTorch's parameter names (see the module docstring). ``module`` is neither changed nor

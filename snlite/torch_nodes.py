@@ -2,8 +2,8 @@
 module is (a kind of snlite layer and its hyper-parameters, :func:`_describe`), which hyper-parameters
 snlite's layers do not have yet (``NOT_YET``, the one place to extend when a layer learns them), the
 walk that adds one layer per node and checks its shape against PyTorch's (:class:`Importer`), and the
-one-line error that refuses a node snlite cannot import (:func:`refuse`). torch is never imported here:
-the nodes arrive traced.
+one-line error that refuses a node snlite cannot import (:func:`refuse`). torch is imported only inside
+:func:`_describe`, which looks a node's module up in torch.nn: snlite itself never needs it.
 """
 from __future__ import annotations
 
