@@ -167,7 +167,9 @@ def examples(rng):
     relu_forward_ref(x3, y3)
     # ReLU6: both ends exactly (0, -0.0, 6), just inside and outside them, NaN and +-inf
     x6 = (r(4, 29) * 4 + 3).astype(np.float32)
-    x6.flat[:9] = [0.0, -0.0, 6.0, np.nextafter(6, 7), np.nextafter(6, 0), 1e-45, np.nan, np.inf, -np.inf]
+    six = np.float32(RELU6_MAX)  # float32's neighbours of 6 (a Python 6's are float64's, which round to 6)
+    above, below = np.nextafter(six, 7, dtype=np.float32), np.nextafter(six, 0, dtype=np.float32)
+    x6.flat[:9] = [0.0, -0.0, 6.0, above, below, 1e-45, np.nan, np.inf, -np.inf]
     y6 = np.empty_like(x6)
     relu6_forward_ref(x6, y6)
     dy6 = r(*x6.shape)

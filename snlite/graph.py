@@ -175,6 +175,26 @@ class Graph:
         """PyTorch's ReLU6: min(max(x, 0), 6) (MobileNet's activation)."""
         return self._add("relu6", [x], name)
 
+    def sigmoid(self, x, name=None) -> Node:
+        """PyTorch's Sigmoid (squeeze-and-excitation's gate)."""
+        return self._add("sigmoid", [x], name)
+
+    def silu(self, x, name=None) -> Node:
+        """PyTorch's SiLU, x * sigmoid(x) (EfficientNet's activation)."""
+        return self._add("silu", [x], name)
+
+    def hardsigmoid(self, x, name=None) -> Node:
+        """PyTorch's Hardsigmoid, min(max(x + 3, 0), 6) / 6 (MobileNet-V3's gate)."""
+        return self._add("hardsigmoid", [x], name)
+
+    def hardswish(self, x, name=None) -> Node:
+        """PyTorch's Hardswish, x * hardsigmoid(x) (MobileNet-V3's activation)."""
+        return self._add("hardswish", [x], name)
+
+    def channel_scale(self, x, gate, name=None) -> Node:
+        """x (N, C, H, W) times gate (N, C, 1, 1), channel by channel: squeeze-and-excitation's scale."""
+        return self._add("channel_scale", [x, gate], name)
+
     def maxpool(self, x, kernel, stride=None, padding=0, ceil_mode=False, name=None) -> Node:
         """PyTorch's MaxPool2d (``ceil_mode`` as its, SqueezeNet's and GoogLeNet's)."""
         return self._add("maxpool", [x], name,

@@ -164,6 +164,73 @@ class ReLU6(ReLU):
         io.run("relu6_backward", io.x[0], io.y, io.dy, io.dx[0])
 
 
+class Sigmoid(Layer):
+    """PyTorch's Sigmoid, 1 / (1 + exp(-x)): squeeze-and-excitation's gate. Cheap, recomputed like
+    ReLU; its backward reads the output, not the input (dx = dy (1 - y) y), into dy's buffer."""
+
+    kind = "sigmoid"
+    bwd_reads = ("y", "dy")
+    bwd_inplace = True
+
+    def forward(self, io):
+        io.run("sigmoid_forward", io.x[0], io.y)
+
+    def backward(self, io):
+        io.run("sigmoid_backward", io.y, io.dy, io.dx[0])
+
+
+class SiLU(Layer):
+    """PyTorch's SiLU, x * sigmoid(x) (EfficientNet's activation). Cheap, recomputed like ReLU; its
+    backward reads the input and dy, and writes dx into dy's buffer. Hardsigmoid and Hardswish are
+    the same kind of layer, each with its own kernels."""
+
+    kind = "silu"
+    bwd_reads = ("x", "dy")
+    bwd_inplace = True
+
+    def forward(self, io):
+        io.run(f"{self.kind}_forward", io.x[0], io.y)
+
+    def backward(self, io):
+        io.run(f"{self.kind}_backward", io.x[0], io.dy, io.dx[0])
+
+
+class Hardsigmoid(SiLU):
+    """PyTorch's Hardsigmoid, min(max(x + 3, 0), 6) / 6: MobileNet-V3's gate."""
+
+    kind = "hardsigmoid"
+
+
+class Hardswish(SiLU):
+    """PyTorch's Hardswish, x * hardsigmoid(x): MobileNet-V3's activation."""
+
+    kind = "hardswish"
+
+
+class ChannelScale(Layer):
+    """Squeeze-and-excitation's last step: x (N, C, H, W) times a gate (N, C, 1, 1), each channel of
+    each image by its own number. Its backward reads both inputs: the gate's gradient is dy * x summed
+    over (h, w). A checkpoint, as a residual Add is: rebuilding it would need both inputs kept."""
+
+    kind = "channel_scale"
+    checkpoint = True
+    n_inputs = 2
+    bwd_reads = ("x", "dy")
+
+    def infer_shape(self):
+        x, gate = self.in_shapes
+        if len(x) != 4 or gate != (x[0], x[1], 1, 1):
+            raise ValueError(f"channel_scale {self.name!r}: expected an (N, C, H, W) input and an "
+                             f"(N, C, 1, 1) gate, got {x} and {gate}")
+        return x
+
+    def forward(self, io):
+        io.run("channel_scale_forward", io.x[0], io.x[1], io.y)
+
+    def backward(self, io):
+        io.run("channel_scale_backward", io.x[0], io.x[1], io.dy, io.dx[0], io.dx[1])
+
+
 class _Pool(Layer):
     """Max or average pooling; ``ceil_mode`` (attribute, default False) counts the windows as
     PyTorch's ceil mode does (kernels.pooling), the last ones running off the end of the input."""
@@ -306,7 +373,8 @@ class Dropout(Layer):
         io.run("dropout_backward", io.dy, io.dx[0], p=self.attrs["p"], seed=io.seed)
 
 
-LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, MaxPool2d, AvgPool2d, BatchNorm2d,
-                                          LRN, Dropout, Add, Concat, Flatten, SoftmaxLoss)}
+LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, Sigmoid, SiLU, Hardsigmoid,
+                                          Hardswish, MaxPool2d, AvgPool2d, BatchNorm2d, LRN, Dropout,
+                                          ChannelScale, Add, Concat, Flatten, SoftmaxLoss)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

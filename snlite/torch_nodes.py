@@ -11,11 +11,13 @@ import operator
 
 from snlite.graph import Graph
 
-SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, ReLU, ReLU6, MaxPool2d, "
-             "AvgPool2d (ceil mode too), AdaptiveAvgPool2d (where it is the identity or its windows tile the "
-             "input), LocalResponseNorm, Dropout, Flatten, Identity; functions relu, relu6, + / torch.add, "
-             "torch.cat over channels, torch.flatten(x, 1), max_pool2d, avg_pool2d, adaptive_avg_pool2d and "
-             "dropout; one input, logits (N, classes) out")
+SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, ReLU, ReLU6, Sigmoid, SiLU, "
+             "Hardsigmoid, Hardswish, MaxPool2d, AvgPool2d (ceil mode too), AdaptiveAvgPool2d (where it is "
+             "the identity or its windows tile the input), LocalResponseNorm, Dropout, Flatten, Identity; "
+             "functions relu, relu6, sigmoid, silu, hardsigmoid, hardswish, + / torch.add, * / torch.mul of "
+             "a feature map by a per-channel gate (N, C, 1, 1), torch.cat over channels, "
+             "torch.flatten(x, 1), x.mean over (H, W), max_pool2d, avg_pool2d, adaptive_avg_pool2d, dropout, "
+             "and stochastic depth with p=0; one input, logits (N, classes) out")
 
 # hyper-parameters snlite's layers do not have yet: kind -> {attribute: the only value supported}
 NOT_YET = {
@@ -87,6 +89,8 @@ def _describe(node, gm):
                                                             track_running_stats=m.track_running_stats)),
                  (nn.ReLU, "relu", lambda: dict(inplace=m.inplace)),
                  (nn.ReLU6, "relu6", lambda: dict(inplace=m.inplace)),
+                 (nn.Sigmoid, "sigmoid", dict), (nn.SiLU, "silu", dict),
+                 (nn.Hardsigmoid, "hardsigmoid", dict), (nn.Hardswish, "hardswish", dict),
                  (nn.MaxPool2d, "maxpool", lambda: attrs), (nn.AvgPool2d, "avgpool", lambda: attrs),
                  (nn.AdaptiveAvgPool2d, "adaptive_avgpool", dict),
                  (nn.LocalResponseNorm, "lrn", lambda: dict(size=m.size, alpha=m.alpha, beta=m.beta, k=m.k)),
@@ -95,7 +99,7 @@ def _describe(node, gm):
                  (nn.Identity, "identity", dict)]
         for cls, kind, hp in table:
             if type(m) is cls:
-                return kind, hp(), tensors, kind in ("relu", "relu6", "dropout") and m.inplace
+                return kind, hp(), tensors, bool(getattr(m, "inplace", False))
         raise refuse(node, f"the module {type(m).__name__} has no snlite layer")
     fn, kw = node.target, node.kwargs
     if node.op == "call_function":
@@ -103,6 +107,19 @@ def _describe(node, gm):
             return "relu", {}, tensors[:1], fn is torch.relu_ or _bind(node, (("inplace", False),))["inplace"]
         if fn is F.relu6:
             return "relu6", {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
+        if fn in (torch.sigmoid, F.sigmoid):
+            return "sigmoid", {}, tensors[:1], False
+        if fn in (F.silu, F.hardsigmoid, F.hardswish):
+            return fn.__name__, {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
+        if fn in (operator.mul, torch.mul):
+            return "mul", {}, tensors, False
+        if getattr(fn, "__name__", "") == "stochastic_depth" and fn.__module__.startswith("torchvision"):
+            hp = _bind(node, (("p", None), ("mode", None), ("training", True)))
+            if hp["p"] and hp["training"]:
+                raise refuse(node, f"stochastic depth (p={hp['p']}) skips whole residual branches at random, "
+                                   "which no snlite layer does; build the model without it (torchvision's "
+                                   "EfficientNet: stochastic_depth_prob=0.0)")
+            return "identity", hp, tensors[:1], False
         if fn in (operator.add, operator.iadd, torch.add):
             if kw.get("alpha", 1) != 1 or len(tensors) != 2:
                 raise refuse(node, "only the sum of two tensors is supported")
@@ -127,6 +144,10 @@ def _describe(node, gm):
             return "add", {}, tensors, fn != "add"
         if fn == "flatten":
             return "flatten", _bind(node, (("start_dim", 0), ("end_dim", -1))), tensors[:1], False
+        if fn in ("sigmoid", "mul") and len(tensors) == (2 if fn == "mul" else 1):
+            return fn, {}, tensors, False
+        if fn == "mean":
+            return "mean", _bind(node, (("dim", None), ("keepdim", False))), tensors[:1], False
     raise refuse(node, "no snlite layer computes it")
 
 
@@ -212,8 +233,17 @@ class Importer:
             return g.batchnorm(x, hp["eps"], hp["momentum"], name=name)
         if kind == "relu":
             return g.relu(x, name=name)
-        if kind == "relu6":
-            return g.relu6(x, name=name)
+        if kind in ("relu6", "sigmoid", "silu", "hardsigmoid", "hardswish"):
+            return getattr(g, kind)(x, name=name)
+        if kind == "mul":
+            return self.channel_scale(node, xs, name)
+        if kind == "mean":
+            dims = hp["dim"] if isinstance(hp["dim"], (tuple, list)) else (hp["dim"],)
+            if len(x.shape) != 4 or sorted(d % 4 for d in dims) != [2, 3]:
+                raise refuse(node, f"a mean over dims {hp['dim']}: snlite averages an (N, C, H, W) tensor "
+                                   "over (H, W) only (x.mean((2, 3)), a global average pool)")
+            pooled = g.avgpool(x, x.shape[2:], name=name)
+            return pooled if hp["keepdim"] else g.flatten(pooled, name=f"{name}.flatten")
         if kind == "lrn":
             return g.lrn(x, hp["size"], hp["alpha"], hp["beta"], hp["k"], name=name)
         if kind == "dropout":
@@ -249,3 +279,12 @@ class Importer:
                 raise refuse(node, "x + x: snlite's add takes two different tensors")
             return g.add(xs[0], xs[1], name=name)
         raise AssertionError(f"no builder for {kind}")
+
+    def channel_scale(self, node, xs, name):
+        """x * gate or gate * x, the gate (N, C, 1, 1) and x (N, C, H, W): squeeze-and-excitation's scale."""
+        shapes = [tuple(a.shape) for a in xs]
+        for x, gate in (xs, xs[::-1]):
+            if len(x.shape) == 4 and tuple(gate.shape) == tuple(x.shape[:2]) + (1, 1):
+                return self.g.channel_scale(x, gate, name=name)
+        raise refuse(node, f"a product of tensors of shapes {shapes}; snlite multiplies only a feature map "
+                           "(N, C, H, W) by a per-channel gate (N, C, 1, 1), as squeeze-and-excitation does")

@@ -46,6 +46,26 @@ def grouped_net(n=2, hw=6):
     return g
 
 
+def gated_net(n=2, hw=6):
+    """The layers torchvision's MobileNet-V3, EfficientNet and RegNet-Y add, in small: Hardswish, two
+    squeeze-and-excitation blocks (a global average pool, two 1x1 convs, a Hardsigmoid or a Sigmoid gate
+    that scales the block's input channel by channel; each input read twice, a fork), SiLU, and a
+    Hardswish read by a residual add."""
+    def se(x, gate, name):
+        s = g.avgpool(x, x.shape[2:], name=f"{name}.pool")
+        s = g.relu(g.conv2d(s, 2, 1, name=f"{name}.fc1"), name=f"{name}.relu")
+        return g.channel_scale(x, gate(g.conv2d(s, x.shape[1], 1, name=f"{name}.fc2"), name=f"{name}.gate"),
+                               name=f"{name}.scale")
+
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="gated")
+    x = g.hardswish(g.batchnorm(g.conv2d(g.input(), 4, 3, padding=1, name="conv1"), name="bn1"), name="hs1")
+    y = g.silu(se(x, g.hardsigmoid, "se1"), name="silu1")
+    y = g.add(g.hardswish(se(g.conv2d(y, 4, 3, padding=1, name="conv2"), g.sigmoid, "se2"), name="hs2"), x,
+              name="add1")
+    g.softmax_loss(g.linear(g.flatten(g.maxpool(y, 2, name="pool1")), 3, name="fc1"))
+    return g
+
+
 def data_for(g, seed=1):
     """A random batch and labels for ``g``."""
     rng = np.random.default_rng(seed)

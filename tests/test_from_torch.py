@@ -9,6 +9,7 @@ data, each one clear error.
 
 Needs torch and torchvision (the ``torch`` extra: ``pip install -e ".[test,torch]"``); skipped,
 with the reason shown, without them."""
+import collections
 import importlib.util
 import re
 
@@ -48,6 +49,13 @@ MODELS = {
     "squeezenet1_1": (tv.squeezenet1_1, (3, 64, 64), 4),
     "mobilenet_v2": (tv.mobilenet_v2, (3, 64, 64), 4),
     "resnext50_32x4d": (tv.resnext50_32x4d, (3, 64, 64), 4),
+    # squeeze-and-excitation (a per-channel gate times the feature map) with Hardswish and Hardsigmoid
+    # (MobileNet-V3), SiLU and Sigmoid (EfficientNet, its stochastic depth off), ReLU and Sigmoid
+    # (RegNet-Y); a mean over (H, W) as the global pool (MNASNet)
+    "mobilenet_v3_small": (tv.mobilenet_v3_small, (3, 64, 64), 4),
+    "efficientnet_b0": (tv.efficientnet_b0, (3, 64, 64), 4),
+    "regnet_y_400mf": (tv.regnet_y_400mf, (3, 64, 64), 4),
+    "mnasnet0_5": (tv.mnasnet0_5, (3, 64, 64), 4),
 }
 # VGG's classifier is two 4096-wide layers, 120 M of VGG-16's 134 M weights: they only cost time (seconds
 # to initialize, copy and compare in both libraries) and add no layer, so here they are 256 wide (the same
@@ -58,7 +66,9 @@ NARROW = {"vgg11": 256, "vgg16": 256}
 # auxiliary classifiers (a second and third output)
 KWARGS = {"alexnet": {"dropout": 0.0}, "vgg11": {"dropout": 0.0}, "vgg16": {"dropout": 0.0},
           "googlenet": {"dropout": 0.0, "aux_logits": False, "init_weights": True},
-          "squeezenet1_1": {"dropout": 0.0}, "mobilenet_v2": {"dropout": 0.0}}
+          "squeezenet1_1": {"dropout": 0.0}, "mobilenet_v2": {"dropout": 0.0},
+          "mobilenet_v3_small": {"dropout": 0.0}, "mnasnet0_5": {"dropout": 0.0},
+          "efficientnet_b0": {"dropout": 0.0, "stochastic_depth_prob": 0.0}}
 
 
 def _torchvision(name, **kw):
@@ -151,8 +161,9 @@ def test_imported_model_computes_what_pytorch_computes(name):
     state = model.params  # the running statistics both training forwards updated, then back into PyTorch
     for k, v in torch_params(net).items():
         _close(state[k], v, f"{name}: {k} after a training step")
-    missing, unexpected = net.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()},
-                                              strict=False)
+    loaded = collections.OrderedDict((k, torch.from_numpy(v)) for k, v in state.items())
+    loaded._metadata = net.state_dict()._metadata  # the modules' versions, as torch.save keeps them (MNASNet
+    missing, unexpected = net.load_state_dict(loaded, strict=False)  # refuses a state without its own)
     assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
     back = torch_params(net)
     assert sorted(back) == sorted(state) and all(np.array_equal(back[k], v) for k, v in state.items())
@@ -216,7 +227,7 @@ def _refused(net, *words):
 
 
 def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
-    msg = _refused(_Net(lambda s, y: torch.sigmoid(y)), "'sigmoid'", "call_function", "snlite imports")
+    msg = _refused(_Net(lambda s, y: torch.tanh(y)), "'tanh'", "call_function", "snlite imports")
     assert "Conv2d" in msg  # says what is supported
     net = tv.resnet18(num_classes=10)
     net.layer2[0].relu = nn.GELU()
@@ -234,6 +245,43 @@ def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
 ])
 def test_hyper_parameters_snlite_lacks_are_refused_by_name(module, words):
     _refused(_Net(lambda s, y: s.extra(y), extra=module), *words)
+
+
+@pytest.mark.parametrize("forward, words", [
+    (lambda s, y: y * y, ("a product of tensors of shapes [(2, 4, 8, 8), (2, 4, 8, 8)]", "per-channel gate")),
+    (lambda s, y: y * y.mean((1, 2, 3), keepdim=True), ("a mean over dims (1, 2, 3)", "over (H, W) only")),
+    (lambda s, y: y * y[:, :1].mean((2, 3), keepdim=True), ("'getitem'",)),
+    (lambda s, y: y + s.drop(y), ("stochastic depth (p=0.2)", "stochastic_depth_prob=0.0")),
+], ids=["same-shape product", "mean over channels", "a sliced gate", "stochastic depth"])
+def test_what_squeeze_and_excitation_needs_and_no_more(forward, words):
+    """The product of a feature map and a per-channel gate, a mean over (H, W), and stochastic depth
+    switched off are imported (tests above); any other product, mean or a live stochastic depth is
+    refused, saying what is imported instead."""
+    _refused(_Net(forward, drop=import_torchvision().ops.StochasticDepth(0.2, "row")), *words)
+
+
+def test_se_gates_and_means_import_either_way_round():
+    """x * gate and gate * x are the same layer; mean((2, 3), keepdim=True) and mean((-2, -1),
+    keepdim=True) are a global average pool (MNASNet's flat mean((2, 3)) is one plus a flatten), and
+    stochastic depth with p=0 is no layer at all."""
+    def forward(s, y):
+        z = y * F.hardsigmoid(y.mean((2, 3), keepdim=True))
+        return s.drop(F.hardswish(torch.sigmoid(z.mean((-2, -1), keepdim=True)) * z))
+
+    net = _Net(forward, drop=import_torchvision().ops.StochasticDepth(0.0, "row"))
+    g = from_torch(net, (3, 8, 8), batch=2)
+    kinds = [layer.kind for layer in g.layers.values()]
+    assert kinds == ["data", "conv2d", "relu", "avgpool", "hardsigmoid", "channel_scale", "avgpool",
+                     "sigmoid", "channel_scale", "hardswish", "flatten", "linear", "softmax_loss"], kinds
+    scales = [n for n, layer in g.layers.items() if layer.kind == "channel_scale"]
+    assert [[g.layers[i].kind for i in g.inputs[n]] for n in scales] == [["relu", "hardsigmoid"],
+                                                                           ["channel_scale", "sigmoid"]]
+    model = Model(g, MemoryConfig(), device="host", seed=0)
+    model.set_params(net.state_dict())
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    net.eval()
+    with torch.no_grad():
+        _close(model.predict(x), net(torch.from_numpy(x)).numpy(), "logits")
 
 
 def test_in_place_op_on_a_tensor_read_later_is_refused():

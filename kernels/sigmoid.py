@@ -1,0 +1,320 @@
+"""Sigmoid, the activations built on it (SiLU, Hardsigmoid, Hardswish), and the channel scale that
+squeeze-and-excitation multiplies a feature map by: what MobileNet-V3, EfficientNet and RegNet-Y add
+to the layers of 2015. Forward and backward, each as PyTorch's CPU kernels compute it.
+
+Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.sigmoid
+
+- sigmoid: y = 1 / (1 + exp(-x)); backward dx = dy * (1 - y) * y, from y (as PyTorch's
+  ``sigmoid_backward``), so ``sigmoid_backward(y, dy, dx)``; the others' backward take x, dy and dx.
+- silu (x times its sigmoid, EfficientNet's activation): y = x / (1 + exp(-x)); backward
+  dx = dy * s * (1 + x * (1 - s)) with s = 1 / (1 + exp(-x)) (it reads x).
+- hardsigmoid (a piecewise-linear sigmoid, MobileNet-V3's gate): y = min(max(x + 3, 0), 6) / 6;
+  backward dx = dy / 6 where -3 < x < 3, else 0.
+- hardswish (x times its hardsigmoid, MobileNet-V3's activation): y = x * min(max(x + 3, 0), 6) / 6;
+  backward dx = 0 where x <= -3, dy * (x / 3 + 0.5) where x < 3, else dy (PyTorch's sides at -3 and 3).
+- channel_scale (squeeze-and-excitation's last step): y[n, c, h, w] = x[n, c, h, w] * s[n, c], s of
+  shape (N, C, 1, 1) (the gate: a sigmoid of two 1x1 convolutions of x's channel means); backward
+  dx = dy * s, and ds[n, c] = the sum over (h, w), in that order, of dy * x: one thread per (n, c), a
+  fixed order, no atomics.
+
+Each activation's backward may write dx into dy's buffer (each thread reads dy[i] before it writes
+dx[i] and touches no other element), as ReLU's does. One version (v1): these are memory-bound.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from kernels._check import Example, main
+from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+
+BLOCK = 256  # threads per block
+VERSIONS = ("v1",)
+
+
+# ---------------------------------------------------------------- NumPy references
+def _exp(v):
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x below about -88: y is then 0
+        return np.exp(v)
+
+
+def sigmoid_forward_ref(x, y):
+    one = x.dtype.type(1)
+    y[...] = one / (one + _exp(-x))
+
+
+def sigmoid_backward_ref(y, dy, dx):
+    """dx = dy * (1 - y) * y; dx may alias dy (the product is taken first)."""
+    dx[...] = dy * (y.dtype.type(1) - y) * y
+
+
+def silu_forward_ref(x, y):
+    y[...] = x / (x.dtype.type(1) + _exp(-x))
+
+
+def silu_backward_ref(x, dy, dx):
+    one = x.dtype.type(1)
+    s = one / (one + _exp(-x))
+    dx[...] = dy * s * (one + x * (one - s))
+
+
+def hardsigmoid_forward_ref(x, y):
+    t = x.dtype.type
+    y[...] = np.minimum(np.maximum(x + t(3), t(0)), t(6)) / t(6)
+
+
+def hardsigmoid_backward_ref(x, dy, dx):
+    t = x.dtype.type
+    dx[...] = np.where((x > t(-3)) & (x < t(3)), dy / t(6), t(0))
+
+
+def hardswish_forward_ref(x, y):
+    t = x.dtype.type
+    y[...] = x * np.minimum(np.maximum(x + t(3), t(0)), t(6)) / t(6)
+
+
+def hardswish_backward_ref(x, dy, dx):
+    t = x.dtype.type
+    dx[...] = np.where(x <= t(-3), t(0), np.where(x < t(3), dy * (x / t(3) + t(0.5)), dy))
+
+
+def channel_scale_forward_ref(x, s, y):
+    y[...] = x * s  # s is (N, C, 1, 1): broadcast over (h, w)
+
+
+def channel_scale_backward_ref(x, s, dy, dx, ds):
+    n, c = x.shape[:2]
+    ds[...] = np.sum((dy * x).reshape(n, c, -1), axis=2, dtype=np.float32).reshape(ds.shape)
+    dx[...] = dy * s
+
+
+# ---------------------------------------------------------------- kernels
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _sigmoid_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        y[i] = float32(1.0) / (float32(1.0) + math.exp(-x[i]))
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _sigmoid_backward_v1(y, dy, dx):
+    i = cuda.grid(1)
+    if i < dx.size:
+        v = y[i]
+        dx[i] = dy[i] * (float32(1.0) - v) * v
+
+
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _silu_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        v = x[i]
+        y[i] = v / (float32(1.0) + math.exp(-v))
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _silu_backward_v1(x, dy, dx):
+    i = cuda.grid(1)
+    if i < dx.size:
+        v = x[i]
+        s = float32(1.0) / (float32(1.0) + math.exp(-v))
+        dx[i] = dy[i] * s * (float32(1.0) + v * (float32(1.0) - s))
+
+
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _hardsigmoid_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        y[i] = min(max(x[i] + float32(3.0), float32(0.0)), float32(6.0)) / float32(6.0)
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _hardsigmoid_backward_v1(x, dy, dx):
+    i = cuda.grid(1)
+    if i < dx.size:
+        v = x[i]
+        g = dy[i]
+        dx[i] = g / float32(6.0) if float32(-3.0) < v < float32(3.0) else float32(0.0)
+
+
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _hardswish_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        v = x[i]
+        y[i] = v * min(max(v + float32(3.0), float32(0.0)), float32(6.0)) / float32(6.0)
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _hardswish_backward_v1(x, dy, dx):
+    i = cuda.grid(1)
+    if i < dx.size:
+        v = x[i]
+        g = dy[i]
+        if v <= float32(-3.0):
+            g = float32(0.0)
+        elif v < float32(3.0):
+            g = g * (v / float32(3.0) + float32(0.5))
+        dx[i] = g
+
+
+@cuda_kernel("void(float32[:, ::1], float32[::1], float32[:, ::1])")
+def _channel_scale_forward_v1(x, s, y):
+    # x and y as (N*C, H*W), s as N*C: one thread per element
+    i = cuda.grid(1)
+    hw = y.shape[1]
+    if i < y.shape[0] * hw:
+        r = i // hw
+        y[r, i % hw] = x[r, i % hw] * s[r]
+
+
+@cuda_kernel("void(float32[:, ::1], float32[::1], float32[:, ::1], float32[:, ::1], float32[::1])")
+def _channel_scale_backward_v1(x, s, dy, dx, ds):
+    # one thread per (n, c) row: ds in (h, w) order, then the row of dx
+    r = cuda.grid(1)
+    if r < ds.size:
+        acc = float32(0.0)
+        g = s[r]
+        for j in range(dy.shape[1]):
+            d = dy[r, j]
+            acc += d * x[r, j]
+            dx[r, j] = d * g
+        ds[r] = acc
+
+
+# ---------------------------------------------------------------- launchers
+def _flat(a):
+    return a.reshape(a.size)
+
+
+def _launch(kernel, n, block, stream, *args):
+    if n:
+        kernel[ceil_div(n, block), block, stream](*args)
+
+
+def _forward(name, kernel, x, y, stream, version, block):
+    check_version(version, VERSIONS)
+    check(f"{name} x", x)
+    check(f"{name} y", y, shape=x.shape)
+    _launch(kernel, y.size, block, stream, _flat(x), _flat(y))
+
+
+def _backward(name, kernel, a, dy, dx, stream, version, block, a_name="x"):
+    check_version(version, VERSIONS)
+    check(f"{name} {a_name}", a)
+    check(f"{name} dy", dy, shape=a.shape)
+    check(f"{name} dx", dx, shape=a.shape)
+    _launch(kernel, dx.size, block, stream, _flat(a), _flat(dy), _flat(dx))
+
+
+def sigmoid_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    _forward("sigmoid_forward", _sigmoid_forward_v1, x, y, stream, version, block)
+
+
+def sigmoid_backward(y, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """dx = dy * (1 - y) * y, from the output y; ``dx`` may be the same array as ``dy``."""
+    _backward("sigmoid_backward", _sigmoid_backward_v1, y, dy, dx, stream, version, block, a_name="y")
+
+
+def silu_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    _forward("silu_forward", _silu_forward_v1, x, y, stream, version, block)
+
+
+def silu_backward(x, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """From the input x; ``dx`` may be the same array as ``dy``."""
+    _backward("silu_backward", _silu_backward_v1, x, dy, dx, stream, version, block)
+
+
+def hardsigmoid_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    _forward("hardsigmoid_forward", _hardsigmoid_forward_v1, x, y, stream, version, block)
+
+
+def hardsigmoid_backward(x, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """dx = dy / 6 where -3 < x < 3, else 0; ``dx`` may be the same array as ``dy``."""
+    _backward("hardsigmoid_backward", _hardsigmoid_backward_v1, x, dy, dx, stream, version, block)
+
+
+def hardswish_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    _forward("hardswish_forward", _hardswish_forward_v1, x, y, stream, version, block)
+
+
+def hardswish_backward(x, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """From the input x; ``dx`` may be the same array as ``dy``."""
+    _backward("hardswish_backward", _hardswish_backward_v1, x, dy, dx, stream, version, block)
+
+
+def _rows(name, x, s):
+    """x as (N*C, H*W) and s as N*C, after checking that s is x's (N, C, 1, 1)."""
+    check(f"{name} x", x)
+    if x.ndim != 4:
+        raise ValueError(f"{name}: expected an (N, C, H, W) x, got shape {tuple(x.shape)}")
+    n, c, h, w = x.shape
+    check(f"{name} s", s, shape=(n, c, 1, 1))
+    return x.reshape(n * c, h * w), s.reshape(n * c)
+
+
+def channel_scale_forward(x, s, y, *, stream=0, version="v1", block=BLOCK):
+    check_version(version, VERSIONS)
+    x2, s1 = _rows("channel_scale_forward", x, s)
+    check("channel_scale_forward y", y, shape=x.shape)
+    _launch(_channel_scale_forward_v1, y.size, block, stream, x2, s1, y.reshape(x2.shape))
+
+
+def channel_scale_backward(x, s, dy, dx, ds, *, stream=0, version="v1", block=BLOCK):
+    """dx = dy * s and ds = dy * x summed over (h, w); ``dx`` may be the same array as ``dy``."""
+    check_version(version, VERSIONS)
+    x2, s1 = _rows("channel_scale_backward", x, s)
+    check("channel_scale_backward dy", dy, shape=x.shape)
+    check("channel_scale_backward dx", dx, shape=x.shape)
+    check("channel_scale_backward ds", ds, shape=s.shape)
+    _launch(_channel_scale_backward_v1, s1.size, block, stream, x2, s1, dy.reshape(x2.shape),
+            dx.reshape(x2.shape), ds.reshape(s1.shape))
+
+
+OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for name in (
+    "sigmoid_forward", "sigmoid_backward", "silu_forward", "silu_backward", "hardsigmoid_forward",
+    "hardsigmoid_backward", "hardswish_forward", "hardswish_backward", "channel_scale_forward",
+    "channel_scale_backward")}
+
+
+def examples(rng):
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def nan(*shape):
+        return np.full(shape, np.nan, np.float32)
+
+    # the ends of each piece exactly (+-3, 0), just inside and outside them, large values either side
+    x = (r(4, 3, 5, 7) * 3).astype(np.float32)
+    f = np.float32  # float32's neighbours of -3 and 3 (a Python float's are float64's, which round back)
+    x.flat[:10] = [-3.0, 3.0, 0.0, -0.0, np.nextafter(f(-3), f(0)), np.nextafter(f(3), f(4)), 50.0, -50.0,
+                   80.0, -80.0]
+    dy = r(*x.shape)
+    out = []
+    for act in ("sigmoid", "silu", "hardsigmoid", "hardswish"):
+        a = x
+        if act == "sigmoid":  # its backward reads the output
+            a = np.empty_like(x)
+            sigmoid_forward_ref(x, a)
+        in_place = dy.copy()
+        out += [Example(f"{act}_forward", (x, nan(*x.shape)), (1,), label="4x3x5x7, the ends, large"),
+                Example(f"{act}_forward", (r(301), nan(301)), (1,), launch={"block": 64}, label="1-D 301"),
+                Example(f"{act}_backward", (a, dy, nan(*x.shape)), (2,), label="4x3x5x7"),
+                Example(f"{act}_backward", (a, in_place, in_place), (2,), label="dx aliases dy")]
+    xs, s, dys = r(3, 4, 5, 6), r(3, 4, 1, 1), r(3, 4, 5, 6)
+    in_place = dys.copy()
+    out += [
+        Example("channel_scale_forward", (xs, s, nan(*xs.shape)), (2,), label="3x4x5x6"),
+        Example("channel_scale_forward", (r(2, 3, 1, 1), r(2, 3, 1, 1), nan(2, 3, 1, 1)), (2,), label="1x1"),
+        Example("channel_scale_backward", (xs, s, dys, nan(*xs.shape), nan(*s.shape)), (3, 4),
+                label="3x4x5x6", launch={"block": 8}),
+        Example("channel_scale_backward", (xs, s, in_place, in_place, nan(*s.shape)), (3, 4),
+                label="dx aliases dy"),
+    ]
+    return out
+
+
+if __name__ == "__main__":
+    main(__import__(__name__))

@@ -1,0 +1,91 @@
+"""Sigmoid, SiLU, Hardsigmoid, Hardswish and the channel scale (kernels.sigmoid): each reference's
+backward is the gradient of its forward (central differences in float64), the references compute what
+PyTorch computes at the ends of each piece, and the launchers refuse a wrong shape by name. (Every
+kernel against its reference on the simulator: tests/test_kernels.py.)"""
+import importlib.util
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from gradcheck import check_backward, rand64
+from kernels import sigmoid as S
+
+ACTIVATIONS = ("sigmoid", "silu", "hardsigmoid", "hardswish")
+KINKS = {"hardsigmoid": (-3.0, 3.0), "hardswish": (-3.0, 3.0)}
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_backward_ref_is_the_gradient_of_forward(act, rng):
+    x = rand64(rng, 2, 3, 4, 5) * 3  # both sides of -3 and 3
+    for k in KINKS.get(act, ()):
+        x[np.abs(x - k) < 1e-3] = 0.5  # central differences away from the kinks
+    assert (x < -3).any() and (x > 3).any()
+    dy = rand64(rng, *x.shape)
+    y = np.empty_like(x)
+    forward_ref, backward_ref = getattr(S, f"{act}_forward_ref"), getattr(S, f"{act}_backward_ref")
+
+    def forward():
+        forward_ref(x, y)
+        return y.copy()
+
+    forward()
+    dx = np.empty_like(x)
+    backward_ref(y if act == "sigmoid" else x, dy, dx)
+    check_backward(act, forward, {"x": dx}, {"x": x}, dy)
+
+
+def test_channel_scale_backward_ref_is_the_gradient_of_forward(rng):
+    x, s, dy = rand64(rng, 2, 3, 4, 5), rand64(rng, 2, 3, 1, 1), rand64(rng, 2, 3, 4, 5)
+    y = np.empty_like(x)
+
+    def forward():
+        S.channel_scale_forward_ref(x, s, y)
+        return y.copy()
+
+    dx, ds = np.empty_like(x), np.empty_like(s)
+    S.channel_scale_backward_ref(x, s, dy, dx, ds)
+    check_backward("channel_scale", forward, {"x": dx, "s": ds}, {"x": x, "s": s}, dy)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_references_compute_what_pytorch_computes(act):
+    """At the ends of each piece (-3, 3, and just either side), at 0, and far out either side; the
+    backward at a piece's end is PyTorch's choice of side."""
+    import torch
+
+    f = np.float32
+    ends = [-3.0, 3.0] + [np.nextafter(f(a), f(b)) for a, b in ((-3, -4), (-3, 0), (3, 0), (3, 4))]
+    x = np.array(ends + [0.0, -0.0, 1.5, -1.5, 20.0, -20.0, 80.0, -80.0], np.float32)
+    dy = np.linspace(-2, 2, x.size).astype(np.float32)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    getattr(S, f"{act}_forward_ref")(x, y)
+    getattr(S, f"{act}_backward_ref")(y if act == "sigmoid" else x, dy, dx)
+    t = torch.tensor(x, requires_grad=True)
+    ty = getattr(torch.nn.functional, act)(t)
+    ty.backward(torch.from_numpy(dy))
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{act} forward")
+    np.testing.assert_allclose(dx, t.grad.numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{act} backward")
+
+
+def test_saturated_sigmoid_is_0_or_1_without_a_warning():
+    x = np.array([-1000.0, -90.0, 90.0, 1000.0], np.float32)
+    y = np.empty_like(x)
+    with np.errstate(over="raise", divide="raise", invalid="raise"):  # what NumPy warns of by default
+        S.sigmoid_forward_ref(x, y)
+    assert y.tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_channel_scale_launchers_name_what_is_wrong():
+    x = cuda.to_device(np.zeros((2, 3, 4, 4), np.float32))
+    with pytest.raises(ValueError, match=r"channel_scale_forward s: expected shape \(2, 3, 1, 1\), "
+                                         r"got \(2, 3\)"):
+        S.channel_scale_forward(x, cuda.to_device(np.zeros((2, 3), np.float32)), x)
+    with pytest.raises(ValueError, match=r"channel_scale_forward: expected an \(N, C, H, W\) x, "
+                                         r"got shape \(6, 16\)"):
+        S.channel_scale_forward(cuda.to_device(np.zeros((6, 16), np.float32)), x, x)
+    with pytest.raises(ValueError, match=r"hardswish_backward dx: expected shape \(2, 3, 4, 4\)"):
+        S.hardswish_backward(x, x, cuda.to_device(np.zeros((2, 3), np.float32)))
+    with pytest.raises(ValueError, match=r"sigmoid_backward dy: expected shape \(2, 3, 4, 4\)"):
+        S.sigmoid_backward(x, cuda.to_device(np.zeros((2, 3), np.float32)), x)
