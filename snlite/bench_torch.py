@@ -23,7 +23,9 @@ from snlite.pipeline import simulate
 from snlite.torch_import import from_torch, import_torchvision
 
 MODELS = ("alexnet", "vgg11", "vgg16", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-          "wide_resnet50_2", "densenet121")
+          "wide_resnet50_2", "densenet121", "mobilenet_v3_large", "efficientnet_b0")
+# constructor arguments: EfficientNet without stochastic depth (no snlite layer skips branches at random)
+KWARGS = {"efficientnet_b0": {"stochastic_depth_prob": 0.0}}
 LIKE_AUTOGRAD = MemoryConfig(liveness=True)
 KINDS = ("weights", "weight gradients", "optimizer state", "activations, gradients, batch, workspace")
 
@@ -125,7 +127,7 @@ def compare(name: str, batch: int = 4, input_shape=(3, 224, 224), seed: int = 0)
     import torch
 
     torch.manual_seed(seed)
-    module = getattr(import_torchvision().models, name)()
+    module = getattr(import_torchvision().models, name)(**KWARGS.get(name, {}))
     g = from_torch(module, input_shape, batch=batch, name=name)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, *input_shape)).astype(np.float32)

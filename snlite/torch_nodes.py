@@ -118,7 +118,8 @@ def _describe(node, gm):
             if hp["p"] and hp["training"]:
                 raise refuse(node, f"stochastic depth (p={hp['p']}) skips whole residual branches at random, "
                                    "which no snlite layer does; build the model without it (torchvision's "
-                                   "EfficientNet: stochastic_depth_prob=0.0)")
+                                   "EfficientNet: stochastic_depth_prob=0.0, on the command line "
+                                   "--torch-args '{\"stochastic_depth_prob\": 0}')")
             return "identity", hp, tensors[:1], False
         if fn in (operator.add, operator.iadd, torch.add):
             if kw.get("alpha", 1) != 1 or len(tensors) != 2:

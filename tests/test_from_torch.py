@@ -251,7 +251,7 @@ def test_hyper_parameters_snlite_lacks_are_refused_by_name(module, words):
     (lambda s, y: y * y, ("a product of tensors of shapes [(2, 4, 8, 8), (2, 4, 8, 8)]", "per-channel gate")),
     (lambda s, y: y * y.mean((1, 2, 3), keepdim=True), ("a mean over dims (1, 2, 3)", "over (H, W) only")),
     (lambda s, y: y * y[:, :1].mean((2, 3), keepdim=True), ("'getitem'",)),
-    (lambda s, y: y + s.drop(y), ("stochastic depth (p=0.2)", "stochastic_depth_prob=0.0")),
+    (lambda s, y: y + s.drop(y), ("stochastic depth (p=0.2)", "stochastic_depth_prob=0.0", "--torch-args")),
 ], ids=["same-shape product", "mean over channels", "a sliced gate", "stochastic depth"])
 def test_what_squeeze_and_excitation_needs_and_no_more(forward, words):
     """The product of a feature map and a per-channel gate, a mean over (H, W), and stochastic depth
