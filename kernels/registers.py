@@ -65,13 +65,19 @@ def parse_ptxas(text: str) -> Resources:
                      shared_bytes=num(r"(\d+) bytes smem"), stack_bytes=num(r"(\d+) bytes stack frame"))
 
 
+_NEWEST = {}  # ptxas path -> the newest PTX ISA version it said it reads, once it has refused a newer one
+
+
 def run_ptxas(ptx: str, arch: str, ptxas: str) -> Resources:
     """Assemble ``ptx`` for ``arch`` with ``ptxas -v``. Numba's NVVM may write a newer PTX ISA
     version than this ptxas reads; then the ``.version`` line is lowered to the one ptxas names
-    and it is assembled again (the kernels use nothing newer)."""
+    and it is assembled again (the kernels use nothing newer), and later PTX is lowered before its
+    first try (one ptxas run per kernel and arch, not two)."""
     with tempfile.TemporaryDirectory() as tmp:
         src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         for _ in range(2):
+            if ptxas in _NEWEST:
+                ptx = _at_most(ptx, _NEWEST[ptxas])
             Path(src).write_text(ptx)
             proc = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", obj], capture_output=True,
                                   text=True, timeout=300)
@@ -80,8 +86,20 @@ def run_ptxas(ptx: str, arch: str, ptxas: str) -> Resources:
             m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", proc.stderr)
             if not m:
                 break
-            ptx = re.sub(r"^\.version \S+", f".version {m.group(1)}", ptx, count=1, flags=re.M)
+            _NEWEST[ptxas] = m.group(1)
     raise RuntimeError(f"ptxas failed for {arch}:\n{proc.stderr[-2000:]}")
+
+
+def _at_most(ptx: str, version: str) -> str:
+    """``ptx`` with its ``.version`` line lowered to ``version`` if it names a newer one."""
+    m = re.search(r"^\.version (\S+)", ptx, flags=re.M)
+
+    def key(v):
+        return tuple(int(p) for p in v.split("."))
+
+    if m and key(m.group(1)) > key(version):
+        ptx = ptx[:m.start(1)] + version + ptx[m.end(1):]
+    return ptx
 
 
 def compile_ptx_per_arch(spec, archs=ARCHS) -> dict:
