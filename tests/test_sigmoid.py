@@ -89,3 +89,25 @@ def test_channel_scale_launchers_name_what_is_wrong():
         S.hardswish_backward(x, x, cuda.to_device(np.zeros((2, 3), np.float32)))
     with pytest.raises(ValueError, match=r"sigmoid_backward dy: expected shape \(2, 3, 4, 4\)"):
         S.sigmoid_backward(x, cuda.to_device(np.zeros((2, 3), np.float32)), x)
+
+
+def test_the_layers_are_cheap_and_the_channel_scale_is_kept():
+    """The four activations are cheap layers (dropped in forward, recomputed in backward, as ReLU);
+    the channel scale, a join of two inputs, is a checkpoint as a residual add is; a gate of the
+    wrong shape is refused when the graph is built."""
+    from nets import gated_net
+    from snlite.config import MemoryConfig
+    from snlite.graph import Graph
+    from snlite.scheduler import Scheduler
+
+    g = gated_net()
+    dropped = set(Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan().recompute.dropped)
+    for kind in ACTIVATIONS:
+        layers = [n for n, layer in g.layers.items() if layer.kind == kind]
+        assert layers and set(layers) <= dropped, kind
+    assert not {n for n, layer in g.layers.items() if layer.kind in ("channel_scale", "conv2d")} & dropped
+    h = Graph(input_shape=(2, 3, 4, 4), num_classes=2)
+    x = h.input()
+    with pytest.raises(ValueError, match=r"channel_scale 'bad': expected an \(N, C, H, W\) input and an "
+                                         r"\(N, C, 1, 1\) gate, got \(2, 3, 4, 4\) and \(2, 3, 2, 2\)"):
+        h.channel_scale(x, h.avgpool(x, 2), name="bad")
