@@ -36,6 +36,18 @@ def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
+def flat(a):
+    """``a`` viewed as 1-D, for the kernels that treat every element alike (C-contiguous: no copy)."""
+    return a.reshape(a.size)
+
+
+def launch_1d(kernel, n, block, stream, *args):
+    """``kernel`` with one thread per element of ``n``, in blocks of ``block``; nothing when ``n`` is 0
+    (CUDA refuses a grid of no blocks)."""
+    if n:
+        kernel[ceil_div(n, block), block, stream](*args)
+
+
 # CUDA's limits on a grid (blocks in x, y, z). Grid z is what grows with the batch (one image or
 # matrix per z), so the launchers split a batch into launches of at most MAX_GRID_Z (`grid_z_parts`).
 # The 1-D launches (x = ceil(elements / block)) would need more than (2**31 - 1) * 128 elements,

@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
@@ -96,20 +96,11 @@ def _relu6_backward_v1(x, dy, dx):
 
 
 # ---------------------------------------------------------------- launchers
-def _flat(a):
-    return a.reshape(a.size)
-
-
-def _launch(kernel, n, block, stream, *args):
-    if n:
-        kernel[ceil_div(n, block), block, stream](*args)
-
-
 def relu_forward(x, y, *, stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
     check("relu_forward x", x)
     check("relu_forward y", y, shape=x.shape)
-    _launch(_relu_forward_v1, y.size, block, stream, _flat(x), _flat(y))
+    launch_1d(_relu_forward_v1, y.size, block, stream, flat(x), flat(y))
 
 
 def relu_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
@@ -118,14 +109,14 @@ def relu_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
     check("relu_backward x", x)
     for name, a in (("y", y), ("dy", dy), ("dx", dx)):
         check(f"relu_backward {name}", a, shape=x.shape)
-    _launch(_relu_backward_v1, dx.size, block, stream, _flat(x), _flat(dy), _flat(dx))
+    launch_1d(_relu_backward_v1, dx.size, block, stream, flat(x), flat(dy), flat(dx))
 
 
 def relu6_forward(x, y, *, stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
     check("relu6_forward x", x)
     check("relu6_forward y", y, shape=x.shape)
-    _launch(_relu6_forward_v1, y.size, block, stream, _flat(x), _flat(y))
+    launch_1d(_relu6_forward_v1, y.size, block, stream, flat(x), flat(y))
 
 
 def relu6_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
@@ -134,7 +125,7 @@ def relu6_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
     check("relu6_backward x", x)
     for name, a in (("y", y), ("dy", dy), ("dx", dx)):
         check(f"relu6_backward {name}", a, shape=x.shape)
-    _launch(_relu6_backward_v1, dx.size, block, stream, _flat(x), _flat(dy), _flat(dx))
+    launch_1d(_relu6_backward_v1, dx.size, block, stream, flat(x), flat(dy), flat(dx))
 
 
 OPS = {

@@ -32,7 +32,7 @@ import numpy as np
 from numba import cuda, uint8
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
@@ -123,18 +123,9 @@ def _dropout_backward_v1(dy, dx, key, threshold, scale):
 
 
 # ---------------------------------------------------------------- launchers
-def _flat(a):
-    return a.reshape(a.size)
-
-
 def _check_size(op, a):
     if a.size > MAX_ELEMENTS:
         raise ValueError(f"{op}: at most 2**32 elements (indices are 32-bit hash counters), got {a.size}")
-
-
-def _launch(kernel, n, block, stream, *args):
-    if n:
-        kernel[ceil_div(n, block), block, stream](*args)
 
 
 def dropout_mask(mask, *, p, seed, stream=0, version="v1", block=BLOCK):
@@ -143,7 +134,7 @@ def dropout_mask(mask, *, p, seed, stream=0, version="v1", block=BLOCK):
     key, threshold, _ = _hyper("dropout_mask", p, seed)
     check("dropout_mask mask", mask, dtype=np.uint8)
     _check_size("dropout_mask", mask)
-    _launch(_dropout_mask_v1, mask.size, block, stream, _flat(mask), key, threshold)
+    launch_1d(_dropout_mask_v1, mask.size, block, stream, flat(mask), key, threshold)
 
 
 def dropout_forward(x, y, *, p, seed, stream=0, version="v1", block=BLOCK):
@@ -153,7 +144,7 @@ def dropout_forward(x, y, *, p, seed, stream=0, version="v1", block=BLOCK):
     check("dropout_forward x", x)
     check("dropout_forward y", y, shape=x.shape)
     _check_size("dropout_forward", x)
-    _launch(_dropout_forward_v1, x.size, block, stream, _flat(x), _flat(y), key, threshold, np.float32(scale))
+    launch_1d(_dropout_forward_v1, x.size, block, stream, flat(x), flat(y), key, threshold, np.float32(scale))
 
 
 def dropout_backward(dy, dx, *, p, seed, stream=0, version="v1", block=BLOCK):
@@ -164,7 +155,7 @@ def dropout_backward(dy, dx, *, p, seed, stream=0, version="v1", block=BLOCK):
     check("dropout_backward dy", dy)
     check("dropout_backward dx", dx, shape=dy.shape)
     _check_size("dropout_backward", dy)
-    _launch(_dropout_backward_v1, dx.size, block, stream, _flat(dy), _flat(dx), key, threshold,
+    launch_1d(_dropout_backward_v1, dx.size, block, stream, flat(dy), flat(dx), key, threshold,
             np.float32(scale))
 
 

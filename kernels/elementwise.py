@@ -12,7 +12,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block for 1-D element-wise launches
 REDUCE_BLOCK = 128  # threads per block of bias_backward v2 (a power of two)
@@ -135,15 +135,6 @@ def _bias_backward_v2(dy, db):
 
 
 # ---------------------------------------------------------------- launchers
-def _flat(a):
-    return a.reshape(a.size)
-
-
-def _launch_1d(kernel, n, stream, *args):
-    if n:
-        kernel[ceil_div(n, BLOCK), BLOCK, stream](*args)
-
-
 def _same(name_a, a, name_b, b):
     check(name_b, b, shape=a.shape, dtype=a.dtype)
 
@@ -153,34 +144,34 @@ def add(a, b, out, *, stream=0, version="v1"):
     check("add a", a)
     _same("a", a, "add b", b)
     _same("a", a, "add out", out)
-    _launch_1d(_add_v1, out.size, stream, _flat(a), _flat(b), _flat(out))
+    launch_1d(_add_v1, out.size, BLOCK, stream, flat(a), flat(b), flat(out))
 
 
 def accumulate(dst, src, *, stream=0, version="v1"):
     check_version(version, ("v1",))
     check("accumulate dst", dst)
     _same("dst", dst, "accumulate src", src)
-    _launch_1d(_accumulate_v1, dst.size, stream, _flat(dst), _flat(src))
+    launch_1d(_accumulate_v1, dst.size, BLOCK, stream, flat(dst), flat(src))
 
 
 def copy(src, dst, *, stream=0, version="v1"):
     check_version(version, ("v1",))
     check("copy src", src)
     _same("src", src, "copy dst", dst)
-    _launch_1d(_copy_v1, dst.size, stream, _flat(src), _flat(dst))
+    launch_1d(_copy_v1, dst.size, BLOCK, stream, flat(src), flat(dst))
 
 
 def fill(dst, *, value, stream=0, version="v1"):
     check_version(version, ("v1",))
     check("fill dst", dst)
-    _launch_1d(_fill_v1, dst.size, stream, _flat(dst), np.float32(value))
+    launch_1d(_fill_v1, dst.size, BLOCK, stream, flat(dst), np.float32(value))
 
 
 def scale(x, out, *, alpha, stream=0, version="v1"):
     check_version(version, ("v1",))
     check("scale x", x)
     _same("x", x, "scale out", out)
-    _launch_1d(_scale_v1, out.size, stream, _flat(x), _flat(out), np.float32(alpha))
+    launch_1d(_scale_v1, out.size, BLOCK, stream, flat(x), flat(out), np.float32(alpha))
 
 
 def _nc_s(name, y, b):
@@ -196,7 +187,7 @@ def _nc_s(name, y, b):
 def bias_add(y, b, *, stream=0, version="v1"):
     check_version(version, ("v1",))
     y3 = _nc_s("bias_add y", y, b)
-    _launch_1d(_bias_add_v1, y.size, stream, y3, b)
+    launch_1d(_bias_add_v1, y.size, BLOCK, stream, y3, b)
 
 
 def bias_backward(dy, db, *, stream=0, version="v2"):
@@ -205,7 +196,7 @@ def bias_backward(dy, db, *, stream=0, version="v2"):
     if db.size == 0:
         return
     if version == "v1":
-        _launch_1d(_bias_backward_v1, db.size, stream, dy3, db)
+        launch_1d(_bias_backward_v1, db.size, BLOCK, stream, dy3, db)
     else:
         _bias_backward_v2[db.size, REDUCE_BLOCK, stream](dy3, db)
 

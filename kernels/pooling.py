@@ -41,7 +41,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, pair, unravel4
+from kernels._common import Op, check, check_version, cuda_kernel, launch_1d, pair, unravel4
 
 BLOCK = 128  # threads per block (1-D launches over output or input elements)
 VERSIONS = ("v1",)
@@ -330,16 +330,11 @@ def _check_pool(op, x, y, kernel, stride, padding, ceil_mode, x_name="x", y_name
     return _params(kernel, stride, padding, op)
 
 
-def _launch(kernel, n, block, stream, *args):
-    if n:
-        kernel[ceil_div(n, block), block, stream](*args)
-
-
 def maxpool2d_forward(x, y, *, kernel, stride=None, padding=0, ceil_mode=False, stream=0, version="v1",
                       block=BLOCK):
     check_version(version, VERSIONS)
     p = _check_pool("maxpool2d_forward", x, y, kernel, stride, padding, ceil_mode)
-    _launch(_maxpool2d_forward_v1, y.size, block, stream, x, y, *p)
+    launch_1d(_maxpool2d_forward_v1, y.size, block, stream, x, y, *p)
 
 
 def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0, ceil_mode=False, stream=0,
@@ -350,14 +345,14 @@ def maxpool2d_backward(x, y, dy, dx, *, kernel, stride=None, padding=0, ceil_mod
     check(f"{op} dy", dy, shape=y.shape)
     check(f"{op} dx", dx, shape=x.shape)
     kern = _maxpool2d_backward_v1 if version == "v1" else _maxpool2d_backward_v2
-    _launch(kern, dx.size, block, stream, x, y, dy, dx, *p)
+    launch_1d(kern, dx.size, block, stream, x, y, dy, dx, *p)
 
 
 def avgpool2d_forward(x, y, *, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
                       stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
     p = _check_pool("avgpool2d_forward", x, y, kernel, stride, padding, ceil_mode)
-    _launch(_avgpool2d_forward_v1, y.size, block, stream, x, y, *p, bool(count_include_pad))
+    launch_1d(_avgpool2d_forward_v1, y.size, block, stream, x, y, *p, bool(count_include_pad))
 
 
 def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
@@ -366,7 +361,7 @@ def avgpool2d_backward(dy, dx, *, kernel, stride=None, padding=0, count_include_
     p = _check_pool("avgpool2d_backward", dx, dy, kernel, stride, padding, ceil_mode, x_name="dx",
                     y_name="dy")
     kern = _avgpool2d_backward_v1 if version == "v1" else _avgpool2d_backward_v2
-    _launch(kern, dx.size, block, stream, dy, dx, *p, bool(count_include_pad))
+    launch_1d(kern, dx.size, block, stream, dy, dx, *p, bool(count_include_pad))
 
 
 OPS = {

@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, flat
 
 BLOCK = 256  # threads per block
 
@@ -81,10 +81,6 @@ def _check_hyper(lr, momentum, weight_decay):
             raise ValueError(f"sgd_update {name}: expected a value >= 0, got {value!r}")
 
 
-def _flat(a):
-    return a.reshape(a.size)
-
-
 def sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, guard=None, stream=0, version="v1"):
     """One SGD step on parameter w in place; v is the momentum buffer (unused if momentum == 0);
     skipped if ``guard`` (a one-element array) is given and not finite."""
@@ -99,13 +95,13 @@ def sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, guard=None, stre
     if w.size == 0:
         return
     grid = ceil_div(w.size, BLOCK)
-    g = _flat(guard)[:1] if guard is not None else _flat(w)[:1]  # without a guard: any array, never read
+    g = flat(guard)[:1] if guard is not None else flat(w)[:1]  # without a guard: any array, never read
     on = np.int32(guard is not None)
     if momentum == 0:
-        _sgd_plain_v1[grid, BLOCK, stream](_flat(w), _flat(dw), g, on, np.float32(lr),
+        _sgd_plain_v1[grid, BLOCK, stream](flat(w), flat(dw), g, on, np.float32(lr),
                                            np.float32(weight_decay))
     else:
-        _sgd_momentum_v1[grid, BLOCK, stream](_flat(w), _flat(dw), _flat(v), g, on, np.float32(lr),
+        _sgd_momentum_v1[grid, BLOCK, stream](flat(w), flat(dw), flat(v), g, on, np.float32(lr),
                                               np.float32(momentum), np.float32(weight_decay))
 
 

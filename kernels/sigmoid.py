@@ -28,7 +28,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
@@ -185,20 +185,11 @@ def _channel_scale_backward_v1(x, s, dy, dx, ds):
 
 
 # ---------------------------------------------------------------- launchers
-def _flat(a):
-    return a.reshape(a.size)
-
-
-def _launch(kernel, n, block, stream, *args):
-    if n:
-        kernel[ceil_div(n, block), block, stream](*args)
-
-
 def _forward(name, kernel, x, y, stream, version, block):
     check_version(version, VERSIONS)
     check(f"{name} x", x)
     check(f"{name} y", y, shape=x.shape)
-    _launch(kernel, y.size, block, stream, _flat(x), _flat(y))
+    launch_1d(kernel, y.size, block, stream, flat(x), flat(y))
 
 
 def _backward(name, kernel, a, dy, dx, stream, version, block, a_name="x"):
@@ -206,7 +197,7 @@ def _backward(name, kernel, a, dy, dx, stream, version, block, a_name="x"):
     check(f"{name} {a_name}", a)
     check(f"{name} dy", dy, shape=a.shape)
     check(f"{name} dx", dx, shape=a.shape)
-    _launch(kernel, dx.size, block, stream, _flat(a), _flat(dy), _flat(dx))
+    launch_1d(kernel, dx.size, block, stream, flat(a), flat(dy), flat(dx))
 
 
 def sigmoid_forward(x, y, *, stream=0, version="v1", block=BLOCK):
@@ -259,7 +250,7 @@ def channel_scale_forward(x, s, y, *, stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
     x2, s1 = _rows("channel_scale_forward", x, s)
     check("channel_scale_forward y", y, shape=x.shape)
-    _launch(_channel_scale_forward_v1, y.size, block, stream, x2, s1, y.reshape(x2.shape))
+    launch_1d(_channel_scale_forward_v1, y.size, block, stream, x2, s1, y.reshape(x2.shape))
 
 
 def channel_scale_backward(x, s, dy, dx, ds, *, stream=0, version="v1", block=BLOCK):
@@ -269,7 +260,7 @@ def channel_scale_backward(x, s, dy, dx, ds, *, stream=0, version="v1", block=BL
     check("channel_scale_backward dy", dy, shape=x.shape)
     check("channel_scale_backward dx", dx, shape=x.shape)
     check("channel_scale_backward ds", ds, shape=s.shape)
-    _launch(_channel_scale_backward_v1, s1.size, block, stream, x2, s1, dy.reshape(x2.shape),
+    launch_1d(_channel_scale_backward_v1, s1.size, block, stream, x2, s1, dy.reshape(x2.shape),
             dx.reshape(x2.shape), ds.reshape(s1.shape))
 
 
