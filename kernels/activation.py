@@ -1,4 +1,4 @@
-"""ReLU and ReLU6, forward and backward, on arrays of any shape (viewed as 1-D, no copy).
+"""ReLU, ReLU6 and LeakyReLU, forward and backward, on arrays of any shape (viewed as 1-D, no copy).
 
 Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.activation
 
@@ -17,6 +17,10 @@ ReLU6 (PyTorch's ReLU6, which is ``hardtanh(x, 0, 6)``), as PyTorch computes it:
 - backward: dx = 0 where x <= 0 or x >= 6, else dy (hardtanh's backward: the gradient is 0 at both
   ends and passes at a NaN x, as PyTorch's CUDA kernel and scalar CPU loop do; its vectorized CPU
   loop gives 0 there). dx may alias dy, as for ReLU.
+
+LeakyReLU (PyTorch's, ``negative_slope`` a hyper-parameter): y = x where x > 0, else x times the
+slope; backward dx = dy where x > 0, else dy times the slope (at exactly 0: the slope, as PyTorch).
+Its backward reads x and dy only: ``leaky_relu_backward(x, dy, dx, *, negative_slope)``.
 
 No reductions, so no order to fix; one version (v1): the ops are memory-bound already.
 """
@@ -53,6 +57,15 @@ def relu6_forward_ref(x, y):
 def relu6_backward_ref(x, y, dy, dx):
     """dx = dy where neither x <= 0 nor x >= 6 (0 < x < 6, or NaN); dx may alias dy."""
     dx[...] = np.where((x <= 0) | (x >= RELU6_MAX), dy.dtype.type(0), dy)
+
+
+def leaky_relu_forward_ref(x, y, *, negative_slope):
+    y[...] = np.where(x > 0, x, x * x.dtype.type(negative_slope))
+
+
+def leaky_relu_backward_ref(x, dy, dx, *, negative_slope):
+    """dx = dy where x > 0, else dy * negative_slope; dx may alias dy."""
+    dx[...] = np.where(x > 0, dy, dy * dy.dtype.type(negative_slope))
 
 
 # ---------------------------------------------------------------- kernels
@@ -95,6 +108,23 @@ def _relu6_backward_v1(x, dy, dx):
         dx[i] = float32(0.0) if v <= float32(0.0) or v >= float32(RELU6_MAX) else g
 
 
+@cuda_kernel("void(float32[::1], float32[::1], float32)")
+def _leaky_relu_forward_v1(x, y, slope):
+    i = cuda.grid(1)
+    if i < y.size:
+        v = x[i]
+        y[i] = v if v > float32(0.0) else v * slope
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1], float32)")
+def _leaky_relu_backward_v1(x, dy, dx, slope):
+    # dx may be dy: read dy[i], then write dx[i]; no other element is touched.
+    i = cuda.grid(1)
+    if i < dx.size:
+        g = dy[i]
+        dx[i] = g if x[i] > float32(0.0) else g * slope
+
+
 # ---------------------------------------------------------------- launchers
 def relu_forward(x, y, *, stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
@@ -128,11 +158,30 @@ def relu6_backward(x, y, dy, dx, *, stream=0, version="v1", block=BLOCK):
     launch_1d(_relu6_backward_v1, dx.size, block, stream, flat(x), flat(dy), flat(dx))
 
 
+def leaky_relu_forward(x, y, *, negative_slope, stream=0, version="v1", block=BLOCK):
+    check_version(version, VERSIONS)
+    check("leaky_relu_forward x", x)
+    check("leaky_relu_forward y", y, shape=x.shape)
+    launch_1d(_leaky_relu_forward_v1, y.size, block, stream, flat(x), flat(y), np.float32(negative_slope))
+
+
+def leaky_relu_backward(x, dy, dx, *, negative_slope, stream=0, version="v1", block=BLOCK):
+    """dx = dy where x > 0 else dy * negative_slope; ``dx`` may be the same array as ``dy``."""
+    check_version(version, VERSIONS)
+    check("leaky_relu_backward x", x)
+    for name, a in (("dy", dy), ("dx", dx)):
+        check(f"leaky_relu_backward {name}", a, shape=x.shape)
+    launch_1d(_leaky_relu_backward_v1, dx.size, block, stream, flat(x), flat(dy), flat(dx),
+              np.float32(negative_slope))
+
+
 OPS = {
     "relu_forward": Op("relu_forward", relu_forward_ref, relu_forward, VERSIONS),
     "relu_backward": Op("relu_backward", relu_backward_ref, relu_backward, VERSIONS),
     "relu6_forward": Op("relu6_forward", relu6_forward_ref, relu6_forward, VERSIONS),
     "relu6_backward": Op("relu6_backward", relu6_backward_ref, relu6_backward, VERSIONS),
+    "leaky_relu_forward": Op("leaky_relu_forward", leaky_relu_forward_ref, leaky_relu_forward, VERSIONS),
+    "leaky_relu_backward": Op("leaky_relu_backward", leaky_relu_backward_ref, leaky_relu_backward, VERSIONS),
 }
 
 
@@ -164,6 +213,15 @@ def examples(rng):
     y6 = np.empty_like(x6)
     relu6_forward_ref(x6, y6)
     dy6 = r(*x6.shape)
+    slope = {"negative_slope": 0.2}
+    in_place = dy.copy()
+    leaky = [
+        Example("leaky_relu_forward", (x3, nan(*x3.shape)), (1,), kwargs=slope, label="NaN and inf"),
+        Example("leaky_relu_forward", (x, nan(*x.shape)), (1,), kwargs={"negative_slope": 0.01},
+                launch={"block": 64}, label="2x3x5x7 with zeros, PyTorch's default slope"),
+        Example("leaky_relu_backward", (x, dy, nan(*x.shape)), (2,), kwargs=slope, label="2x3x5x7"),
+        Example("leaky_relu_backward", (x, in_place, in_place), (2,), kwargs=slope, label="dx aliases dy"),
+    ]
     return [
         Example("relu6_forward", (x6, nan(*x6.shape)), (1,), launch={"block": 64}, label="ends, NaN, inf"),
         Example("relu6_backward", (x6, y6, r(*x6.shape), nan(*x6.shape)), (3,), label="ends, NaN, inf"),
@@ -175,7 +233,7 @@ def examples(rng):
         Example("relu_backward", (x, y, dy, nan(*x.shape)), (3,), label="2x3x5x7"),
         Example("relu_backward", (x2, y2, dy2, dy2), (3,), launch={"block": 64},
                 label="dx aliases dy"),
-    ]
+    ] + leaky
 
 
 if __name__ == "__main__":

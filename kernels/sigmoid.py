@@ -1,6 +1,7 @@
-"""Sigmoid, the activations built on it (SiLU, Hardsigmoid, Hardswish), and the channel scale that
-squeeze-and-excitation multiplies a feature map by: what MobileNet-V3, EfficientNet and RegNet-Y add
-to the layers of 2015. Forward and backward, each as PyTorch's CPU kernels compute it.
+"""Sigmoid, the activations built on it or shaped like it (SiLU, Hardsigmoid, Hardswish, Tanh, GELU),
+and the channel scale that squeeze-and-excitation multiplies a feature map by: what MobileNet-V3,
+EfficientNet and RegNet-Y add to the layers of 2015, and what other networks use in their place.
+Forward and backward, each as PyTorch's CPU kernels compute it.
 
 Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.sigmoid
 
@@ -12,6 +13,10 @@ Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.s
   backward dx = dy / 6 where -3 < x < 3, else 0.
 - hardswish (x times its hardsigmoid, MobileNet-V3's activation): y = x * min(max(x + 3, 0), 6) / 6;
   backward dx = 0 where x <= -3, dy * (x / 3 + 0.5) where x < 3, else dy (PyTorch's sides at -3 and 3).
+- tanh: y = tanh(x); backward dx = dy * (1 - y * y), from y, as sigmoid's.
+- gelu (PyTorch's exact GELU, ``approximate="none"``): y = x / 2 * (1 + erf(x / sqrt 2)); backward
+  dx = dy * (cdf + x * pdf), cdf = (1 + erf(x / sqrt 2)) / 2, pdf = exp(-x * x / 2) / sqrt(2 pi) (it
+  reads x).
 - channel_scale (squeeze-and-excitation's last step): y[n, c, h, w] = x[n, c, h, w] * s[n, c], s of
   shape (N, C, 1, 1) (the gate: a sigmoid of two 1x1 convolutions of x's channel means); backward
   dx = dy * s, and ds[n, c] = the sum over (h, w), in that order, of dy * x: one thread per (n, c), a
@@ -32,6 +37,7 @@ from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
+FROM_OUTPUT = ("sigmoid", "tanh")  # the activations whose backward reads y, not x
 
 
 # ---------------------------------------------------------------- NumPy references
@@ -78,6 +84,35 @@ def hardswish_forward_ref(x, y):
 def hardswish_backward_ref(x, dy, dx):
     t = x.dtype.type
     dx[...] = np.where(x <= t(-3), t(0), np.where(x < t(3), dy * (x / t(3) + t(0.5)), dy))
+
+
+def tanh_forward_ref(x, y):
+    y[...] = np.tanh(x)
+
+
+def tanh_backward_ref(y, dy, dx):
+    """dx = dy * (1 - y * y); dx may alias dy."""
+    dx[...] = dy * (y.dtype.type(1) - y * y)
+
+
+SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2), as PyTorch's M_SQRT1_2
+GELU_PDF = 0.3989422804014327  # 1 / sqrt(2 pi): PyTorch's M_2_SQRTPI * M_SQRT1_2 * 0.5
+
+
+def _erf(v):
+    return np.vectorize(math.erf, otypes=[np.float64])(v).astype(v.dtype)
+
+
+def gelu_forward_ref(x, y):
+    t = x.dtype.type
+    y[...] = x * t(0.5) * (t(1) + _erf(x * t(SQRT1_2)))
+
+
+def gelu_backward_ref(x, dy, dx):
+    t = x.dtype.type
+    cdf = t(0.5) * (t(1) + _erf(x * t(SQRT1_2)))
+    pdf = np.exp(t(-0.5) * x * x) * t(GELU_PDF)
+    dx[...] = dy * (cdf + x * pdf)
 
 
 def channel_scale_forward_ref(x, s, y):
@@ -160,6 +195,39 @@ def _hardswish_backward_v1(x, dy, dx):
         dx[i] = g
 
 
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _tanh_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        y[i] = math.tanh(x[i])
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _tanh_backward_v1(y, dy, dx):
+    i = cuda.grid(1)
+    if i < dx.size:
+        v = y[i]
+        dx[i] = dy[i] * (float32(1.0) - v * v)
+
+
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _gelu_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        v = x[i]
+        y[i] = v * float32(0.5) * (float32(1.0) + math.erf(v * float32(SQRT1_2)))
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _gelu_backward_v1(x, dy, dx):
+    i = cuda.grid(1)
+    if i < dx.size:
+        v = x[i]
+        cdf = float32(0.5) * (float32(1.0) + math.erf(v * float32(SQRT1_2)))
+        pdf = math.exp(float32(-0.5) * v * v) * float32(GELU_PDF)
+        dx[i] = dy[i] * (cdf + v * pdf)
+
+
 @cuda_kernel("void(float32[:, ::1], float32[::1], float32[:, ::1])")
 def _channel_scale_forward_v1(x, s, y):
     # x and y as (N*C, H*W), s as N*C: one thread per element
@@ -236,6 +304,24 @@ def hardswish_backward(x, dy, dx, *, stream=0, version="v1", block=BLOCK):
     _backward("hardswish_backward", _hardswish_backward_v1, x, dy, dx, stream, version, block)
 
 
+def tanh_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    _forward("tanh_forward", _tanh_forward_v1, x, y, stream, version, block)
+
+
+def tanh_backward(y, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """dx = dy * (1 - y * y), from the output y; ``dx`` may be the same array as ``dy``."""
+    _backward("tanh_backward", _tanh_backward_v1, y, dy, dx, stream, version, block, a_name="y")
+
+
+def gelu_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    _forward("gelu_forward", _gelu_forward_v1, x, y, stream, version, block)
+
+
+def gelu_backward(x, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """From the input x; ``dx`` may be the same array as ``dy``."""
+    _backward("gelu_backward", _gelu_backward_v1, x, dy, dx, stream, version, block)
+
+
 def _rows(name, x, s):
     """x as (N*C, H*W) and s as N*C, after checking that s is x's (N, C, 1, 1)."""
     check(f"{name} x", x)
@@ -266,8 +352,8 @@ def channel_scale_backward(x, s, dy, dx, ds, *, stream=0, version="v1", block=BL
 
 OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for name in (
     "sigmoid_forward", "sigmoid_backward", "silu_forward", "silu_backward", "hardsigmoid_forward",
-    "hardsigmoid_backward", "hardswish_forward", "hardswish_backward", "channel_scale_forward",
-    "channel_scale_backward")}
+    "hardsigmoid_backward", "hardswish_forward", "hardswish_backward", "tanh_forward", "tanh_backward",
+    "gelu_forward", "gelu_backward", "channel_scale_forward", "channel_scale_backward")}
 
 
 def examples(rng):
@@ -284,11 +370,11 @@ def examples(rng):
                    80.0, -80.0]
     dy = r(*x.shape)
     out = []
-    for act in ("sigmoid", "silu", "hardsigmoid", "hardswish"):
+    for act in ("sigmoid", "silu", "hardsigmoid", "hardswish", "tanh", "gelu"):
         a = x
-        if act == "sigmoid":  # its backward reads the output
+        if act in FROM_OUTPUT:  # its backward reads the output
             a = np.empty_like(x)
-            sigmoid_forward_ref(x, a)
+            globals()[f"{act}_forward_ref"](x, a)
         in_place = dy.copy()
         out += [Example(f"{act}_forward", (x, nan(*x.shape)), (1,), label="4x3x5x7, the ends, large"),
                 Example(f"{act}_forward", (r(301), nan(301)), (1,), launch={"block": 64}, label="1-D 301"),

@@ -175,9 +175,21 @@ class Graph:
         """PyTorch's ReLU6: min(max(x, 0), 6) (MobileNet's activation)."""
         return self._add("relu6", [x], name)
 
+    def leaky_relu(self, x, negative_slope=0.01, name=None) -> Node:
+        """PyTorch's LeakyReLU: x where x > 0, else negative_slope times x."""
+        slope = check_number(negative_slope, f"{who('leaky_relu', name)}: negative_slope")
+        return self._add("leaky_relu", [x], name, negative_slope=slope)
+
     def sigmoid(self, x, name=None) -> Node:
         """PyTorch's Sigmoid (squeeze-and-excitation's gate)."""
         return self._add("sigmoid", [x], name)
+
+    def tanh(self, x, name=None) -> Node:
+        return self._add("tanh", [x], name)
+
+    def gelu(self, x, name=None) -> Node:
+        """PyTorch's GELU, exact (approximate="none")."""
+        return self._add("gelu", [x], name)
 
     def silu(self, x, name=None) -> Node:
         """PyTorch's SiLU, x * sigmoid(x) (EfficientNet's activation)."""

@@ -164,25 +164,47 @@ class ReLU6(ReLU):
         io.run("relu6_backward", io.x[0], io.y, io.dy, io.dx[0])
 
 
+class LeakyReLU(Layer):
+    """PyTorch's LeakyReLU: x where x > 0, else ``negative_slope`` times x. Cheap, recomputed like ReLU;
+    its backward reads x and dy, and writes dx into dy's buffer."""
+
+    kind = "leaky_relu"
+    bwd_reads = ("x", "dy")
+    bwd_inplace = True
+
+    def forward(self, io):
+        io.run("leaky_relu_forward", io.x[0], io.y, negative_slope=self.attrs["negative_slope"])
+
+    def backward(self, io):
+        io.run("leaky_relu_backward", io.x[0], io.dy, io.dx[0], negative_slope=self.attrs["negative_slope"])
+
+
 class Sigmoid(Layer):
     """PyTorch's Sigmoid, 1 / (1 + exp(-x)): squeeze-and-excitation's gate. Cheap, recomputed like
-    ReLU; its backward reads the output, not the input (dx = dy (1 - y) y), into dy's buffer."""
+    ReLU; its backward reads the output, not the input (dx = dy (1 - y) y), into dy's buffer. Tanh is
+    the same kind of layer, with its own kernels."""
 
     kind = "sigmoid"
     bwd_reads = ("y", "dy")
     bwd_inplace = True
 
     def forward(self, io):
-        io.run("sigmoid_forward", io.x[0], io.y)
+        io.run(f"{self.kind}_forward", io.x[0], io.y)
 
     def backward(self, io):
-        io.run("sigmoid_backward", io.y, io.dy, io.dx[0])
+        io.run(f"{self.kind}_backward", io.y, io.dy, io.dx[0])
+
+
+class Tanh(Sigmoid):
+    """PyTorch's Tanh (dx = dy (1 - y y))."""
+
+    kind = "tanh"
 
 
 class SiLU(Layer):
     """PyTorch's SiLU, x * sigmoid(x) (EfficientNet's activation). Cheap, recomputed like ReLU; its
-    backward reads the input and dy, and writes dx into dy's buffer. Hardsigmoid and Hardswish are
-    the same kind of layer, each with its own kernels."""
+    backward reads the input and dy, and writes dx into dy's buffer. Hardsigmoid, Hardswish and GELU
+    are the same kind of layer, each with its own kernels."""
 
     kind = "silu"
     bwd_reads = ("x", "dy")
@@ -205,6 +227,12 @@ class Hardswish(SiLU):
     """PyTorch's Hardswish, x * hardsigmoid(x): MobileNet-V3's activation."""
 
     kind = "hardswish"
+
+
+class GELU(SiLU):
+    """PyTorch's GELU (exact: x times the normal distribution's cdf at x)."""
+
+    kind = "gelu"
 
 
 class ChannelScale(Layer):
@@ -373,8 +401,8 @@ class Dropout(Layer):
         io.run("dropout_backward", io.dy, io.dx[0], p=self.attrs["p"], seed=io.seed)
 
 
-LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, Sigmoid, SiLU, Hardsigmoid,
-                                          Hardswish, MaxPool2d, AvgPool2d, BatchNorm2d, LRN, Dropout,
-                                          ChannelScale, Add, Concat, Flatten, SoftmaxLoss)}
+LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU,
+                                          Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d, BatchNorm2d,
+                                          LRN, Dropout, ChannelScale, Add, Concat, Flatten, SoftmaxLoss)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

@@ -11,13 +11,14 @@ import operator
 
 from snlite.graph import Graph
 
-SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, ReLU, ReLU6, Sigmoid, SiLU, "
-             "Hardsigmoid, Hardswish, MaxPool2d, AvgPool2d (ceil mode too), AdaptiveAvgPool2d (where it is "
-             "the identity or its windows tile the input), LocalResponseNorm, Dropout, Flatten, Identity; "
-             "functions relu, relu6, sigmoid, silu, hardsigmoid, hardswish, + / torch.add, * / torch.mul of "
-             "a feature map by a per-channel gate (N, C, 1, 1), torch.cat over channels, "
-             "torch.flatten(x, 1), x.mean over (H, W), max_pool2d, avg_pool2d, adaptive_avg_pool2d, dropout, "
-             "and stochastic depth with p=0; one input, logits (N, classes) out")
+SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, ReLU, ReLU6, LeakyReLU, "
+             "Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d (ceil mode too), "
+             "AdaptiveAvgPool2d (where it is the identity or its windows tile the input), LocalResponseNorm, "
+             "Dropout, Flatten, Identity; functions relu, relu6, leaky_relu, sigmoid, tanh, silu, "
+             "hardsigmoid, hardswish, gelu, + / torch.add, * / torch.mul of a feature map by a per-channel "
+             "gate (N, C, 1, 1), torch.cat over channels, torch.flatten(x, 1), x.mean over (H, W), "
+             "max_pool2d, avg_pool2d, adaptive_avg_pool2d, dropout, and stochastic depth with p=0; one "
+             "input, logits (N, classes) out")
 
 # hyper-parameters snlite's layers do not have yet: kind -> {attribute: the only value supported}
 NOT_YET = {
@@ -25,6 +26,7 @@ NOT_YET = {
     "maxpool": {"dilation": (1, 1), "return_indices": False},
     "avgpool": {"divisor_override": None},
     "batchnorm": {"affine": True, "track_running_stats": True},
+    "gelu": {"approximate": "none"},
 }
 
 
@@ -89,8 +91,10 @@ def _describe(node, gm):
                                                             track_running_stats=m.track_running_stats)),
                  (nn.ReLU, "relu", lambda: dict(inplace=m.inplace)),
                  (nn.ReLU6, "relu6", lambda: dict(inplace=m.inplace)),
-                 (nn.Sigmoid, "sigmoid", dict), (nn.SiLU, "silu", dict),
+                 (nn.LeakyReLU, "leaky_relu", lambda: dict(negative_slope=m.negative_slope)),
+                 (nn.Sigmoid, "sigmoid", dict), (nn.Tanh, "tanh", dict), (nn.SiLU, "silu", dict),
                  (nn.Hardsigmoid, "hardsigmoid", dict), (nn.Hardswish, "hardswish", dict),
+                 (nn.GELU, "gelu", lambda: dict(approximate=m.approximate)),
                  (nn.MaxPool2d, "maxpool", lambda: attrs), (nn.AvgPool2d, "avgpool", lambda: attrs),
                  (nn.AdaptiveAvgPool2d, "adaptive_avgpool", dict),
                  (nn.LocalResponseNorm, "lrn", lambda: dict(size=m.size, alpha=m.alpha, beta=m.beta, k=m.k)),
@@ -107,8 +111,13 @@ def _describe(node, gm):
             return "relu", {}, tensors[:1], fn is torch.relu_ or _bind(node, (("inplace", False),))["inplace"]
         if fn is F.relu6:
             return "relu6", {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
-        if fn in (torch.sigmoid, F.sigmoid):
-            return "sigmoid", {}, tensors[:1], False
+        if fn in (torch.sigmoid, F.sigmoid, torch.tanh, F.tanh):
+            return fn.__name__, {}, tensors[:1], False
+        if fn is F.leaky_relu:
+            hp = _bind(node, (("negative_slope", 0.01), ("inplace", False)))
+            return "leaky_relu", hp, tensors[:1], hp["inplace"]
+        if fn is F.gelu:
+            return "gelu", _bind(node, (("approximate", "none"),)), tensors[:1], False
         if fn in (F.silu, F.hardsigmoid, F.hardswish):
             return fn.__name__, {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
         if fn in (operator.mul, torch.mul):
@@ -145,7 +154,7 @@ def _describe(node, gm):
             return "add", {}, tensors, fn != "add"
         if fn == "flatten":
             return "flatten", _bind(node, (("start_dim", 0), ("end_dim", -1))), tensors[:1], False
-        if fn in ("sigmoid", "mul") and len(tensors) == (2 if fn == "mul" else 1):
+        if fn in ("sigmoid", "tanh", "mul") and len(tensors) == (2 if fn == "mul" else 1):
             return fn, {}, tensors, False
         if fn == "mean":
             return "mean", _bind(node, (("dim", None), ("keepdim", False))), tensors[:1], False
@@ -173,7 +182,7 @@ class Importer:
 
     def __init__(self, g: Graph, gm):
         self.g, self.gm = g, gm
-        self.built, self.used = {}, set()
+        self.built, self.used, self.called = {}, set(), set()
         self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def run(self) -> dict:
@@ -199,7 +208,7 @@ class Importer:
 
     def visit(self, node) -> None:
         kind, hp, inputs, in_place = _describe(node, self.gm)
-        reason = _not_yet(kind, hp)
+        reason = _not_yet(kind, hp) or self._shared(node)
         if reason:
             raise refuse(node, reason)
         missing = [a for a in inputs if a not in self.built]
@@ -216,6 +225,20 @@ class Importer:
         if tuple(node_out.shape[1:]) != want:
             raise refuse(node, f"snlite's {kind} computes a shape {node_out.shape[1:]}, PyTorch's {want}")
         self.built[node] = node_out
+
+    def _shared(self, node) -> str | None:
+        """Why ``node`` cannot be imported if it calls a module with weights a second time, else None."""
+        if node.op != "call_module":
+            return None
+        again = node.target in self.called
+        self.called.add(node.target)
+        module = self.gm.get_submodule(node.target)
+        weights = next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
+        if again and weights:
+            return (f"it calls {node.target} a second time, whose weights PyTorch shares between the calls; "
+                    "each snlite layer owns its weights, so give each call a module of its own "
+                    "(copy.deepcopy) to plan the network with them apart")
+        return None
 
     def build(self, node, kind, hp, xs, want):
         g, x = self.g, xs[0]
@@ -234,8 +257,10 @@ class Importer:
             return g.batchnorm(x, hp["eps"], hp["momentum"], name=name)
         if kind == "relu":
             return g.relu(x, name=name)
-        if kind in ("relu6", "sigmoid", "silu", "hardsigmoid", "hardswish"):
+        if kind in ("relu6", "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu"):
             return getattr(g, kind)(x, name=name)
+        if kind == "leaky_relu":
+            return g.leaky_relu(x, hp["negative_slope"], name=name)
         if kind == "mul":
             return self.channel_scale(node, xs, name)
         if kind == "mean":

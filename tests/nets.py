@@ -48,12 +48,13 @@ def grouped_net(n=2, hw=6):
 
 def gated_net(n=2, hw=6):
     """The layers torchvision's MobileNet-V3, EfficientNet and RegNet-Y add, in small: Hardswish, two
-    squeeze-and-excitation blocks (a global average pool, two 1x1 convs, a Hardsigmoid or a Sigmoid gate
-    that scales the block's input channel by channel; each input read twice, a fork), SiLU, and a
-    Hardswish read by a residual add."""
+    squeeze-and-excitation blocks (a global average pool, two 1x1 convs with a GELU or a LeakyReLU
+    between, a Hardsigmoid or a Sigmoid gate that scales the block's input channel by channel; each input
+    read twice, a fork), SiLU, a Hardswish read by a residual add, and a Tanh."""
     def se(x, gate, name):
         s = g.avgpool(x, x.shape[2:], name=f"{name}.pool")
-        s = g.relu(g.conv2d(s, 2, 1, name=f"{name}.fc1"), name=f"{name}.relu")
+        inner = g.gelu if gate == g.hardsigmoid else g.leaky_relu
+        s = inner(g.conv2d(s, 2, 1, name=f"{name}.fc1"), name=f"{name}.act")
         return g.channel_scale(x, gate(g.conv2d(s, x.shape[1], 1, name=f"{name}.fc2"), name=f"{name}.gate"),
                                name=f"{name}.scale")
 
@@ -62,7 +63,7 @@ def gated_net(n=2, hw=6):
     y = g.silu(se(x, g.hardsigmoid, "se1"), name="silu1")
     y = g.add(g.hardswish(se(g.conv2d(y, 4, 3, padding=1, name="conv2"), g.sigmoid, "se2"), name="hs2"), x,
               name="add1")
-    g.softmax_loss(g.linear(g.flatten(g.maxpool(y, 2, name="pool1")), 3, name="fc1"))
+    g.softmax_loss(g.linear(g.flatten(g.maxpool(g.tanh(y, name="tanh1"), 2, name="pool1")), 3, name="fc1"))
     return g
 
 

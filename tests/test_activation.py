@@ -1,4 +1,7 @@
-"""ReLU: gradient of the reference, the in-place backward (dx aliasing dy), PyTorch's x == 0 rule."""
+"""ReLU, ReLU6 and LeakyReLU: gradient of the reference, the in-place backward (dx aliasing dy),
+PyTorch's x == 0 rule."""
+import importlib.util
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -120,4 +123,38 @@ def test_relu6_matches_pytorch():
     A.relu6_backward_ref(x, y, dy, dx)
     np.testing.assert_array_equal(y, yt.detach().numpy())
     assert np.array_equal(np.signbit(y), np.signbit(yt.detach().numpy()))
+    np.testing.assert_array_equal(dx, t.grad.numpy())
+
+
+# ---------------------------------------------------------------- LeakyReLU
+@pytest.mark.parametrize("slope", [0.01, 0.2, -0.5])
+def test_leaky_relu_backward_ref_gradcheck(rng, slope):
+    x = rand64(rng, 2, 3, 4, 5)
+    x[np.abs(x) < 1e-3] = 0.5  # central differences away from the kink
+    dy = rand64(rng, *x.shape)
+    y = np.empty_like(x)
+
+    def forward():
+        A.leaky_relu_forward_ref(x, y, negative_slope=slope)
+        return y.copy()
+
+    forward()
+    dx = np.empty_like(x)
+    A.leaky_relu_backward_ref(x, dy, dx, negative_slope=slope)
+    check_backward("leaky_relu", forward, {"x": dx}, {"x": x}, dy)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
+def test_leaky_relu_is_pytorchs_at_zero_nan_and_infinity():
+    import torch
+
+    x = np.array([0.0, -0.0, 1e-45, -1e-45, 2.5, -2.5, np.inf, -np.inf, np.nan], np.float32)
+    dy = np.linspace(1, 2, x.size).astype(np.float32)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    A.leaky_relu_forward_ref(x, y, negative_slope=0.2)
+    A.leaky_relu_backward_ref(x, dy, dx, negative_slope=0.2)
+    t = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.leaky_relu(t, 0.2)
+    ty.backward(torch.from_numpy(dy))
+    np.testing.assert_array_equal(y, ty.detach().numpy())
     np.testing.assert_array_equal(dx, t.grad.numpy())

@@ -56,7 +56,25 @@ MODELS = {
     "efficientnet_b0": (tv.efficientnet_b0, (3, 64, 64), 4),
     "regnet_y_400mf": (tv.regnet_y_400mf, (3, 64, 64), 4),
     "mnasnet0_5": (tv.mnasnet0_5, (3, 64, 64), 4),
+    # a network of one's own: LeakyReLU, Tanh and GELU, as modules and as functions
+    "own_smooth_net": (lambda num_classes: SmoothNet(num_classes), (3, 16, 16), 4),
 }
+class SmoothNet(nn.Module):
+    """The activations no torchvision classifier above uses, in a network of one's own."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.conv1, self.bn1, self.act1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.LeakyReLU(0.1)
+        self.conv2, self.act2 = nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.GELU()
+        self.fc = nn.Linear(8 * 8 * 8, num_classes)
+
+    def forward(self, x):
+        y = self.act1(self.bn1(self.conv1(x)))
+        z = self.conv2(y)
+        y = torch.tanh(self.act2(z)) + F.leaky_relu(F.gelu(z), 0.3)
+        return self.fc(torch.flatten(torch.nn.functional.tanh(y), 1))
+
+
 # VGG's classifier is two 4096-wide layers, 120 M of VGG-16's 134 M weights: they only cost time (seconds
 # to initialize, copy and compare in both libraries) and add no layer, so here they are 256 wide (the same
 # modules, names and forward; torchvision's own init). AlexNet keeps its full width: one model as
@@ -229,12 +247,12 @@ def _refused(net, *words):
 
 
 def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
-    msg = _refused(_Net(lambda s, y: torch.tanh(y)), "'tanh'", "call_function", "snlite imports")
+    msg = _refused(_Net(lambda s, y: torch.abs(y)), "'abs_1'", "call_function abs", "snlite imports")
     assert "Conv2d" in msg  # says what is supported
     net = tv.resnet18(num_classes=10)
-    net.layer2[0].relu = nn.GELU()
+    net.layer2[0].relu = nn.Mish()
     with pytest.raises(TorchImportError, match=r"'layer2_0_relu' \(call_module layer2\.0\.relu\) in "
-                                               r"layer2\.0\.relu: the module GELU has no snlite layer"):
+                                               r"layer2\.0\.relu: the module Mish has no snlite layer"):
         from_torch(net, (3, 32, 32))
 
 
@@ -284,6 +302,16 @@ def test_se_gates_and_means_import_either_way_round():
     net.eval()
     with torch.no_grad():
         _close(model.predict(x), net(torch.from_numpy(x)).numpy(), "logits")
+
+
+def test_a_module_with_weights_called_twice_is_refused_and_one_without_is_not():
+    """PyTorch shares a module's weights between its calls; snlite's layers own theirs, so a second call of
+    a conv would plan (and count) a second copy: it is refused, saying what to do. A ReLU called twice is
+    two layers (torchvision's BasicBlock does that)."""
+    _refused(_Net(lambda s, y: s.conv(s.conv(y)), conv=nn.Conv2d(4, 4, 3, padding=1)),
+             "calls conv a second time", "copy.deepcopy")
+    g = from_torch(_Net(lambda s, y: s.relu(y + s.relu(y)), relu=nn.ReLU()), (3, 8, 8), batch=2)
+    assert [n for n in g.layers if n.startswith("relu")] == ["relu", "relu_1"]
 
 
 def test_in_place_op_on_a_tensor_read_later_is_refused():
