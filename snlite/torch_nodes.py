@@ -122,6 +122,8 @@ def _describe(node, gm):
             return fn.__name__, {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
         if fn in (operator.mul, torch.mul):
             return "mul", {}, tensors, False
+        if fn is torch.mean:
+            return "mean", _bind(node, (("dim", None), ("keepdim", False))), tensors[:1], False
         if getattr(fn, "__name__", "") == "stochastic_depth" and fn.__module__.startswith("torchvision"):
             hp = _bind(node, (("p", None), ("mode", None), ("training", True)))
             if hp["p"] and hp["training"]:
@@ -265,7 +267,8 @@ class Importer:
             return self.channel_scale(node, xs, name)
         if kind == "mean":
             dims = hp["dim"] if isinstance(hp["dim"], (tuple, list)) else (hp["dim"],)
-            if len(x.shape) != 4 or sorted(d % 4 for d in dims) != [2, 3]:
+            spatial = all(isinstance(d, int) for d in dims) and sorted(d % 4 for d in dims) == [2, 3]
+            if len(x.shape) != 4 or not spatial:
                 raise refuse(node, f"a mean over dims {hp['dim']}: snlite averages an (N, C, H, W) tensor "
                                    "over (H, W) only (x.mean((2, 3)), a global average pool)")
             pooled = g.avgpool(x, x.shape[2:], name=name)
@@ -309,6 +312,8 @@ class Importer:
     def channel_scale(self, node, xs, name):
         """x * gate or gate * x, the gate (N, C, 1, 1) and x (N, C, H, W): squeeze-and-excitation's scale."""
         shapes = [tuple(a.shape) for a in xs]
+        if len(xs) != 2:
+            raise refuse(node, "a product with a number: no snlite layer scales by a constant")
         for x, gate in (xs, xs[::-1]):
             if len(x.shape) == 4 and tuple(gate.shape) == tuple(x.shape[:2]) + (1, 1):
                 return self.g.channel_scale(x, gate, name=name)

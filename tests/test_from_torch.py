@@ -271,8 +271,11 @@ def test_hyper_parameters_snlite_lacks_are_refused_by_name(module, words):
     (lambda s, y: y * y, ("a product of tensors of shapes [(2, 4, 8, 8), (2, 4, 8, 8)]", "per-channel gate")),
     (lambda s, y: y * y.mean((1, 2, 3), keepdim=True), ("a mean over dims (1, 2, 3)", "over (H, W) only")),
     (lambda s, y: y * y[:, :1].mean((2, 3), keepdim=True), ("'getitem'",)),
+    (lambda s, y: y * 0.5, ("a product with a number",)),
+    (lambda s, y: y * torch.mean(y), ("a mean over dims None",)),
     (lambda s, y: y + s.drop(y), ("stochastic depth (p=0.2)", "stochastic_depth_prob=0.0", "--torch-args")),
-], ids=["same-shape product", "mean over channels", "a sliced gate", "stochastic depth"])
+], ids=["same-shape product", "mean over channels", "a sliced gate", "times a number", "mean of all",
+        "stochastic depth"])
 def test_what_squeeze_and_excitation_needs_and_no_more(forward, words):
     """The product of a feature map and a per-channel gate, a mean over (H, W), and stochastic depth
     switched off are imported (tests above); any other product, mean or a live stochastic depth is
@@ -281,11 +284,11 @@ def test_what_squeeze_and_excitation_needs_and_no_more(forward, words):
 
 
 def test_se_gates_and_means_import_either_way_round():
-    """x * gate and gate * x are the same layer; mean((2, 3), keepdim=True) and mean((-2, -1),
+    """x * gate and gate * x are the same layer; torch.mean(x, (2, 3), keepdim=True) and x.mean((-2, -1),
     keepdim=True) are a global average pool (MNASNet's flat mean((2, 3)) is one plus a flatten), and
     stochastic depth with p=0 is no layer at all."""
     def forward(s, y):
-        z = y * F.hardsigmoid(y.mean((2, 3), keepdim=True))
+        z = y * F.hardsigmoid(torch.mean(y, (2, 3), keepdim=True))
         return s.drop(F.hardswish(torch.sigmoid(z.mean((-2, -1), keepdim=True)) * z))
 
     net = _Net(forward, drop=import_torchvision().ops.StochasticDepth(0.0, "row"))
