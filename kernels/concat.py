@@ -1,4 +1,5 @@
-"""Channel concatenation and its gradient, the split: Inception and DenseNet joins on NCHW.
+"""Channel concatenation and its gradient, the split: Inception and DenseNet joins on NCHW; and the
+channel shuffle of ShuffleNet, which interleaves channel groups.
 
 A join of k inputs is k calls of ``concat_forward(x_i, y, offset=o_i)``, each copying
 x_i (N, C_i, H, W) into the channel slice y[:, o_i:o_i + C_i]. Its backward is k calls of
@@ -7,6 +8,11 @@ the slice is added to dx_i instead (dx_i += slice), for a tensor read by several
 gradient is the sum of theirs. (N, C) arrays work too (any trailing dimensions, as long as x and
 y share them). Run the self-check on the simulator:
     NUMBA_ENABLE_CUDASIM=1 python -m kernels.concat
+
+``channel_shuffle(x, y, *, groups)``: the C channels of x, seen as ``groups`` groups of C / groups,
+are dealt out one from each group in turn: y[:, i * groups + g] = x[:, g * (C / groups) + i] (PyTorch's
+``channel_shuffle``: a view as (N, groups, C / groups, H, W), transposed, seen as (N, C, H, W)). The
+shuffle by C / groups puts them back: it is the shuffle's gradient.
 
 Pure copies, one thread per element of the small tensor: no reduction, bit-exact.
 """
@@ -37,6 +43,11 @@ def concat_backward_ref(dy, dx, *, offset, accumulate=False):
         dx[...] = dy[:, offset:offset + dx.shape[1]]
 
 
+def channel_shuffle_ref(x, y, *, groups):
+    n, c = x.shape[:2]
+    y[...] = x.reshape(n, groups, c // groups, *x.shape[2:]).swapaxes(1, 2).reshape(x.shape)
+
+
 # ---------------------------------------------------------------- kernels
 @cuda_kernel("void(float32[:, :, ::1], float32[:, :, ::1], int64)")
 def _concat_forward_v1(x, y, offset):
@@ -59,6 +70,16 @@ def _concat_backward_v1(dy, dx, offset, accumulate):
             dx[b, c, s] += dy[b, offset + c, s]
         else:
             dx[b, c, s] = dy[b, offset + c, s]
+
+
+@cuda_kernel("void(float32[:, :, ::1], float32[:, :, ::1], int64)")
+def _channel_shuffle_v1(x, y, groups):
+    # One thread per element of y: output channel c = i * groups + g reads input channel g * (C / groups) + i.
+    k = cuda.grid(1)
+    n_, c_, s_ = y.shape
+    if k < n_ * c_ * s_:
+        b, c, s = k // (c_ * s_), (k // s_) % c_, k % s_
+        y[b, c, s] = x[b, (c % groups) * (c_ // groups) + c // groups, s]
 
 
 # ---------------------------------------------------------------- launchers
@@ -104,9 +125,25 @@ def concat_backward(dy, dx, *, offset, accumulate=False, stream=0, version="v1")
                                                                      bool(accumulate))
 
 
+def channel_shuffle(x, y, *, groups, stream=0, version="v1"):
+    """y = x with its channels shuffled in ``groups`` groups; ``channel_shuffle(dy, dx, groups=C // groups)``
+    is the gradient. ``y`` must not be ``x``."""
+    check_version(version, ("v1",))
+    check("channel_shuffle x", x)
+    check("channel_shuffle y", y, shape=x.shape)
+    c = x.shape[1] if x.ndim >= 2 else 0
+    if x.ndim < 2 or not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1 \
+            or c % groups:
+        raise ValueError(f"channel_shuffle groups: expected a divisor of the {c} channels of an (N, C, ...) "
+                         f"x, got {groups!r}")
+    if y.size:
+        _channel_shuffle_v1[ceil_div(y.size, BLOCK), BLOCK, stream](_ncs(x), _ncs(y), int(groups))
+
+
 OPS = {
     "concat_forward": Op("concat_forward", concat_forward_ref, concat_forward),
     "concat_backward": Op("concat_backward", concat_backward_ref, concat_backward),
+    "channel_shuffle": Op("channel_shuffle", channel_shuffle_ref, channel_shuffle),
 }
 
 
@@ -128,6 +165,12 @@ def examples(rng):
                 kwargs={"offset": 1, "accumulate": True}, label="accumulate"),
         Example("concat_backward", (r(4, 6, 2, 3), np.full((4, 6, 2, 3), np.nan, np.float32)), (1,),
                 kwargs={"offset": 0}, label="whole tensor"),
+        Example("channel_shuffle", (r(2, 6, 3, 5), np.full((2, 6, 3, 5), np.nan, np.float32)), (1,),
+                kwargs={"groups": 2}, label="6 channels in 2 groups"),
+        Example("channel_shuffle", (r(3, 12, 2, 2), np.full((3, 12, 2, 2), np.nan, np.float32)), (1,),
+                kwargs={"groups": 3}, label="12 in 3 (the inverse of 12 in 4)"),
+        Example("channel_shuffle", (r(2, 5, 3), np.full((2, 5, 3), np.nan, np.float32)), (1,),
+                kwargs={"groups": 5}, label="groups = C: identity"),
     ]
 
 

@@ -203,6 +203,17 @@ class Graph:
         """PyTorch's Hardswish, x * hardsigmoid(x) (MobileNet-V3's activation)."""
         return self._add("hardswish", [x], name)
 
+    def narrow(self, x, start, size, name=None) -> Node:
+        """Channels [start, start + size) of x: a part of PyTorch's ``x.chunk(k, dim=1)``."""
+        what = who("narrow", name)
+        return self._add("narrow", [x], name, start=integer(start, f"{what}: start", 0),
+                         size=integer(size, f"{what}: size"))
+
+    def channel_shuffle(self, x, groups, name=None) -> Node:
+        """ShuffleNet's channel shuffle of x's channels in ``groups`` groups."""
+        groups = integer(groups, f"{who('channel_shuffle', name)}: groups")
+        return self._add("channel_shuffle", [x], name, groups=groups)
+
     def channel_scale(self, x, gate, name=None) -> Node:
         """x (N, C, H, W) times gate (N, C, 1, 1), channel by channel: squeeze-and-excitation's scale."""
         return self._add("channel_scale", [x, gate], name)

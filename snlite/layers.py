@@ -30,7 +30,7 @@ from kernels.conv import check_groups
 from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
-from snlite.layers_structural import Add, Concat, Data, Flatten, SoftmaxLoss
+from snlite.layers_structural import Add, ChannelShuffle, Concat, Data, Flatten, Narrow, SoftmaxLoss
 
 
 class Conv2d(Layer):
@@ -403,6 +403,7 @@ class Dropout(Layer):
 
 LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU,
                                           Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d, BatchNorm2d,
-                                          LRN, Dropout, ChannelScale, Add, Concat, Flatten, SoftmaxLoss)}
+                                          LRN, Dropout, ChannelScale, Add, Concat, Narrow, ChannelShuffle,
+                                          Flatten, SoftmaxLoss)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

@@ -1,6 +1,7 @@
 """The layers that shape the graph rather than compute features: its ends (:class:`Data`, the
 batch and its labels; :class:`SoftmaxLoss`, the loss), its joins (:class:`Add`, residual sums;
-:class:`Concat`, channel concatenation) and :class:`Flatten`, which only reshapes. The layers
+:class:`Concat`, channel concatenation), the channel moves of ShuffleNet (:class:`Narrow`, a slice of
+the channels; :class:`ChannelShuffle`) and :class:`Flatten`, which only reshapes. The layers
 that compute features are in :mod:`snlite.layers`.
 """
 from __future__ import annotations
@@ -94,6 +95,56 @@ class Concat(Layer):
     def backward(self, io):
         for dx, off in zip(io.dx, self.offsets()):
             io.run("concat_backward", io.dy, dx, offset=off)
+
+
+class Narrow(Layer):
+    """Channels [start, start + size) of an (N, C, H, W) input: one part of PyTorch's ``x.chunk(k, 1)``
+    (ShuffleNet's split). A copy out of x forward, as a concat's gradient is; backward, dx is zero but for
+    dy in that slice. A checkpoint, as a concat is."""
+
+    kind = "narrow"
+    checkpoint = True
+
+    def infer_shape(self):
+        x, (start, size) = self.in_shapes[0], (self.attrs["start"], self.attrs["size"])
+        if len(x) != 4 or start < 0 or size < 1 or start + size > x[1]:
+            raise ValueError(f"narrow {self.name!r}: channels [{start}, {start + size}) of an (N, C, H, W) "
+                             f"input, got {x}")
+        return (x[0], size, x[2], x[3])
+
+    def flops(self):
+        return 0
+
+    def forward(self, io):
+        io.run("concat_backward", io.x[0], io.y, offset=self.attrs["start"])
+
+    def backward(self, io):
+        io.run("fill", io.dx[0], value=0.0)
+        io.run("concat_forward", io.dy, io.dx[0], offset=self.attrs["start"])
+
+
+class ChannelShuffle(Layer):
+    """ShuffleNet's channel shuffle: the channels, in ``groups`` groups, dealt out one from each group in
+    turn. Its gradient is the shuffle back (by C / groups). A checkpoint, as a concat is."""
+
+    kind = "channel_shuffle"
+    checkpoint = True
+
+    def infer_shape(self):
+        x, groups = self.in_shapes[0], self.attrs["groups"]
+        if len(x) != 4 or x[1] % groups:
+            raise ValueError(f"channel_shuffle {self.name!r}: {groups} groups must divide the channels of an "
+                             f"(N, C, H, W) input, got {x}")
+        return x
+
+    def flops(self):
+        return 0
+
+    def forward(self, io):
+        io.run("channel_shuffle", io.x[0], io.y, groups=self.attrs["groups"])
+
+    def backward(self, io):
+        io.run("channel_shuffle", io.dy, io.dx[0], groups=self.out_shape[1] // self.attrs["groups"])
 
 
 class Flatten(Layer):

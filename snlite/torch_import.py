@@ -139,7 +139,9 @@ def _trace(module):
         raise TorchImportError(f"{type(module).__name__} holds {', '.join(bad)} tensors; snlite trains in "
                                "float32")
     try:
-        return torch.fx.symbolic_trace(module)
+        tracer = torch.fx.Tracer(autowrap_functions=_kept_whole())  # symbolic_trace, with these kept whole
+        graph = tracer.trace(module)
+        return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
     except TraceError as e:
         raise TorchImportError(
             f"torch.fx could not trace {type(module).__name__}: its forward branches or loops on the values "
@@ -147,6 +149,14 @@ def _trace(module):
             "tensors of the same shapes every iteration, so it cannot follow a forward whose path depends on "
             "the data. Make the branch depend on a Python value (a constructor argument, self.training) "
             "or import the static part of the model") from None
+
+
+def _kept_whole() -> tuple:
+    """Functions fx should record as one call rather than trace into, because their bodies compute with
+    tensor sizes (which a trace cannot follow) to do what one snlite layer does: ShuffleNet's
+    ``channel_shuffle``, where torchvision is loaded (a torchvision model is being imported)."""
+    shufflenet = sys.modules.get("torchvision.models.shufflenetv2")
+    return (shufflenet.channel_shuffle,) if shufflenet is not None else ()
 
 
 def import_torchvision():

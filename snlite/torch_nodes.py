@@ -16,7 +16,8 @@ SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, R
              "AdaptiveAvgPool2d (where it is the identity or its windows tile the input), LocalResponseNorm, "
              "Dropout, Flatten, Identity; functions relu, relu6, leaky_relu, sigmoid, tanh, silu, "
              "hardsigmoid, hardswish, gelu, + / torch.add, * / torch.mul of a feature map by a per-channel "
-             "gate (N, C, 1, 1), torch.cat over channels, torch.flatten(x, 1), x.mean over (H, W), "
+             "gate (N, C, 1, 1), torch.cat and x.chunk over channels, ShuffleNet's channel_shuffle, "
+             "torch.flatten(x, 1), x.mean over (H, W), "
              "max_pool2d, avg_pool2d, adaptive_avg_pool2d, dropout, and stochastic depth with p=0; one "
              "input, logits (N, classes) out")
 
@@ -124,6 +125,12 @@ def _describe(node, gm):
             return "mul", {}, tensors, False
         if fn is torch.mean:
             return "mean", _bind(node, (("dim", None), ("keepdim", False))), tensors[:1], False
+        if getattr(fn, "__name__", "") == "channel_shuffle" and fn.__module__.startswith("torchvision"):
+            return "channel_shuffle", _bind(node, (("groups", None),)), tensors[:1], False
+        if fn is torch.chunk:
+            return "chunk", _bind(node, (("chunks", None), ("dim", 0))), tensors[:1], False
+        if fn is operator.getitem and _is_chunk(node.args[0]):
+            return "narrow", {"part": node.args[1]}, [node.args[0]], False
         if getattr(fn, "__name__", "") == "stochastic_depth" and fn.__module__.startswith("torchvision"):
             hp = _bind(node, (("p", None), ("mode", None), ("training", True)))
             if hp["p"] and hp["training"]:
@@ -160,7 +167,18 @@ def _describe(node, gm):
             return fn, {}, tensors, False
         if fn == "mean":
             return "mean", _bind(node, (("dim", None), ("keepdim", False))), tensors[:1], False
+        if fn == "chunk":
+            return "chunk", _bind(node, (("chunks", None), ("dim", 0))), tensors[:1], False
     raise refuse(node, "no snlite layer computes it")
+
+
+def _is_chunk(node) -> bool:
+    """Whether ``node`` is a ``chunk`` call (whose parts the getitem nodes after it take)."""
+    import torch
+
+    op = getattr(node, "op", None)
+    return (op == "call_method" and node.target == "chunk") or \
+        (op == "call_function" and node.target is torch.chunk)
 
 
 def _not_yet(kind, hp) -> str | None:
@@ -221,6 +239,9 @@ class Importer:
             late = [u.name for u in inputs[0].users if self.order[u] > self.order[node]]
             if late:
                 raise refuse(node, f"it overwrites {inputs[0].name!r} in place, which {late} read afterwards")
+        if kind == "chunk":  # no layer: each part is one when a getitem takes it
+            self.built[node] = self.chunk(node, hp, self.built[inputs[0]])
+            return
         want = tuple(node.meta["tensor_meta"].shape)[1:]
         xs = [self.built[a] for a in inputs]
         node_out = self.build(node, kind, hp, xs, want)
@@ -265,6 +286,12 @@ class Importer:
             return g.leaky_relu(x, hp["negative_slope"], name=name)
         if kind == "mul":
             return self.channel_scale(node, xs, name)
+        if kind == "narrow":
+            source, parts = x
+            start, size = parts[hp["part"]]
+            return g.narrow(source, start, size, name=name)
+        if kind == "channel_shuffle":
+            return g.channel_shuffle(x, hp["groups"], name=name)
         if kind == "mean":
             dims = hp["dim"] if isinstance(hp["dim"], (tuple, list)) else (hp["dim"],)
             spatial = all(isinstance(d, int) for d in dims) and sorted(d % 4 for d in dims) == [2, 3]
@@ -308,6 +335,16 @@ class Importer:
                 raise refuse(node, "x + x: snlite's add takes two different tensors")
             return g.add(xs[0], xs[1], name=name)
         raise AssertionError(f"no builder for {kind}")
+
+    def chunk(self, node, hp, x):
+        """(x, [(start, size) of each part]) for ``x.chunk(chunks, dim=1)``, as PyTorch splits: parts of
+        ceil(C / chunks) channels, the last one smaller if they do not divide evenly."""
+        if hp["dim"] not in (1, -3) or len(x.shape) != 4:
+            raise refuse(node, f"a chunk along dim {hp['dim']}: snlite splits (N, C, H, W) tensors along "
+                               "channels (dim 1)")
+        c = x.shape[1]
+        size = -(-c // hp["chunks"])
+        return x, [(start, min(size, c - start)) for start in range(0, c, size)]
 
     def channel_scale(self, node, xs, name):
         """x * gate or gate * x, the gate (N, C, 1, 1) and x (N, C, H, W): squeeze-and-excitation's scale."""

@@ -50,7 +50,9 @@ def gated_net(n=2, hw=6):
     """The layers torchvision's MobileNet-V3, EfficientNet and RegNet-Y add, in small: Hardswish, two
     squeeze-and-excitation blocks (a global average pool, two 1x1 convs with a GELU or a LeakyReLU
     between, a Hardsigmoid or a Sigmoid gate that scales the block's input channel by channel; each input
-    read twice, a fork), SiLU, a Hardswish read by a residual add, and a Tanh."""
+    read twice, a fork), SiLU, a Hardswish read by a residual add, ShuffleNet's split of the channels in
+    two (one half through a conv), their concat and channel shuffle (6 channels in 2 groups: its gradient
+    is the shuffle in 3), and a Tanh."""
     def se(x, gate, name):
         s = g.avgpool(x, x.shape[2:], name=f"{name}.pool")
         inner = g.gelu if gate == g.hardsigmoid else g.leaky_relu
@@ -63,6 +65,9 @@ def gated_net(n=2, hw=6):
     y = g.silu(se(x, g.hardsigmoid, "se1"), name="silu1")
     y = g.add(g.hardswish(se(g.conv2d(y, 4, 3, padding=1, name="conv2"), g.sigmoid, "se2"), name="hs2"), x,
               name="add1")
+    half = g.conv2d(g.narrow(y, 2, 2, name="split.b"), 4, 1, name="conv3")  # 6 channels: 2 groups of 3
+    y = g.concat([g.narrow(y, 0, 2, name="split.a"), half], name="cat1")
+    y = g.channel_shuffle(y, 2, name="shuffle1")
     g.softmax_loss(g.linear(g.flatten(g.maxpool(g.tanh(y, name="tanh1"), 2, name="pool1")), 3, name="fc1"))
     return g
 

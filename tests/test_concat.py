@@ -1,5 +1,7 @@
 """Channel concat and split: gradient of the reference, exact round trips, gradient sums at a
-fork, and argument checks."""
+fork, and argument checks; the channel shuffle: undone by the shuffle in C / groups, torchvision's."""
+import importlib.util
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -85,3 +87,36 @@ def test_backward_bad_arguments_raise_clear_errors():
         cc.concat_backward(_dev(2, 7, 4, 4), _dev(2, 3, 4, 4), offset=6)
     with pytest.raises(ValueError, match=r"concat_backward dx: expected dtype float32, got float64"):
         cc.concat_backward(_dev(2, 7, 4, 4), _dev(2, 3, 4, 4, dtype=np.float64), offset=0)
+
+
+# ---------------------------------------------------------------- channel shuffle
+@pytest.mark.parametrize("c, groups", [(6, 2), (12, 3), (12, 4), (7, 7), (5, 1)])
+def test_the_shuffle_by_c_over_groups_undoes_the_shuffle(rng, c, groups):
+    x = rng.standard_normal((2, c, 3, 2)).astype(np.float32)
+    y, back = np.empty_like(x), np.empty_like(x)
+    cc.channel_shuffle_ref(x, y, groups=groups)
+    cc.channel_shuffle_ref(y, back, groups=c // groups)
+    assert np.array_equal(back, x)
+    # channel i * groups + g of y is channel g * (c / groups) + i of x
+    assert all(np.array_equal(y[:, i * groups + g], x[:, g * (c // groups) + i])
+               for g in range(groups) for i in range(c // groups))
+
+
+def test_the_shuffle_is_torchvisions(rng):
+    torch = pytest.importorskip("torch")
+    if importlib.util.find_spec("torchvision") is None:
+        pytest.skip("torchvision is not installed")
+    from snlite.torch_import import import_torchvision
+
+    shufflenet = import_torchvision().models.shufflenetv2
+    x = rng.standard_normal((2, 12, 3, 3)).astype(np.float32)
+    y = np.empty_like(x)
+    cc.channel_shuffle_ref(x, y, groups=3)
+    assert np.array_equal(y, shufflenet.channel_shuffle(torch.from_numpy(x), 3).numpy())
+
+
+def test_the_shuffle_refuses_groups_that_do_not_divide_the_channels():
+    x = cuda.to_device(np.zeros((2, 6, 2, 2), np.float32))
+    for groups in (4, 0, 2.0, True):
+        with pytest.raises(ValueError, match="channel_shuffle groups: expected a divisor of the 6 channels"):
+            cc.channel_shuffle(x, cuda.to_device(np.zeros((2, 6, 2, 2), np.float32)), groups=groups)

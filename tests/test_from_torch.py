@@ -56,6 +56,8 @@ MODELS = {
     "efficientnet_b0": (tv.efficientnet_b0, (3, 64, 64), 4),
     "regnet_y_400mf": (tv.regnet_y_400mf, (3, 64, 64), 4),
     "mnasnet0_5": (tv.mnasnet0_5, (3, 64, 64), 4),
+    # x.chunk(2, dim=1) into its parts, and the channel shuffle (ShuffleNet-V2)
+    "shufflenet_v2_x0_5": (tv.shufflenet_v2_x0_5, (3, 64, 64), 4),
     # a network of one's own: LeakyReLU, Tanh and GELU, as modules and as functions
     "own_smooth_net": (lambda num_classes: SmoothNet(num_classes), (3, 16, 16), 4),
 }
@@ -315,6 +317,33 @@ def test_a_module_with_weights_called_twice_is_refused_and_one_without_is_not():
              "calls conv a second time", "copy.deepcopy")
     g = from_torch(_Net(lambda s, y: s.relu(y + s.relu(y)), relu=nn.ReLU()), (3, 8, 8), batch=2)
     assert [n for n in g.layers if n.startswith("relu")] == ["relu", "relu_1"]
+
+
+class Chunky(nn.Module):
+    def __init__(self, by_function):
+        super().__init__()
+        self.five, self.three, self.fc = nn.Conv2d(3, 5, 1), nn.Conv2d(3, 3, 1), nn.Linear(5 * 4 * 4, 3)
+        self.by_function = by_function
+
+    def forward(self, x):
+        a, b = torch.chunk(self.five(x), 2, dim=1) if self.by_function else self.five(x).chunk(2, 1)
+        return self.fc(torch.flatten(torch.cat([b, self.three(a)], 1), 1))
+
+
+@pytest.mark.parametrize("by_function", [False, True])
+def test_chunks_are_parts_of_the_channels_as_pytorch_cuts_them(by_function):
+    """x.chunk(k, 1) and torch.chunk(x, k, dim=1): parts of ceil(C / k) channels, the last one smaller (5
+    into 2: 3 and 2), each a narrow layer where a getitem takes it; along another dim it is refused."""
+    net = Chunky(by_function)
+    g = from_torch(net, (3, 4, 4), batch=2)
+    parts = [(a.attrs["start"], a.attrs["size"]) for a in g.layers.values() if a.kind == "narrow"]
+    assert sorted(parts) == [(0, 3), (3, 2)], parts
+    model = Model(g, MemoryConfig(), device="host", seed=0)
+    model.set_params(net.state_dict())
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    with torch.no_grad():
+        _close(model.predict(x), net.eval()(torch.from_numpy(x)).numpy(), "logits")
+    _refused(_Net(lambda s, y: torch.cat(y.chunk(2, 0), 0)), "a chunk along dim 0", "channels (dim 1)")
 
 
 def test_in_place_op_on_a_tensor_read_later_is_refused():

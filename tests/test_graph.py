@@ -250,3 +250,16 @@ def test_group_and_ceil_mode_errors_name_the_layer(build, match):
     g = Graph((2, 3, 8, 8), 4)
     with pytest.raises(ValueError, match=match):
         build(g, g.input())
+
+
+def test_narrow_and_channel_shuffle_refuse_what_does_not_fit_when_built():
+    g = Graph(input_shape=(2, 6, 4, 4), num_classes=2)
+    x = g.input()
+    with pytest.raises(ValueError, match=r"narrow 'n': channels \[4, 8\) of an \(N, C, H, W\) input, got "
+                                         r"\(2, 6, 4, 4\)"):
+        g.narrow(x, 4, 4, name="n")
+    with pytest.raises(ValueError, match="narrow: start must be an integer >= 0, got -1"):
+        g.narrow(x, -1, 2)
+    with pytest.raises(ValueError, match=r"channel_shuffle 's': 4 groups must divide the channels"):
+        g.channel_shuffle(x, 4, name="s")
+    assert g.channel_shuffle(g.narrow(x, 2, 4), 2).shape == (2, 4, 4, 4)

@@ -115,3 +115,4 @@ def test_the_layers_are_cheap_and_the_channel_scale_is_kept():
     with pytest.raises(ValueError, match=r"channel_scale 'bad': expected an \(N, C, H, W\) input and an "
                                          r"\(N, C, 1, 1\) gate, got \(2, 3, 4, 4\) and \(2, 3, 2, 2\)"):
         h.channel_scale(x, h.avgpool(x, 2), name="bad")
+
