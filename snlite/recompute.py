@@ -1,9 +1,10 @@
 """Cost-aware recomputation (docs/paper.md section 5), on plain data.
 
-Cheap layers (ReLU, pooling, BN, LRN, dropout) hold about half the activation memory but cost
-little time, so their outputs are dropped after the forward pass and rebuilt in backward from
-the nearest earlier checkpoint (a layer whose output is kept: conv, linear, and the structural
-data/add/concat/softmax layers). Every segment between checkpoints is a chain, so rebuilding a
+Cheap layers (ReLU, pooling, BN, LRN, dropout, and the other activations snlite has since learnt:
+ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU) hold about half the activation
+memory but cost little time, so their outputs are dropped after the forward pass and rebuilt in
+backward from the nearest earlier checkpoint (a layer whose output is kept: conv, linear, and the
+structural data/add/concat/softmax layers, and the channel scale, narrow and channel shuffle). Every segment between checkpoints is a chain, so rebuilding a
 tensor means re-running the forward steps from the checkpoint to it.
 
 - ``speed``: at the first backward step that needs a segment, recompute the whole segment once
