@@ -1,7 +1,9 @@
 """snlite.from_torch against PyTorch: torchvision's networks, imported, compute what PyTorch computes.
 
-For every model the importer must take (AlexNet, VGG-11/16, ResNet-18/34/50/101/152, Wide ResNet-50-2,
-DenseNet-121; VGG's classifier narrowed, see NARROW), at a small input on the host device: the
+For a model of every family the importer must take (AlexNet, VGG-11, ResNet-18/34/50/152, Wide
+ResNet-50-2, DenseNet-121, GoogLeNet, SqueezeNet, MobileNet-V2 and V3, ResNeXt, EfficientNet, RegNet-Y,
+MNASNet, ShuffleNet-V2 and a network of its own; VGG's classifier narrowed, see NARROW; VGG-16 and
+ResNet-101 are more of the same layers, left out for time), at a small input on the host device: the
 parameter count is PyTorch's, the logits in eval mode agree, and in train mode (dropout off) the loss
 and every gradient agree, with the weights moved across by state_dict name in both directions. Then
 the refusals: an operation or hyper-parameter snlite has no layer for, and a forward that branches on
@@ -35,11 +37,9 @@ nn, F = torch.nn, torch.nn.functional
 MODELS = {
     "alexnet": (tv.alexnet, (3, 224, 224), 1),
     "vgg11": (tv.vgg11, (3, 224, 224), 1),
-    "vgg16": (tv.vgg16, (3, 224, 224), 1),
     "resnet18": (tv.resnet18, (3, 64, 64), 4),
     "resnet34": (tv.resnet34, (3, 64, 64), 4),
     "resnet50": (tv.resnet50, (3, 64, 64), 4),
-    "resnet101": (tv.resnet101, (3, 64, 64), 4),
     "resnet152": (tv.resnet152, (3, 64, 64), 4),
     "wide_resnet50_2": (tv.wide_resnet50_2, (3, 64, 64), 4),
     "densenet121": (tv.densenet121, (3, 64, 64), 8),
@@ -81,10 +81,10 @@ class SmoothNet(nn.Module):
 # to initialize, copy and compare in both libraries) and add no layer, so here they are 256 wide (the same
 # modules, names and forward; torchvision's own init). AlexNet keeps its full width: one model as
 # torchvision builds it, 4096-wide layers and all.
-NARROW = {"vgg11": 256, "vgg16": 256}
+NARROW = {"vgg11": 256}
 # constructor arguments: no dropout (training must be deterministic to compare), GoogLeNet without its
 # auxiliary classifiers (a second and third output)
-KWARGS = {"alexnet": {"dropout": 0.0}, "vgg11": {"dropout": 0.0}, "vgg16": {"dropout": 0.0},
+KWARGS = {"alexnet": {"dropout": 0.0}, "vgg11": {"dropout": 0.0},
           "googlenet": {"dropout": 0.0, "aux_logits": False, "init_weights": True},
           "squeezenet1_1": {"dropout": 0.0}, "mobilenet_v2": {"dropout": 0.0},
           "mobilenet_v3_small": {"dropout": 0.0}, "mnasnet0_5": {"dropout": 0.0},
