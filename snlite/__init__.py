@@ -19,7 +19,7 @@ from snlite.version import __version__
 
 _WHERE = {  # name -> the module that defines it
     "NonFiniteError": "snlite.anomaly", "MemoryConfig": "snlite.config", "BudgetError": "snlite.errors",
-    "Graph": "snlite.graph", "Node": "snlite.graph", "Step": "snlite.graph", "TensorSpec": "snlite.graph",
+    "Graph": "snlite.graph", "Node": "snlite.graph", "Step": "snlite.steps", "TensorSpec": "snlite.steps",
     "place": "snlite.pipeline", "simulate": "snlite.pipeline", "Program": "snlite.program",
     "Scheduler": "snlite.scheduler", "Model": "snlite.train",
     "from_torch": "snlite.torch_import", "TorchImportError": "snlite.torch_import",

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 from snlite import liveness, offload, recompute
 from snlite.config import MemoryConfig, config_of
-from snlite.graph import TensorSpec, graph_of
+from snlite.graph import graph_of
 from snlite.recompute import Op, base_name
 from snlite.records import record, without_cycle_collection
+from snlite.steps import TensorSpec
 
 # what lives the whole run, in the order the placement pass lays it out: the weight gradients last, so
 # that a grads program (no optimizer state) is a train program's prefix

@@ -173,7 +173,7 @@ def test_writes_and_host_slots_are_checked():
 
 
 def test_kinds_cover_the_graph_and_are_validated():
-    from snlite.graph import KINDS as GRAPH_KINDS
+    from snlite.steps import KINDS as GRAPH_KINDS
 
     assert set(GRAPH_KINDS) <= set(KINDS) and "workspace" in KINDS
     with pytest.raises(ValueError, match="kind"):
