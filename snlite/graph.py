@@ -25,7 +25,7 @@ from snlite.route import execution_route
 from snlite.steps import Step, StepCompiler, TensorSpec
 
 PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax",
-          "relu6": "relu6_"}
+          "relu6": "relu6_", "layernorm": "ln"}
 
 
 @record
@@ -115,6 +115,14 @@ class Graph:
                          padding=int_pair(padding, f"{what}: padding", 0), bias=bool(bias),
                          **({"groups": groups} if groups > 1 else {}))
 
+    def pointwise_linear(self, x, out_features, bias=True, name=None) -> Node:
+        """A Linear applied to every pixel's channels of an (N, C, H, W) map (PyTorch's Linear after a
+        permute to (N, H, W, C), as in ConvNeXt's blocks): a 1x1 convolution whose weight is stored as
+        the Linear's, (out_features, C)."""
+        what = who("conv2d", name)
+        return self._add("conv2d", [x], name, out_channels=integer(out_features, f"{what}: out_features"),
+                         kernel=(1, 1), stride=(1, 1), padding=(0, 0), bias=bool(bias), linear_weight=True)
+
     def linear(self, x, out_features, bias=True, name=None) -> Node:
         out_features = integer(out_features, f"{who('linear', name)}: out_features")
         return self._add("linear", [x], name, out_features=out_features, bias=bool(bias))
@@ -184,6 +192,20 @@ class Graph:
         what = who("batchnorm", name)
         return self._add("batchnorm", [x], name, eps=check_number(eps, f"{what}: eps", 0.0),
                          momentum=check_number(momentum, f"{what}: momentum", 0.0, 1.0))
+
+    def layernorm(self, x, eps=1e-5, name=None) -> Node:
+        """PyTorch's LayerNorm over the channels of an (N, C, H, W) map: each pixel normalized across
+        its C channels, then scaled and shifted per channel (ConvNeXt's, ``eps=1e-6`` there)."""
+        return self._add("layernorm", [x], name, eps=check_number(eps, f"{who('layernorm', name)}: eps", 0.0))
+
+    def layer_scale(self, x, init=1e-6, param="layer_scale", name=None) -> Node:
+        """ConvNeXt's layer scale: x times a learned per-channel parameter (C, 1, 1) named ``param``
+        (``<layer>.layer_scale`` in the state_dict, as torchvision's), starting at ``init``."""
+        what = who("layer_scale", name)
+        if not isinstance(param, str) or not param.isidentifier() or param == "bias":
+            raise ValueError(f"{what}: param must name the parameter (an identifier other than 'bias', "
+                             f"e.g. 'layer_scale' or 'gamma'), got {param!r}")
+        return self._add("layer_scale", [x], name, init=check_number(init, f"{what}: init"), param=param)
 
     def lrn(self, x, size=5, alpha=1e-4, beta=0.75, k=1.0, name=None) -> Node:
         what = who("lrn", name)

@@ -18,25 +18,28 @@ and calls :meth:`Layer.forward` / :meth:`Layer.backward` with them.
 
 This module holds the layers that compute features and the registry of every layer type
 (``LAYER_TYPES``); :class:`Layer` and :class:`StepIO` are in :mod:`snlite.layers_base`, the data,
-loss, join and flatten layers in :mod:`snlite.layers_structural`. All are importable from here.
+loss, join and flatten layers in :mod:`snlite.layers_structural`, the normalizations (batch, layer,
+local response) and the layer scale in :mod:`snlite.layers_norm`. All are importable from here.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from kernels.conv import check_groups
 from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
+from snlite.layers_norm import LRN, BatchNorm2d, LayerNorm, LayerScale
 from snlite.layers_structural import Add, ChannelShuffle, Concat, Data, Flatten, Narrow, SoftmaxLoss
 
 
 class Conv2d(Layer):
     """PyTorch's Conv2d (no dilation). ``groups`` (attribute, default 1) splits the channels into
     groups convolved separately: the weight is (out_channels, in_channels / groups, KH, KW), as
-    PyTorch's; groups = in_channels is a depthwise convolution."""
+    PyTorch's; groups = in_channels is a depthwise convolution. ``linear_weight`` (attribute, 1x1
+    only): the weight is stored (out_channels, in_channels), as a Linear's, for a Linear applied to
+    every pixel's channels (ConvNeXt's, after its permute to (N, H, W, C)); the kernels see it as
+    (out, in, 1, 1), the same bytes."""
 
     kind = "conv2d"
     checkpoint = True
@@ -59,7 +62,7 @@ class Conv2d(Layer):
             raise ValueError(f"conv2d {self.name!r}: {str(e).removeprefix('conv2d: ')}") from None
 
     def params(self):
-        p = {"weight": self.w_shape}
+        p = {"weight": self.w_shape[:2] if self.attrs.get("linear_weight") else self.w_shape}
         if self.attrs["bias"]:
             p["bias"] = (self.w_shape[0],)
         return p
@@ -85,17 +88,23 @@ class Conv2d(Layer):
         return kw
 
     def forward(self, io):
-        io.run("conv2d_forward", io.x[0], io.params["weight"], io.y, **self._conv_kw(io, "forward"))
+        io.run("conv2d_forward", io.x[0], self._4d(io.params), io.y, **self._conv_kw(io, "forward"))
         if "bias" in io.params:
             io.run("bias_add", io.y, io.params["bias"])
 
     def backward(self, io):
-        io.run("conv2d_backward_filter", io.x[0], io.dy, io.grads["weight"],
+        io.run("conv2d_backward_filter", io.x[0], io.dy, self._4d(io.grads),
                **self._conv_kw(io, "backward_filter"))
         if "bias" in io.grads:
             io.run("bias_backward", io.dy, io.grads["bias"])
-        io.run("conv2d_backward_data", io.dy, io.params["weight"], io.dx[0],
+        io.run("conv2d_backward_data", io.dy, self._4d(io.params), io.dx[0],
                **self._conv_kw(io, "backward_data"))
+
+    def _4d(self, views):
+        """The weight (or its gradient) as the kernels take it: a ``linear_weight``'s (out, in) view
+        reshaped to (out, in, 1, 1), no copy."""
+        w = views["weight"]
+        return w.reshape(self.w_shape) if self.attrs.get("linear_weight") else w
 
 
 class Linear(Layer):
@@ -308,80 +317,6 @@ class AvgPool2d(_Pool):
         io.run("avgpool2d_backward", io.dy, io.dx[0], **self._kw())
 
 
-class BatchNorm2d(Layer):
-    kind = "batchnorm"
-    fwd_writes = ("y", "save_mean", "save_invstd")
-    bwd_reads = ("x", "dy", "save_mean", "save_invstd")
-
-    def infer_shape(self):
-        x = self.in_shapes[0]
-        if len(x) != 4:
-            raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {x}")
-        if x[0] * x[2] * x[3] < 2:
-            raise ValueError(f"batchnorm {self.name!r}: training needs more than 1 value per channel "
-                             f"(N*H*W), got input {x}, as PyTorch's BatchNorm2d")
-        return x
-
-    def params(self):
-        return {"weight": (self.out_shape[1],), "bias": (self.out_shape[1],)}
-
-    def buffers(self):
-        return {"running_mean": (self.out_shape[1],), "running_var": (self.out_shape[1],)}
-
-    def saved(self):
-        c = (self.out_shape[1],)
-        return {"save_mean": (c, "float32"), "save_invstd": (c, "float32")}
-
-    def flops(self):
-        return 8 * math.prod(self.out_shape)
-
-    def init_params(self, rng):
-        c = self.out_shape[1]
-        return {"weight": np.ones(c, np.float32), "bias": np.zeros(c, np.float32),
-                "running_mean": np.zeros(c, np.float32), "running_var": np.ones(c, np.float32)}
-
-    def forward(self, io):
-        p, b = io.params, io.buffers
-        if io.train:
-            io.run("batchnorm_forward_train", io.x[0], p["weight"], p["bias"], io.y, b["running_mean"],
-                   b["running_var"], io.saved["save_mean"], io.saved["save_invstd"],
-                   momentum=self.attrs["momentum"], eps=self.attrs["eps"], update_running=io.update_running)
-        else:
-            io.run("batchnorm_forward_infer", io.x[0], p["weight"], p["bias"], b["running_mean"],
-                   b["running_var"], io.y, eps=self.attrs["eps"])
-
-    def backward(self, io):
-        io.run("batchnorm_backward", io.x[0], io.dy, io.params["weight"], io.saved["save_mean"],
-               io.saved["save_invstd"], io.dx[0], io.grads["weight"], io.grads["bias"])
-
-
-class LRN(Layer):
-    """Cross-channel local response normalisation, as PyTorch's LocalResponseNorm."""
-
-    kind = "lrn"
-    bwd_reads = ("x", "y", "dy")
-    bwd_inplace = True
-
-    def infer_shape(self):
-        x = self.in_shapes[0]
-        if len(x) < 3:
-            raise ValueError(f"lrn {self.name!r}: expected an (N, C, H, W) input (PyTorch's "
-                             f"LocalResponseNorm needs 3 dimensions or more), got shape {x}")
-        return x
-
-    def flops(self):
-        return 2 * self.attrs["size"] * math.prod(self.out_shape)
-
-    def _kw(self):
-        return {k: self.attrs[k] for k in ("size", "alpha", "beta", "k")}
-
-    def forward(self, io):
-        io.run("lrn_forward", io.x[0], io.y, **self._kw())
-
-    def backward(self, io):
-        io.run("lrn_backward", io.x[0], io.y, io.dy, io.dx[0], **self._kw())
-
-
 class Dropout(Layer):
     """PyTorch's inverted dropout. The mask is a hash of (seed, element): the forward and the
     backward draw it from the same per-layer, per-iteration seed (``io.seed``), so no mask is
@@ -403,7 +338,7 @@ class Dropout(Layer):
 
 LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU,
                                           Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d, BatchNorm2d,
-                                          LRN, Dropout, ChannelScale, Add, Concat, Narrow, ChannelShuffle,
-                                          Flatten, SoftmaxLoss)}
+                                          LayerNorm, LayerScale, LRN, Dropout, ChannelScale, Add, Concat,
+                                          Narrow, ChannelShuffle, Flatten, SoftmaxLoss)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

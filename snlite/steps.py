@@ -147,7 +147,7 @@ class StepCompiler:
         dy = roles["dy"]
         if layer.alias_input:  # flatten: only fork gradients are summed
             return Step(index, layer.name, layer.kind, "backward", tuple(dy), (), accumulate=tuple(dy[1:]))
-        weight = [p for p in roles["params"] if p.endswith(".weight")]  # the bias is not read
+        weight = [p for p in roles["params"] if not p.endswith(".bias")]  # the bias is not read
         reads = [t for r in layer.bwd_reads for t in roles[r]] + weight
         writes = [t for r in layer.bwd_writes for t in roles[r]] + roles["grads"]
         inplace = ()

@@ -263,3 +263,44 @@ def test_narrow_and_channel_shuffle_refuse_what_does_not_fit_when_built():
     with pytest.raises(ValueError, match=r"channel_shuffle 's': 4 groups must divide the channels"):
         g.channel_shuffle(x, 4, name="s")
     assert g.channel_shuffle(g.narrow(x, 2, 4), 2).shape == (2, 4, 4, 4)
+
+
+def test_convnexts_layers_declare_what_they_read_and_are_cheap():
+    """A layer norm over channels saves each pixel's mean and 1 / std (N, H, W) and its backward reads
+    them; a Linear over channels is a 1x1 conv whose weight is stored as the Linear's (out, in); the
+    layer scale's parameter, named as asked, is read by its backward (its gradient is dy * x summed);
+    norms, the scale and the GELU are dropped and recomputed, the convs kept."""
+    import sys
+    from pathlib import Path
+
+    from snlite.config import MemoryConfig
+    from snlite.scheduler import Scheduler
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from nets import convnext_net
+
+    g = convnext_net(n=2, hw=4)
+    t, steps = g.tensors(), {(s.layer, s.phase): s for s in g.steps()}
+    assert t["block.ln.save_rstd"].shape == (2, 4, 4) and t["block.fc1.weight"].shape == (16, 4)
+    assert t["block.layer_scale"].shape == (4, 1, 1) and g.layers["block.fc1"].flops() == 2 * 2 * 16 * 4 * 16
+    assert set(steps["block.ln", "backward"].reads) == {"block.dw", "block.ln.grad", "block.ln.save_mean",
+                                                        "block.ln.save_rstd", "block.ln.weight"}
+    assert set(steps["block", "backward"].reads) == {"block.fc2", "block.grad", "block.layer_scale"}
+    plan = Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan()
+    dropped = set(plan.recompute.dropped)
+    assert {"stem.ln", "block.ln", "block.act", "block", "head.ln"} <= dropped
+    assert not {"stem", "block.dw", "block.fc1", "block.fc2", "block.add"} & dropped
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda g, x: g.layernorm(g.flatten(x), name="ln"), r"layernorm 'ln': expected an \(N, C, H, W\) input"),
+    (lambda g, x: g.layer_scale(x, param="bias", name="ls"), r"layer_scale 'ls': param must name the "
+                                                              r"parameter .* got 'bias'"),
+    (lambda g, x: g.layer_scale(x, param="my scale", name="ls"), r"got 'my scale'"),
+    (lambda g, x: g.layer_scale(x, init=float("nan"), name="ls"), r"layer_scale 'ls': init"),
+    (lambda g, x: g.pointwise_linear(x, 0, name="fc"), r"conv2d 'fc': out_features"),
+])
+def test_convnext_layer_errors_name_the_layer(build, match):
+    g = Graph(input_shape=(2, 3, 4, 4), num_classes=2)
+    with pytest.raises(ValueError, match=match):
+        build(g, g.input())
