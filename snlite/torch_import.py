@@ -17,9 +17,9 @@ module returns feed a ``softmax_loss`` whose classes are their width (the last L
 ``out_features``). Every layer's shape is checked against the one PyTorch computed.
 
 What snlite cannot import stops with one :class:`TorchImportError` naming the fx node, its op and
-target, and where in the model it sits (:mod:`snlite.torch_nodes` turns each node into a layer, and
-lists in ``NOT_YET`` the hyper-parameters snlite's layers do not have yet). torch is imported only
-inside these functions: snlite itself never needs it.
+target, and where in the model it sits (:mod:`snlite.torch_walk` turns each node into a layer;
+:mod:`snlite.torch_nodes` lists in ``NOT_YET`` the hyper-parameters snlite's layers do not have
+yet). torch is imported only inside these functions: snlite itself never needs it.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import os
 import sys
 
 from snlite.graph import Graph
-from snlite.torch_nodes import Importer, TorchImportError, refuse
+from snlite.torch_nodes import TorchImportError, refuse
+from snlite.torch_walk import Importer
 
 
 def from_torch(module, input_shape, batch: int = 32, name: str | None = None) -> Graph:

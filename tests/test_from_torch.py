@@ -61,6 +61,12 @@ MODELS = {
     "shufflenet_v2_x0_5": (tv.shufflenet_v2_x0_5, (3, 64, 64), 4),
     # a network of one's own: LeakyReLU, Tanh and GELU, as modules and as functions
     "own_smooth_net": (lambda num_classes: SmoothNet(num_classes), (3, 16, 16), 4),
+    # torchvision's ConvNeXt code in small (convnext_tiny is the same blocks, 28 M weights): the permutes
+    # to channels-last and back, LayerNorm and LayerNorm2d (F.layer_norm on the module's own weight),
+    # Linears over channels, GELU, the layer scale (a parameter times the block), stochastic depth off
+    "convnext_small_config": (lambda num_classes, **kw: tv.convnext.ConvNeXt(
+        [tv.convnext.CNBlockConfig(16, 32, 2), tv.convnext.CNBlockConfig(32, None, 1)],
+        num_classes=num_classes, **kw), (3, 32, 32), 4),
 }
 class SmoothNet(nn.Module):
     """The activations no torchvision classifier above uses, in a network of one's own."""
@@ -89,7 +95,9 @@ KWARGS = {"alexnet": {"dropout": 0.0}, "vgg11": {"dropout": 0.0},
           "googlenet": {"dropout": 0.0, "aux_logits": False, "init_weights": True},
           "squeezenet1_1": {"dropout": 0.0}, "mobilenet_v2": {"dropout": 0.0},
           "mobilenet_v3_small": {"dropout": 0.0}, "mnasnet0_5": {"dropout": 0.0},
-          "efficientnet_b0": {"dropout": 0.0, "stochastic_depth_prob": 0.0}}
+          "efficientnet_b0": {"dropout": 0.0, "stochastic_depth_prob": 0.0},
+          # a layer scale of 0.5, not 1e-6: each block's weights then get gradients worth comparing
+          "convnext_small_config": {"stochastic_depth_prob": 0.0, "layer_scale": 0.5}}
 
 
 def _torchvision(name, **kw):
@@ -252,6 +260,77 @@ def _refused(net, *words):
     for w in words:
         assert w in str(e.value), str(e.value)
     return str(e.value)
+
+
+class _Scale(nn.Module):
+    """A parameter the forward reads itself, as ConvNeXt's layer scale is read."""
+
+    def __init__(self, *shape):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full(shape, 0.5))
+
+
+class _OwnBlock(nn.Module):
+    """A ConvNeXt-style block of one's own: its layer scale is called gamma, its norm a module."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, padding=1)
+        self.norm, self.fc, self.act = nn.LayerNorm(c), nn.Linear(c, 2 * c), nn.GELU()
+        self.gamma = nn.Parameter(torch.full((2 * c, 1, 1), 0.5))
+
+    def forward(self, x):
+        return self.gamma * self.act(self.fc(self.norm(self.conv(x).permute(0, 2, 3, 1)))).permute(0, 3, 1, 2)
+
+
+class _OwnNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block, self.head = _OwnBlock(), nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(self.block(x), 1), 1))
+
+
+def test_convnext_imports_whole_with_its_state_dict_names():
+    """torchvision's ConvNeXt-T: every weight, under PyTorch's names; the permutes are no layers, a
+    LayerNorm between them normalizes over channels, a Linear there is a 1x1 convolution with the
+    Linear's (out, in) weight, and the layer scale is a layer named for the block that owns it. A block
+    of one's own names its scale gamma."""
+    net = tv.convnext_tiny(num_classes=10, stochastic_depth_prob=0.0)
+    g = from_torch(net, (3, 32, 32), batch=2)
+    assert g.param_count() == sum(p.numel() for p in net.parameters())
+    kinds = {n: g.layers[n].kind for n in ("features.0.1", "features.1.0.block.2", "features.1.0.block.3",
+                                           "features.1.0", "classifier.0")}
+    assert kinds == {"features.0.1": "layernorm", "features.1.0.block.2": "layernorm",
+                     "features.1.0.block.3": "conv2d", "features.1.0": "layer_scale",
+                     "classifier.0": "layernorm"}
+    assert g.tensors()["features.1.0.block.3.weight"].shape == (384, 96)
+    assert g.tensors()["features.1.0.layer_scale"].shape == (96, 1, 1)
+    own = from_torch(_OwnNet(), (3, 8, 8), batch=2)
+    assert own.layers["block"].kind == "layer_scale" and own.layers["block"].attrs["param"] == "gamma"
+    model = Model(own, device="host")
+    model.set_params(_OwnNet().state_dict())
+    assert sorted(model.params) == sorted(torch_params(_OwnNet()))
+    root = _Net(lambda s, y: s.gamma * y)
+    root.gamma = nn.Parameter(torch.ones(4, 1, 1))
+    _refused(root, "gamma is a parameter of the model itself", "hold it in a submodule")
+
+
+@pytest.mark.parametrize("forward, words", [
+    (lambda s, y: y.permute(0, 2, 1, 3), ("a permute to (0, 2, 1, 3)", "permute(0, 3, 1, 2) back")),
+    (lambda s, y: s.ln(y), ("a layer norm over (8,) of a tensor (2, 4, 8, 8)", "over the channels only")),
+    (lambda s, y: F.max_pool2d(y.permute(0, 2, 3, 1), 1).permute(0, 3, 1, 2),
+     ("a maxpool of a tensor permuted to (N, H, W, C)", "layernorm, linear")),
+    (lambda s, y: y + s.scale.gamma, ("reads the parameter scale.gamma itself", "layer scale")),
+    (lambda s, y: y * s.scale.gamma, ("a product of scale.gamma (a parameter of shape (4, 1, 1, 1))",
+                                      "shaped (C, 1, 1)")),
+], ids=["another permute", "a norm over W", "a pool of channels-last", "a parameter added",
+        "a scale not per channel"])
+def test_what_convnext_needs_and_no_more(forward, words):
+    """ConvNeXt's permutes, norms over channels and per-channel parameters import (tests above); any
+    other permute, norm or read of a parameter is refused, saying what is imported instead."""
+    _refused(_Net(forward, ln=nn.LayerNorm(8), scale=_Scale(4, 1, 1, 1)), *words)
 
 
 def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():

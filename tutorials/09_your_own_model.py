@@ -154,6 +154,7 @@ expect("the weights and the momentum agree within 0.1%; snlite predicts more tha
 # ## Exercise
 # Import another network: `torchvision.models.densenet121()`, `mobilenet_v3_large()` (Hardswish and
 # squeeze-and-excitation), `efficientnet_b0(stochastic_depth_prob=0.0)` (SiLU; snlite has no layer that
-# skips branches at random) or one of your own (`from_torch` names the first call it cannot import and
+# skips branches at random), `convnext_tiny(stochastic_depth_prob=0.0)` (LayerNorm over channels between
+# permutes) or one of your own (`from_torch` names the first call it cannot import and
 # where it sits). Which of the three answers change most, and why? Then give `MemoryConfig.superneurons()`
 # `recompute="memory"` and see what the largest batch buys and costs.

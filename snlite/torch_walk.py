@@ -1,0 +1,272 @@
+"""The walk that imports a traced module, for :func:`snlite.torch_import.from_torch`: one snlite layer
+per fx node, in order (:class:`Importer`), each named after its module (PyTorch's state_dict names)
+and its shape checked against PyTorch's. :mod:`snlite.torch_nodes` says what each node is.
+
+Two things have no layer of their own. A parameter the forward reads itself (:class:`Param`) becomes
+part of the layer that reads it (LayerNorm2d's weight and bias, ConvNeXt's layer scale). A permute to
+channels-last (:class:`ChannelsLast`) moves no data: snlite keeps (N, C, H, W), and what reads the
+permuted tensor (a LayerNorm, a Linear, an activation) works over the channels until the permute back.
+"""
+from __future__ import annotations
+
+from snlite.graph import Graph
+from snlite.torch_nodes import describe, not_yet, refuse, where
+
+# what reads a channels-last tensor (after permute(0, 2, 3, 1)), computed on snlite's (N, C, H, W)
+CHANNELS_LAST = ("permute", "layernorm", "linear", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu",
+                 "hardsigmoid", "hardswish", "gelu", "identity", "dropout", "add")
+
+
+class Param:
+    """A parameter the forward reads itself (an fx ``get_attr`` node): ``target`` is its state_dict name.
+    Only LayerNorm's weight and bias (F.layer_norm) and a layer scale (``param * x``) may read one."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.owner, _, self.attr = target.rpartition(".")
+
+
+class ChannelsLast:
+    """PyTorch's ``node.permute(0, 2, 3, 1)``: the same numbers as the snlite node ``node`` (N, C, H, W),
+    which stays in that layout; what reads it works over the channels (CHANNELS_LAST)."""
+
+    def __init__(self, node):
+        self.node, self.shape = node, (node.shape[0],) + tuple(node.shape[2:]) + (node.shape[1],)
+
+
+class Importer:
+    """Walks the traced graph in order and adds one snlite layer per node."""
+
+    def __init__(self, g: Graph, gm):
+        self.g, self.gm = g, gm
+        self.built, self.used, self.called = {}, set(), set()
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    def run(self) -> dict:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                if self.built:
+                    raise refuse(node, "the model takes a second input; snlite graphs have one")
+                self.built[node] = self.g.input()
+            elif node.op == "get_attr":  # a layer that reads it names itself after it
+                self.built[node] = Param(node.target)
+            elif node.op != "output":
+                self.visit(node)
+        return self.built
+
+    def name(self, node, kind) -> str:
+        base = node.target if node.op == "call_module" else ".".join(p for p in (where(node), kind) if p)
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+    def visit(self, node) -> None:
+        kind, hp, inputs, in_place = describe(node, self.gm)
+        reason = not_yet(kind, hp) or self._shared(node)
+        if reason:
+            raise refuse(node, reason)
+        missing = [a for a in inputs if a not in self.built]
+        if missing or not inputs:
+            raise refuse(node, f"its input {missing[0].name!r} is not a tensor snlite built" if missing
+                         else "it reads no tensor")
+        if in_place:  # the dataflow is the fx graph's only if nobody reads the overwritten tensor later
+            late = [u.name for u in inputs[0].users if self.order[u] > self.order[node]]
+            if late:
+                raise refuse(node, f"it overwrites {inputs[0].name!r} in place, which {late} read afterwards")
+        if kind == "chunk":  # no layer: each part is one when a getitem takes it
+            self.built[node] = self.chunk(node, hp, self.built[inputs[0]])
+            return
+        want = tuple(node.meta["tensor_meta"].shape)[1:]
+        xs = [self.built[a] for a in inputs]
+        if kind != "mul" and any(isinstance(x, Param) for x in xs):
+            param = next(x for x in xs if isinstance(x, Param)).target
+            raise refuse(node, f"it reads the parameter {param} itself, outside a submodule's call; snlite "
+                               "reads such a parameter only as F.layer_norm's weight and bias, or as a "
+                               "per-channel layer scale (C, 1, 1) * x")
+        last = [isinstance(x, ChannelsLast) for x in xs]
+        if kind == "permute":
+            node_out = self.permute(node, hp["dims"], xs[0])
+        elif any(last):
+            if kind not in CHANNELS_LAST or not all(last):
+                raise refuse(node, f"a {kind} of a tensor permuted to (N, H, W, C); snlite keeps (N, C, H, "
+                                   f"W) and computes only {', '.join(CHANNELS_LAST[1:])} over the channels "
+                                   "before the permute(0, 3, 1, 2) back, as ConvNeXt's blocks do")
+            nchw = (want[-1],) + want[:-1] if len(want) == 3 else want
+            node_out = self.build(node, kind, hp, [x.node for x in xs], nchw, channels_last=True)
+            node_out = node_out if isinstance(node_out, ChannelsLast) else ChannelsLast(node_out)
+        else:
+            node_out = self.build(node, kind, hp, xs, want)
+        if tuple(node_out.shape[1:]) != want:
+            raise refuse(node, f"snlite's {kind} computes a shape {node_out.shape[1:]}, PyTorch's {want}")
+        self.built[node] = node_out
+
+    def permute(self, node, dims, x):
+        """No layer: ConvNeXt's permute(0, 2, 3, 1) marks the tensor channels-last, permute(0, 3, 1, 2)
+        brings it back; the numbers never move."""
+        dims = tuple(d % 4 for d in dims) if len(dims) == 4 else dims
+        if dims == (0, 2, 3, 1) and not isinstance(x, ChannelsLast) and len(x.shape) == 4:
+            return ChannelsLast(x)
+        if dims == (0, 3, 1, 2) and isinstance(x, ChannelsLast):
+            return x.node
+        raise refuse(node, f"a permute to {dims}: snlite keeps tensors (N, C, H, W) and follows only "
+                           "permute(0, 2, 3, 1) to channels-last and permute(0, 3, 1, 2) back (ConvNeXt's)")
+
+    def _shared(self, node) -> str | None:
+        """Why ``node`` cannot be imported if it calls a module with weights a second time, else None."""
+        if node.op != "call_module":
+            return None
+        again = node.target in self.called
+        self.called.add(node.target)
+        module = self.gm.get_submodule(node.target)
+        weights = next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
+        if again and weights:
+            return (f"it calls {node.target} a second time, whose weights PyTorch shares between the calls; "
+                    "each snlite layer owns its weights, so give each call a module of its own "
+                    "(copy.deepcopy) to plan the network with them apart")
+        return None
+
+    def build(self, node, kind, hp, xs, want, channels_last=False):
+        g, x = self.g, xs[0]
+        if kind == "identity" or (kind in ("concat", "flatten", "adaptive_avgpool") and len(xs) == 1
+                                  and tuple(x.shape[1:]) == want):
+            return x  # a one-tensor cat, a flatten of what is flat, an adaptive pool to the same size
+        if kind == "layernorm":  # named for its module, or for the module owning its weight
+            return self.layernorm(node, hp, x, channels_last)
+        if kind == "mul" and any(isinstance(a, Param) for a in xs):  # named for the parameter's owner
+            return self.layer_scale(node, xs)
+        name = self.name(node, kind)
+        if kind == "conv2d":
+            return g.conv2d(x, hp["out_channels"], hp["kernel_size"], hp["stride"], hp["padding"], hp["bias"],
+                            groups=hp["groups"], name=name)
+        if kind == "linear" and channels_last:  # a Linear on each pixel's channels
+            return g.pointwise_linear(x, hp["out_features"], hp["bias"], name=name)
+        if kind == "linear":
+            if len(x.shape) != 2:
+                raise refuse(node, f"a Linear on a {len(x.shape)}-d input: snlite's acts on (N, features)")
+            return g.linear(x, hp["out_features"], hp["bias"], name=name)
+        if kind == "batchnorm":
+            return g.batchnorm(x, hp["eps"], hp["momentum"], name=name)
+        if kind == "relu":
+            return g.relu(x, name=name)
+        if kind in ("relu6", "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu"):
+            return getattr(g, kind)(x, name=name)
+        if kind == "leaky_relu":
+            return g.leaky_relu(x, hp["negative_slope"], name=name)
+        if kind == "mul":
+            return self.channel_scale(node, xs, name)
+        if kind == "narrow":
+            source, parts = x
+            start, size = parts[hp["part"]]
+            return g.narrow(source, start, size, name=name)
+        if kind == "channel_shuffle":
+            return g.channel_shuffle(x, hp["groups"], name=name)
+        if kind == "mean":
+            dims = hp["dim"] if isinstance(hp["dim"], (tuple, list)) else (hp["dim"],)
+            spatial = all(isinstance(d, int) for d in dims) and sorted(d % 4 for d in dims) == [2, 3]
+            if len(x.shape) != 4 or not spatial:
+                raise refuse(node, f"a mean over dims {hp['dim']}: snlite averages an (N, C, H, W) tensor "
+                                   "over (H, W) only (x.mean((2, 3)), a global average pool)")
+            pooled = g.avgpool(x, x.shape[2:], name=name)
+            return pooled if hp["keepdim"] else g.flatten(pooled, name=f"{name}.flatten")
+        if kind == "lrn":
+            return g.lrn(x, hp["size"], hp["alpha"], hp["beta"], hp["k"], name=name)
+        if kind == "dropout":
+            return g.dropout(x, hp["p"], name=name)
+        if kind in ("maxpool", "avgpool"):
+            k = hp["kernel_size"]
+            pool = g.maxpool if kind == "maxpool" else g.avgpool
+            extra = {} if kind == "maxpool" else {"count_include_pad": hp["count_include_pad"]}
+            stride = k if hp["stride"] in (None, ()) else hp["stride"]  # F.max_pool2d's stride=[] is kernel
+            return pool(x, k, stride, hp["padding"], ceil_mode=bool(hp["ceil_mode"]), name=name, **extra)
+        if kind == "adaptive_avgpool":
+            (h, w), (oh, ow) = x.shape[2:], want[1:]
+            if h % oh or w % ow:
+                raise refuse(node, f"adaptive average pooling from {h}x{w} to {oh}x{ow} has windows of "
+                                   "different sizes, which no snlite layer computes yet; choose an input "
+                                   f"size whose features divide into {oh}x{ow} (224x224 for torchvision's "
+                                   "VGG and AlexNet)")
+            return g.avgpool(x, (h // oh, w // ow), name=name)
+        if kind == "concat":
+            if hp["dim"] not in (1, -3) or any(len(a.shape) != 4 for a in xs):
+                raise refuse(node, f"a cat along dim {hp['dim']}: snlite's concat joins (N, C, H, W) tensors "
+                                   "along channels (dim 1)")
+            return g.concat(xs, name=name)
+        if kind == "flatten":
+            if hp["start_dim"] != 1 or hp["end_dim"] != -1:
+                raise refuse(node, "only flatten(x, 1), all but the batch dimension, is supported")
+            return g.flatten(x, name=name)
+        if kind == "add":
+            if xs[0].shape != xs[1].shape:
+                raise refuse(node, f"a broadcast sum of {xs[0].shape} and {xs[1].shape}; snlite adds equal "
+                                   "shapes")
+            if xs[0].name == xs[1].name:
+                raise refuse(node, "x + x: snlite's add takes two different tensors")
+            return g.add(xs[0], xs[1], name=name)
+        raise AssertionError(f"no builder for {kind}")
+
+    def chunk(self, node, hp, x):
+        """(x, [(start, size) of each part]) for ``x.chunk(chunks, dim=1)``, as PyTorch splits: parts of
+        ceil(C / chunks) channels, the last one smaller if they do not divide evenly."""
+        if hp["dim"] not in (1, -3) or len(x.shape) != 4:
+            raise refuse(node, f"a chunk along dim {hp['dim']}: snlite splits (N, C, H, W) tensors along "
+                               "channels (dim 1)")
+        c = x.shape[1]
+        size = -(-c // hp["chunks"])
+        return x, [(start, min(size, c - start)) for start in range(0, c, size)]
+
+    def layernorm(self, node, hp, x, channels_last):
+        """A LayerNorm over the channels of a channels-last tensor, named as its module (or, for
+        F.layer_norm, as the module owning its weight: LayerNorm2d's), its eps carried over."""
+        if not channels_last or tuple(hp["normalized_shape"]) != (x.shape[1],):
+            shape = (x.shape[0],) + tuple(x.shape[2:]) + (x.shape[1],) if channels_last else x.shape
+            raise refuse(node, f"a layer norm over {tuple(hp['normalized_shape'])} of a tensor {shape}; "
+                               "snlite normalizes over the channels only, of an (N, C, H, W) tensor permuted "
+                               "to (N, H, W, C) (ConvNeXt's LayerNorm and LayerNorm2d)")
+        if hp.get("params") is None:  # the module nn.LayerNorm
+            return self.g.layernorm(x, hp["eps"], name=self.name(node, "layernorm"))
+        params = [self.built.get(p) for p in hp["params"]]  # F.layer_norm's weight and bias: Param or not
+        owners = {p.owner for p in params if isinstance(p, Param)}
+        own = len(owners) == 1 and [p.attr for p in params] == ["weight", "bias"] and params[0].owner
+        if not own or params[0].owner in self.used:
+            raise refuse(node, "F.layer_norm with a weight and bias that are not one module's own weight and "
+                               "bias, read once; snlite's layernorm owns its parameters")
+        name = owners.pop()
+        self.used.add(name)
+        return self.g.layernorm(x, hp["eps"], name=name)
+
+    def channel_scale(self, node, xs, name):
+        """x * gate or gate * x, the gate (N, C, 1, 1) and x (N, C, H, W): squeeze-and-excitation's scale;
+        or x times a parameter (C, 1, 1): ConvNeXt's layer scale, a layer named for the parameter's owner."""
+        shapes = [tuple(a.shape) for a in xs]
+        if len(xs) != 2:
+            raise refuse(node, "a product with a number: no snlite layer scales by a constant")
+        for x, gate in (xs, xs[::-1]):
+            if len(x.shape) == 4 and tuple(gate.shape) == tuple(x.shape[:2]) + (1, 1):
+                return self.g.channel_scale(x, gate, name=name)
+        raise refuse(node, f"a product of tensors of shapes {shapes}; snlite multiplies only a feature map "
+                           "(N, C, H, W) by a per-channel gate (N, C, 1, 1), as squeeze-and-excitation does")
+
+    def layer_scale(self, node, xs):
+        """``p * x``, p a parameter (C, 1, 1) and x (N, C, H, W): a layer_scale layer named for p's owner."""
+        if len(xs) != 2 or all(isinstance(a, Param) for a in xs):
+            raise refuse(node, "a product of parameters, or of a parameter and a number: snlite multiplies "
+                               "a feature map by a parameter (C, 1, 1) only (ConvNeXt's layer scale)")
+        p, x = xs if isinstance(xs[0], Param) else xs[::-1]
+        value = self.gm.get_parameter(p.target) if p.target in dict(self.gm.named_parameters()) else None
+        if value is None or len(x.shape) != 4 or tuple(value.shape) != (x.shape[1], 1, 1):
+            what = "a buffer" if value is None else f"a parameter of shape {tuple(value.shape)}"
+            raise refuse(node, f"a product of {p.target} ({what}) and a tensor {tuple(x.shape)}; snlite "
+                               "multiplies a feature map (N, C, H, W) by a parameter only per channel, "
+                               "shaped (C, 1, 1) (ConvNeXt's layer scale)")
+        if not p.owner:
+            raise refuse(node, f"{p.target} is a parameter of the model itself; snlite names a parameter "
+                               "<layer>.<name>, so hold it in a submodule (its layer is named for it)")
+        if p.owner in self.used:
+            raise refuse(node, f"it reads {p.target} a second time, or a layer already has the name "
+                               f"{p.owner!r}; each snlite layer owns its parameters")
+        self.used.add(p.owner)
+        init = float(value.detach().reshape(-1)[0])
+        return self.g.layer_scale(x, init=init, param=p.attr, name=p.owner)
