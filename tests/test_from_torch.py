@@ -42,7 +42,6 @@ MODELS = {
     "resnet34": (tv.resnet34, (3, 64, 64), 4),
     "resnet50": (tv.resnet50, (3, 64, 64), 4),
     "resnet152": (tv.resnet152, (3, 64, 64), 4),
-    "wide_resnet50_2": (tv.wide_resnet50_2, (3, 64, 64), 4),
     "densenet121": (tv.densenet121, (3, 64, 64), 8),
     # should import: ceil-mode pooling (GoogLeNet, SqueezeNet), ReLU6 and depthwise convolution
     # (MobileNet-V2), grouped convolution (ResNeXt-50)
