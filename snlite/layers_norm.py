@@ -13,16 +13,33 @@ import numpy as np
 from snlite.layers_base import Layer
 
 
+def _as_4d(layer, *views):
+    """``views`` as the kernels take them, (N, C, H, W): an (N, C) layer's reshaped to (N, C, 1, 1),
+    no copy (a normalization of an MLP's features is the same computation on 1x1 maps)."""
+    if len(layer.out_shape) == 4:
+        return views
+    return tuple(v.reshape(layer.out_shape + (1, 1)) for v in views)
+
+
+def _check_rank(layer, what):
+    x = layer.in_shapes[0]
+    if len(x) not in (2, 4):
+        raise ValueError(f"{layer.kind} {layer.name!r}: expected an (N, C, H, W) input, or (N, features) "
+                         f"({what}), got {x}")
+    return x
+
+
 class BatchNorm2d(Layer):
+    """PyTorch's BatchNorm2d on (N, C, H, W), and its BatchNorm1d on (N, features): per channel (or
+    feature), over the batch and the pixels."""
+
     kind = "batchnorm"
     fwd_writes = ("y", "save_mean", "save_invstd")
     bwd_reads = ("x", "dy", "save_mean", "save_invstd")
 
     def infer_shape(self):
-        x = self.in_shapes[0]
-        if len(x) != 4:
-            raise ValueError(f"batchnorm {self.name!r}: expected an (N, C, H, W) input, got {x}")
-        if x[0] * x[2] * x[3] < 2:
+        x = _check_rank(self, "PyTorch's BatchNorm1d")
+        if math.prod(x) // x[1] < 2:
             raise ValueError(f"batchnorm {self.name!r}: training needs more than 1 value per channel "
                              f"(N*H*W), got input {x}, as PyTorch's BatchNorm2d")
         return x
@@ -47,17 +64,19 @@ class BatchNorm2d(Layer):
 
     def forward(self, io):
         p, b = io.params, io.buffers
+        x, y = _as_4d(self, io.x[0], io.y)
         if io.train:
-            io.run("batchnorm_forward_train", io.x[0], p["weight"], p["bias"], io.y, b["running_mean"],
+            io.run("batchnorm_forward_train", x, p["weight"], p["bias"], y, b["running_mean"],
                    b["running_var"], io.saved["save_mean"], io.saved["save_invstd"],
                    momentum=self.attrs["momentum"], eps=self.attrs["eps"], update_running=io.update_running)
         else:
-            io.run("batchnorm_forward_infer", io.x[0], p["weight"], p["bias"], b["running_mean"],
-                   b["running_var"], io.y, eps=self.attrs["eps"])
+            io.run("batchnorm_forward_infer", x, p["weight"], p["bias"], b["running_mean"],
+                   b["running_var"], y, eps=self.attrs["eps"])
 
     def backward(self, io):
-        io.run("batchnorm_backward", io.x[0], io.dy, io.params["weight"], io.saved["save_mean"],
-               io.saved["save_invstd"], io.dx[0], io.grads["weight"], io.grads["bias"])
+        x, dy, dx = _as_4d(self, io.x[0], io.dy, io.dx[0])
+        io.run("batchnorm_backward", x, dy, io.params["weight"], io.saved["save_mean"],
+               io.saved["save_invstd"], dx, io.grads["weight"], io.grads["bias"])
 
 
 class LRN(Layer):
@@ -92,24 +111,21 @@ class LayerNorm(Layer):
     normalized (mean 0, biased variance 1, ``eps`` added to the variance), then scaled and shifted per
     channel (``weight``, ``bias`` of shape (C,)). ConvNeXt computes it as ``x.permute(0, 2, 3, 1)``,
     ``LayerNorm(C)`` and a permute back; snlite keeps the NCHW layout and normalizes across channels
-    instead of moving the data twice. The forward saves each pixel's mean and 1 / std for the backward."""
+    instead of moving the data twice. The forward saves each pixel's mean and 1 / std for the backward.
+    On (N, features) it is PyTorch's LayerNorm(features) of an MLP: each sample normalized."""
 
     kind = "layernorm"
     fwd_writes = ("y", "save_mean", "save_rstd")
     bwd_reads = ("x", "dy", "save_mean", "save_rstd")
 
     def infer_shape(self):
-        x = self.in_shapes[0]
-        if len(x) != 4:
-            raise ValueError(f"layernorm {self.name!r}: expected an (N, C, H, W) input (it normalizes each "
-                             f"pixel over the channels), got {x}")
-        return x
+        return _check_rank(self, "each pixel, or each sample, normalized over the channels")
 
     def params(self):
         return {"weight": (self.out_shape[1],), "bias": (self.out_shape[1],)}
 
     def saved(self):
-        n, _, h, w = self.out_shape
+        n, _, h, w = self.out_shape if len(self.out_shape) == 4 else self.out_shape + (1, 1)
         return {"save_mean": ((n, h, w), "float32"), "save_rstd": ((n, h, w), "float32")}
 
     def flops(self):
@@ -120,12 +136,14 @@ class LayerNorm(Layer):
         return {"weight": np.ones(c, np.float32), "bias": np.zeros(c, np.float32)}
 
     def forward(self, io):
-        io.run("layer_norm_forward", io.x[0], io.params["weight"], io.params["bias"], io.y,
+        x, y = _as_4d(self, io.x[0], io.y)
+        io.run("layer_norm_forward", x, io.params["weight"], io.params["bias"], y,
                io.saved["save_mean"], io.saved["save_rstd"], eps=self.attrs["eps"])
 
     def backward(self, io):
-        io.run("layer_norm_backward", io.x[0], io.dy, io.params["weight"], io.saved["save_mean"],
-               io.saved["save_rstd"], io.dx[0], io.grads["weight"], io.grads["bias"])
+        x, dy, dx = _as_4d(self, io.x[0], io.dy, io.dx[0])
+        io.run("layer_norm_backward", x, dy, io.params["weight"], io.saved["save_mean"],
+               io.saved["save_rstd"], dx, io.grads["weight"], io.grads["bias"])
 
 
 class LayerScale(Layer):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import operator
 
-SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, ReLU, ReLU6, LeakyReLU, "
+SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, BatchNorm1d and LayerNorm "
+             "on (N, features), ReLU, ReLU6, LeakyReLU, "
              "Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d (ceil mode too), "
              "AdaptiveAvgPool2d (where it is the identity or its windows tile the input), LocalResponseNorm, "
              "Dropout, Flatten, Identity, and LayerNorm and Linear over the channels between ConvNeXt's "
@@ -91,6 +92,8 @@ def describe(node, gm):
                                                     bias=m.bias is not None)),
                  (nn.Linear, "linear", lambda: dict(out_features=m.out_features, bias=m.bias is not None)),
                  (nn.BatchNorm2d, "batchnorm", lambda: dict(eps=m.eps, momentum=m.momentum, affine=m.affine,
+                                                            track_running_stats=m.track_running_stats)),
+                 (nn.BatchNorm1d, "batchnorm", lambda: dict(eps=m.eps, momentum=m.momentum, affine=m.affine,
                                                             track_running_stats=m.track_running_stats)),
                  (nn.ReLU, "relu", lambda: dict(inplace=m.inplace)),
                  (nn.ReLU6, "relu6", lambda: dict(inplace=m.inplace)),

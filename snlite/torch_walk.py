@@ -218,13 +218,15 @@ class Importer:
         return x, [(start, min(size, c - start)) for start in range(0, c, size)]
 
     def layernorm(self, node, hp, x, channels_last):
-        """A LayerNorm over the channels of a channels-last tensor, named as its module (or, for
-        F.layer_norm, as the module owning its weight: LayerNorm2d's), its eps carried over."""
-        if not channels_last or tuple(hp["normalized_shape"]) != (x.shape[1],):
+        """A LayerNorm over the channels of a channels-last tensor, or over the features of an (N,
+        features) one, named as its module (or, for F.layer_norm, as the module owning its weight:
+        LayerNorm2d's), its eps carried over."""
+        if not (channels_last or len(x.shape) == 2) or tuple(hp["normalized_shape"]) != (x.shape[1],):
             shape = (x.shape[0],) + tuple(x.shape[2:]) + (x.shape[1],) if channels_last else x.shape
             raise refuse(node, f"a layer norm over {tuple(hp['normalized_shape'])} of a tensor {shape}; "
                                "snlite normalizes over the channels only, of an (N, C, H, W) tensor permuted "
-                               "to (N, H, W, C) (ConvNeXt's LayerNorm and LayerNorm2d)")
+                               "to (N, H, W, C) (ConvNeXt's LayerNorm and LayerNorm2d), or over the features "
+                               "of an (N, features) one")
         if hp.get("params") is None:  # the module nn.LayerNorm
             return self.g.layernorm(x, hp["eps"], name=self.name(node, "layernorm"))
         params = [self.built.get(p) for p in hp["params"]]  # F.layer_norm's weight and bias: Param or not

@@ -75,14 +75,16 @@ def gated_net(n=2, hw=6):
 def convnext_net(n=2, hw=4):
     """ConvNeXt's layers, in small: a 2x2 stride-2 stem and its layer norm over channels, then a block
     (a 3x3 depthwise conv, a layer norm, a Linear over each pixel's channels to 4C, a GELU, one back to
-    C, the layer scale) added to its input, and a head (a global pool, a layer norm, a Linear)."""
+    C, the layer scale) added to its input, and an MLP's head (a global pool, a flatten, a layer norm
+    over the features, a Linear, a batch norm over the features (BatchNorm1d), a Linear)."""
     g = Graph(input_shape=(n, 3, 2 * hw, 2 * hw), num_classes=3, name="convnext")
     x = g.layernorm(g.conv2d(g.input(), 4, 2, stride=2, name="stem"), 1e-6, name="stem.ln")
     y = g.layernorm(g.conv2d(x, 4, 3, padding=1, groups=4, name="block.dw"), 1e-6, name="block.ln")
     y = g.gelu(g.pointwise_linear(y, 16, name="block.fc1"), name="block.act")
     y = g.layer_scale(g.pointwise_linear(y, 4, name="block.fc2"), init=0.5, name="block")
-    y = g.layernorm(g.avgpool(g.add(y, x, name="block.add"), hw, name="pool"), 1e-6, name="head.ln")
-    g.softmax_loss(g.linear(g.flatten(y), 3, name="fc"))
+    y = g.flatten(g.avgpool(g.add(y, x, name="block.add"), hw, name="pool"))
+    y = g.batchnorm(g.linear(g.layernorm(y, 1e-6, name="head.ln"), 6, name="fc0"), name="head.bn")
+    g.softmax_loss(g.linear(y, 3, name="fc"))
     return g
 
 

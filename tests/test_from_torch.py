@@ -60,6 +60,10 @@ MODELS = {
     "shufflenet_v2_x0_5": (tv.shufflenet_v2_x0_5, (3, 64, 64), 4),
     # a network of one's own: LeakyReLU, Tanh and GELU, as modules and as functions
     "own_smooth_net": (lambda num_classes: SmoothNet(num_classes), (3, 16, 16), 4),
+    # an MLP of one's own: BatchNorm1d and LayerNorm over (N, features)
+    "own_mlp": (lambda num_classes: nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 8 * 8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 16),
+        nn.LayerNorm(16), nn.GELU(), nn.Linear(16, num_classes)), (3, 8, 8), 8),
     # torchvision's ConvNeXt code in small (convnext_tiny is the same blocks, 28 M weights): the permutes
     # to channels-last and back, LayerNorm and LayerNorm2d (F.layer_norm on the module's own weight),
     # Linears over channels, GELU, the layer scale (a parameter times the block), stochastic depth off

@@ -185,7 +185,8 @@ def test_graph_arguments(args, match):
 
 def test_input_ranks_are_pytorchs():
     """Linear takes (N, features), as PyTorch's does (no implicit flattening: the error says to add a
-    flatten); LRN needs (N, C, ...) with 3 dimensions or more; conv, pooling and BN need 4."""
+    flatten); LRN needs (N, C, ...) with 3 dimensions or more; conv and pooling need 4; batch and layer
+    normalization take either, as PyTorch's BatchNorm1d and LayerNorm(features) do (N, features)."""
     g = Graph((2, 3, 4, 4), 4)
     x = g.input()
     with pytest.raises(ValueError, match=r"linear 'fc': expected an \(N, in_features\) input, got shape "
@@ -198,11 +199,16 @@ def test_input_ranks_are_pytorchs():
     for build, match in ((lambda: g.lrn(x),
                           r"lrn 'lrn1': expected an \(N, C, H, W\) input .* got shape \(2, 6\)"),
                          (lambda: g.conv2d(x, 4, 1), r"conv2d 'conv1': expected an \(N, C, H, W\) input"),
-                         (lambda: g.maxpool(x, 1), r"maxpool 'maxpool1'.*expected x of shape \(N, C, H, W\)"),
-                         (lambda: g.batchnorm(x), r"batchnorm 'bn1': expected an \(N, C, H, W\) input")):
+                         (lambda: g.maxpool(x, 1),
+                          r"maxpool 'maxpool1'.*expected x of shape \(N, C, H, W\)")):
         with pytest.raises(ValueError, match=match):
             build()
     assert g.relu(g.linear(x, 5)).shape == (2, 5)
+    assert g.batchnorm(x).shape == g.layernorm(x).shape == (2, 6)
+    assert g.layers["ln1"].saved()["save_rstd"] == ((2, 1, 1), "float32")
+    h = Graph((1, 6), 4)
+    with pytest.raises(ValueError, match=r"batchnorm 'bn': training needs more than 1 value per channel"):
+        h.batchnorm(h.input(), name="bn")
 
 
 # ---------------------------------------------------------------- groups, ReLU6, ceil mode
@@ -288,12 +294,12 @@ def test_convnexts_layers_declare_what_they_read_and_are_cheap():
     assert set(steps["block", "backward"].reads) == {"block.fc2", "block.grad", "block.layer_scale"}
     plan = Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan()
     dropped = set(plan.recompute.dropped)
-    assert {"stem.ln", "block.ln", "block.act", "block", "head.ln"} <= dropped
-    assert not {"stem", "block.dw", "block.fc1", "block.fc2", "block.add"} & dropped
+    assert {"stem.ln", "block.ln", "block.act", "block", "head.ln", "head.bn"} <= dropped
+    assert not {"stem", "block.dw", "block.fc1", "block.fc2", "block.add", "fc0"} & dropped
 
 
 @pytest.mark.parametrize("build, match", [
-    (lambda g, x: g.layernorm(g.flatten(x), name="ln"), r"layernorm 'ln': expected an \(N, C, H, W\) input"),
+    (lambda g, x: g.layernorm(x, eps=-1e-6, name="ln"), r"layernorm 'ln': eps"),
     (lambda g, x: g.layer_scale(x, param="bias", name="ls"), r"layer_scale 'ls': param must name the "
                                                               r"parameter .* got 'bias'"),
     (lambda g, x: g.layer_scale(x, param="my scale", name="ls"), r"got 'my scale'"),

@@ -62,7 +62,7 @@ def test_whole_network_gradients_match_central_differences(net):
 
 
 @pytest.mark.parametrize("net", [lambda: fork_join_net(n=2, hw=4), lambda: grouped_net(n=1),
-                                 lambda: gated_net(n=1), lambda: convnext_net(n=1)],
+                                 lambda: gated_net(n=1), lambda: convnext_net(n=2, hw=2)],
                          ids=["fork_join", "grouped", "gated", "convnext"])
 def test_host_and_simulator_agree(net):
     """One training step (forward, backward, SGD with momentum) on the host device and on the CUDA
