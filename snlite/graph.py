@@ -120,6 +120,9 @@ class Graph:
         permute to (N, H, W, C), as in ConvNeXt's blocks): a 1x1 convolution whose weight is stored as
         the Linear's, (out_features, C)."""
         what = who("conv2d", name)
+        if isinstance(x, Node) and len(x.shape) != 4:
+            raise ValueError(f"{what}: pointwise_linear takes an (N, C, H, W) input, got {x.shape}; a Linear "
+                             "of (N, features) is g.linear(x, out_features)")
         return self._add("conv2d", [x], name, out_channels=integer(out_features, f"{what}: out_features"),
                          kernel=(1, 1), stride=(1, 1), padding=(0, 0), bias=bool(bias), linear_weight=True)
 

@@ -352,6 +352,7 @@ def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
     (nn.Conv2d(4, 4, 3, padding=2, dilation=2), ("dilation=(2, 2) is not supported yet",)),
     (nn.AvgPool2d(3, 1, 1, divisor_override=3), ("divisor_override=3 is not supported yet",)),
     (nn.BatchNorm2d(4, momentum=None), ("momentum=None",)),
+    (nn.LayerNorm(8, elementwise_affine=False), ("elementwise_affine=False is not supported yet",)),
 ])
 def test_hyper_parameters_snlite_lacks_are_refused_by_name(module, words):
     _refused(_Net(lambda s, y: s.extra(y), extra=module), *words)

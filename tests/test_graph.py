@@ -305,6 +305,8 @@ def test_convnexts_layers_declare_what_they_read_and_are_cheap():
     (lambda g, x: g.layer_scale(x, param="my scale", name="ls"), r"got 'my scale'"),
     (lambda g, x: g.layer_scale(x, init=float("nan"), name="ls"), r"layer_scale 'ls': init"),
     (lambda g, x: g.pointwise_linear(x, 0, name="fc"), r"conv2d 'fc': out_features"),
+    (lambda g, x: g.pointwise_linear(g.flatten(x), 4, name="fc"),
+     r"conv2d 'fc': pointwise_linear takes an \(N, C, H, W\) input, got \(2, 48\); .*g.linear"),
 ])
 def test_convnext_layer_errors_name_the_layer(build, match):
     g = Graph(input_shape=(2, 3, 4, 4), num_classes=2)
