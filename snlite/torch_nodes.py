@@ -19,7 +19,8 @@ SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, B
              "per-channel gate (N, C, 1, 1) or by a per-channel parameter (C, 1, 1) (ConvNeXt's layer "
              "scale), layer_norm over the channels, torch.cat and x.chunk over channels, ShuffleNet's "
              "channel_shuffle, "
-             "torch.flatten(x, 1), x.mean over (H, W), "
+             "torch.flatten(x, 1) and x.view(x.size(0), -1) or any reshape to (N, features), x.mean over "
+             "(H, W), log_softmax(x, 1) as the last op (softmax_loss applies it), "
              "max_pool2d, avg_pool2d, adaptive_avg_pool2d, dropout, and stochastic depth with p=0; one "
              "input, logits (N, classes) out")
 
@@ -106,6 +107,7 @@ def describe(node, gm):
                  (nn.LocalResponseNorm, "lrn", lambda: dict(size=m.size, alpha=m.alpha, beta=m.beta, k=m.k)),
                  (nn.Dropout, "dropout", lambda: dict(p=m.p, inplace=m.inplace)),
                  (nn.Flatten, "flatten", lambda: dict(start_dim=m.start_dim, end_dim=m.end_dim)),
+                 (nn.LogSoftmax, "log_softmax", lambda: dict(dim=m.dim)),
                  (nn.LayerNorm, "layernorm", lambda: dict(normalized_shape=tuple(m.normalized_shape),
                                                           eps=m.eps, elementwise_affine=m.elementwise_affine,
                                                           bias=getattr(m, "bias", None) is not None)),
@@ -156,6 +158,10 @@ def describe(node, gm):
             return "concat", {"dim": dim}, list(node.args[0] if node.args else kw["tensors"]), False
         if fn is torch.flatten:
             return "flatten", _bind(node, (("start_dim", 0), ("end_dim", -1))), tensors[:1], False
+        if fn is torch.reshape:
+            return "reshape", {}, tensors[:1], False
+        if fn in (F.log_softmax, torch.log_softmax):
+            return "log_softmax", _bind(node, (("dim", None),)), tensors[:1], False
         if fn is torch.permute:
             return "permute", {"dims": tuple(_bind(node, (("dims", None),))["dims"])}, tensors[:1], False
         if fn is F.layer_norm:
@@ -185,10 +191,31 @@ def describe(node, gm):
             return "mean", _bind(node, (("dim", None), ("keepdim", False))), tensors[:1], False
         if fn == "chunk":
             return "chunk", _bind(node, (("chunks", None), ("dim", 0))), tensors[:1], False
+        if fn in ("view", "reshape"):
+            return "reshape", {}, tensors[:1], False
+        if fn == "log_softmax":
+            return "log_softmax", _bind(node, (("dim", None),)), tensors[:1], False
         if fn == "permute":
             dims = node.args[1:] if len(node.args) > 2 else (node.args[1:] or [kw.get("dims")])[0]
             return "permute", {"dims": tuple(dims)}, tensors[:1], False
     raise refuse(node, "no snlite layer computes it")
+
+
+SHAPE_ARITHMETIC = (operator.getitem, operator.mul, operator.floordiv, operator.add, operator.sub)
+
+
+def is_shape(node, shapes) -> bool:
+    """Whether ``node`` computes a size, not a tensor: ``x.size(0)``, ``x.shape``, and indexing and
+    arithmetic on sizes (``shapes``: the nodes known to be sizes). They are no layer: a reshape that
+    uses them is judged by the shape PyTorch gave it."""
+    if node.op == "call_method" and node.target in ("size", "dim"):
+        return True
+    if node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
+        return True
+    if node.op == "call_function" and node.target in SHAPE_ARITHMETIC:
+        nodes = [a for a in node.args if hasattr(a, "op")]
+        return bool(nodes) and all(a in shapes for a in nodes)
+    return False
 
 
 def is_chunk(node) -> bool:

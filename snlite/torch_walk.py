@@ -10,7 +10,7 @@ permuted tensor (a LayerNorm, a Linear, an activation) works over the channels u
 from __future__ import annotations
 
 from snlite.graph import Graph
-from snlite.torch_nodes import describe, not_yet, refuse, where
+from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
 
 # what reads a channels-last tensor (after permute(0, 2, 3, 1)), computed on snlite's (N, C, H, W)
 CHANNELS_LAST = ("permute", "layernorm", "linear", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu",
@@ -39,7 +39,7 @@ class Importer:
 
     def __init__(self, g: Graph, gm):
         self.g, self.gm = g, gm
-        self.built, self.used, self.called = {}, set(), set()
+        self.built, self.used, self.called, self.shapes = {}, set(), set(), set()
         self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def run(self) -> dict:
@@ -50,6 +50,8 @@ class Importer:
                 self.built[node] = self.g.input()
             elif node.op == "get_attr":  # a layer that reads it names itself after it
                 self.built[node] = Param(node.target)
+            elif is_shape(node, self.shapes):  # x.size(0) and the like: no layer
+                self.shapes.add(node)
             elif node.op != "output":
                 self.visit(node)
         return self.built
@@ -68,6 +70,9 @@ class Importer:
         reason = not_yet(kind, hp) or self._shared(node)
         if reason:
             raise refuse(node, reason)
+        if any(a in self.shapes for a in inputs):
+            raise refuse(node, "it computes with the size of a tensor, which snlite follows only into a "
+                               "reshape to (N, features) (x.view(x.size(0), -1))")
         missing = [a for a in inputs if a not in self.built]
         if missing or not inputs:
             raise refuse(node, f"its input {missing[0].name!r} is not a tensor snlite built" if missing
@@ -133,6 +138,10 @@ class Importer:
         if kind == "identity" or (kind in ("concat", "flatten", "adaptive_avgpool") and len(xs) == 1
                                   and tuple(x.shape[1:]) == want):
             return x  # a one-tensor cat, a flatten of what is flat, an adaptive pool to the same size
+        if kind == "reshape":  # a flatten, or nothing
+            return self.reshape(node, x, want)
+        if kind == "log_softmax":  # nothing: softmax_loss applies it
+            return self.log_softmax(node, hp, x)
         if kind == "layernorm":  # named for its module, or for the module owning its weight
             return self.layernorm(node, hp, x, channels_last)
         if kind == "mul" and any(isinstance(a, Param) for a in xs):  # named for the parameter's owner
@@ -272,3 +281,24 @@ class Importer:
         self.used.add(p.owner)
         init = float(value.detach().reshape(-1)[0])
         return self.g.layer_scale(x, init=init, param=p.attr, name=p.owner)
+
+    def reshape(self, node, x, want):
+        """``x.view(x.size(0), -1)``, ``x.reshape(n, -1)``, ``x.view(-1, C * H * W)``: a flatten (PyTorch
+        traced them at batch 1, so the shape it gave says which: (batch, all the rest))."""
+        features = 1
+        for s in x.shape[1:]:
+            features *= s
+        if want == (features,):
+            return x if len(x.shape) == 2 else self.g.flatten(x, name=self.name(node, "flatten"))
+        raise refuse(node, f"a reshape of {tuple(x.shape[1:])} to {want} per sample; snlite reshapes only to "
+                           f"(N, features), a flatten: x.view(x.size(0), -1) or torch.flatten(x, 1)")
+
+    def log_softmax(self, node, hp, x):
+        """The model's last op, over the classes: no layer, since the softmax_loss snlite ends with
+        applies it (log_softmax(log_softmax(z)) = log_softmax(z): the loss and gradients are the same)."""
+        last = list(node.users) and all(u.op == "output" for u in node.users)
+        if not last or len(x.shape) != 2 or hp["dim"] not in (1, -1):
+            raise refuse(node, f"a log_softmax over dim {hp['dim']} that is not the model's last op on its "
+                               "logits (N, classes); snlite takes it only there, where its softmax_loss "
+                               "applies it")
+        return x

@@ -336,6 +336,59 @@ def test_what_convnext_needs_and_no_more(forward, words):
     _refused(_Net(forward, ln=nn.LayerNorm(8), scale=_Scale(4, 1, 1, 1)), *words)
 
 
+class _MnistNet(nn.Module):
+    """PyTorch's MNIST example (pytorch/examples), a flatten written as a view: what students write."""
+
+    def __init__(self, view):
+        super().__init__()
+        self.view = view
+        self.conv1, self.conv2 = nn.Conv2d(1, 8, 3, 1), nn.Conv2d(8, 16, 3, 1)
+        self.dropout1, self.dropout2 = nn.Dropout(0.0), nn.Dropout(0.0)
+        self.fc1, self.fc2 = nn.Linear(16 * 4 * 4, 32), nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.dropout1(F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2))
+        x = self.fc2(self.dropout2(F.relu(self.fc1(self.view(x)))))
+        return F.log_softmax(x, dim=1)
+
+
+@pytest.mark.parametrize("view", [lambda x: x.view(x.size(0), -1), lambda x: x.view(-1, 16 * 4 * 4),
+                                  lambda x: x.reshape(x.shape[0], -1),
+                                  lambda x: torch.reshape(x, (x.size(0), -1))],
+                         ids=["view(size(0), -1)", "view(-1, F)", "reshape(shape[0], -1)", "torch.reshape"])
+def test_a_view_to_features_is_a_flatten_and_a_last_log_softmax_is_the_losss_own(view):
+    """Sizes (x.size(0), x.shape[0]) are no layers; a view or reshape to (N, features) is a flatten; a
+    log_softmax over the classes as the last op is no layer (softmax_loss applies it, and log-softmax
+    of a log-softmax is itself): the loss, and every gradient, are PyTorch's NLL loss of its output's."""
+    net = _MnistNet(view)
+    g = from_torch(net, (1, 12, 12), batch=4)
+    assert [l.kind for l in g.layers.values()].count("flatten") == 1 and "log_softmax" not in str(g.layers)
+    model = Model(g, device="host", seed=0)
+    model.set_params(net.state_dict())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 1, 12, 12)).astype(np.float32)
+    labels = rng.integers(0, 10, 4)
+    ref = copy.deepcopy(net).double()
+    out = ref(torch.from_numpy(x).double())
+    z = model.predict(x).astype(np.float64)  # the logits: log_softmax of them is what the module returns
+    z -= z.max(axis=1, keepdims=True)
+    _close(z - np.log(np.exp(z).sum(axis=1, keepdims=True)), out.detach().numpy(), "log_softmax(logits)")
+    loss, grads = model.forward_backward(x, labels)
+    F.nll_loss(out, torch.from_numpy(labels)).backward()
+    assert loss == pytest.approx(F.nll_loss(out, torch.from_numpy(labels)).item(), rel=1e-5)
+    for pname, p in ref.named_parameters():
+        _gradient_close(grads[pname], p.grad.numpy(), 1e-4, f"gradient of {pname}")
+
+
+@pytest.mark.parametrize("forward, words", [
+    (lambda s, y: F.log_softmax(y, dim=1), ("a log_softmax over dim 1 that is not the model's last op",)),
+    (lambda s, y: y.view(y.size(0), 4, -1), ("a reshape of (4, 8, 8) to (4, 64) per sample", "flatten")),
+    (lambda s, y: y * y.size(0), ("it computes with the size of a tensor", "x.view(x.size(0), -1)")),
+], ids=["log_softmax inside", "a reshape not to features", "a size in arithmetic on a tensor"])
+def test_sizes_reshapes_and_log_softmax_are_refused_elsewhere(forward, words):
+    _refused(_Net(forward), *words)
+
+
 def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
     msg = _refused(_Net(lambda s, y: torch.abs(y)), "'abs_1'", "call_function abs", "snlite imports")
     assert "Conv2d" in msg  # says what is supported
