@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import operator
 
-SUPPORTED = ("modules Conv2d (grouped and depthwise too), Linear, BatchNorm2d, BatchNorm1d and LayerNorm "
-             "on (N, features), ReLU, ReLU6, LeakyReLU, "
-             "Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d (ceil mode too), "
-             "AdaptiveAvgPool2d (where it is the identity or its windows tile the input), LocalResponseNorm, "
-             "Dropout, Flatten, Identity, and LayerNorm and Linear over the channels between ConvNeXt's "
-             "permute(0, 2, 3, 1) and permute(0, 3, 1, 2); functions relu, relu6, leaky_relu, sigmoid, "
-             "tanh, silu, hardsigmoid, hardswish, gelu, + / torch.add, * / torch.mul of a feature map by a "
-             "per-channel gate (N, C, 1, 1) or by a per-channel parameter (C, 1, 1) (ConvNeXt's layer "
-             "scale), layer_norm over the channels, torch.cat and x.chunk over channels, ShuffleNet's "
-             "channel_shuffle, "
-             "torch.flatten(x, 1) and x.view(x.size(0), -1) or any reshape to (N, features), x.mean over "
-             "(H, W), log_softmax(x, 1) as the last op (softmax_loss applies it), "
-             "max_pool2d, avg_pool2d, adaptive_avg_pool2d, dropout, and stochastic depth with p=0; one "
-             "input, logits (N, classes) out")
+SUPPORTED = ("modules Conv2d (grouped and depthwise too; padding 'same' for odd kernels), Linear, "
+             "BatchNorm2d, BatchNorm1d and LayerNorm on (N, features), ReLU, ReLU6, LeakyReLU, Sigmoid, "
+             "Tanh, SiLU, Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d (ceil mode too), "
+             "AdaptiveAvgPool2d and AdaptiveMaxPool2d (where they are the identity or their windows tile the "
+             "input), LocalResponseNorm, Dropout, Flatten, Identity, and LayerNorm and Linear over the "
+             "channels between ConvNeXt's permute(0, 2, 3, 1) and permute(0, 3, 1, 2); functions relu, "
+             "relu6, leaky_relu, sigmoid, tanh, silu, hardsigmoid, hardswish, gelu, + / torch.add, "
+             "* / torch.mul of a feature map by a per-channel gate (N, C, 1, 1) or by a per-channel "
+             "parameter (C, 1, 1) (ConvNeXt's layer scale), layer_norm over the channels, torch.cat and "
+             "x.chunk over channels, ShuffleNet's channel_shuffle, torch.flatten(x, 1), x.view(x.size(0), "
+             "-1) or any reshape to (N, features), x.squeeze() of (N, C, 1, 1), x.mean over (H, W), "
+             "log_softmax(x, 1) as the last op (softmax_loss applies it), max_pool2d, avg_pool2d, "
+             "adaptive_avg_pool2d, adaptive_max_pool2d, dropout, and stochastic depth with p=0; one input, "
+             "logits (N, classes) out")
 
 # hyper-parameters snlite's layers do not have yet: kind -> {attribute: the only value supported}
 NOT_YET = {
     "conv2d": {"dilation": (1, 1), "padding_mode": "zeros"},
     "maxpool": {"dilation": (1, 1), "return_indices": False},
     "avgpool": {"divisor_override": None},
+    "adaptive_maxpool": {"return_indices": False},
     "batchnorm": {"affine": True, "track_running_stats": True},
     "gelu": {"approximate": "none"},
     "layernorm": {"elementwise_affine": True, "bias": True},
@@ -60,6 +61,17 @@ def _pair(v):
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
+def _padding(m):
+    """A Conv2d's padding in pixels: PyTorch's "valid" is 0, and "same" (stride 1) is half the dilated
+    kernel on each side where that is a whole number; an even kernel's "same" stays a string (refused)."""
+    if m.padding == "valid":
+        return (0, 0)
+    if m.padding == "same":
+        spans = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size)]
+        return tuple(s // 2 for s in spans) if all(s % 2 == 0 for s in spans) else "same"
+    return m.padding
+
+
 def _bind(node, names_defaults, first=1):
     """The hyper-parameters of a call: ``node``'s arguments after the first ``first`` (the tensors)
     by position or keyword, named as the module's attributes, with PyTorch's defaults."""
@@ -88,7 +100,7 @@ def describe(node, gm):
                                             "return_indices", "count_include_pad", "divisor_override")
                  if hasattr(m, k)}
         table = [(nn.Conv2d, "conv2d", lambda: dict(out_channels=m.out_channels, kernel_size=m.kernel_size,
-                                                    stride=m.stride, padding=m.padding, dilation=m.dilation,
+                                                    stride=m.stride, padding=_padding(m), dilation=m.dilation,
                                                     groups=m.groups, padding_mode=m.padding_mode,
                                                     bias=m.bias is not None)),
                  (nn.Linear, "linear", lambda: dict(out_features=m.out_features, bias=m.bias is not None)),
@@ -104,6 +116,7 @@ def describe(node, gm):
                  (nn.GELU, "gelu", lambda: dict(approximate=m.approximate)),
                  (nn.MaxPool2d, "maxpool", lambda: attrs), (nn.AvgPool2d, "avgpool", lambda: attrs),
                  (nn.AdaptiveAvgPool2d, "adaptive_avgpool", dict),
+                 (nn.AdaptiveMaxPool2d, "adaptive_maxpool", lambda: dict(return_indices=m.return_indices)),
                  (nn.LocalResponseNorm, "lrn", lambda: dict(size=m.size, alpha=m.alpha, beta=m.beta, k=m.k)),
                  (nn.Dropout, "dropout", lambda: dict(p=m.p, inplace=m.inplace)),
                  (nn.Flatten, "flatten", lambda: dict(start_dim=m.start_dim, end_dim=m.end_dim)),
@@ -172,6 +185,13 @@ def describe(node, gm):
             return "layernorm", hp, tensors[:1], False
         if fn is F.adaptive_avg_pool2d:
             return "adaptive_avgpool", {}, tensors[:1], False
+        if fn in (F.adaptive_max_pool2d_with_indices, F.max_pool2d_with_indices):  # return_indices=True
+            raise refuse(node, "return_indices=True is not supported yet (snlite's pools return no indices)")
+        if fn is F.adaptive_max_pool2d:
+            return "adaptive_maxpool", _bind(node, (("output_size", None), ("return_indices", False))), \
+                tensors[:1], False
+        if fn is torch.squeeze:
+            return "squeeze", _bind(node, (("dim", None),)), tensors[:1], False
         if fn in (F.max_pool2d, F.avg_pool2d):
             kind = "maxpool" if fn is F.max_pool2d else "avgpool"
             return kind, _bind(node, POOL_ARGS[kind]), tensors[:1], False
@@ -193,6 +213,8 @@ def describe(node, gm):
             return "chunk", _bind(node, (("chunks", None), ("dim", 0))), tensors[:1], False
         if fn in ("view", "reshape"):
             return "reshape", {}, tensors[:1], False
+        if fn == "squeeze":
+            return "squeeze", _bind(node, (("dim", None),)), tensors[:1], False
         if fn == "log_softmax":
             return "log_softmax", _bind(node, (("dim", None),)), tensors[:1], False
         if fn == "permute":
@@ -239,5 +261,6 @@ def not_yet(kind, hp) -> str | None:
         return "momentum=None (a cumulative average) is not supported yet: give the running statistics a " \
             "momentum"
     if kind == "conv2d" and isinstance(hp["padding"], str):
-        return f"padding={hp['padding']!r} is not supported yet: give the padding in pixels"
+        return f"padding={hp['padding']!r} with kernel {hp['kernel_size']} pads one side more than the " \
+            "other (an even kernel), which snlite's conv does not yet: give the padding in pixels"
     return None

@@ -85,6 +85,8 @@ class Importer:
             self.built[node] = self.chunk(node, hp, self.built[inputs[0]])
             return
         want = tuple(node.meta["tensor_meta"].shape)[1:]
+        if kind == "squeeze" and hp["dim"] is None:  # traced at batch 1, where squeeze() drops the batch too
+            want = tuple(node.meta["tensor_meta"].shape)
         xs = [self.built[a] for a in inputs]
         if kind != "mul" and any(isinstance(x, Param) for x in xs):
             param = next(x for x in xs if isinstance(x, Param)).target
@@ -135,11 +137,14 @@ class Importer:
 
     def build(self, node, kind, hp, xs, want, channels_last=False):
         g, x = self.g, xs[0]
-        if kind == "identity" or (kind in ("concat", "flatten", "adaptive_avgpool") and len(xs) == 1
+        if kind == "identity" or (kind in ("concat", "flatten", "adaptive_avgpool", "adaptive_maxpool")
+                                  and len(xs) == 1
                                   and tuple(x.shape[1:]) == want):
             return x  # a one-tensor cat, a flatten of what is flat, an adaptive pool to the same size
         if kind == "reshape":  # a flatten, or nothing
             return self.reshape(node, x, want)
+        if kind == "squeeze":
+            return self.squeeze(node, hp, x)
         if kind == "log_softmax":  # nothing: softmax_loss applies it
             return self.log_softmax(node, hp, x)
         if kind == "layernorm":  # named for its module, or for the module owning its weight
@@ -190,14 +195,15 @@ class Importer:
             extra = {} if kind == "maxpool" else {"count_include_pad": hp["count_include_pad"]}
             stride = k if hp["stride"] in (None, ()) else hp["stride"]  # F.max_pool2d's stride=[] is kernel
             return pool(x, k, stride, hp["padding"], ceil_mode=bool(hp["ceil_mode"]), name=name, **extra)
-        if kind == "adaptive_avgpool":
+        if kind in ("adaptive_avgpool", "adaptive_maxpool"):
             (h, w), (oh, ow) = x.shape[2:], want[1:]
+            what = "average" if kind == "adaptive_avgpool" else "max"
             if h % oh or w % ow:
-                raise refuse(node, f"adaptive average pooling from {h}x{w} to {oh}x{ow} has windows of "
+                raise refuse(node, f"adaptive {what} pooling from {h}x{w} to {oh}x{ow} has windows of "
                                    "different sizes, which no snlite layer computes yet; choose an input "
                                    f"size whose features divide into {oh}x{ow} (224x224 for torchvision's "
                                    "VGG and AlexNet)")
-            return g.avgpool(x, (h // oh, w // ow), name=name)
+            return (g.avgpool if kind == "adaptive_avgpool" else g.maxpool)(x, (h // oh, w // ow), name=name)
         if kind == "concat":
             if hp["dim"] not in (1, -3) or any(len(a.shape) != 4 for a in xs):
                 raise refuse(node, f"a cat along dim {hp['dim']}: snlite's concat joins (N, C, H, W) tensors "
@@ -302,3 +308,15 @@ class Importer:
                                "logits (N, classes); snlite takes it only there, where its softmax_loss "
                                "applies it")
         return x
+
+    def squeeze(self, node, hp, x):
+        """``x.squeeze()`` or ``x.squeeze((2, 3))`` of a pooled (N, C, 1, 1): a flatten. (PyTorch traced
+        it at batch 1, where squeeze() drops the batch too; at batch N it keeps it.)"""
+        dims = hp["dim"]
+        if dims is not None:
+            dims = {d % 4 for d in (dims if isinstance(dims, (tuple, list)) else (dims,))}
+        if len(x.shape) == 4 and tuple(x.shape[2:]) == (1, 1) and (dims is None or dims == {2, 3}):
+            return self.g.flatten(x, name=self.name(node, "flatten"))
+        raise refuse(node, f"a squeeze of {tuple(x.shape)} over dims {hp['dim']}; snlite takes only the "
+                           "squeeze of a pooled (N, C, 1, 1) to (N, C): x.squeeze(), x.squeeze((2, 3)) or "
+                           "x.flatten(1)")

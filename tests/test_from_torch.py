@@ -60,6 +60,9 @@ MODELS = {
     "shufflenet_v2_x0_5": (tv.shufflenet_v2_x0_5, (3, 64, 64), 4),
     # a network of one's own: LeakyReLU, Tanh and GELU, as modules and as functions
     "own_smooth_net": (lambda num_classes: SmoothNet(num_classes), (3, 16, 16), 4),
+    # a network of one's own with padding="same" and "valid", adaptive max and average pools to 1x1 and
+    # their squeeze()s
+    "own_pooled_net": (lambda num_classes: PooledNet(num_classes), (3, 8, 8), 4),
     # an MLP of one's own: BatchNorm1d and LayerNorm over (N, features)
     "own_mlp": (lambda num_classes: nn.Sequential(
         nn.Flatten(), nn.Linear(3 * 8 * 8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 16),
@@ -85,6 +88,20 @@ class SmoothNet(nn.Module):
         z = self.conv2(y)
         y = torch.tanh(self.act2(z)) + F.leaky_relu(F.gelu(z), 0.3)
         return self.fc(torch.flatten(torch.nn.functional.tanh(y), 1))
+
+
+class PooledNet(nn.Module):
+    """Padding as words, and the global pools students write."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 8, 3, padding="same"), nn.Conv2d(8, 8, 5, padding="same")
+        self.conv3, self.pool = nn.Conv2d(8, 8, 3, padding="valid"), nn.AdaptiveMaxPool2d(1)
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        x = self.conv3(F.relu(self.conv2(F.relu(self.conv1(x)))))
+        return self.fc(self.pool(x).squeeze() + F.adaptive_avg_pool2d(x, (1, 1)).squeeze((2, 3)))
 
 
 # VGG's classifier is two 4096-wide layers, 120 M of VGG-16's 134 M weights: they only cost time (seconds
@@ -384,7 +401,11 @@ def test_a_view_to_features_is_a_flatten_and_a_last_log_softmax_is_the_losss_own
     (lambda s, y: F.log_softmax(y, dim=1), ("a log_softmax over dim 1 that is not the model's last op",)),
     (lambda s, y: y.view(y.size(0), 4, -1), ("a reshape of (4, 8, 8) to (4, 64) per sample", "flatten")),
     (lambda s, y: y * y.size(0), ("it computes with the size of a tensor", "x.view(x.size(0), -1)")),
-], ids=["log_softmax inside", "a reshape not to features", "a size in arithmetic on a tensor"])
+    (lambda s, y: y.squeeze(1), ("a squeeze of (2, 4, 8, 8) over dims 1", "(N, C, 1, 1) to (N, C)")),
+    (lambda s, y: F.adaptive_max_pool2d(y, 8, return_indices=True)[0],
+     ("return_indices=True is not supported yet",)),
+], ids=["log_softmax inside", "a reshape not to features", "a size in arithmetic on a tensor",
+        "a squeeze of a map", "a pool's indices"])
 def test_sizes_reshapes_and_log_softmax_are_refused_elsewhere(forward, words):
     _refused(_Net(forward), *words)
 
@@ -406,6 +427,8 @@ def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
     (nn.AvgPool2d(3, 1, 1, divisor_override=3), ("divisor_override=3 is not supported yet",)),
     (nn.BatchNorm2d(4, momentum=None), ("momentum=None",)),
     (nn.LayerNorm(8, elementwise_affine=False), ("elementwise_affine=False is not supported yet",)),
+    pytest.param(nn.Conv2d(4, 4, 2, padding="same"), ("padding='same' with kernel (2, 2) pads one side",),
+                 marks=pytest.mark.filterwarnings("ignore:Using padding='same' with even")),  # PyTorch warns
 ])
 def test_hyper_parameters_snlite_lacks_are_refused_by_name(module, words):
     _refused(_Net(lambda s, y: s.extra(y), extra=module), *words)
