@@ -165,6 +165,34 @@ class Graph:
         """PyTorch's Hardswish, x * hardsigmoid(x) (MobileNet-V3's activation)."""
         return self._add("hardswish", [x], name)
 
+    def elu(self, x, alpha=1.0, name=None) -> Node:
+        """PyTorch's ELU: x where x > 0, else alpha (exp(x) - 1)."""
+        return self._add("elu", [x], name, alpha=check_number(alpha, f"{who('elu', name)}: alpha"))
+
+    def selu(self, x, name=None) -> Node:
+        """PyTorch's SELU (self-normalizing: a scaled ELU with fixed constants)."""
+        return self._add("selu", [x], name)
+
+    def celu(self, x, alpha=1.0, name=None) -> Node:
+        """PyTorch's CELU: x where x > 0, else alpha (exp(x / alpha) - 1); alpha must not be 0."""
+        alpha = check_number(alpha, f"{who('celu', name)}: alpha")
+        if alpha == 0:
+            raise ValueError(f"{who('celu', name)}: alpha must not be 0 (CELU divides x by it)")
+        return self._add("celu", [x], name, alpha=alpha)
+
+    def softplus(self, x, beta=1.0, threshold=20.0, name=None) -> Node:
+        """PyTorch's Softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
+        what = who("softplus", name)
+        beta = check_number(beta, f"{what}: beta")
+        if beta == 0:
+            raise ValueError(f"{what}: beta must not be 0 (Softplus divides by it)")
+        threshold = check_number(threshold, f"{what}: threshold")
+        return self._add("softplus", [x], name, beta=beta, threshold=threshold)
+
+    def mish(self, x, name=None) -> Node:
+        """PyTorch's Mish: x tanh(softplus(x))."""
+        return self._add("mish", [x], name)
+
     def narrow(self, x, start, size, name=None) -> Node:
         """Channels [start, start + size) of x: a part of PyTorch's ``x.chunk(k, dim=1)``."""
         what = who("narrow", name)

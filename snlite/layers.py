@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from kernels.conv import check_groups
+from kernels.elu import SELU_ALPHA, SELU_SCALE
 from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
@@ -244,6 +245,59 @@ class GELU(SiLU):
     kind = "gelu"
 
 
+class ELU(SiLU):
+    """PyTorch's ELU: x where x > 0, else alpha (exp(x) - 1). SELU and CELU are the same kernels with
+    other constants (``kernels.elu``: scale, alpha, and the input's scale)."""
+
+    kind = "elu"
+
+    def constants(self) -> dict:
+        return {"alpha": self.attrs["alpha"], "scale": 1.0, "input_scale": 1.0}
+
+    def forward(self, io):
+        io.run("elu_forward", io.x[0], io.y, **self.constants())
+
+    def backward(self, io):
+        io.run("elu_backward", io.x[0], io.dy, io.dx[0], **self.constants())
+
+
+class SELU(ELU):
+    """PyTorch's SELU: a scaled ELU whose constants keep activations normalized."""
+
+    kind = "selu"
+
+    def constants(self) -> dict:
+        return {"alpha": SELU_ALPHA, "scale": SELU_SCALE, "input_scale": 1.0}
+
+
+class CELU(ELU):
+    """PyTorch's CELU: x where x > 0, else alpha (exp(x / alpha) - 1)."""
+
+    kind = "celu"
+
+    def constants(self) -> dict:
+        return {"alpha": self.attrs["alpha"], "scale": 1.0, "input_scale": 1.0 / self.attrs["alpha"]}
+
+
+class Softplus(SiLU):
+    """PyTorch's Softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
+
+    kind = "softplus"
+
+    def forward(self, io):
+        io.run("softplus_forward", io.x[0], io.y, beta=self.attrs["beta"], threshold=self.attrs["threshold"])
+
+    def backward(self, io):
+        io.run("softplus_backward", io.x[0], io.dy, io.dx[0], beta=self.attrs["beta"],
+               threshold=self.attrs["threshold"])
+
+
+class Mish(SiLU):
+    """PyTorch's Mish: x tanh(softplus(x))."""
+
+    kind = "mish"
+
+
 class ChannelScale(Layer):
     """Squeeze-and-excitation's last step: x (N, C, H, W) times a gate (N, C, 1, 1), each channel of
     each image by its own number. Its backward reads both inputs: the gate's gradient is dy * x summed
@@ -337,7 +391,8 @@ class Dropout(Layer):
 
 
 LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU,
-                                          Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d, BatchNorm2d,
+                                          Hardsigmoid, Hardswish, GELU, ELU, SELU, CELU, Softplus, Mish,
+                                          MaxPool2d, AvgPool2d, BatchNorm2d,
                                           LayerNorm, LayerScale, LRN, Dropout, ChannelScale, Add, Concat,
                                           Narrow, ChannelShuffle, Flatten, SoftmaxLoss)}
 

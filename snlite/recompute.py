@@ -1,12 +1,13 @@
 """Cost-aware recomputation (docs/paper.md section 5), on plain data.
 
 Cheap layers (ReLU, pooling, BN, LRN, dropout, and what snlite has since learnt: the activations
-ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU, and ConvNeXt's layer norm and
-layer scale) hold about half the activation memory but cost little time, so their outputs are
-dropped after the forward pass and rebuilt in backward from the nearest earlier checkpoint (a layer
-whose output is kept: conv, linear, and the structural data/add/concat/softmax layers, and the
-channel scale, narrow and channel shuffle). Every segment between checkpoints is a chain, so
-rebuilding a tensor means re-running the forward steps from the checkpoint to it.
+ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU, ELU, SELU, CELU, Softplus,
+Mish, and ConvNeXt's layer norm and layer scale) hold about half the activation memory but cost
+little time, so their outputs are dropped after the forward pass and rebuilt in backward from the
+nearest earlier checkpoint (a layer whose output is kept: conv, linear, and the structural
+data/add/concat/softmax layers, and the channel scale, narrow and channel shuffle). Every segment
+between checkpoints is a chain, so rebuilding a tensor means re-running the forward steps from the
+checkpoint to it.
 
 - ``speed``: at the first backward step that needs a segment, recompute the whole segment once
   and keep it for the segment's remaining backward steps (extra work O(N): m re-runs for a

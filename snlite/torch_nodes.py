@@ -11,11 +11,13 @@ import operator
 
 SUPPORTED = ("modules Conv2d (grouped and depthwise too; padding 'same' for odd kernels), Linear, "
              "BatchNorm2d, BatchNorm1d and LayerNorm on (N, features), ReLU, ReLU6, LeakyReLU, Sigmoid, "
-             "Tanh, SiLU, Hardsigmoid, Hardswish, GELU, MaxPool2d, AvgPool2d (ceil mode too), "
+             "Tanh, SiLU, Hardsigmoid, Hardswish, GELU, ELU, SELU, CELU, Softplus, Mish, MaxPool2d, "
+             "AvgPool2d (ceil mode too), "
              "AdaptiveAvgPool2d and AdaptiveMaxPool2d (where they are the identity or their windows tile the "
              "input), LocalResponseNorm, Dropout, Flatten, Identity, and LayerNorm and Linear over the "
              "channels between ConvNeXt's permute(0, 2, 3, 1) and permute(0, 3, 1, 2); functions relu, "
-             "relu6, leaky_relu, sigmoid, tanh, silu, hardsigmoid, hardswish, gelu, + / torch.add, "
+             "relu6, leaky_relu, sigmoid, tanh, silu, hardsigmoid, hardswish, gelu, elu, selu, celu, "
+             "softplus, mish, + / torch.add, "
              "* / torch.mul of a feature map by a per-channel gate (N, C, 1, 1) or by a per-channel "
              "parameter (C, 1, 1) (ConvNeXt's layer scale), layer_norm over the channels, torch.cat and "
              "x.chunk over channels, ShuffleNet's channel_shuffle, torch.flatten(x, 1), x.view(x.size(0), "
@@ -114,6 +116,11 @@ def describe(node, gm):
                  (nn.Sigmoid, "sigmoid", dict), (nn.Tanh, "tanh", dict), (nn.SiLU, "silu", dict),
                  (nn.Hardsigmoid, "hardsigmoid", dict), (nn.Hardswish, "hardswish", dict),
                  (nn.GELU, "gelu", lambda: dict(approximate=m.approximate)),
+                 (nn.ELU, "elu", lambda: dict(alpha=m.alpha, inplace=m.inplace)),
+                 (nn.SELU, "selu", lambda: dict(inplace=m.inplace)),
+                 (nn.CELU, "celu", lambda: dict(alpha=m.alpha, inplace=m.inplace)),
+                 (nn.Softplus, "softplus", lambda: dict(beta=m.beta, threshold=m.threshold)),
+                 (nn.Mish, "mish", lambda: dict(inplace=m.inplace)),
                  (nn.MaxPool2d, "maxpool", lambda: attrs), (nn.AvgPool2d, "avgpool", lambda: attrs),
                  (nn.AdaptiveAvgPool2d, "adaptive_avgpool", dict),
                  (nn.AdaptiveMaxPool2d, "adaptive_maxpool", lambda: dict(return_indices=m.return_indices)),
@@ -142,7 +149,14 @@ def describe(node, gm):
             return "leaky_relu", hp, tensors[:1], hp["inplace"]
         if fn is F.gelu:
             return "gelu", _bind(node, (("approximate", "none"),)), tensors[:1], False
-        if fn in (F.silu, F.hardsigmoid, F.hardswish):
+        if fn in (F.elu, F.celu):
+            hp = _bind(node, (("alpha", 1.0), ("inplace", False)))
+            return fn.__name__, hp, tensors[:1], hp["inplace"]
+        if fn in (F.selu, torch.selu):
+            return "selu", {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
+        if fn is F.softplus:
+            return "softplus", _bind(node, (("beta", 1.0), ("threshold", 20.0))), tensors[:1], False
+        if fn in (F.silu, F.hardsigmoid, F.hardswish, F.mish):
             return fn.__name__, {}, tensors[:1], _bind(node, (("inplace", False),))["inplace"]
         if fn in (operator.mul, torch.mul):
             return "mul", {}, tensors, False

@@ -14,7 +14,8 @@ from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
 
 # what reads a channels-last tensor (after permute(0, 2, 3, 1)), computed on snlite's (N, C, H, W)
 CHANNELS_LAST = ("permute", "layernorm", "linear", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu",
-                 "hardsigmoid", "hardswish", "gelu", "identity", "dropout", "add")
+                 "hardsigmoid", "hardswish", "gelu", "elu", "selu", "celu", "softplus", "mish", "identity",
+                 "dropout", "add")
 
 
 class Param:
@@ -165,8 +166,12 @@ class Importer:
             return g.batchnorm(x, hp["eps"], hp["momentum"], name=name)
         if kind == "relu":
             return g.relu(x, name=name)
-        if kind in ("relu6", "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu"):
+        if kind in ("relu6", "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "selu", "mish"):
             return getattr(g, kind)(x, name=name)
+        if kind in ("elu", "celu"):
+            return getattr(g, kind)(x, hp["alpha"], name=name)
+        if kind == "softplus":
+            return g.softplus(x, hp["beta"], hp["threshold"], name=name)
         if kind == "leaky_relu":
             return g.leaky_relu(x, hp["negative_slope"], name=name)
         if kind == "mul":

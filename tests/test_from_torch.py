@@ -58,7 +58,8 @@ MODELS = {
     "mnasnet0_5": (tv.mnasnet0_5, (3, 64, 64), 4),
     # x.chunk(2, dim=1) into its parts, and the channel shuffle (ShuffleNet-V2)
     "shufflenet_v2_x0_5": (tv.shufflenet_v2_x0_5, (3, 64, 64), 4),
-    # a network of one's own: LeakyReLU, Tanh and GELU, as modules and as functions
+    # a network of one's own: LeakyReLU, Tanh, GELU, ELU, SELU, CELU, Softplus and Mish, as modules and
+    # as functions
     "own_smooth_net": (lambda num_classes: SmoothNet(num_classes), (3, 16, 16), 4),
     # a network of one's own with padding="same" and "valid", adaptive max and average pools to 1x1 and
     # their squeeze()s
@@ -81,12 +82,16 @@ class SmoothNet(nn.Module):
         super().__init__()
         self.conv1, self.bn1, self.act1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.LeakyReLU(0.1)
         self.conv2, self.act2 = nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.GELU()
+        self.act3, self.act4, self.act5 = nn.ELU(0.7), nn.CELU(0.5), nn.Softplus(2.0, 1.5)
+        self.act6, self.act7 = nn.SELU(), nn.Mish()
         self.fc = nn.Linear(8 * 8 * 8, num_classes)
 
     def forward(self, x):
         y = self.act1(self.bn1(self.conv1(x)))
         z = self.conv2(y)
         y = torch.tanh(self.act2(z)) + F.leaky_relu(F.gelu(z), 0.3)
+        y = self.act3(y) + self.act4(z) + self.act5(y) + F.softplus(z, 0.5) + F.elu(y, 1.5)
+        y = self.act6(y) + self.act7(z) + F.selu(y) + F.mish(z) + F.celu(y, 2.0)
         return self.fc(torch.flatten(torch.nn.functional.tanh(y), 1))
 
 
@@ -414,9 +419,9 @@ def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
     msg = _refused(_Net(lambda s, y: torch.abs(y)), "'abs_1'", "call_function abs", "snlite imports")
     assert "Conv2d" in msg  # says what is supported
     net = tv.resnet18(num_classes=10)
-    net.layer2[0].relu = nn.Mish()
+    net.layer2[0].relu = nn.Softsign()
     with pytest.raises(TorchImportError, match=r"'layer2_0_relu' \(call_module layer2\.0\.relu\) in "
-                                               r"layer2\.0\.relu: the module Mish has no snlite layer"):
+                                               r"layer2\.0\.relu: the module Softsign has no snlite layer"):
         from_torch(net, (3, 32, 32))
 
 

@@ -294,8 +294,9 @@ def test_convnexts_layers_declare_what_they_read_and_are_cheap():
     assert set(steps["block", "backward"].reads) == {"block.fc2", "block.grad", "block.layer_scale"}
     plan = Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan()
     dropped = set(plan.recompute.dropped)
-    assert {"stem.ln", "block.ln", "block.act", "block", "head.ln", "head.bn"} <= dropped
-    assert not {"stem", "block.dw", "block.fc1", "block.fc2", "block.add", "fc0"} & dropped
+    assert {"stem.ln", "stem.elu", "stem.celu", "block.ln", "block.act", "block", "head.ln", "head.bn",
+            "head.mish", "head.softplus", "head.selu"} <= dropped
+    assert not {"stem", "block.dw", "block.fc1", "block.fc2", "block.add", "fc0", "fc1"} & dropped
 
 
 @pytest.mark.parametrize("build, match", [
@@ -305,6 +306,10 @@ def test_convnexts_layers_declare_what_they_read_and_are_cheap():
     (lambda g, x: g.layer_scale(x, param="my scale", name="ls"), r"got 'my scale'"),
     (lambda g, x: g.layer_scale(x, init=float("nan"), name="ls"), r"layer_scale 'ls': init"),
     (lambda g, x: g.pointwise_linear(x, 0, name="fc"), r"conv2d 'fc': out_features"),
+    (lambda g, x: g.celu(x, 0, name="act"), r"celu 'act': alpha must not be 0"),
+    (lambda g, x: g.softplus(x, beta=0, name="act"), r"softplus 'act': beta must not be 0"),
+    (lambda g, x: g.softplus(x, threshold=float("inf"), name="act"), r"softplus 'act': threshold"),
+    (lambda g, x: g.elu(x, alpha="1", name="act"), r"elu 'act': alpha"),
     (lambda g, x: g.pointwise_linear(g.flatten(x), 4, name="fc"),
      r"conv2d 'fc': pointwise_linear takes an \(N, C, H, W\) input, got \(2, 48\); .*g.linear"),
 ])
