@@ -25,6 +25,11 @@ negative x; ours is always +0.0.) p = 0 is the identity. ``dropout_mask`` writes
 The backward dx = dy * mask * scale (dropped: dy - dy, likewise) takes the forward's seed and
 rebuilds the mask; it may run in place (dx aliasing dy). Element-wise, so there is no reduction
 order to fix; one version (v1).
+
+``group`` (default 1) draws one decision for each run of ``group`` consecutive elements: element i
+takes the decision of index i // group. PyTorch's Dropout2d, which drops whole channels, is
+``group = H * W`` on an (N, C, H, W) tensor (one decision per image and channel); group 1 is the
+element-wise dropout, bit for bit as before.
 """
 from __future__ import annotations
 
@@ -62,28 +67,28 @@ def _hyper(op, p, seed=0):
 
 
 # ---------------------------------------------------------------- NumPy references
-def _keep_ref(size, key, threshold):
-    """Boolean keep decisions for flat indices 0 .. size-1, in uint64 arithmetic."""
-    i = np.arange(size, dtype=np.uint64)
+def _keep_ref(size, key, threshold, group=1):
+    """Boolean keep decisions for flat indices 0 .. size-1 (each drawn at index // group), in uint64."""
+    i = np.arange(size, dtype=np.uint64) // np.uint64(group)
     return _mix32(_mix32(i) ^ np.uint64(key)) >= np.uint64(threshold)
 
 
-def dropout_mask_ref(mask, *, p, seed):
+def dropout_mask_ref(mask, *, p, seed, group=1):
     key, threshold, _ = _hyper("dropout_mask", p, seed)
-    mask[...] = _keep_ref(mask.size, key, threshold).reshape(mask.shape)
+    mask[...] = _keep_ref(mask.size, key, threshold, group).reshape(mask.shape)
 
 
-def dropout_forward_ref(x, y, *, p, seed):
+def dropout_forward_ref(x, y, *, p, seed, group=1):
     key, threshold, scale = _hyper("dropout_forward", p, seed)
-    keep = _keep_ref(x.size, key, threshold).reshape(x.shape)
+    keep = _keep_ref(x.size, key, threshold, group).reshape(x.shape)
     with np.errstate(invalid="ignore"):  # inf - inf is NaN on purpose
         y[...] = np.where(keep, x * x.dtype.type(scale), x - x)  # dropped: 0, or NaN for NaN and inf
 
 
-def dropout_backward_ref(dy, dx, *, p, seed):
+def dropout_backward_ref(dy, dx, *, p, seed, group=1):
     """dx = dy * mask / (1 - p), the mask rebuilt from the forward's seed; dx may alias dy."""
     key, threshold, scale = _hyper("dropout_backward", p, seed)
-    keep = _keep_ref(dy.size, key, threshold).reshape(dy.shape)
+    keep = _keep_ref(dy.size, key, threshold, group).reshape(dy.shape)
     with np.errstate(invalid="ignore"):
         dx[...] = np.where(keep, dy * dy.dtype.type(scale), dy - dy)
 
@@ -98,65 +103,71 @@ def _keep(i, key, threshold):
 
 
 # ---------------------------------------------------------------- kernels
-@cuda_kernel("void(uint8[::1], int64, int64)")
-def _dropout_mask_v1(mask, key, threshold):
+@cuda_kernel("void(uint8[::1], int64, int64, int64)")
+def _dropout_mask_v1(mask, key, threshold, group):
     i = cuda.grid(1)
     if i < mask.size:
-        mask[i] = uint8(1) if _keep(i, key, threshold) else uint8(0)
+        mask[i] = uint8(1) if _keep(i // group, key, threshold) else uint8(0)
 
 
-@cuda_kernel("void(float32[::1], float32[::1], int64, int64, float32)")
-def _dropout_forward_v1(x, y, key, threshold, scale):
+@cuda_kernel("void(float32[::1], float32[::1], int64, int64, float32, int64)")
+def _dropout_forward_v1(x, y, key, threshold, scale, group):
     i = cuda.grid(1)
     if i < y.size:
         v = x[i]
-        y[i] = v * scale if _keep(i, key, threshold) else v - v  # dropped: 0, or NaN for a NaN or inf v
+        y[i] = v * scale if _keep(i // group, key, threshold) else v - v  # dropped: 0, or NaN for NaN, inf
 
 
-@cuda_kernel("void(float32[::1], float32[::1], int64, int64, float32)")
-def _dropout_backward_v1(dy, dx, key, threshold, scale):
+@cuda_kernel("void(float32[::1], float32[::1], int64, int64, float32, int64)")
+def _dropout_backward_v1(dy, dx, key, threshold, scale, group):
     # The forward's mask, drawn again. dx may be dy: read dy[i], then write dx[i]; nothing else.
     i = cuda.grid(1)
     if i < dx.size:
         g = dy[i]
-        dx[i] = g * scale if _keep(i, key, threshold) else g - g
+        dx[i] = g * scale if _keep(i // group, key, threshold) else g - g
 
 
 # ---------------------------------------------------------------- launchers
-def _check_size(op, a):
+def _check_size(op, a, group):
     if a.size > MAX_ELEMENTS:
         raise ValueError(f"{op}: at most 2**32 elements (indices are 32-bit hash counters), got {a.size}")
+    if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 1 or a.size % group:
+        raise ValueError(f"{op}: group must be a positive int dividing the {a.size} elements (one decision "
+                         f"per group: H * W for a channel of an (N, C, H, W) map), got {group!r}")
+    return int(group)
 
 
-def dropout_mask(mask, *, p, seed, stream=0, version="v1", block=BLOCK):
+def dropout_mask(mask, *, p, seed, group=1, stream=0, version="v1", block=BLOCK):
     """Write the keep mask of (p, seed) as uint8 0/1: the one dropout_forward and dropout_backward draw."""
     check_version(version, VERSIONS)
     key, threshold, _ = _hyper("dropout_mask", p, seed)
     check("dropout_mask mask", mask, dtype=np.uint8)
-    _check_size("dropout_mask", mask)
-    launch_1d(_dropout_mask_v1, mask.size, block, stream, flat(mask), key, threshold)
+    group = _check_size("dropout_mask", mask, group)
+    launch_1d(_dropout_mask_v1, mask.size, block, stream, flat(mask), key, threshold, group)
 
 
-def dropout_forward(x, y, *, p, seed, stream=0, version="v1", block=BLOCK):
-    """y = x * mask / (1 - p), the mask drawn from ``seed``; nothing else is written."""
+def dropout_forward(x, y, *, p, seed, group=1, stream=0, version="v1", block=BLOCK):
+    """y = x * mask / (1 - p), the mask drawn from ``seed`` (one decision per ``group`` elements);
+    nothing else is written."""
     check_version(version, VERSIONS)
     key, threshold, scale = _hyper("dropout_forward", p, seed)
     check("dropout_forward x", x)
     check("dropout_forward y", y, shape=x.shape)
-    _check_size("dropout_forward", x)
-    launch_1d(_dropout_forward_v1, x.size, block, stream, flat(x), flat(y), key, threshold, np.float32(scale))
+    group = _check_size("dropout_forward", x, group)
+    launch_1d(_dropout_forward_v1, x.size, block, stream, flat(x), flat(y), key, threshold, np.float32(scale),
+              group)
 
 
-def dropout_backward(dy, dx, *, p, seed, stream=0, version="v1", block=BLOCK):
-    """dx = dy * mask / (1 - p), the forward's mask rebuilt from the same ``seed``; ``dx`` may be
-    the same array as ``dy`` (in place)."""
+def dropout_backward(dy, dx, *, p, seed, group=1, stream=0, version="v1", block=BLOCK):
+    """dx = dy * mask / (1 - p), the forward's mask rebuilt from the same ``seed`` and ``group``;
+    ``dx`` may be the same array as ``dy`` (in place)."""
     check_version(version, VERSIONS)
     key, threshold, scale = _hyper("dropout_backward", p, seed)
     check("dropout_backward dy", dy)
     check("dropout_backward dx", dx, shape=dy.shape)
-    _check_size("dropout_backward", dy)
+    group = _check_size("dropout_backward", dy, group)
     launch_1d(_dropout_backward_v1, dx.size, block, stream, flat(dy), flat(dx), key, threshold,
-            np.float32(scale))
+              np.float32(scale), group)
 
 
 OPS = {
@@ -186,6 +197,11 @@ def examples(rng):
                            launch={"block": 64}, label=f"{shape} p={p}"))
         out.append(Example("dropout_mask", (garbage_mask(*shape),), (0,), kwargs=kw, launch={"block": 64},
                            label=f"{shape} p={p}"))
+    for op, args, out_ in (("dropout_forward", (r(2, 3, 4, 5), nan(2, 3, 4, 5)), (1,)),
+                           ("dropout_backward", (r(2, 3, 4, 5), nan(2, 3, 4, 5)), (1,)),
+                           ("dropout_mask", (garbage_mask(2, 3, 4, 5),), (0,))):
+        out.append(Example(op, args, out_, kwargs={"p": 0.5, "seed": 3, "group": 20}, launch={"block": 64},
+                           label="per channel (group = H * W)"))
     dy_in_place = r(3, 5, 11)
     out.append(Example("dropout_backward", (dy_in_place, dy_in_place), (1,), kwargs={"p": 0.3, "seed": 5},
                        launch={"block": 64}, label="dx aliases dy"))

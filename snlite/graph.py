@@ -251,6 +251,11 @@ class Graph:
         p = check_number(p, f"{who('dropout', name)}: p", 0.0, 1.0, open_high=True)
         return self._add("dropout", [x], name, p=p)
 
+    def dropout2d(self, x, p=0.5, name=None) -> Node:
+        """PyTorch's Dropout2d: each channel of each image dropped whole with probability p."""
+        p = check_number(p, f"{who('dropout2d', name)}: p", 0.0, 1.0, open_high=True)
+        return self._add("dropout2d", [x], name, p=p)
+
     def add(self, *xs, name=None) -> Node:
         xs = list(xs[0]) if len(xs) == 1 and isinstance(xs[0], (list, tuple)) else list(xs)
         if len(xs) < 2:

@@ -382,18 +382,39 @@ class Dropout(Layer):
 
     def forward(self, io):
         if io.train:
-            io.run("dropout_forward", io.x[0], io.y, p=self.attrs["p"], seed=io.seed)
+            io.run("dropout_forward", io.x[0], io.y, p=self.attrs["p"], seed=io.seed, **self._group())
         else:
             io.run("copy", io.x[0], io.y)
 
     def backward(self, io):
-        io.run("dropout_backward", io.dy, io.dx[0], p=self.attrs["p"], seed=io.seed)
+        io.run("dropout_backward", io.dy, io.dx[0], p=self.attrs["p"], seed=io.seed, **self._group())
+
+    def _group(self) -> dict:
+        return {}
+
+
+class Dropout2d(Dropout):
+    """PyTorch's Dropout2d: whole channels dropped, one decision per image and channel (the mask's
+    hash drawn at (n, c): ``group`` H * W in ``kernels.dropout``), the rest scaled by 1 / (1 - p)."""
+
+    kind = "dropout2d"
+
+    def infer_shape(self):
+        x = self.in_shapes[0]
+        if len(x) != 4:
+            raise ValueError(f"dropout2d {self.name!r}: expected an (N, C, H, W) input (it drops whole "
+                             f"channels), got {x}; for (N, features) use g.dropout")
+        return x
+
+    def _group(self) -> dict:
+        return {"group": self.out_shape[2] * self.out_shape[3]}
 
 
 LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU,
                                           Hardsigmoid, Hardswish, GELU, ELU, SELU, CELU, Softplus, Mish,
                                           MaxPool2d, AvgPool2d, BatchNorm2d,
-                                          LayerNorm, LayerScale, LRN, Dropout, ChannelScale, Add, Concat,
+                                          LayerNorm, LayerScale, LRN, Dropout, Dropout2d, ChannelScale, Add,
+                                          Concat,
                                           Narrow, ChannelShuffle, Flatten, SoftmaxLoss)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

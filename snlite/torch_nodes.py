@@ -12,19 +12,18 @@ import operator
 SUPPORTED = ("modules Conv2d (grouped and depthwise too; padding 'same' for odd kernels), Linear, "
              "BatchNorm2d, BatchNorm1d and LayerNorm on (N, features), ReLU, ReLU6, LeakyReLU, Sigmoid, "
              "Tanh, SiLU, Hardsigmoid, Hardswish, GELU, ELU, SELU, CELU, Softplus, Mish, MaxPool2d, "
-             "AvgPool2d (ceil mode too), "
-             "AdaptiveAvgPool2d and AdaptiveMaxPool2d (where they are the identity or their windows tile the "
-             "input), LocalResponseNorm, Dropout, Flatten, Identity, and LayerNorm and Linear over the "
-             "channels between ConvNeXt's permute(0, 2, 3, 1) and permute(0, 3, 1, 2); functions relu, "
-             "relu6, leaky_relu, sigmoid, tanh, silu, hardsigmoid, hardswish, gelu, elu, selu, celu, "
-             "softplus, mish, + / torch.add, "
-             "* / torch.mul of a feature map by a per-channel gate (N, C, 1, 1) or by a per-channel "
+             "AvgPool2d (ceil mode too), AdaptiveAvgPool2d and AdaptiveMaxPool2d (where they are the "
+             "identity or their windows tile the input), LocalResponseNorm, Dropout, Dropout2d, Flatten, "
+             "Identity, and LayerNorm and Linear over the channels between ConvNeXt's permute(0, 2, 3, "
+             "1) and permute(0, 3, 1, 2); functions relu, relu6, leaky_relu, sigmoid, tanh, silu, "
+             "hardsigmoid, hardswish, gelu, elu, selu, celu, softplus, mish, + / torch.add, * / "
+             "torch.mul of a feature map by a per-channel gate (N, C, 1, 1) or by a per-channel "
              "parameter (C, 1, 1) (ConvNeXt's layer scale), layer_norm over the channels, torch.cat and "
-             "x.chunk over channels, ShuffleNet's channel_shuffle, torch.flatten(x, 1), x.view(x.size(0), "
-             "-1) or any reshape to (N, features), x.squeeze() of (N, C, 1, 1), x.mean over (H, W), "
-             "log_softmax(x, 1) as the last op (softmax_loss applies it), max_pool2d, avg_pool2d, "
-             "adaptive_avg_pool2d, adaptive_max_pool2d, dropout, and stochastic depth with p=0; one input, "
-             "logits (N, classes) out")
+             "x.chunk over channels, ShuffleNet's channel_shuffle, torch.flatten(x, 1), "
+             "x.view(x.size(0), -1) or any reshape to (N, features), x.squeeze() of (N, C, 1, 1), x.mean "
+             "over (H, W), log_softmax(x, 1) as the last op (softmax_loss applies it), max_pool2d, "
+             "avg_pool2d, adaptive_avg_pool2d, adaptive_max_pool2d, dropout, dropout2d, and stochastic "
+             "depth with p=0; one input, logits (N, classes) out")
 
 # hyper-parameters snlite's layers do not have yet: kind -> {attribute: the only value supported}
 NOT_YET = {
@@ -126,6 +125,7 @@ def describe(node, gm):
                  (nn.AdaptiveMaxPool2d, "adaptive_maxpool", lambda: dict(return_indices=m.return_indices)),
                  (nn.LocalResponseNorm, "lrn", lambda: dict(size=m.size, alpha=m.alpha, beta=m.beta, k=m.k)),
                  (nn.Dropout, "dropout", lambda: dict(p=m.p, inplace=m.inplace)),
+                 (nn.Dropout2d, "dropout2d", lambda: dict(p=m.p, inplace=m.inplace)),
                  (nn.Flatten, "flatten", lambda: dict(start_dim=m.start_dim, end_dim=m.end_dim)),
                  (nn.LogSoftmax, "log_softmax", lambda: dict(dim=m.dim)),
                  (nn.LayerNorm, "layernorm", lambda: dict(normalized_shape=tuple(m.normalized_shape),
@@ -209,9 +209,9 @@ def describe(node, gm):
         if fn in (F.max_pool2d, F.avg_pool2d):
             kind = "maxpool" if fn is F.max_pool2d else "avgpool"
             return kind, _bind(node, POOL_ARGS[kind]), tensors[:1], False
-        if fn is F.dropout:
+        if fn in (F.dropout, F.dropout2d):
             hp = _bind(node, (("p", 0.5), ("training", True), ("inplace", False)))
-            return ("dropout" if hp["training"] else "identity"), hp, tensors[:1], hp["inplace"]
+            return (fn.__name__ if hp["training"] else "identity"), hp, tensors[:1], hp["inplace"]
     elif node.op == "call_method":
         if fn in ("relu", "relu_"):
             return "relu", {}, tensors[:1], fn == "relu_"

@@ -192,8 +192,8 @@ class Importer:
             return pooled if hp["keepdim"] else g.flatten(pooled, name=f"{name}.flatten")
         if kind == "lrn":
             return g.lrn(x, hp["size"], hp["alpha"], hp["beta"], hp["k"], name=name)
-        if kind == "dropout":
-            return g.dropout(x, hp["p"], name=name)
+        if kind in ("dropout", "dropout2d"):
+            return getattr(g, kind)(x, hp["p"], name=name)
         if kind in ("maxpool", "avgpool"):
             k = hp["kernel_size"]
             pool = g.maxpool if kind == "maxpool" else g.avgpool

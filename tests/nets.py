@@ -73,20 +73,22 @@ def gated_net(n=2, hw=6):
 
 
 def convnext_net(n=2, hw=4):
-    """ConvNeXt's layers, in small, and the smooth activations of networks of one's own: a 2x2 stride-2
-    stem, its layer norm over channels, an ELU and a CELU, then a block (a 3x3 depthwise conv, a layer
-    norm, a Linear over each pixel's channels to 4C, a GELU, one back to C, the layer scale) added to
-    its input, and an MLP's head (a global pool, a flatten, a layer norm over the features, a Linear
-    without bias, a batch norm over the features (BatchNorm1d), a Mish, a Linear, a Softplus, a SELU, a
-    Linear). ELU's alpha is 1, Softplus's threshold 20 and SELU's input positive: an ELU of another
-    alpha and a SELU have a kink at 0, a Softplus of a low threshold a jump, which the central
-    differences of tests/test_train.py would step across (a bias before a batch norm has a gradient of
-    about 0: rounding noise, which host and simulator need not share)."""
+    """ConvNeXt's layers, in small, and the smooth activations of networks of one's own: a 2x2
+    stride-2 stem, its layer norm over channels, an ELU and a CELU, then a block (a 3x3 depthwise
+    conv, a layer norm, a Linear over each pixel's channels to 4C, a GELU, a Dropout2d, one back
+    to C, the layer scale) added to its input, and an MLP's head (a global pool, a flatten, a
+    layer norm over the features, a Linear without bias, a batch norm over the features
+    (BatchNorm1d), a Mish, a Linear, a Softplus, a SELU, a Linear). ELU's alpha is 1, Softplus's
+    threshold 20 and SELU's input positive: an ELU of another alpha and a SELU have a kink at 0,
+    a Softplus of a low threshold a jump, which the central differences of tests/test_train.py
+    would step across (a bias before a batch norm has a gradient of about 0: rounding noise,
+    which host and simulator need not share)."""
     g = Graph(input_shape=(n, 3, 2 * hw, 2 * hw), num_classes=3, name="convnext")
     x = g.layernorm(g.conv2d(g.input(), 4, 2, stride=2, name="stem"), 1e-6, name="stem.ln")
     x = g.celu(g.elu(x, 1.0, name="stem.elu"), 0.5, name="stem.celu")
     y = g.layernorm(g.conv2d(x, 4, 3, padding=1, groups=4, name="block.dw"), 1e-6, name="block.ln")
-    y = g.gelu(g.pointwise_linear(y, 16, name="block.fc1"), name="block.act")
+    y = g.dropout2d(g.gelu(g.pointwise_linear(y, 16, name="block.fc1"), name="block.act"), 0.25,
+                    name="block.drop")
     y = g.layer_scale(g.pointwise_linear(y, 4, name="block.fc2"), init=0.5, name="block")
     y = g.flatten(g.avgpool(g.add(y, x, name="block.add"), hw, name="pool"))
     y = g.batchnorm(g.linear(g.layernorm(y, 1e-6, name="head.ln"), 6, bias=False, name="fc0"), name="head.bn")

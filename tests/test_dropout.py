@@ -182,3 +182,28 @@ def test_real_gpu_mask_equals_host_mask():
         mask, forward, backward = _device_masks((n,), 0.37, seed)
         assert np.array_equal(mask, want), seed
         assert np.array_equal(forward, want == 1) and np.array_equal(backward, want == 1), seed
+
+
+def test_a_group_draws_one_decision_for_each_channel(rng):
+    """group = H * W (Dropout2d): every element of an image's channel is kept or dropped together, the
+    decision of that channel's index n * C + c, which is element-wise dropout's decision for element
+    n * C + c; the device kernels draw the reference's mask, and the backward drops the same channels."""
+    x = rng.standard_normal((3, 5, 2, 4)).astype(np.float32)
+    mask = np.empty(x.shape, np.uint8)
+    D.dropout_mask_ref(mask, p=0.5, seed=11, group=8)
+    per_channel = mask.reshape(15, 8)
+    assert np.all(per_channel == per_channel[:, :1]) and 0 < per_channel[:, 0].sum() < 15
+    assert np.array_equal(per_channel[:, 0], _host_mask((15,), 0.5, 11))
+    d_y, d_dx = cuda.to_device(np.full_like(x, np.nan)), cuda.to_device(np.full_like(x, np.nan))
+    D.dropout_forward(cuda.to_device(x), d_y, p=0.5, seed=11, group=8, block=32)
+    D.dropout_backward(cuda.to_device(x), d_dx, p=0.5, seed=11, group=8, block=64)
+    want = np.where(mask == 1, x * np.float32(2), np.float32(0))
+    assert np.array_equal(d_y.copy_to_host(), want) and np.array_equal(d_dx.copy_to_host(), want)
+
+
+@pytest.mark.parametrize("group", [0, 7, 2.0, True])
+def test_a_group_that_does_not_divide_the_tensor_is_refused(group):
+    x = cuda.to_device(np.zeros((2, 3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"dropout_forward: group must be a positive int dividing the 24 "
+                                         r"elements \(one decision per group"):
+        D.dropout_forward(x, x, p=0.5, seed=1, group=group)

@@ -96,16 +96,16 @@ class SmoothNet(nn.Module):
 
 
 class PooledNet(nn.Module):
-    """Padding as words, and the global pools students write."""
+    """Padding as words, channel dropout (off, to compare), and the global pools students write."""
 
     def __init__(self, num_classes):
         super().__init__()
         self.conv1, self.conv2 = nn.Conv2d(3, 8, 3, padding="same"), nn.Conv2d(8, 8, 5, padding="same")
         self.conv3, self.pool = nn.Conv2d(8, 8, 3, padding="valid"), nn.AdaptiveMaxPool2d(1)
-        self.fc = nn.Linear(8, num_classes)
+        self.drop, self.fc = nn.Dropout2d(0.0), nn.Linear(8, num_classes)
 
     def forward(self, x):
-        x = self.conv3(F.relu(self.conv2(F.relu(self.conv1(x)))))
+        x = self.conv3(self.drop(F.relu(self.conv2(F.dropout2d(F.relu(self.conv1(x)), 0.0, self.training)))))
         return self.fc(self.pool(x).squeeze() + F.adaptive_avg_pool2d(x, (1, 1)).squeeze((2, 3)))
 
 
@@ -356,6 +356,13 @@ def test_what_convnext_needs_and_no_more(forward, words):
     """ConvNeXt's permutes, norms over channels and per-channel parameters import (tests above); any
     other permute, norm or read of a parameter is refused, saying what is imported instead."""
     _refused(_Net(forward, ln=nn.LayerNorm(8), scale=_Scale(4, 1, 1, 1)), *words)
+
+
+def test_dropout2d_drops_channels_with_pytorchs_p():
+    g = from_torch(_Net(lambda s, y: s.drop(F.dropout2d(y, 0.1, training=True)), drop=nn.Dropout2d(0.3)),
+                   (3, 8, 8), batch=2)
+    assert [(l.kind, l.attrs["p"]) for l in g.layers.values() if l.kind.startswith("drop")] == \
+        [("dropout2d", 0.1), ("dropout2d", 0.3)]
 
 
 class _MnistNet(nn.Module):

@@ -294,8 +294,8 @@ def test_convnexts_layers_declare_what_they_read_and_are_cheap():
     assert set(steps["block", "backward"].reads) == {"block.fc2", "block.grad", "block.layer_scale"}
     plan = Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan()
     dropped = set(plan.recompute.dropped)
-    assert {"stem.ln", "stem.elu", "stem.celu", "block.ln", "block.act", "block", "head.ln", "head.bn",
-            "head.mish", "head.softplus", "head.selu"} <= dropped
+    assert {"stem.ln", "stem.elu", "stem.celu", "block.ln", "block.act", "block.drop", "block", "head.ln",
+            "head.bn", "head.mish", "head.softplus", "head.selu"} <= dropped
     assert not {"stem", "block.dw", "block.fc1", "block.fc2", "block.add", "fc0", "fc1"} & dropped
 
 
@@ -307,6 +307,9 @@ def test_convnexts_layers_declare_what_they_read_and_are_cheap():
     (lambda g, x: g.layer_scale(x, init=float("nan"), name="ls"), r"layer_scale 'ls': init"),
     (lambda g, x: g.pointwise_linear(x, 0, name="fc"), r"conv2d 'fc': out_features"),
     (lambda g, x: g.celu(x, 0, name="act"), r"celu 'act': alpha must not be 0"),
+    (lambda g, x: g.dropout2d(g.flatten(x), name="drop"), r"dropout2d 'drop': expected an \(N, C, H, W\) "
+                                                          r"input .* use g.dropout"),
+    (lambda g, x: g.dropout2d(x, p=1.0, name="drop"), r"dropout2d 'drop': p"),
     (lambda g, x: g.softplus(x, beta=0, name="act"), r"softplus 'act': beta must not be 0"),
     (lambda g, x: g.softplus(x, threshold=float("inf"), name="act"), r"softplus 'act': threshold"),
     (lambda g, x: g.elu(x, alpha="1", name="act"), r"elu 'act': alpha"),
