@@ -19,16 +19,18 @@ and calls :meth:`Layer.forward` / :meth:`Layer.backward` with them.
 This module holds the layers that compute features and the registry of every layer type
 (``LAYER_TYPES``); :class:`Layer` and :class:`StepIO` are in :mod:`snlite.layers_base`, the data,
 loss, join and flatten layers in :mod:`snlite.layers_structural`, the normalizations (batch, layer,
-local response) and the layer scale in :mod:`snlite.layers_norm`. All are importable from here.
+local response) and the layer scale in :mod:`snlite.layers_norm`, the activations in
+:mod:`snlite.layers_activation`. All are importable from here.
 """
 from __future__ import annotations
 
 import math
 
 from kernels.conv import check_groups
-from kernels.elu import SELU_ALPHA, SELU_SCALE
 from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
+from snlite.layers_activation import (CELU, ELU, GELU, SELU, Hardsigmoid, Hardswish, LeakyReLU, Mish, ReLU,
+                                      ReLU6, Sigmoid, SiLU, Softplus, Tanh)
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
 from snlite.layers_norm import LRN, BatchNorm2d, LayerNorm, LayerScale
 from snlite.layers_structural import Add, ChannelShuffle, Concat, Data, Flatten, Narrow, SoftmaxLoss
@@ -147,155 +149,6 @@ class Linear(Layer):
         if "bias" in io.grads:
             io.run("bias_backward", io.dy, io.grads["bias"])
         io.run("linear_backward_data", io.dy, io.params["weight"], io.dx[0])
-
-
-class ReLU(Layer):
-    kind = "relu"
-    bwd_reads = ("x", "y", "dy")
-    bwd_inplace = True
-
-    def forward(self, io):
-        io.run("relu_forward", io.x[0], io.y)
-
-    def backward(self, io):
-        io.run("relu_backward", io.x[0], io.y, io.dy, io.dx[0])
-
-
-class ReLU6(ReLU):
-    """PyTorch's ReLU6, min(max(x, 0), 6): cheap, recomputed like ReLU, its gradient written into
-    dy's buffer as ReLU's is."""
-
-    kind = "relu6"
-
-    def forward(self, io):
-        io.run("relu6_forward", io.x[0], io.y)
-
-    def backward(self, io):
-        io.run("relu6_backward", io.x[0], io.y, io.dy, io.dx[0])
-
-
-class LeakyReLU(Layer):
-    """PyTorch's LeakyReLU: x where x > 0, else ``negative_slope`` times x. Cheap, recomputed like ReLU;
-    its backward reads x and dy, and writes dx into dy's buffer."""
-
-    kind = "leaky_relu"
-    bwd_reads = ("x", "dy")
-    bwd_inplace = True
-
-    def forward(self, io):
-        io.run("leaky_relu_forward", io.x[0], io.y, negative_slope=self.attrs["negative_slope"])
-
-    def backward(self, io):
-        io.run("leaky_relu_backward", io.x[0], io.dy, io.dx[0], negative_slope=self.attrs["negative_slope"])
-
-
-class Sigmoid(Layer):
-    """PyTorch's Sigmoid, 1 / (1 + exp(-x)): squeeze-and-excitation's gate. Cheap, recomputed like
-    ReLU; its backward reads the output, not the input (dx = dy (1 - y) y), into dy's buffer. Tanh is
-    the same kind of layer, with its own kernels."""
-
-    kind = "sigmoid"
-    bwd_reads = ("y", "dy")
-    bwd_inplace = True
-
-    def forward(self, io):
-        io.run(f"{self.kind}_forward", io.x[0], io.y)
-
-    def backward(self, io):
-        io.run(f"{self.kind}_backward", io.y, io.dy, io.dx[0])
-
-
-class Tanh(Sigmoid):
-    """PyTorch's Tanh (dx = dy (1 - y y))."""
-
-    kind = "tanh"
-
-
-class SiLU(Layer):
-    """PyTorch's SiLU, x * sigmoid(x) (EfficientNet's activation). Cheap, recomputed like ReLU; its
-    backward reads the input and dy, and writes dx into dy's buffer. Hardsigmoid, Hardswish and GELU
-    are the same kind of layer, each with its own kernels."""
-
-    kind = "silu"
-    bwd_reads = ("x", "dy")
-    bwd_inplace = True
-
-    def forward(self, io):
-        io.run(f"{self.kind}_forward", io.x[0], io.y)
-
-    def backward(self, io):
-        io.run(f"{self.kind}_backward", io.x[0], io.dy, io.dx[0])
-
-
-class Hardsigmoid(SiLU):
-    """PyTorch's Hardsigmoid, min(max(x + 3, 0), 6) / 6: MobileNet-V3's gate."""
-
-    kind = "hardsigmoid"
-
-
-class Hardswish(SiLU):
-    """PyTorch's Hardswish, x * hardsigmoid(x): MobileNet-V3's activation."""
-
-    kind = "hardswish"
-
-
-class GELU(SiLU):
-    """PyTorch's GELU (exact: x times the normal distribution's cdf at x)."""
-
-    kind = "gelu"
-
-
-class ELU(SiLU):
-    """PyTorch's ELU: x where x > 0, else alpha (exp(x) - 1). SELU and CELU are the same kernels with
-    other constants (``kernels.elu``: scale, alpha, and the input's scale)."""
-
-    kind = "elu"
-
-    def constants(self) -> dict:
-        return {"alpha": self.attrs["alpha"], "scale": 1.0, "input_scale": 1.0}
-
-    def forward(self, io):
-        io.run("elu_forward", io.x[0], io.y, **self.constants())
-
-    def backward(self, io):
-        io.run("elu_backward", io.x[0], io.dy, io.dx[0], **self.constants())
-
-
-class SELU(ELU):
-    """PyTorch's SELU: a scaled ELU whose constants keep activations normalized."""
-
-    kind = "selu"
-
-    def constants(self) -> dict:
-        return {"alpha": SELU_ALPHA, "scale": SELU_SCALE, "input_scale": 1.0}
-
-
-class CELU(ELU):
-    """PyTorch's CELU: x where x > 0, else alpha (exp(x / alpha) - 1)."""
-
-    kind = "celu"
-
-    def constants(self) -> dict:
-        return {"alpha": self.attrs["alpha"], "scale": 1.0, "input_scale": 1.0 / self.attrs["alpha"]}
-
-
-class Softplus(SiLU):
-    """PyTorch's Softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
-
-    kind = "softplus"
-
-    def forward(self, io):
-        io.run("softplus_forward", io.x[0], io.y, beta=self.attrs["beta"], threshold=self.attrs["threshold"])
-
-    def backward(self, io):
-        io.run("softplus_backward", io.x[0], io.dy, io.dx[0], beta=self.attrs["beta"],
-               threshold=self.attrs["threshold"])
-
-
-class Mish(SiLU):
-    """PyTorch's Mish: x tanh(softplus(x))."""
-
-    kind = "mish"
 
 
 class ChannelScale(Layer):
