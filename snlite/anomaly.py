@@ -81,8 +81,8 @@ def forward_outputs(graph, params: dict, x, labels=None, *, train: bool = True, 
             return  # inference ends at the logits
         io = StepIO(run=run, x=xs, y=np.empty(layer.out_shape, np.float32), labels=labels, train=train,
                     seed=dropout_seed(seed, iteration, index[name]))
-        io.params = {p: np.array(params[f"{name}.{p}"], np.float32) for p in layer.params()}
-        io.buffers = {b: np.array(params[f"{name}.{b}"], np.float32) for b in layer.buffers()}
+        io.params = {p: np.array(params[layer.state_name(p)], np.float32) for p in layer.params()}
+        io.buffers = {b: np.array(params[layer.state_name(b)], np.float32) for b in layer.buffers()}
         io.saved = {s: np.empty(shape, dtype) for s, (shape, dtype) in layer.saved().items()}
         with np.errstate(all="ignore"):
             layer.forward(io)
@@ -107,15 +107,16 @@ def first_nonfinite(graph, params: dict, x, labels=None, *, train: bool = True, 
             continue
         kinds = list(layer.params()) + (list(layer.buffers()) if not train else [])
         for p in kinds:
-            bad = describe(params[f"{name}.{p}"])
+            bad = describe(params[layer.state_name(p)])
             if bad:
-                return (f"the parameters of layer {name!r} ({layer.kind}): {name}.{p} has {bad}, before "
+                return (f"the parameters of layer {name!r} ({layer.kind}): {layer.state_name(p)} has {bad}, "
+                        f"before "
                         f"this step ran (an earlier update diverged, or it was loaded so: "
                         f"try a lower learning rate)")
         bad = describe(out)
         if bad:
             what = f"the loss is {float(out[0])}" if layer.kind == "softmax_loss" else f"its output has {bad}"
-            ins = [outs[i] for i in graph.inputs[name]] + [params[f"{name}.{p}"] for p in kinds]
+            ins = [outs[i] for i in graph.inputs[name]] + [params[layer.state_name(p)] for p in kinds]
             largest = max(float(np.abs(a).max()) for a in ins if np.size(a))
             hint = ": float32 overflowed (a learning rate too high?)" if largest > 1e15 else ""
             return (f"layer {name!r} ({layer.kind}, forward step {route.index(name)}): {what}, "

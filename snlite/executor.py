@@ -266,8 +266,8 @@ class Executor:
         io = StepIO(run=run, train=self.train, update_running=ins.phase == "forward")
         io.x = [v(g.output_tensor(i), shape_of[i]) for i in g.inputs[ins.layer]]
         io.y = v(g.output_tensor(ins.layer), layer.out_shape)
-        io.params = {p: v(f"{ins.layer}.{p}") for p in layer.params()}
-        io.buffers = {b: v(f"{ins.layer}.{b}") for b in layer.buffers()}
+        io.params = {p: v(layer.state_name(p)) for p in layer.params()}
+        io.buffers = {b: v(layer.state_name(b)) for b in layer.buffers()}
         io.saved = {s: v(f"{ins.layer}.{s}") for s in layer.saved()}
         io.labels = v("labels")
         io.seed = dropout_seed(self.seed, self.iteration, self.layer_index[ins.layer])
@@ -275,7 +275,7 @@ class Executor:
         io.chunk = {op: chunk for op, _, chunk, _ in ins.convs}
         io.workspace = views[ins.workspace] if ins.workspace else None
         if phase == "backward":
-            io.grads = {p: v(f"{ins.layer}.{p}.grad") for p in layer.params()}
+            io.grads = {p: v(f"{layer.state_name(p)}.grad") for p in layer.params()}
             dys = g.output_grads(ins.layer)
             io.dy = v(dys[0], layer.out_shape) if dys else None
             io.dx = [v(t, shape_of[i]) for t, i in zip(g.input_grads(ins.layer), g.inputs[ins.layer])]
@@ -290,8 +290,9 @@ class Executor:
         stream = self.streams[ins.stream]
         loss = f"{self.graph.loss_layer}.loss"
         guard = self.views[loss] if loss in ins.reads else None
-        for p in self.graph.layers[ins.layer].params():
-            w = f"{ins.layer}.{p}"
+        layer = self.graph.layers[ins.layer]
+        for p in layer.params():
+            w = layer.state_name(p)
             self.device.run("sgd_update", self.views[w], self.views[f"{w}.grad"], self.views[f"{w}.momentum"],
                             stream=stream, guard=guard, **self.sgd)
 

@@ -78,6 +78,12 @@ class Layer:
     def init_params(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return {}
 
+    def state_name(self, local: str) -> str:
+        """The tensor name (PyTorch's state_dict name) of a parameter or buffer: ``<layer>.<local>``,
+        unless the attribute ``names`` gives another (a parameter of the model itself, ViT's
+        ``class_token``; MultiheadAttention's ``in_proj_weight``, held by its in-projection's layer)."""
+        return self.attrs.get("names", {}).get(local) or f"{self.name}.{local}"
+
     # execution -----------------------------------------------------------------
     def forward(self, io: StepIO) -> None:
         raise NotImplementedError

@@ -189,7 +189,7 @@ class UpdateStage(Stage):
 def update_op(graph, layer: str, index: int, step: int, guard: str | None = None) -> Op:
     """The SGD step of one layer as an op: it reads every parameter, its gradient and its momentum
     buffer (and ``guard``, the loss), and writes the parameters and the buffers."""
-    params = [f"{layer}.{p}" for p in graph.layers[layer].params()]
+    params = [graph.layers[layer].state_name(p) for p in graph.layers[layer].params()]
     reads = tuple(x for p in params for x in (p, f"{p}.grad", f"{p}.momentum")) + ((guard,) if guard else ())
     return Op(index, step, layer, "update", reads, tuple(x for p in params for x in (p, f"{p}.momentum")))
 

@@ -94,9 +94,12 @@ class StepCompiler:
             own = roles[name] = {"x": [act[i] for i in g.inputs[name]], "y": [act[name]],
                                  "labels": ["labels"], "params": [], "grads": []}
             for p, shape in layer.params().items():
-                own["params"].append(self.tensor(f"{name}.{p}", shape, "weight"))
-                own["grads"].append(self.tensor(f"{name}.{p}.grad", shape, "weight_grad"))
-            own["buffers"] = [self.tensor(f"{name}.{b}", s, "buffer") for b, s in layer.buffers().items()]
+                own["params"].append(self.tensor(layer.state_name(p), shape, "weight"))
+                own["grads"].append(self.tensor(f"{layer.state_name(p)}.grad", shape, "weight_grad"))
+            # the parameters the backward reads: all but the bias (dbias needs only dy)
+            own["weights"] = [layer.state_name(p) for p in layer.params() if p != "bias"]
+            own["buffers"] = [self.tensor(layer.state_name(b), s, "buffer")
+                              for b, s in layer.buffers().items()]
             for s, (shape, dtype) in layer.saved().items():
                 own[s] = [self.tensor(f"{name}.{s}", shape, "activation", dtype)]
             steps.append(self.forward_step(len(steps), layer, own))
@@ -147,8 +150,7 @@ class StepCompiler:
         dy = roles["dy"]
         if layer.alias_input:  # flatten: only fork gradients are summed
             return Step(index, layer.name, layer.kind, "backward", tuple(dy), (), accumulate=tuple(dy[1:]))
-        weight = [p for p in roles["params"] if not p.endswith(".bias")]  # the bias is not read
-        reads = [t for r in layer.bwd_reads for t in roles[r]] + weight
+        reads = [t for r in layer.bwd_reads for t in roles[r]] + roles["weights"]
         writes = [t for r in layer.bwd_writes for t in roles[r]] + roles["grads"]
         inplace = ()
         if layer.bwd_inplace and roles["dx"]:

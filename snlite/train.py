@@ -89,7 +89,7 @@ class Model:
         init = {}
         for name, layer in graph.layers.items():
             for local, value in layer.init_params(rng).items():
-                init[f"{name}.{local}"] = value
+                init[layer.state_name(local)] = value
         for n in self.learnable:
             init[f"{n}.momentum"] = np.zeros(tensors[n].shape, np.float32)
         self._write(init)
