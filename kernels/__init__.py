@@ -14,7 +14,7 @@ from kernels._common import Op, registered_kernels
 
 FAMILIES = (
     "elementwise", "gemm", "linear", "im2col", "conv", "pooling", "activation", "batchnorm", "lrn",
-    "dropout", "softmax", "concat", "sgd", "sigmoid", "layernorm", "elu",
+    "dropout", "softmax", "concat", "sgd", "sigmoid", "layernorm", "elu", "attention", "tokens",
 )
 
 

@@ -23,7 +23,8 @@ from snlite.pipeline import simulate
 from snlite.torch_import import from_torch, import_torchvision
 
 MODELS = ("alexnet", "vgg11", "vgg16", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-          "wide_resnet50_2", "densenet121", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny")
+          "wide_resnet50_2", "densenet121", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny",
+          "vit_b_16")
 # constructor arguments: EfficientNet without stochastic depth (no snlite layer skips branches at random)
 KWARGS = {"efficientnet_b0": {"stochastic_depth_prob": 0.0}, "convnext_tiny": {"stochastic_depth_prob": 0.0}}
 LIKE_AUTOGRAD = MemoryConfig(liveness=True)

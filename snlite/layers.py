@@ -20,7 +20,8 @@ This module holds the layers that compute features and the registry of every lay
 (``LAYER_TYPES``); :class:`Layer` and :class:`StepIO` are in :mod:`snlite.layers_base`, the data,
 loss, join and flatten layers in :mod:`snlite.layers_structural`, the normalizations (batch, layer,
 local response) and the layer scale in :mod:`snlite.layers_norm`, the activations in
-:mod:`snlite.layers_activation`. All are importable from here.
+:mod:`snlite.layers_activation`, a vision transformer's attention and token layers in
+:mod:`snlite.layers_attention`. All are importable from here.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from kernels.conv import output_shape as conv_output_shape, workspace_bytes as c
 from kernels.pooling import pool_output_shape
 from snlite.layers_activation import (CELU, ELU, GELU, SELU, Hardsigmoid, Hardswish, LeakyReLU, Mish, ReLU,
                                       ReLU6, Sigmoid, SiLU, Softplus, Tanh)
+from snlite.layers_attention import Attention, ClassToken, PositionEmbedding, TokenSelect
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
 from snlite.layers_norm import LRN, BatchNorm2d, LayerNorm, LayerScale
 from snlite.layers_structural import Add, ChannelShuffle, Concat, Data, Flatten, Narrow, SoftmaxLoss
@@ -268,6 +270,7 @@ LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, Leak
                                           MaxPool2d, AvgPool2d, BatchNorm2d,
                                           LayerNorm, LayerScale, LRN, Dropout, Dropout2d, ChannelScale, Add,
                                           Concat,
-                                          Narrow, ChannelShuffle, Flatten, SoftmaxLoss)}
+                                          Narrow, ChannelShuffle, Flatten, SoftmaxLoss, Attention,
+                                          ClassToken, PositionEmbedding, TokenSelect)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

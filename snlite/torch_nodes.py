@@ -15,7 +15,11 @@ SUPPORTED = ("modules Conv2d (grouped and depthwise too; padding 'same' for odd 
              "AvgPool2d (ceil mode too), AdaptiveAvgPool2d and AdaptiveMaxPool2d (where they are the "
              "identity or their windows tile the input), LocalResponseNorm, Dropout, Dropout2d, Flatten, "
              "Identity, and LayerNorm and Linear over the channels between ConvNeXt's permute(0, 2, 3, "
-             "1) and permute(0, 3, 1, 2); functions relu, relu6, leaky_relu, sigmoid, tanh, silu, "
+             "1) and permute(0, 3, 1, 2), and ViT's tokens (N, T, D) (its patches reshaped to (N, D, H * "
+             "W) and permute(0, 2, 1)) with LayerNorm, Linear, self-attention by MultiheadAttention "
+             "(batch_first, no mask, no dropout, need_weights=False), the class token (torch.cat of a (1, 1, "
+             "D) parameter expanded, first), the position embedding (+ a (1, T, D) parameter) and x[:, i]; "
+             "functions relu, relu6, leaky_relu, sigmoid, tanh, silu, "
              "hardsigmoid, hardswish, gelu, elu, selu, celu, softplus, mish, + / torch.add, * / "
              "torch.mul of a feature map by a per-channel gate (N, C, 1, 1) or by a per-channel "
              "parameter (C, 1, 1) (ConvNeXt's layer scale), layer_norm over the channels, torch.cat and "
@@ -34,6 +38,9 @@ NOT_YET = {
     "batchnorm": {"affine": True, "track_running_stats": True},
     "gelu": {"approximate": "none"},
     "layernorm": {"elementwise_affine": True, "bias": True},
+    "multihead_attention": {"batch_first": True, "dropout": 0.0, "add_bias_kv": False, "add_zero_attn": False,
+                            "same_embed_dim": True, "self_attention": True, "attn_mask": None,
+                            "key_padding_mask": None, "is_causal": False},
 }
 
 
@@ -131,7 +138,8 @@ def describe(node, gm):
                  (nn.LayerNorm, "layernorm", lambda: dict(normalized_shape=tuple(m.normalized_shape),
                                                           eps=m.eps, elementwise_affine=m.elementwise_affine,
                                                           bias=getattr(m, "bias", None) is not None)),
-                 (nn.Identity, "identity", dict)]
+                 (nn.Identity, "identity", dict),
+                 (nn.MultiheadAttention, "multihead_attention", lambda: _attention(node, m))]
         for cls, kind, hp in table:
             if type(m) is cls:
                 return kind, hp(), tensors, bool(getattr(m, "inplace", False))
@@ -168,6 +176,10 @@ def describe(node, gm):
             return "chunk", _bind(node, (("chunks", None), ("dim", 0))), tensors[:1], False
         if fn is operator.getitem and is_chunk(node.args[0]):
             return "narrow", {"part": node.args[1]}, [node.args[0]], False
+        index = node.args[1] if fn is operator.getitem else None
+        if isinstance(index, tuple) and len(index) == 2 and index[0] == slice(None) \
+                and isinstance(index[1], int):
+            return "token_select", {"index": index[1]}, tensors[:1], False  # x[:, i] of (N, T, D)
         if getattr(fn, "__name__", "") == "stochastic_depth" and fn.__module__.startswith("torchvision"):
             hp = _bind(node, (("p", None), ("mode", None), ("training", True)))
             if hp["p"] and hp["training"]:
@@ -231,13 +243,16 @@ def describe(node, gm):
             return "squeeze", _bind(node, (("dim", None),)), tensors[:1], False
         if fn == "log_softmax":
             return "log_softmax", _bind(node, (("dim", None),)), tensors[:1], False
+        if fn == "expand":
+            return "expand", {}, tensors[:1], False
         if fn == "permute":
             dims = node.args[1:] if len(node.args) > 2 else (node.args[1:] or [kw.get("dims")])[0]
             return "permute", {"dims": tuple(dims)}, tensors[:1], False
     raise refuse(node, "no snlite layer computes it")
 
 
-SHAPE_ARITHMETIC = (operator.getitem, operator.mul, operator.floordiv, operator.add, operator.sub)
+SHAPE_ARITHMETIC = (operator.getitem, operator.mul, operator.floordiv, operator.add, operator.sub,
+                    operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge)
 
 
 def is_shape(node, shapes) -> bool:
@@ -248,10 +263,26 @@ def is_shape(node, shapes) -> bool:
         return True
     if node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
         return True
-    if node.op == "call_function" and node.target in SHAPE_ARITHMETIC:
+    if node.op == "call_function" and (node.target in SHAPE_ARITHMETIC or _is_assert(node.target)):
         nodes = [a for a in node.args if hasattr(a, "op")]
         return bool(nodes) and all(a in shapes for a in nodes)
     return False
+
+
+def _is_assert(fn) -> bool:
+    """torch._assert: a check on sizes (ViT's image size), no layer."""
+    return getattr(fn, "__name__", "") == "_assert" and getattr(fn, "__module__", "").startswith("torch")
+
+
+def _attention(node, m) -> dict:
+    """A MultiheadAttention call's hyper-parameters: the module's, and the call's own (masks, weights)."""
+    call = _bind(node, (("key", None), ("value", None), ("key_padding_mask", None), ("need_weights", True),
+                        ("attn_mask", None), ("average_attn_weights", True), ("is_causal", False)), first=1)
+    return dict(num_heads=m.num_heads, bias=m.in_proj_bias is not None, batch_first=m.batch_first,
+                dropout=m.dropout, add_bias_kv=m.bias_k is not None, add_zero_attn=m.add_zero_attn,
+                same_embed_dim=m._qkv_same_embed_dim,
+                self_attention=call["key"] is node.args[0] is call["value"], attn_mask=call["attn_mask"],
+                key_padding_mask=call["key_padding_mask"], is_causal=call["is_causal"])
 
 
 def is_chunk(node) -> bool:

@@ -2,12 +2,17 @@
 per fx node, in order (:class:`Importer`), each named after its module (PyTorch's state_dict names)
 and its shape checked against PyTorch's. :mod:`snlite.torch_nodes` says what each node is.
 
-Two things have no layer of their own. A parameter the forward reads itself (:class:`Param`) becomes
-part of the layer that reads it (LayerNorm2d's weight and bias, ConvNeXt's layer scale). A permute to
-channels-last (:class:`ChannelsLast`) moves no data: snlite keeps (N, C, H, W), and what reads the
-permuted tensor (a LayerNorm, a Linear, an activation) works over the channels until the permute back.
+Three things have no layer of their own. A parameter the forward reads itself (:class:`Param`) becomes
+part of the layer that reads it (LayerNorm2d's weight and bias, ConvNeXt's layer scale, ViT's class
+token and position embedding). A permute to channels-last (:class:`ChannelsLast`) moves no data:
+snlite keeps (N, C, H, W), and what reads the permuted tensor (a LayerNorm, a Linear, an activation)
+works over the channels until the permute back. And ViT's reshape of its patches (N, D, H, W) to (N, D,
+T) (:class:`Tokens`) and permute to (N, T, D) move nothing either: snlite's token layers read H*W
+tokens (:mod:`snlite.layers_attention`).
 """
 from __future__ import annotations
+
+import operator
 
 from snlite.graph import Graph
 from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
@@ -15,7 +20,7 @@ from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
 # what reads a channels-last tensor (after permute(0, 2, 3, 1)), computed on snlite's (N, C, H, W)
 CHANNELS_LAST = ("permute", "layernorm", "linear", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu",
                  "hardsigmoid", "hardswish", "gelu", "elu", "selu", "celu", "softplus", "mish", "identity",
-                 "dropout", "add")
+                 "dropout", "add", "token_select")
 
 
 class Param:
@@ -29,10 +34,29 @@ class Param:
 
 class ChannelsLast:
     """PyTorch's ``node.permute(0, 2, 3, 1)``: the same numbers as the snlite node ``node`` (N, C, H, W),
-    which stays in that layout; what reads it works over the channels (CHANNELS_LAST)."""
+    which stays in that layout; what reads it works over the channels (CHANNELS_LAST). With ``tokens``,
+    PyTorch's (N, T, D) of ViT's encoder: the node's H*W pixels are the T tokens, its C channels D."""
+
+    def __init__(self, node, tokens=False):
+        n, c, *pixels = node.shape
+        pixels = [pixels[0] * pixels[1]] if tokens else pixels
+        self.node, self.tokens, self.shape = node, tokens, (n, *pixels, c)
+
+
+class Tokens:
+    """PyTorch's ``x.reshape(n, D, H * W)`` of an (N, D, H, W) snlite node (ViT's patches): the same
+    numbers, which only a permute(0, 2, 1) to (N, T, D) may read."""
 
     def __init__(self, node):
-        self.node, self.shape = node, (node.shape[0],) + tuple(node.shape[2:]) + (node.shape[1],)
+        n, c, h, w = node.shape
+        self.node, self.shape = node, (n, c, h * w)
+
+
+class Attended:
+    """What a MultiheadAttention call returns: (output, weights); snlite forms no weights."""
+
+    def __init__(self, out):
+        self.parts = (out, None)
 
 
 class Importer:
@@ -40,7 +64,7 @@ class Importer:
 
     def __init__(self, g: Graph, gm):
         self.g, self.gm = g, gm
-        self.built, self.used, self.called, self.shapes = {}, set(), set(), set()
+        self.built, self.used, self.called, self.shapes, self.params_used = {}, set(), set(), set(), set()
         self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     def run(self) -> dict:
@@ -67,6 +91,12 @@ class Importer:
         return name
 
     def visit(self, node) -> None:
+        if node.target is operator.getitem and isinstance(self.built.get(node.args[0]), Attended):
+            if node.args[1] != 0 and node.users:
+                raise refuse(node, "it reads the attention weights, which snlite never forms: call the "
+                                   "attention with need_weights=False and read only its output, [0]")
+            self.built[node] = self.built[node.args[0]].parts[node.args[1]]
+            return
         kind, hp, inputs, in_place = describe(node, self.gm)
         reason = not_yet(kind, hp) or self._shared(node)
         if reason:
@@ -85,26 +115,45 @@ class Importer:
         if kind == "chunk":  # no layer: each part is one when a getitem takes it
             self.built[node] = self.chunk(node, hp, self.built[inputs[0]])
             return
+        if kind == "multihead_attention":
+            self.built[node] = self.attention(node, hp, self.built[inputs[0]])
+            return
+        if kind == "expand":  # a parameter repeated over the batch (ViT's class token): no copy
+            if not isinstance(self.built[inputs[0]], Param):
+                raise refuse(node, "an expand of a tensor; snlite follows expand only of a parameter over "
+                                   "the batch, into a torch.cat with the tokens (ViT's class token)")
+            self.built[node] = self.built[inputs[0]]
+            return
         want = tuple(node.meta["tensor_meta"].shape)[1:]
         if kind == "squeeze" and hp["dim"] is None:  # traced at batch 1, where squeeze() drops the batch too
             want = tuple(node.meta["tensor_meta"].shape)
         xs = [self.built[a] for a in inputs]
-        if kind != "mul" and any(isinstance(x, Param) for x in xs):
-            param = next(x for x in xs if isinstance(x, Param)).target
-            raise refuse(node, f"it reads the parameter {param} itself, outside a submodule's call; snlite "
-                               "reads such a parameter only as F.layer_norm's weight and bias, or as a "
-                               "per-channel layer scale (C, 1, 1) * x")
+        if any(isinstance(x, Tokens) for x in xs) and kind != "permute":
+            raise refuse(node, f"a {kind} of patches reshaped to (N, D, T); snlite follows them only into "
+                               "the permute(0, 2, 1) to tokens (N, T, D), as ViT does")
         last = [isinstance(x, ChannelsLast) for x in xs]
-        if kind == "permute":
+        if any(isinstance(x, Param) for x in xs):
+            node_out = self.with_param(node, kind, hp, xs)
+        elif kind == "permute":
             node_out = self.permute(node, hp["dims"], xs[0])
         elif any(last):
+            tokens = next(x for x in xs if isinstance(x, ChannelsLast)).tokens
+            if (kind not in CHANNELS_LAST or not all(last)) and tokens:
+                raise refuse(node, f"a {kind} of tokens (N, T, D); snlite computes only LayerNorm, Linear, "
+                                   "MultiheadAttention, activations, dropout, + and x[:, i] on tokens, as "
+                                   "ViT's "
+                                   "encoder does")
             if kind not in CHANNELS_LAST or not all(last):
                 raise refuse(node, f"a {kind} of a tensor permuted to (N, H, W, C); snlite keeps (N, C, H, "
-                                   f"W) and computes only {', '.join(CHANNELS_LAST[1:])} over the channels "
+                                   f"W) and computes only {', '.join(CHANNELS_LAST[1:-1])} over the channels "
                                    "before the permute(0, 3, 1, 2) back, as ConvNeXt's blocks do")
+            if kind == "token_select" and not xs[0].tokens:
+                raise refuse(node, "x[:, i] of a tensor permuted to (N, H, W, C); snlite reads one token of "
+                                   "tokens (N, T, D) only (ViT's class token)")
             nchw = (want[-1],) + want[:-1] if len(want) == 3 else want
             node_out = self.build(node, kind, hp, [x.node for x in xs], nchw, channels_last=True)
-            node_out = node_out if isinstance(node_out, ChannelsLast) else ChannelsLast(node_out)
+            if kind != "token_select":
+                node_out = ChannelsLast(node_out, xs[0].tokens)
         else:
             node_out = self.build(node, kind, hp, xs, want)
         if tuple(node_out.shape[1:]) != want:
@@ -113,14 +162,18 @@ class Importer:
 
     def permute(self, node, dims, x):
         """No layer: ConvNeXt's permute(0, 2, 3, 1) marks the tensor channels-last, permute(0, 3, 1, 2)
-        brings it back; the numbers never move."""
-        dims = tuple(d % 4 for d in dims) if len(dims) == 4 else dims
-        if dims == (0, 2, 3, 1) and not isinstance(x, ChannelsLast) and len(x.shape) == 4:
+        brings it back; ViT's permute(0, 2, 1) makes its patches (N, D, T) tokens (N, T, D). The numbers
+        never move."""
+        dims = tuple(d % len(dims) for d in dims)
+        if dims == (0, 2, 3, 1) and not isinstance(x, (ChannelsLast, Tokens)) and len(x.shape) == 4:
             return ChannelsLast(x)
-        if dims == (0, 3, 1, 2) and isinstance(x, ChannelsLast):
+        if dims == (0, 3, 1, 2) and isinstance(x, ChannelsLast) and not x.tokens:
             return x.node
+        if dims == (0, 2, 1) and isinstance(x, Tokens):
+            return ChannelsLast(x.node, tokens=True)
         raise refuse(node, f"a permute to {dims}: snlite keeps tensors (N, C, H, W) and follows only "
-                           "permute(0, 2, 3, 1) to channels-last and permute(0, 3, 1, 2) back (ConvNeXt's)")
+                           "permute(0, 2, 3, 1) to channels-last and permute(0, 3, 1, 2) back (ConvNeXt's), "
+                           "and permute(0, 2, 1) of patches reshaped to (N, D, T) (ViT's)")
 
     def _shared(self, node) -> str | None:
         """Why ``node`` cannot be imported if it calls a module with weights a second time, else None."""
@@ -150,8 +203,6 @@ class Importer:
             return self.log_softmax(node, hp, x)
         if kind == "layernorm":  # named for its module, or for the module owning its weight
             return self.layernorm(node, hp, x, channels_last)
-        if kind == "mul" and any(isinstance(a, Param) for a in xs):  # named for the parameter's owner
-            return self.layer_scale(node, xs)
         name = self.name(node, kind)
         if kind == "conv2d":
             return g.conv2d(x, hp["out_channels"], hp["kernel_size"], hp["stride"], hp["padding"], hp["bias"],
@@ -180,6 +231,12 @@ class Importer:
             source, parts = x
             start, size = parts[hp["part"]]
             return g.narrow(source, start, size, name=name)
+        if kind == "token_select":
+            if not channels_last:
+                raise refuse(node, f"x[:, {hp['index']}] of a tensor {tuple(x.shape)}; snlite reads one "
+                                   "token "
+                                   "of tokens (N, T, D) only (ViT's class token, x[:, 0])")
+            return g.token_select(x, hp["index"], name=name)
         if kind == "channel_shuffle":
             return g.channel_shuffle(x, hp["groups"], name=name)
         if kind == "mean":
@@ -271,6 +328,50 @@ class Importer:
         raise refuse(node, f"a product of tensors of shapes {shapes}; snlite multiplies only a feature map "
                            "(N, C, H, W) by a per-channel gate (N, C, 1, 1), as squeeze-and-excitation does")
 
+    def with_param(self, node, kind, hp, xs):
+        """A layer holding the parameter the forward reads itself: ``p * x`` (ConvNeXt's layer scale),
+        ``torch.cat([p.expand(n, -1, -1), x], 1)`` (ViT's class token) or ``x + p`` (its position
+        embedding)."""
+        if kind == "mul":
+            return self.layer_scale(node, xs)
+        p, x = xs if isinstance(xs[0], Param) else xs[::-1]
+        value = dict(self.gm.named_parameters()).get(p.target)
+        token = kind in ("concat", "add") and len(xs) == 2 and isinstance(x, ChannelsLast) and x.tokens
+        if not token or value is None or p.target in self.params_used:
+            raise refuse(node, f"it reads the parameter {p.target} itself, outside a submodule's call; "
+                               "snlite reads such a "
+                               "parameter only once, as F.layer_norm's weight and bias, as a per-channel "
+                               "layer scale (C, 1, 1) * x, or on tokens (N, T, D) as ViT's class token "
+                               "(torch.cat([token.expand(n, -1, -1), x], dim=1)) and position embedding "
+                               "(x + p)")
+        n, t, d = x.shape
+        self.params_used.add(p.target)
+        if kind == "concat":
+            if hp["dim"] not in (1, -2) or xs[0] is not p or tuple(value.shape) != (1, 1, d):
+                raise refuse(node, f"a cat of {p.target} {tuple(value.shape)} and tokens {x.shape} along dim "
+                                   f"{hp['dim']}; snlite puts a (1, 1, D) token first, along dim 1 (ViT's)")
+            out = self.g.class_token(x.node, param=p.target, name=self.name(node, "cat"))
+        else:
+            if tuple(value.shape) != (1, t, d):
+                raise refuse(node, f"a sum of tokens {x.shape} and {p.target} {tuple(value.shape)}; snlite "
+                                   f"adds a position embedding of shape (1, {t}, {d}) (ViT's)")
+            name = p.owner if p.owner and p.owner not in self.used else self.name(node, "pos_embedding")
+            self.used.add(name)
+            out = self.g.position_embedding(x.node, param=p.target, name=name)
+        return ChannelsLast(out, tokens=True)
+
+    def attention(self, node, hp, x):
+        """PyTorch's MultiheadAttention of tokens (N, T, D) with themselves: snlite's three layers
+        (:meth:`snlite.graph.Graph.multihead_attention`), named for the module."""
+        if not (isinstance(x, ChannelsLast) and x.tokens):
+            shape = getattr(x, "shape", None)
+            raise refuse(node, f"a MultiheadAttention of a tensor {shape}; snlite attends over tokens "
+                               "(N, T, D) "
+                               "made from patches (ViT's conv_proj, reshape and permute(0, 2, 1))")
+        self.used.update(f"{node.target}.{part}" for part in ("in_proj", "attention", "out_proj"))
+        out = self.g.multihead_attention(x.node, hp["num_heads"], hp["bias"], name=node.target)
+        return Attended(ChannelsLast(out, tokens=True))
+
     def layer_scale(self, node, xs):
         """``p * x``, p a parameter (C, 1, 1) and x (N, C, H, W): a layer_scale layer named for p's owner."""
         if len(xs) != 2 or all(isinstance(a, Param) for a in xs):
@@ -299,6 +400,8 @@ class Importer:
         features = 1
         for s in x.shape[1:]:
             features *= s
+        if len(x.shape) == 4 and want == (x.shape[1], x.shape[2] * x.shape[3]):
+            return Tokens(x)  # ViT's patches, (N, D, H, W) to (N, D, T)
         if want == (features,):
             return x if len(x.shape) == 2 else self.g.flatten(x, name=self.name(node, "flatten"))
         raise refuse(node, f"a reshape of {tuple(x.shape[1:])} to {want} per sample; snlite reshapes only to "

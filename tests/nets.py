@@ -98,6 +98,24 @@ def convnext_net(n=2, hw=4):
     return g
 
 
+def vit_net(n=2, hw=4):
+    """A vision transformer in small (torchvision's VisionTransformer): 2x2 patches of a 2hw x 2hw
+    image, embedded to 4 features (hw*hw tokens), the class token put first, the position embedding
+    added, one encoder block (a layer norm, self-attention in 2 heads between its projections, the
+    residual sum, a layer norm, an MLP on each token: a Linear to 8, a GELU, a Linear back, the
+    residual sum), the last layer norm, the class token read out, and the head."""
+    g = Graph(input_shape=(n, 3, 2 * hw, 2 * hw), num_classes=3, name="vit")
+    x = g.conv2d(g.input(), 4, 2, stride=2, name="conv_proj")
+    x = g.position_embedding(g.class_token(x, name="cat"), name="encoder")
+    y = g.multihead_attention(g.layernorm(x, 1e-6, name="block.ln_1"), 2, name="block.self_attention")
+    x = g.add(y, x, name="block.add")
+    y = g.gelu(g.pointwise_linear(g.layernorm(x, 1e-6, name="block.ln_2"), 8, name="block.mlp.0"))
+    x = g.add(x, g.pointwise_linear(y, 4, name="block.mlp.3"), name="block.add_1")
+    y = g.token_select(g.layernorm(x, 1e-6, name="encoder.ln"), 0)
+    g.softmax_loss(g.linear(y, 3, name="heads.head"))
+    return g
+
+
 def data_for(g, seed=1):
     """A random batch and labels for ``g``."""
     rng = np.random.default_rng(seed)

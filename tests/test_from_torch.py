@@ -73,6 +73,12 @@ MODELS = {
     "convnext_small_config": (lambda num_classes, **kw: tv.convnext.ConvNeXt(
         [tv.convnext.CNBlockConfig(16, 32, 2), tv.convnext.CNBlockConfig(32, None, 1)],
         num_classes=num_classes, **kw), (3, 32, 32), 4),
+    # torchvision's VisionTransformer in small (vit_b_16 is the same code, 86 M weights, 224x224): the
+    # patch embedding reshaped and permuted to tokens, the class token and the position embedding (the
+    # model's own parameters), MultiheadAttention, LayerNorm and Linears on each token, x[:, 0]
+    "vit_small_config": (lambda num_classes: tv.vision_transformer.VisionTransformer(
+        image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+        num_classes=num_classes), (3, 16, 16), 4),
 }
 class SmoothNet(nn.Module):
     """The activations no torchvision classifier above uses, in a network of one's own."""
@@ -410,7 +416,7 @@ def test_a_view_to_features_is_a_flatten_and_a_last_log_softmax_is_the_losss_own
 
 @pytest.mark.parametrize("forward, words", [
     (lambda s, y: F.log_softmax(y, dim=1), ("a log_softmax over dim 1 that is not the model's last op",)),
-    (lambda s, y: y.view(y.size(0), 4, -1), ("a reshape of (4, 8, 8) to (4, 64) per sample", "flatten")),
+    (lambda s, y: y.view(y.size(0), 2, -1), ("a reshape of (4, 8, 8) to (2, 128) per sample", "flatten")),
     (lambda s, y: y * y.size(0), ("it computes with the size of a tensor", "x.view(x.size(0), -1)")),
     (lambda s, y: y.squeeze(1), ("a squeeze of (2, 4, 8, 8) over dims 1", "(N, C, 1, 1) to (N, C)")),
     (lambda s, y: F.adaptive_max_pool2d(y, 8, return_indices=True)[0],
@@ -639,3 +645,69 @@ def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
         except SystemExit as e:  # argparse refuses a malformed flag
             status, err = e.code, capsys.readouterr().err
         assert status != 0 and words in err, err
+
+
+def test_vit_imports_whole_with_its_state_dict_names():
+    """torchvision's ViT-B/16: every weight, under PyTorch's names; the reshape and permute of the patches
+    are no layers, the class token is the model's own parameter, MultiheadAttention is three layers whose
+    in-projection holds its in_proj_weight and in_proj_bias, and x[:, 0] reads the class token."""
+    net = tv.vit_b_16(num_classes=10)
+    g = from_torch(net, (3, 224, 224), batch=2)
+    assert g.param_count() == sum(p.numel() for p in net.parameters())
+    t, mha = g.tensors(), "encoder.layers.encoder_layer_11.self_attention"
+    assert t["class_token"].shape == (1, 1, 768) and t["encoder.pos_embedding"].shape == (1, 197, 768)
+    assert t[f"{mha}.in_proj_weight"].shape == (2304, 768) and t[f"{mha}.out_proj.bias"].shape == (768,)
+    assert g.layers[f"{mha}.attention"].attrs["heads"] == 12
+    assert g.layers["token_select"].out_shape == (2, 768)
+    assert g.layers["conv_proj"].out_shape == (2, 768, 14, 14)
+    assert sorted(n for n, s in t.items() if s.kind == "weight") == sorted(torch_params(net))
+
+
+class _Tokens(nn.Module):
+    """Patches to tokens as ViT makes them, then a forward of one's own."""
+
+    def __init__(self, forward, **modules):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 2, stride=2)
+        for k, m in modules.items():
+            self.add_module(k, m)
+        self.fc = nn.Linear(8, 5)
+        self._fwd = forward
+
+    def forward(self, x):
+        x = self.conv(x)
+        return self.fc(self._fwd(self, x.reshape(x.shape[0], 8, -1).permute(0, 2, 1)))
+
+
+@pytest.mark.parametrize("forward, modules, words", [
+    (lambda s, x: s.mha(x, x, x, need_weights=False)[0][:, 0], {"mha": nn.MultiheadAttention(8, 2)},
+     ("batch_first=False is not supported yet",)),
+    (lambda s, x: s.mha(x, x, x, need_weights=False)[0][:, 0],
+     {"mha": nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True)},
+     ("dropout=0.1 is not supported yet",)),
+    (lambda s, x: (lambda o: o[0][:, 0] + o[1][:, 0, :8])(s.mha(x, x, x)),
+     {"mha": nn.MultiheadAttention(8, 2, batch_first=True)},
+     ("it reads the attention weights", "need_weights=False")),
+    (lambda s, x: (lambda k: s.mha(x, k, k, need_weights=False)[0][:, 0])(s.ln(x)),
+     {"mha": nn.MultiheadAttention(8, 2, batch_first=True), "ln": nn.LayerNorm(8)},
+     ("self_attention=False is not supported yet",)),
+    (lambda s, x: torch.cat([x, s.token.gamma.expand(x.shape[0], -1, -1)], dim=1)[:, 0],
+     {"token": _Scale(1, 1, 8)},
+     ("a cat of token.gamma (1, 1, 8) and tokens (2, 16, 8) along dim 1", "a (1, 1, D) token first")),
+    (lambda s, x: (x + s.pos.gamma)[:, 0], {"pos": _Scale(16, 8)},
+     ("snlite adds a position embedding of shape (1, 16, 8)",)),
+    (lambda s, x: x.mean(1), {}, ("a mean of tokens (N, T, D)",)),
+], ids=["batch first", "attention dropout", "attention weights", "cross-attention", "the token last",
+        "an embedding of another shape", "a mean over tokens"])
+def test_what_vit_needs_and_no_more(forward, modules, words):
+    """ViT's tokens, class token, position embedding, self-attention and x[:, 0] import (tests above);
+    what snlite does not compute is refused, saying what it imports instead."""
+    with pytest.raises(TorchImportError) as e:
+        from_torch(_Tokens(forward, **modules), (3, 8, 8), batch=2)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_x_colon_index_of_a_feature_map_is_no_token():
+    _refused(_Net(lambda s, y: y[:, 0].repeat(1, 4, 1).view(-1, 4, 8, 8)), "x[:, 0] of a tensor (2, 4, 8, 8)",
+             "one token of tokens (N, T, D)")

@@ -320,3 +320,62 @@ def test_convnext_layer_errors_name_the_layer(build, match):
     g = Graph(input_shape=(2, 3, 4, 4), num_classes=2)
     with pytest.raises(ValueError, match=match):
         build(g, g.input())
+
+
+def test_vits_layers_declare_what_they_read_and_name_their_parameters_as_pytorch():
+    """Tokens (N, D, T, 1): the class token adds one, named as the model's own parameter; the position
+    embedding is (1, T, D) and passes its gradient through dy's buffer; self-attention is three layers,
+    the in-projection's weights named as MultiheadAttention's, the attention saving one log-sum-exp per
+    head and token (no T x T matrix) and its backward reading q, k, v, its output and that; attention is
+    a checkpoint, the token layers are dropped and recomputed."""
+    import sys
+    from pathlib import Path
+
+    from snlite.config import MemoryConfig
+    from snlite.scheduler import Scheduler
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from nets import vit_net
+
+    g = vit_net(n=2, hw=4)  # 4x4 patches: 16 tokens, 17 with the class token, of 4 features
+    t, steps = g.tensors(), {(s.layer, s.phase): s for s in g.steps()}
+    assert g.layers["cat"].out_shape == (2, 4, 17, 1) and t["class_token"].shape == (1, 1, 4)
+    assert t["encoder.pos_embedding"].shape == (1, 17, 4)
+    mha = "block.self_attention"
+    assert t[f"{mha}.in_proj_weight"].shape == (12, 4) and t[f"{mha}.in_proj_bias"].shape == (12,)
+    assert t[f"{mha}.out_proj.weight"].shape == (4, 4) and f"{mha}.in_proj.weight" not in t
+    assert t[f"{mha}.attention.lse"].shape == (2, 2, 17)
+    assert set(steps[f"{mha}.attention", "backward"].reads) == {
+        f"{mha}.in_proj", f"{mha}.attention", f"{mha}.attention.grad", f"{mha}.attention.lse"}
+    assert set(steps[f"{mha}.in_proj", "backward"].reads) == {"block.ln_1", f"{mha}.in_proj.grad",
+                                                              f"{mha}.in_proj_weight"}  # not the bias
+    pos = steps["encoder", "backward"]
+    assert pos.inplace == (("cat.grad", "encoder.grad@block.ln_1"),)  # the first of its two consumers
+    assert "encoder.pos_embedding.grad" in pos.writes
+    assert g.layers[f"{mha}.attention"].flops() == 4 * 2 * 17 * 17 * 4
+    plan = Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan()
+    dropped = set(plan.recompute.dropped)
+    assert {"cat", "encoder", "block.ln_1", "encoder.ln", "token_select1"} <= dropped
+    assert not {f"{mha}.in_proj", f"{mha}.attention", f"{mha}.out_proj", "block.add"} & dropped
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda g, x: g.multihead_attention(x, 3, name="mha"), r"multihead_attention 'mha': heads=3 must divide "
+                                                           r"the 4 features"),
+    (lambda g, x: g.multihead_attention(g.flatten(x), 2, name="mha"), r"multihead_attention 'mha': expected "
+                                                                      r"tokens"),
+    (lambda g, x: g.attention(x, 1, name="att"), r"attention 'att': the input holds q, k and v, 3 \* D "
+                                                 r"channels .* got 4 channels"),
+    (lambda g, x: g.attention(g.conv2d(x, 12, 1), 0, name="att"), r"attention 'att': heads"),
+    (lambda g, x: g.class_token(x, param="", name="cat"),
+     r"class_token 'cat': param must name the parameter"),
+    (lambda g, x: g.position_embedding(x, param=3, name="pos"), r"position_embedding 'pos': param must name"),
+    (lambda g, x: g.token_select(x, 16, name="sel"),
+     r"token_select 'sel': index 16 is outside the 16 tokens"),
+    (lambda g, x: g.token_select(x, 0.5, name="sel"), r"token_select 'sel': index must be an integer"),
+    (lambda g, x: g.token_select(g.flatten(x), name="sel"), r"token_select 'sel': expected tokens"),
+])
+def test_vit_layer_errors_name_the_layer(build, match):
+    g = Graph(input_shape=(2, 3, 8, 8), num_classes=2)
+    with pytest.raises(ValueError, match=match):
+        build(g, g.conv2d(g.input(), 4, 2, stride=2))  # 4 features, 4x4 = 16 tokens
