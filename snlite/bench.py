@@ -1,6 +1,7 @@
 """Planning benchmarks that need no GPU (the GPU kernel benchmark is ``python -m kernels.bench``).
 
     python -m snlite.bench torch [--batch 4]     # PyTorch's measured peak against snlite's prediction
+    python -m snlite.bench coverage              # which of torchvision's classifiers from_torch imports
     python -m snlite.bench deep [--units 2500]   # the program of the paper's deepest ResNet, timed; scaling
     python -m snlite.bench searches              # the planner's long commands, whole, on one core, timed
     python -m snlite.bench tutorials [--quick]   # every tutorial as a script, on one core, timed
@@ -223,6 +224,8 @@ def _parser() -> argparse.ArgumentParser:
                         "measured peak against snlite's prediction (needs the torch extra)")
     tp.add_argument("--batch", type=int, default=4, help="images per step (default 4)")
     tp.add_argument("--models", nargs="+", choices=bench_torch.MODELS, default=list(bench_torch.MODELS))
+    sub.add_parser("coverage", help="which of torchvision's classifiers from_torch imports, and why not "
+                   "(needs the torch extra)")
     h = sub.add_parser("host", help="train LeNet and ResNet-8 on the host device and in PyTorch (CPU), img/s")
     h.add_argument("--repeats", type=int, default=5, help="timed repeats, interleaved; the median is shown")
     h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
@@ -251,6 +254,9 @@ def main(argv=None) -> int:
               f"alive, op by op) and snlite's prediction under {bench_torch.LIKE_AUTOGRAD.describe()} "
               "(meta device):")
         print(bench_torch.table([bench_torch.compare(m, args.batch) for m in args.models]))
+        return 0
+    if args.what == "coverage":
+        bench_torch.coverage()
         return 0
     if args.what == "searches":
         print("The planner's long commands, each a fresh process on one core (wall time):")

@@ -1,6 +1,7 @@
 """snlite's prediction against PyTorch's reality: one training step's peak memory, per model.
 
     python -m snlite.bench torch [--batch 4] [--models resnet18 densenet121 ...]
+    python -m snlite.bench coverage            # which of torchvision's classifiers from_torch imports
 
 Each of torchvision's models that :func:`snlite.from_torch` must import trains one step of SGD with
 momentum in PyTorch on the CPU (after a first step, so that its gradients and momentum exist, as in
@@ -20,13 +21,18 @@ import numpy as np
 
 from snlite.config import MemoryConfig
 from snlite.pipeline import simulate
-from snlite.torch_import import from_torch, import_torchvision
+from snlite.torch_import import TorchImportError, from_torch, import_torchvision
 
 MODELS = ("alexnet", "vgg11", "vgg16", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
           "wide_resnet50_2", "densenet121", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny",
           "vit_b_16")
 # constructor arguments: EfficientNet without stochastic depth (no snlite layer skips branches at random)
 KWARGS = {"efficientnet_b0": {"stochastic_depth_prob": 0.0}, "convnext_tiny": {"stochastic_depth_prob": 0.0}}
+# how coverage() builds each classifier, where its constructor takes the argument: without stochastic
+# depth (no snlite layer skips branches at random), without auxiliary classifiers (more outputs), and
+# GoogLeNet's and Inception-V3's weights initialized as they are today (else a FutureWarning)
+BUILD = {"stochastic_depth_prob": 0.0, "aux_logits": False, "init_weights": True}
+INPUT = {"inception_v3": (3, 299, 299)}  # the others: 3x224x224
 LIKE_AUTOGRAD = MemoryConfig(liveness=True)
 KINDS = ("weights", "weight gradients", "optimizer state", "activations, gradients, batch, workspace")
 
@@ -150,3 +156,39 @@ def table(rows: list[dict]) -> str:
                    f"{s['peak_bytes'] / mib:,.1f} MiB | {s['peak_bytes'] / t['peak_bytes']:.3f} | "
                    f"{diff or 'none'} MiB |")
     return "\n".join(out)
+
+
+def coverage(show=print) -> dict:
+    """Which of torchvision's classifiers :func:`snlite.from_torch` imports: each one built (with
+    :data:`BUILD`'s arguments its constructor takes), imported at batch 1 and its parameter count checked
+    against PyTorch's, one row shown per model. Returns ``{name: None if imported, else why not}``."""
+    import torch
+
+    models, out = import_torchvision().models, {}
+    for name in models.list_models(module=models):
+        torch.manual_seed(0)
+        module = _build(models, name)
+        try:
+            g = from_torch(module, INPUT.get(name, (3, 224, 224)), batch=1, name=name)
+            count = sum(p.numel() for p in module.parameters())
+            out[name] = None if g.param_count() == count else \
+                f"{g.param_count():,d} parameters where PyTorch has {count:,d}"
+        except TorchImportError as e:
+            out[name] = str(e).split(". snlite imports")[0]
+        show(f"{name:20} {'imports' if out[name] is None else 'refused: ' + out[name][:200]}")
+        del module
+    done = sum(v is None for v in out.values())
+    show(f"{done} of torchvision's {len(out)} classifiers import")
+    return out
+
+
+def _build(models, name):
+    kwargs = dict(BUILD)
+    while True:
+        try:
+            return models.get_model(name, **kwargs)
+        except TypeError as e:  # an argument this constructor does not take
+            unknown = [k for k in kwargs if repr(k) in str(e)]
+            if not unknown:
+                raise
+            del kwargs[unknown[0]]

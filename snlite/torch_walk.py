@@ -334,7 +334,8 @@ class Importer:
         embedding)."""
         if kind == "mul":
             return self.layer_scale(node, xs)
-        p, x = xs if isinstance(xs[0], Param) else xs[::-1]
+        p = next(a for a in xs if isinstance(a, Param))
+        x = next((a for a in xs if a is not p), None)
         value = dict(self.gm.named_parameters()).get(p.target)
         token = kind in ("concat", "add") and len(xs) == 2 and isinstance(x, ChannelsLast) and x.tokens
         if not token or value is None or p.target in self.params_used:

@@ -72,3 +72,32 @@ def test_live_bytes_counts_each_storage_once_and_lets_go_of_what_dies():
     mode.sweep()
     assert mode.peak == 3 * 4096  # x, the input of the op running, its output
     assert mode.now == 2 * 4096 and mode.by_kind[bench_torch.KINDS[3]] == 3 * 4096
+
+
+class _Abs(nn.Module):
+    def forward(self, x):
+        return torch.flatten(torch.abs(x), 1)
+
+
+def test_coverage_builds_each_classifier_with_what_it_takes_and_says_why_one_is_refused(monkeypatch):
+    """Each model is built with the arguments of BUILD its constructor takes (an unknown one dropped),
+    imported, and either counted as imported or shown with the reason snlite refused it."""
+    import types
+
+    built = {}
+
+    def get_model(name, **kwargs):
+        if "aux_logits" in kwargs:  # as a constructor that does not take it
+            raise TypeError(f"__init__() got an unexpected keyword argument {'aux_logits'!r}")
+        built[name] = kwargs
+        return small_net() if name == "small" else nn.Sequential(nn.Conv2d(3, 4, 3), _Abs(), nn.Linear(64, 5))
+
+    models = types.SimpleNamespace(list_models=lambda module: ["small", "odd"], get_model=get_model)
+    monkeypatch.setattr(bench_torch, "import_torchvision", lambda: types.SimpleNamespace(models=models))
+    monkeypatch.setattr(bench_torch, "INPUT", {"small": (3, 6, 6), "odd": (3, 6, 6)})
+    shown = []
+    out = bench_torch.coverage(show=shown.append)
+    assert built == dict.fromkeys(("small", "odd"), {"stochastic_depth_prob": 0.0, "init_weights": True})
+    assert out["small"] is None and "no snlite layer computes it" in out["odd"]
+    assert shown[0].split() == ["small", "imports"] and shown[1].startswith("odd                  refused: ")
+    assert shown[-1] == "1 of torchvision's 2 classifiers import"

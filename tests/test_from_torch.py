@@ -353,10 +353,11 @@ def test_convnext_imports_whole_with_its_state_dict_names():
     (lambda s, y: F.max_pool2d(y.permute(0, 2, 3, 1), 1).permute(0, 3, 1, 2),
      ("a maxpool of a tensor permuted to (N, H, W, C)", "layernorm, linear")),
     (lambda s, y: y + s.scale.gamma, ("reads the parameter scale.gamma itself", "layer scale")),
+    (lambda s, y: y * F.relu(s.scale.gamma), ("reads the parameter scale.gamma itself",)),
     (lambda s, y: y * s.scale.gamma, ("a product of scale.gamma (a parameter of shape (4, 1, 1, 1))",
                                       "shaped (C, 1, 1)")),
 ], ids=["another permute", "a norm over W", "a pool of channels-last", "a parameter added",
-        "a scale not per channel"])
+        "an activation of a parameter", "a scale not per channel"])
 def test_what_convnext_needs_and_no_more(forward, words):
     """ConvNeXt's permutes, norms over channels and per-channel parameters import (tests above); any
     other permute, norm or read of a parameter is refused, saying what is imported instead."""
