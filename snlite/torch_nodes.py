@@ -16,9 +16,10 @@ SUPPORTED = ("modules Conv2d (grouped and depthwise too; padding 'same' for odd 
              "identity or their windows tile the input), LocalResponseNorm, Dropout, Dropout2d, Flatten, "
              "Identity, and LayerNorm and Linear over the channels between ConvNeXt's permute(0, 2, 3, "
              "1) and permute(0, 3, 1, 2), and ViT's tokens (N, T, D) (its patches reshaped to (N, D, H * "
-             "W) and permute(0, 2, 1)) with LayerNorm, Linear, self-attention by MultiheadAttention "
-             "(batch_first, no mask, no dropout, need_weights=False), the class token (torch.cat of a (1, 1, "
-             "D) parameter expanded, first), the position embedding (+ a (1, T, D) parameter) and x[:, i]; "
+             "W) or flatten(2), then permute(0, 2, 1) or transpose(1, 2)) with LayerNorm, Linear, "
+             "self-attention by MultiheadAttention (batch_first, no mask, no dropout, need_weights=False), "
+             "the class token (torch.cat of a (1, 1, D) parameter expanded, first), the position embedding "
+             "(+ a (1, T, D) parameter), x[:, i] and x.mean(dim=1); "
              "functions relu, relu6, leaky_relu, sigmoid, tanh, silu, "
              "hardsigmoid, hardswish, gelu, elu, selu, celu, softplus, mish, + / torch.add, * / "
              "torch.mul of a feature map by a per-channel gate (N, C, 1, 1) or by a per-channel "
@@ -143,6 +144,11 @@ def describe(node, gm):
         for cls, kind, hp in table:
             if type(m) is cls:
                 return kind, hp(), tensors, bool(getattr(m, "inplace", False))
+        if isinstance(m, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
+            raise refuse(node, f"the module {type(m).__name__} has no snlite layer, and torch.fx cannot "
+                               "trace into it (its fast path branches on the tensors); write its block of "
+                               "nn.LayerNorm, nn.MultiheadAttention(batch_first=True) and nn.Linear, as "
+                               "torchvision's ViT EncoderBlock does")
         raise refuse(node, f"the module {type(m).__name__} has no snlite layer")
     fn, kw = node.target, node.kwargs
     if node.op == "call_function":
@@ -201,6 +207,8 @@ def describe(node, gm):
             return "reshape", {}, tensors[:1], False
         if fn in (F.log_softmax, torch.log_softmax):
             return "log_softmax", _bind(node, (("dim", None),)), tensors[:1], False
+        if fn is torch.transpose:
+            return "permute", {"dims": _transposed(node, *node.args[1:3])}, tensors[:1], False
         if fn is torch.permute:
             return "permute", {"dims": tuple(_bind(node, (("dims", None),))["dims"])}, tensors[:1], False
         if fn is F.layer_norm:
@@ -245,6 +253,8 @@ def describe(node, gm):
             return "log_softmax", _bind(node, (("dim", None),)), tensors[:1], False
         if fn == "expand":
             return "expand", {}, tensors[:1], False
+        if fn == "transpose":
+            return "permute", {"dims": _transposed(node, *node.args[1:3])}, tensors[:1], False
         if fn == "permute":
             dims = node.args[1:] if len(node.args) > 2 else (node.args[1:] or [kw.get("dims")])[0]
             return "permute", {"dims": tuple(dims)}, tensors[:1], False
@@ -267,6 +277,13 @@ def is_shape(node, shapes) -> bool:
         nodes = [a for a in node.args if hasattr(a, "op")]
         return bool(nodes) and all(a in shapes for a in nodes)
     return False
+
+
+def _transposed(node, a, b) -> tuple:
+    """``x.transpose(a, b)`` as the permute it is: the dims of x's rank with a and b swapped."""
+    dims = list(range(len(node.meta["tensor_meta"].shape)))
+    dims[a], dims[b] = dims[b], dims[a]
+    return tuple(dims)
 
 
 def _is_assert(fn) -> bool:

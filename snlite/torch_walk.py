@@ -138,22 +138,25 @@ class Importer:
             node_out = self.permute(node, hp["dims"], xs[0])
         elif any(last):
             tokens = next(x for x in xs if isinstance(x, ChannelsLast)).tokens
-            if (kind not in CHANNELS_LAST or not all(last)) and tokens:
+            if kind == "mean" and tokens:
+                node_out = self.token_mean(node, hp, xs[0])
+            elif (kind not in CHANNELS_LAST or not all(last)) and tokens:
                 raise refuse(node, f"a {kind} of tokens (N, T, D); snlite computes only LayerNorm, Linear, "
                                    "MultiheadAttention, activations, dropout, + and x[:, i] on tokens, as "
                                    "ViT's "
                                    "encoder does")
-            if kind not in CHANNELS_LAST or not all(last):
+            elif kind not in CHANNELS_LAST or not all(last):
                 raise refuse(node, f"a {kind} of a tensor permuted to (N, H, W, C); snlite keeps (N, C, H, "
                                    f"W) and computes only {', '.join(CHANNELS_LAST[1:-1])} over the channels "
                                    "before the permute(0, 3, 1, 2) back, as ConvNeXt's blocks do")
-            if kind == "token_select" and not xs[0].tokens:
+            elif kind == "token_select" and not xs[0].tokens:
                 raise refuse(node, "x[:, i] of a tensor permuted to (N, H, W, C); snlite reads one token of "
                                    "tokens (N, T, D) only (ViT's class token)")
-            nchw = (want[-1],) + want[:-1] if len(want) == 3 else want
-            node_out = self.build(node, kind, hp, [x.node for x in xs], nchw, channels_last=True)
-            if kind != "token_select":
-                node_out = ChannelsLast(node_out, xs[0].tokens)
+            else:
+                nchw = (want[-1],) + want[:-1] if len(want) == 3 else want
+                node_out = self.build(node, kind, hp, [x.node for x in xs], nchw, channels_last=True)
+                if kind != "token_select":
+                    node_out = ChannelsLast(node_out, xs[0].tokens)
         else:
             node_out = self.build(node, kind, hp, xs, want)
         if tuple(node_out.shape[1:]) != want:
@@ -171,6 +174,8 @@ class Importer:
             return x.node
         if dims == (0, 2, 1) and isinstance(x, Tokens):
             return ChannelsLast(x.node, tokens=True)
+        if dims == (0, 2, 1) and isinstance(x, ChannelsLast) and x.tokens:
+            return Tokens(x.node)
         raise refuse(node, f"a permute to {dims}: snlite keeps tensors (N, C, H, W) and follows only "
                            "permute(0, 2, 3, 1) to channels-last and permute(0, 3, 1, 2) back (ConvNeXt's), "
                            "and permute(0, 2, 1) of patches reshaped to (N, D, T) (ViT's)")
@@ -272,6 +277,8 @@ class Importer:
                                    "along channels (dim 1)")
             return g.concat(xs, name=name)
         if kind == "flatten":
+            if hp["start_dim"] in (2, -2) and hp["end_dim"] == -1 and len(x.shape) == 4:
+                return Tokens(x)  # patches (N, D, H, W) to (N, D, T), as a ViT of one's own makes them
             if hp["start_dim"] != 1 or hp["end_dim"] != -1:
                 raise refuse(node, "only flatten(x, 1), all but the batch dimension, is supported")
             return g.flatten(x, name=name)
@@ -372,6 +379,17 @@ class Importer:
         self.used.update(f"{node.target}.{part}" for part in ("in_proj", "attention", "out_proj"))
         out = self.g.multihead_attention(x.node, hp["num_heads"], hp["bias"], name=node.target)
         return Attended(ChannelsLast(out, tokens=True))
+
+    def token_mean(self, node, hp, x):
+        """``x.mean(dim=1)`` of tokens (N, T, D): their average, (N, D), an average pool over the T
+        tokens and a flatten (a ViT of one's own, pooled without a class token)."""
+        dims = hp["dim"] if isinstance(hp["dim"], (tuple, list)) else (hp["dim"],)
+        if [d % 3 for d in dims if isinstance(d, int)] != [1] or len(dims) != 1 or hp["keepdim"]:
+            raise refuse(node, f"a mean of tokens (N, T, D) over dims {hp['dim']} (keepdim={hp['keepdim']}); "
+                               "snlite averages tokens over T only, to (N, D): x.mean(dim=1)")
+        name = self.name(node, "mean")
+        t = x.node.shape[2]
+        return self.g.flatten(self.g.avgpool(x.node, (t, 1), name=name), name=f"{name}.flatten")
 
     def layer_scale(self, node, xs):
         """``p * x``, p a parameter (C, 1, 1) and x (N, C, H, W): a layer_scale layer named for p's owner."""

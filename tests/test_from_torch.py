@@ -79,7 +79,45 @@ MODELS = {
     "vit_small_config": (lambda num_classes: tv.vision_transformer.VisionTransformer(
         image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
         num_classes=num_classes), (3, 16, 16), 4),
+    # a ViT of one's own, as students write it: patches by flatten(2).transpose(1, 2), the class token
+    # and position embedding the model's own parameters, pooled by the class token or by a mean
+    "own_vit": (lambda num_classes: OwnViT(num_classes, pool="cls"), (3, 16, 16), 4),
+    "own_vit_mean": (lambda num_classes: OwnViT(num_classes, pool="mean"), (3, 16, 16), 4),
 }
+class OwnBlock(nn.Module):
+    """A pre-norm transformer block written out, as torchvision's EncoderBlock is."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class OwnViT(nn.Module):
+    """A ViT of one's own: 4x4 patches of a 16x16 image, two blocks, its head on the class token or on the
+    mean of the tokens."""
+
+    def __init__(self, num_classes, pool, dim=16, heads=2):
+        super().__init__()
+        self.patch_embed, self.pool = nn.Conv2d(3, dim, 4, stride=4), pool
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.5)
+        self.pos_embed = nn.Parameter(torch.randn(1, 17, dim) * 0.5)
+        self.blocks = nn.Sequential(OwnBlock(dim, heads), OwnBlock(dim, heads))
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
+        x = self.norm(self.blocks(x))
+        return self.head(x[:, 0] if self.pool == "cls" else x.mean(dim=1))
+
+
 class SmoothNet(nn.Module):
     """The activations no torchvision classifier above uses, in a network of one's own."""
 
@@ -697,7 +735,8 @@ class _Tokens(nn.Module):
      ("a cat of token.gamma (1, 1, 8) and tokens (2, 16, 8) along dim 1", "a (1, 1, D) token first")),
     (lambda s, x: (x + s.pos.gamma)[:, 0], {"pos": _Scale(16, 8)},
      ("snlite adds a position embedding of shape (1, 16, 8)",)),
-    (lambda s, x: x.mean(1), {}, ("a mean of tokens (N, T, D)",)),
+    (lambda s, x: x.mean(1, keepdim=True)[:, 0], {},
+     ("a mean of tokens (N, T, D) over dims 1 (keepdim=True)",)),
 ], ids=["batch first", "attention dropout", "attention weights", "cross-attention", "the token last",
         "an embedding of another shape", "a mean over tokens"])
 def test_what_vit_needs_and_no_more(forward, modules, words):
@@ -712,3 +751,10 @@ def test_what_vit_needs_and_no_more(forward, modules, words):
 def test_x_colon_index_of_a_feature_map_is_no_token():
     _refused(_Net(lambda s, y: y[:, 0].repeat(1, 4, 1).view(-1, 4, 8, 8)), "x[:, 0] of a tensor (2, 4, 8, 8)",
              "one token of tokens (N, T, D)")
+
+
+def test_a_transformer_encoder_module_is_refused_with_the_block_to_write_instead():
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    with pytest.raises(TorchImportError,
+                       match=r"TransformerEncoderLayer has no snlite layer.*nn.MultiheadAttention"):
+        from_torch(_Tokens(lambda s, x: s.enc(x)[:, 0], enc=layer), (3, 8, 8), batch=2)
