@@ -130,7 +130,7 @@ expect("the snapshot's arena is the program's, and no larger than the budget",
 # PyTorch trains the same ResNet-18 one step on the CPU (SGD with momentum), and every tensor storage it
 # holds is counted op by op (`snlite.bench_torch`). snlite's prediction is for the configuration that
 # behaves like PyTorch's autograd: liveness, nothing offloaded or recomputed. `python -m snlite.bench torch`
-# does this for twelve torchvision models.
+# does this for fourteen torchvision models.
 
 # %%
 r = bench_torch.compare("resnet18", batch=2 if QUICK else 8)
@@ -155,6 +155,7 @@ expect("the weights and the momentum agree within 0.1%; snlite predicts more tha
 # Import another network: `torchvision.models.densenet121()`, `mobilenet_v3_large()` (Hardswish and
 # squeeze-and-excitation), `efficientnet_b0(stochastic_depth_prob=0.0)` (SiLU; snlite has no layer that
 # skips branches at random), `convnext_tiny(stochastic_depth_prob=0.0)` (LayerNorm over channels between
-# permutes) or one of your own (`from_torch` names the first call it cannot import and
+# permutes), `vit_b_16()` (a vision transformer: its attention is a checkpoint, its LayerNorms and GELUs
+# are recomputed) or one of your own (`from_torch` names the first call it cannot import and
 # where it sits). Which of the three answers change most, and why? Then give `MemoryConfig.superneurons()`
 # `recompute="memory"` and see what the largest batch buys and costs.
