@@ -96,31 +96,33 @@ class Importer:
         elif kind == "permute":
             node_out = permuted(node, hp["dims"], xs[0])
         elif any(last):
-            tokens = next(x for x in xs if isinstance(x, ChannelsLast)).tokens
-            if kind == "mean" and tokens:
-                node_out = self.token_mean(node, hp, xs[0])
-            elif (kind not in CHANNELS_LAST or not all(last)) and tokens:
-                raise refuse(node, f"a {kind} of tokens (N, T, D); snlite computes only LayerNorm, Linear, "
-                                   "MultiheadAttention, activations, dropout, + and x[:, i] on tokens, as "
-                                   "ViT's "
-                                   "encoder does")
-            elif kind not in CHANNELS_LAST or not all(last):
-                raise refuse(node, f"a {kind} of a tensor permuted to (N, H, W, C); snlite keeps (N, C, H, "
-                                   f"W) and computes only {', '.join(CHANNELS_LAST[1:-1])} over the channels "
-                                   "before the permute(0, 3, 1, 2) back, as ConvNeXt's blocks do")
-            elif kind == "token_select" and not xs[0].tokens:
-                raise refuse(node, "x[:, i] of a tensor permuted to (N, H, W, C); snlite reads one token of "
-                                   "tokens (N, T, D) only (ViT's class token)")
-            else:
-                nchw = (want[-1],) + want[:-1] if len(want) == 3 else want
-                node_out = self.build(node, kind, hp, [x.node for x in xs], nchw, channels_last=True)
-                if kind != "token_select":
-                    node_out = ChannelsLast(node_out, xs[0].tokens)
+            node_out = self.on_channels_last(node, kind, hp, xs, want)
         else:
             node_out = self.build(node, kind, hp, xs, want)
         if tuple(node_out.shape[1:]) != want:
             raise refuse(node, f"snlite's {kind} computes a shape {node_out.shape[1:]}, PyTorch's {want}")
         self.built[node] = node_out
+
+    def on_channels_last(self, node, kind, hp, xs, want):
+        """What reads a tensor permuted to channels-last (N, H, W, C), or tokens (N, T, D): computed on
+        snlite's (N, C, H, W) over the channels (CHANNELS_LAST); a mean of tokens is an average pool."""
+        tokens = next(x for x in xs if isinstance(x, ChannelsLast)).tokens
+        if kind == "mean" and tokens:
+            return self.token_mean(node, hp, xs[0])
+        if (kind not in CHANNELS_LAST or not all(isinstance(x, ChannelsLast) for x in xs)) and tokens:
+            raise refuse(node, f"a {kind} of tokens (N, T, D); snlite computes only LayerNorm, Linear, "
+                               "MultiheadAttention, activations, dropout, +, x[:, i] and x.mean(dim=1) on "
+                               "tokens, as ViT's encoder and head do")
+        if kind not in CHANNELS_LAST or not all(isinstance(x, ChannelsLast) for x in xs):
+            raise refuse(node, f"a {kind} of a tensor permuted to (N, H, W, C); snlite keeps (N, C, H, W) "
+                               f"and computes only {', '.join(CHANNELS_LAST[1:-1])} over the channels "
+                               "before the permute(0, 3, 1, 2) back, as ConvNeXt's blocks do")
+        if kind == "token_select" and not tokens:
+            raise refuse(node, "x[:, i] of a tensor permuted to (N, H, W, C); snlite reads one token of "
+                               "tokens (N, T, D) only (ViT's class token)")
+        nchw = (want[-1],) + want[:-1] if len(want) == 3 else want
+        out = self.build(node, kind, hp, [x.node for x in xs], nchw, channels_last=True)
+        return out if kind == "token_select" else ChannelsLast(out, tokens)
 
     def _shared(self, node) -> str | None:
         """Why ``node`` cannot be imported if it calls a module with weights a second time, else None."""

@@ -737,8 +737,9 @@ class _Tokens(nn.Module):
      ("snlite adds a position embedding of shape (1, 16, 8)",)),
     (lambda s, x: x.mean(1, keepdim=True)[:, 0], {},
      ("a mean of tokens (N, T, D) over dims 1 (keepdim=True)",)),
+    (lambda s, x: torch.cat([x, x], 1)[:, 0], {}, ("a concat of tokens (N, T, D)", "x.mean(dim=1)")),
 ], ids=["batch first", "attention dropout", "attention weights", "cross-attention", "the token last",
-        "an embedding of another shape", "a mean over tokens"])
+        "an embedding of another shape", "a mean over tokens kept", "tokens joined"])
 def test_what_vit_needs_and_no_more(forward, modules, words):
     """ViT's tokens, class token, position embedding, self-attention and x[:, 0] import (tests above);
     what snlite does not compute is refused, saying what it imports instead."""
