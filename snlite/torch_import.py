@@ -103,17 +103,29 @@ def load_module(source: str, kwargs: dict | None = None):
         return _construct(lambda **kw: models.get_model(attr, **kw), f"torchvision.models.{attr}", kwargs)
     spec = importlib.util.spec_from_file_location(f"snlite_user_model_{abs(hash(where))}", where)
     code = importlib.util.module_from_spec(spec)
+    with _first_on_path(os.path.dirname(os.path.abspath(where))):  # its own modules import, as `python file`
+        try:
+            spec.loader.exec_module(code)
+        except Exception as e:  # noqa: BLE001 - whatever the user's file raises, said in one line
+            raise ValueError(f"{where} failed to run: {type(e).__name__}: {e}") from None
+        cls = getattr(code, attr, None)
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            found = [n for n, v in vars(code).items() if isinstance(v, type)
+                     and issubclass(v, torch.nn.Module) and v.__module__ == code.__name__]
+            raise ValueError(f"{source!r}: {where} defines no torch.nn.Module subclass {attr!r}"
+                             + (f"; it defines {', '.join(found)}" if found else ""))
+        return _construct(cls, attr, kwargs)
+
+
+@contextlib.contextmanager
+def _first_on_path(folder: str):
+    """``folder`` first on ``sys.path`` inside the block (a model file's folder: the modules beside it
+    import, as when Python runs the file), as it was after."""
+    sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(code)
-    except Exception as e:  # noqa: BLE001 - whatever the user's file raises, said in one line
-        raise ValueError(f"{where} failed to run: {type(e).__name__}: {e}") from None
-    cls = getattr(code, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-        found = [n for n, v in vars(code).items() if isinstance(v, type) and issubclass(v, torch.nn.Module)
-                 and v.__module__ == code.__name__]
-        raise ValueError(f"{source!r}: {where} defines no torch.nn.Module subclass {attr!r}"
-                         + (f"; it defines {', '.join(found)}" if found else ""))
-    return _construct(cls, attr, kwargs)
+        yield
+    finally:
+        sys.path.remove(folder)
 
 
 def _construct(make, what: str, kwargs: dict):

@@ -53,3 +53,54 @@ def test_train_a_module_from_a_file_on_the_data_s_images(tmp_path, capsys):
     status, _, err = run(["train", f"{path}:Net", "--data", "digits", "--epochs", "1", "--limit", "64",
                           "--device", "host"], capsys)
     assert status == 1 and "has 4 classes but --data digits has 10" in err and '"num_classes": 10' in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed: "
+                    "pip install -e \".[torch]\"")
+def test_a_model_file_imports_the_modules_beside_it_as_python_would_run_it(tmp_path, capsys):
+    """A ViT of one's own split over two files: its blocks beside it import (the file's folder first on
+    sys.path while it loads, as ``python my_vit.py`` has it), and sys.path is as it was after."""
+    import sys
+
+    (tmp_path / "my_blocks.py").write_text(textwrap.dedent("""\
+        from torch import nn
+
+
+        class Block(nn.Module):
+            def __init__(self, dim, heads):
+                super().__init__()
+                self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+                self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+                self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+            def forward(self, x):
+                h = self.norm1(x)
+                x = x + self.attn(h, h, h, need_weights=False)[0]
+                return x + self.mlp(self.norm2(x))
+        """))
+    (tmp_path / "my_vit.py").write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+
+        from my_blocks import Block
+
+
+        class ViT(nn.Module):
+            def __init__(self, dim=8, num_classes=10):
+                super().__init__()
+                self.patch_embed = nn.Conv2d(1, dim, 2, stride=2)
+                self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+                self.pos_embed = nn.Parameter(torch.randn(1, 17, dim) * 0.02)
+                self.block, self.norm = Block(dim, 2), nn.LayerNorm(dim)
+                self.head = nn.Linear(dim, num_classes)
+
+            def forward(self, x):
+                x = self.patch_embed(x).flatten(2).transpose(1, 2)
+                x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
+                return self.head(self.norm(self.block(x))[:, 0])
+        """))
+    path = list(sys.path)
+    status, out, err = run(["train", f"{tmp_path / 'my_vit.py'}:ViT", "--data", "digits", "--epochs", "1",
+                            "--limit", "64", "--device", "host", "--preset", "superneurons"], capsys)
+    assert status == 0, err
+    assert "epoch 1/1: test accuracy" in out and sys.path == path
