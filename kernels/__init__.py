@@ -15,6 +15,7 @@ from kernels._common import Op, registered_kernels
 FAMILIES = (
     "elementwise", "gemm", "linear", "im2col", "conv", "pooling", "activation", "batchnorm", "lrn",
     "dropout", "softmax", "concat", "sgd", "sigmoid", "layernorm", "elu", "attention", "tokens",
+    "window_attention", "patch_merge",
 )
 
 

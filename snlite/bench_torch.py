@@ -25,12 +25,10 @@ from snlite.torch_import import TorchImportError, from_torch, import_torchvision
 
 MODELS = ("alexnet", "vgg11", "vgg16", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
           "wide_resnet50_2", "densenet121", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny",
-          "vit_b_16")
-# constructor arguments: EfficientNet without stochastic depth (no snlite layer skips branches at random)
-KWARGS = {"efficientnet_b0": {"stochastic_depth_prob": 0.0}, "convnext_tiny": {"stochastic_depth_prob": 0.0}}
-# how coverage() builds each classifier, where its constructor takes the argument: without stochastic
-# depth (no snlite layer skips branches at random), without auxiliary classifiers (more outputs), and
-# GoogLeNet's and Inception-V3's weights initialized as they are today (else a FutureWarning)
+          "vit_b_16", "swin_t")
+# how compare() and coverage() build each classifier, where its constructor takes the argument: without
+# stochastic depth (no snlite layer skips branches at random), without auxiliary classifiers (more
+# outputs), and GoogLeNet's and Inception-V3's weights initialized as they are today (else a warning)
 BUILD = {"stochastic_depth_prob": 0.0, "aux_logits": False, "init_weights": True}
 INPUT = {"inception_v3": (3, 299, 299)}  # the others: 3x224x224
 LIKE_AUTOGRAD = MemoryConfig(liveness=True)
@@ -134,7 +132,7 @@ def compare(name: str, batch: int = 4, input_shape=(3, 224, 224), seed: int = 0)
     import torch
 
     torch.manual_seed(seed)
-    module = getattr(import_torchvision().models, name)(**KWARGS.get(name, {}))
+    module = _build(import_torchvision().models, name)  # no stochastic depth, as from_torch needs
     g = from_torch(module, input_shape, batch=batch, name=name)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, *input_shape)).astype(np.float32)
@@ -183,12 +181,19 @@ def coverage(show=print) -> dict:
 
 
 def _build(models, name):
+    """torchvision's ``name`` with :data:`BUILD`'s arguments its constructor takes; where a builder fixes
+    the stochastic depth itself (Swin's), its modules' probability is set to 0 after."""
     kwargs = dict(BUILD)
     while True:
         try:
-            return models.get_model(name, **kwargs)
-        except TypeError as e:  # an argument this constructor does not take
+            module = models.get_model(name, **kwargs)
+            break
+        except TypeError as e:  # an argument this constructor does not take, or one its builder sets
             unknown = [k for k in kwargs if repr(k) in str(e)]
             if not unknown:
                 raise
             del kwargs[unknown[0]]
+    for m in module.modules():
+        if type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+    return module

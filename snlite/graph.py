@@ -264,6 +264,32 @@ class Graph:
         in ``heads`` heads: (N, D, T, 1) out. :meth:`multihead_attention` puts it between two projections."""
         return self._add("attention", [qkv], name, heads=integer(heads, f"{who('attention', name)}: heads"))
 
+    def swin_attention(self, x, heads, window, shift=0, bias=True, name=None) -> Node:
+        """Swin's attention block (torchvision's ``ShiftedWindowAttention``) on an (N, C, H, W) map: three
+        layers, ``<name>.qkv`` (a pointwise linear to 3C), ``<name>`` (:meth:`window_attention`, holding
+        the relative position bias table) and ``<name>.proj``, named as torchvision's modules are."""
+        what = who("swin_attention", name)
+        if not isinstance(x, Node) or len(x.shape) != 4:
+            raise ValueError(f"{what}: expected an (N, C, H, W) node, got {x!r}")
+        c = x.shape[1]
+        name = self._numbered("swin_attn") if name is None else name
+        qkv = self.pointwise_linear(x, 3 * c, bias, name=f"{name}.qkv")
+        return self.pointwise_linear(self.window_attention(qkv, heads, window, shift, name=name), c, bias,
+                                     name=f"{name}.proj")
+
+    def window_attention(self, qkv, heads, window, shift=0, name=None) -> Node:
+        """Each pixel's q (of ``qkv``'s 3C channels: q, k, v) attending to the pixels of its ``window``,
+        in ``heads`` heads, with a learned relative position bias; ``shift`` rolls the windows (Swin's
+        every second block). (N, C, H, W) out."""
+        what = who("window_attention", name)
+        return self._add("window_attention", [qkv], name, heads=integer(heads, f"{what}: heads"),
+                         window=int_pair(window, f"{what}: window"),
+                         shift=int_pair(shift, f"{what}: shift", 0))
+
+    def patch_merge(self, x, name=None) -> Node:
+        """Swin's patch merging: each 2x2 block of pixels one pixel of 4C channels, (N, 4C, H/2, W/2)."""
+        return self._add("patch_merge", [x], name)
+
     def class_token(self, x, param="class_token", name=None) -> Node:
         """ViT's class token, a learned (1, 1, D) parameter, put before the T tokens of x: (N, D, T + 1,
         1). The parameter is the model's own, named ``param`` (torchvision's ``class_token``)."""

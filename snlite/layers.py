@@ -32,7 +32,8 @@ from kernels.conv import output_shape as conv_output_shape, workspace_bytes as c
 from kernels.pooling import pool_output_shape
 from snlite.layers_activation import (CELU, ELU, GELU, SELU, Hardsigmoid, Hardswish, LeakyReLU, Mish, ReLU,
                                       ReLU6, Sigmoid, SiLU, Softplus, Tanh)
-from snlite.layers_attention import Attention, ClassToken, PositionEmbedding, TokenSelect
+from snlite.layers_attention import (Attention, ClassToken, PatchMerge, PositionEmbedding, TokenSelect,
+                                     WindowAttention)
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
 from snlite.layers_norm import LRN, BatchNorm2d, LayerNorm, LayerScale
 from snlite.layers_structural import Add, ChannelShuffle, Concat, Data, Flatten, Narrow, SoftmaxLoss
@@ -271,6 +272,7 @@ LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, Leak
                                           LayerNorm, LayerScale, LRN, Dropout, Dropout2d, ChannelScale, Add,
                                           Concat,
                                           Narrow, ChannelShuffle, Flatten, SoftmaxLoss, Attention,
-                                          ClassToken, PositionEmbedding, TokenSelect)}
+                                          ClassToken, PositionEmbedding, TokenSelect, WindowAttention,
+                                          PatchMerge)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

@@ -1,5 +1,6 @@
 """A vision transformer's layers (torchvision's VisionTransformer): self-attention, and the three
-token layers around it (the class token, the position embedding, reading one token out).
+token layers around it (the class token, the position embedding, reading one token out); and the
+Swin Transformer's two (window attention, patch merging).
 
 snlite keeps a sequence of T tokens of D features, PyTorch's (N, T, D), as an (N, D, T, 1) map, the
 layout of a channels-last tensor it never permutes: a token is a pixel, a feature a channel. So a
@@ -15,6 +16,8 @@ PyTorch's fused attention does), and recomputes the scores there: the T x T matr
 never stored, so its memory is the activations' (N, D, T) and not (N, heads, T, T).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -140,3 +143,93 @@ class TokenSelect(Layer):
 
     def backward(self, io):
         io.run("token_select_backward", io.dy, io.dx[0], index=self.attrs["index"])
+
+
+class WindowAttention(Layer):
+    """Swin's window attention, between its qkv and proj Linears (torchvision's
+    ``shifted_window_attention``): each pixel of an (N, 3C, H, W) map of q, k and v attends to the
+    pixels of its ``window`` (wh, ww), in ``heads`` heads, with a learned bias for each relative position
+    (PyTorch's ``relative_position_bias_table``, ((2 wh - 1)(2 ww - 1), heads)); with ``shift`` (sh, sw)
+    the windows are those of the map rolled by (-sh, -sw), and pixels from different regions of the roll
+    are kept apart by -100 added to their scores (torchvision's; a side the window covers is not
+    shifted). Saves each row's log-sum-exp, as :class:`Attention`."""
+
+    kind = "window_attention"
+    checkpoint = True
+    fwd_writes = ("y", "lse")
+    bwd_reads = ("x", "y", "dy", "lse")
+
+    def infer_shape(self):
+        x = self.in_shapes[0]
+        heads, (wh, ww), (sh, sw) = self.attrs["heads"], self.attrs["window"], self.attrs["shift"]
+        if len(x) != 4 or x[1] % 3 or (x[1] // 3) % heads:
+            raise ValueError(f"window_attention {self.name!r}: expected q, k and v as an (N, 3C, H, W) map "
+                             f"with C divisible by heads={heads}, got {x}")
+        if x[2] % wh or x[3] % ww:
+            raise ValueError(f"window_attention {self.name!r}: windows of {wh}x{ww} do not tile the "
+                             f"{x[2]}x{x[3]} map (torchvision pads it; snlite does not yet)")
+        if not (0 <= sh < wh and 0 <= sw < ww) or (sh and wh == x[2]) or (sw and ww == x[3]):
+            raise ValueError(f"window_attention {self.name!r}: shift {(sh, sw)} must be smaller than the "
+                             f"window {(wh, ww)}, and 0 where the window covers the {x[2]}x{x[3]} map")
+        return (x[0], x[1] // 3) + tuple(x[2:])
+
+    def params(self):
+        (wh, ww), heads = self.attrs["window"], self.attrs["heads"]
+        return {"relative_position_bias_table": ((2 * wh - 1) * (2 * ww - 1), heads)}
+
+    def saved(self):
+        n, _, h, w = self.out_shape
+        return {"lse": ((n, self.attrs["heads"], h, w), "float32")}
+
+    def flops(self):
+        wh, ww = self.attrs["window"]
+        return 4 * math.prod(self.out_shape) * wh * ww  # q k^T and p v over each window
+
+    def init_params(self, rng):  # torchvision's: a normal of std 0.02, truncated at 2 std
+        shape = self.params()["relative_position_bias_table"]
+        return {"relative_position_bias_table": (np.clip(rng.standard_normal(shape), -2, 2) * 0.02)
+                .astype(np.float32)}
+
+    def relative_position_index(self) -> np.ndarray:
+        """torchvision's buffer: for each pair (i, j) of a window's pixels, row-major, the table row of
+        their offset, (a_i - a_j + wh - 1) * (2 ww - 1) + (b_i - b_j + ww - 1); (wh ww)^2 values."""
+        wh, ww = self.attrs["window"]
+        a, b = np.divmod(np.arange(wh * ww), ww)
+        index = (a[:, None] - a[None, :] + wh - 1) * (2 * ww - 1) + (b[:, None] - b[None, :] + ww - 1)
+        return index.reshape(-1)
+
+    def _kw(self):
+        return {k: self.attrs[k] for k in ("heads", "window", "shift")}
+
+    def forward(self, io):
+        io.run("window_attention_forward", io.x[0], io.params["relative_position_bias_table"], io.y,
+               io.saved["lse"], **self._kw())
+
+    def backward(self, io):
+        io.run("window_attention_backward", io.x[0], io.params["relative_position_bias_table"], io.y, io.dy,
+               io.saved["lse"], io.dx[0], io.grads["relative_position_bias_table"], **self._kw())
+
+
+class PatchMerge(Layer):
+    """Swin's patch merging before its Linear: each 2x2 block of pixels of (N, C, H, W) becomes one pixel
+    of 4C channels, (N, 4C, H/2, W/2), in torchvision's order (x[0::2, 0::2], x[1::2, 0::2], x[0::2,
+    1::2], x[1::2, 1::2])."""
+
+    kind = "patch_merge"
+    bwd_reads = ("dy",)
+
+    def infer_shape(self):
+        x = self.in_shapes[0]
+        if len(x) != 4 or x[2] % 2 or x[3] % 2:
+            raise ValueError(f"patch_merge {self.name!r}: expected an (N, C, H, W) map with even H and W, "
+                             f"got {x} (torchvision pads an odd side; snlite does not yet)")
+        return (x[0], 4 * x[1], x[2] // 2, x[3] // 2)
+
+    def flops(self):
+        return 0
+
+    def forward(self, io):
+        io.run("patch_merge_forward", io.x[0], io.y)
+
+    def backward(self, io):
+        io.run("patch_merge_backward", io.dy, io.dx[0])

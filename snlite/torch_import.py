@@ -223,7 +223,8 @@ def _output(gm):
 
 def torch_params(module) -> dict:
     """``module``'s state_dict as float32 NumPy arrays, what :meth:`snlite.train.Model.set_params`
-    takes (it also takes the state_dict itself); the batch counters ``num_batches_tracked`` are left
-    out: snlite's batch normalization updates with a fixed momentum and never reads them."""
+    takes (it also takes the state_dict itself); its integer buffers are left out: the batch counters
+    ``num_batches_tracked`` (snlite's batch normalization updates with a fixed momentum and never reads
+    them) and Swin's ``relative_position_index`` (snlite computes it from the window)."""
     return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()
-            if not k.endswith("num_batches_tracked")}
+            if v.is_floating_point()}

@@ -19,7 +19,8 @@ SUPPORTED = ("modules Conv2d (grouped and depthwise too; padding 'same' for odd 
              "W) or flatten(2), then permute(0, 2, 1) or transpose(1, 2)) with LayerNorm, Linear, "
              "self-attention by MultiheadAttention (batch_first, no mask, no dropout, need_weights=False), "
              "the class token (torch.cat of a (1, 1, D) parameter expanded, first), the position embedding "
-             "(+ a (1, T, D) parameter), x[:, i] and x.mean(dim=1); "
+             "(+ a (1, T, D) parameter), x[:, i] and x.mean(dim=1), and Swin's window attention (V1) and "
+             "patch merging on maps whose sides its windows tile; "
              "functions relu, relu6, leaky_relu, sigmoid, tanh, silu, "
              "hardsigmoid, hardswish, gelu, elu, selu, celu, softplus, mish, + / torch.add, * / "
              "torch.mul of a feature map by a per-channel gate (N, C, 1, 1) or by a per-channel "
@@ -39,6 +40,7 @@ NOT_YET = {
     "batchnorm": {"affine": True, "track_running_stats": True},
     "gelu": {"approximate": "none"},
     "layernorm": {"elementwise_affine": True, "bias": True},
+    "window_attention": {"attention_dropout": 0.0, "dropout": 0.0},
     "multihead_attention": {"batch_first": True, "dropout": 0.0, "add_bias_kv": False, "add_zero_attn": False,
                             "same_embed_dim": True, "self_attention": True, "attn_mask": None,
                             "key_padding_mask": None, "is_causal": False},
@@ -186,6 +188,17 @@ def describe(node, gm):
         if isinstance(index, tuple) and len(index) == 2 and index[0] == slice(None) \
                 and isinstance(index[1], int):
             return "token_select", {"index": index[1]}, tensors[:1], False  # x[:, i] of (N, T, D)
+        swin = _torchvision(fn, "swin_transformer")
+        if swin == "_get_relative_position_bias":  # a view of the table: the attention's layer reads it
+            return "relative_position_bias", {"window": tuple(node.args[2])}, list(node.args[:2]), False
+        if swin == "shifted_window_attention":
+            hp = _bind(node, (("qkv_weight", None), ("proj_weight", None), ("relative_position_bias", None),
+                              ("window_size", None), ("num_heads", None), ("shift_size", None),
+                              ("attention_dropout", 0.0), ("dropout", 0.0), ("qkv_bias", None),
+                              ("proj_bias", None), ("logit_scale", None), ("training", True)))
+            return "window_attention", hp, tensors[:1], False
+        if swin == "_patch_merging_pad":
+            return "patch_merge", {}, tensors[:1], False
         if getattr(fn, "__name__", "") == "stochastic_depth" and fn.__module__.startswith("torchvision"):
             hp = _bind(node, (("p", None), ("mode", None), ("training", True)))
             if hp["p"] and hp["training"]:
@@ -277,6 +290,11 @@ def is_shape(node, shapes) -> bool:
         nodes = [a for a in node.args if hasattr(a, "op")]
         return bool(nodes) and all(a in shapes for a in nodes)
     return False
+
+
+def _torchvision(fn, module) -> str:
+    """The name of ``fn`` if it is a function of ``torchvision.models.<module>``, else ''."""
+    return fn.__name__ if getattr(fn, "__module__", "") == f"torchvision.models.{module}" else ""
 
 
 def _transposed(node, a, b) -> tuple:

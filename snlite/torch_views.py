@@ -67,3 +67,11 @@ def permuted(node, dims, x):
     raise refuse(node, f"a permute to {dims}: snlite keeps tensors (N, C, H, W) and follows only "
                        "permute(0, 2, 3, 1) to channels-last and permute(0, 3, 1, 2) back (ConvNeXt's), "
                        "and permute(0, 2, 1) of patches reshaped to (N, D, T) (ViT's)")
+
+
+class RelativeBias:
+    """Swin's ``_get_relative_position_bias(table, index, window)``: the table (a :class:`Param`) spread
+    over each window's pairs of pixels; the window attention layer holds the table and reads it so."""
+
+    def __init__(self, table: Param, window):
+        self.table, self.window = table, tuple(window)

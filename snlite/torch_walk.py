@@ -10,12 +10,12 @@ import operator
 
 from snlite.graph import Graph
 from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
-from snlite.torch_views import Attended, ChannelsLast, Param, Tokens, permuted
+from snlite.torch_views import Attended, ChannelsLast, Param, RelativeBias, Tokens, permuted
 
 # what reads a channels-last tensor (after permute(0, 2, 3, 1)), computed on snlite's (N, C, H, W)
 CHANNELS_LAST = ("permute", "layernorm", "linear", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu",
                  "hardsigmoid", "hardswish", "gelu", "elu", "selu", "celu", "softplus", "mish", "identity",
-                 "dropout", "add", "token_select")
+                 "dropout", "add", "patch_merge", "token_select")
 
 
 class Importer:
@@ -77,6 +77,13 @@ class Importer:
         if kind == "multihead_attention":
             self.built[node] = self.attention(node, hp, self.built[inputs[0]])
             return
+        if kind == "relative_position_bias":  # Swin's table over each window: its attention layer reads it
+            table = self.built[inputs[0]]
+            if not isinstance(table, Param) or table.attr != "relative_position_bias_table":
+                raise refuse(node, "a relative position bias of something other than a module's own "
+                                   "relative_position_bias_table (torchvision's Swin)")
+            self.built[node] = RelativeBias(table, hp["window"])
+            return
         if kind == "expand":  # a parameter repeated over the batch (ViT's class token): no copy
             if not isinstance(self.built[inputs[0]], Param):
                 raise refuse(node, "an expand of a tensor; snlite follows expand only of a parameter over "
@@ -109,6 +116,8 @@ class Importer:
         tokens = next(x for x in xs if isinstance(x, ChannelsLast)).tokens
         if kind == "mean" and tokens:
             return self.token_mean(node, hp, xs[0])
+        if kind == "window_attention" and not tokens:
+            return ChannelsLast(self.window_attention(node, hp, xs[0].node))
         if (kind not in CHANNELS_LAST or not all(isinstance(x, ChannelsLast) for x in xs)) and tokens:
             raise refuse(node, f"a {kind} of tokens (N, T, D); snlite computes only LayerNorm, Linear, "
                                "MultiheadAttention, activations, dropout, +, x[:, i] and x.mean(dim=1) on "
@@ -180,6 +189,8 @@ class Importer:
             source, parts = x
             start, size = parts[hp["part"]]
             return g.narrow(source, start, size, name=name)
+        if kind == "patch_merge" and channels_last:  # Swin's, on (N, H, W, C)
+            return g.patch_merge(x, name=name)
         if kind == "token_select":
             if not channels_last:
                 raise refuse(node, f"x[:, {hp['index']}] of a tensor {tuple(x.shape)}; snlite reads one "
@@ -323,6 +334,29 @@ class Importer:
         self.used.update(f"{node.target}.{part}" for part in ("in_proj", "attention", "out_proj"))
         out = self.g.multihead_attention(x.node, hp["num_heads"], hp["bias"], name=node.target)
         return Attended(ChannelsLast(out, tokens=True))
+
+    def window_attention(self, node, hp, x):
+        """torchvision's ``shifted_window_attention`` of an (N, C, H, W) node: snlite's three layers
+        (:meth:`snlite.graph.Graph.swin_attention`), named for the module holding the bias table, whose
+        qkv and proj Linears must be its own; torchvision's shift, 0 where the window covers the map."""
+        bias = self.built.get(hp["relative_position_bias"])
+        names = {k: getattr(self.built.get(hp[k]), "target", None) for k in
+                 ("qkv_weight", "qkv_bias", "proj_weight", "proj_bias")}
+        owner = bias.table.owner if isinstance(bias, RelativeBias) else None
+        want = {"qkv_weight": f"{owner}.qkv.weight", "qkv_bias": f"{owner}.qkv.bias",
+                "proj_weight": f"{owner}.proj.weight", "proj_bias": f"{owner}.proj.bias"}
+        if owner is None or hp["logit_scale"] is not None or names != want or owner in self.used:
+            raise refuse(node, "a shifted window attention that is not Swin V1's, with its own module's qkv "
+                               "and proj Linears (biases included) and relative_position_bias_table; snlite "
+                               "imports torchvision's SwinTransformer (not V2's cosine attention)")
+        (h, w), window = x.shape[2:], tuple(hp["window_size"])
+        shift = [0 if window[i] >= (h, w)[i] else s for i, s in enumerate(hp["shift_size"])]
+        if h % window[0] or w % window[1] or window != bias.window:
+            raise refuse(node, f"a window attention over a {h}x{w} map in windows of {window}; snlite needs "
+                               "windows that tile the map (torchvision pads it): choose an input size whose "
+                               "maps the windows tile (224x224 for torchvision's Swin)")
+        self.used.update((owner, f"{owner}.qkv", f"{owner}.proj"))
+        return self.g.swin_attention(x, hp["num_heads"], window, tuple(shift), name=owner)
 
     def token_mean(self, node, hp, x):
         """``x.mean(dim=1)`` of tokens (N, T, D): their average, (N, D), an average pool over the T

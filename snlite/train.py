@@ -157,11 +157,18 @@ class Model:
         is written, and a refusal names the tensor: each must be a float32 array (an int32, float64 or
         bool one is refused, not cast), finite, and a BatchNorm ``running_var`` >= 0. A PyTorch
         ``state_dict`` is taken as it is: its batch counters (``bn1.num_batches_tracked``), which
-        snlite's batch normalization never reads (it updates with a fixed momentum), are skipped."""
+        snlite's batch normalization never reads (it updates with a fixed momentum), are skipped, and so
+        is Swin's ``relative_position_index``, once checked to be the one snlite computes."""
         if not isinstance(params, dict):
             raise ValueError(f"params must be a dict of arrays by name, got {type(params).__name__}")
         counters = {f"{n}.num_batches_tracked" for n, l in self.graph.layers.items() if l.kind == "batchnorm"}
-        params = {n: v for n, v in params.items() if n not in counters}
+        indices = {f"{n}.relative_position_index": l.relative_position_index()
+                   for n, l in self.graph.layers.items() if l.kind == "window_attention"}
+        for n, index in indices.items():  # Swin's: snlite computes it from the window, as torchvision does
+            if n in params and not np.array_equal(np.asarray(params[n]).reshape(-1), index):
+                raise ValueError(f"parameter {n} is not the relative position index of the layer's window "
+                                 "(torchvision's), which snlite computes and cannot replace; nothing was set")
+        params = {n: v for n, v in params.items() if n not in counters and n not in indices}
         tensors = self.graph.tensors()
         missing = sorted(set(self.state_names) - set(params))
         unexpected = sorted(set(params) - set(self.state_names))

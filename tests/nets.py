@@ -116,6 +116,27 @@ def vit_net(n=2, hw=4):
     return g
 
 
+def swin_net(n=2, hw=4):
+    """A Swin Transformer in small (torchvision's SwinTransformer): 2x2 patches of a 2hw x 2hw image
+    embedded to 4 channels and layer-normed, two blocks with 2x2 windows in 2 heads (the second's
+    windows shifted by 1: rolled, masked) each a layer norm, window attention between its qkv and proj
+    Linears, the residual sum, a layer norm, an MLP over channels (a Linear to 8, a GELU, a Linear back)
+    and the residual sum; patch merging, its layer norm and Linear without bias; the last layer norm,
+    the global pool and the head."""
+    g = Graph(input_shape=(n, 3, 2 * hw, 2 * hw), num_classes=3, name="swin")
+    x = g.layernorm(g.conv2d(g.input(), 4, 2, stride=2, name="features.0.0"), name="features.0.2")
+    for k, shift in enumerate((0, 1)):
+        b = f"features.1.{k}"
+        y = g.swin_attention(g.layernorm(x, name=f"{b}.norm1"), 2, 2, shift, name=f"{b}.attn")
+        x = g.add(x, y, name=f"{b}.add")
+        y = g.gelu(g.pointwise_linear(g.layernorm(x, name=f"{b}.norm2"), 8, name=f"{b}.mlp.0"))
+        x = g.add(x, g.pointwise_linear(y, 4, name=f"{b}.mlp.3"), name=f"{b}.add_1")
+    x = g.layernorm(g.patch_merge(x, name="features.2.merge"), name="features.2.norm")
+    x = g.layernorm(g.pointwise_linear(x, 8, bias=False, name="features.2.reduction"), name="norm")
+    g.softmax_loss(g.linear(g.flatten(g.avgpool(x, hw // 2, name="avgpool")), 3, name="head"))
+    return g
+
+
 def data_for(g, seed=1):
     """A random batch and labels for ``g``."""
     rng = np.random.default_rng(seed)

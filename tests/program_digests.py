@@ -75,14 +75,14 @@ def small_cases():
 
 def zoo_cases():
     sys.path.insert(0, str(HERE))
-    from nets import convnext_net, gated_net, grouped_net, vit_net
+    from nets import convnext_net, gated_net, grouped_net, swin_net, vit_net
 
     # the zoo, and the small nets of torchvision's later layers (grouped convs; the gated activations;
     # ConvNeXt's layer norms, Linears over channels and layer scale; a vision transformer's attention
-    # and token layers)
+    # and token layers; a Swin Transformer's window attention and patch merging)
     for name, g in [(name, get_model(name, batch=8)) for name in ZOO] + [
             ("grouped", grouped_net(n=4)), ("gated", gated_net(n=4)), ("convnext", convnext_net(n=4)),
-            ("vit", vit_net(n=4))]:
+            ("vit", vit_net(n=4)), ("swin", swin_net(n=4))]:
         for label, c in PRESETS.items():
             yield f"{name}/{label}", (lambda g=g, c=c: place(g, c))
             if c.cache:

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from nets import ALL_CONFIGS, convnext_net, data_for, gated_net, grouped_net, mixed_net, vit_net
+from nets import ALL_CONFIGS, convnext_net, data_for, gated_net, grouped_net, mixed_net, swin_net, vit_net
 from snlite.adversary import AdversarialDevice
 from snlite.anomaly import NonFiniteError
 from snlite.bench import PRESETS
@@ -51,12 +51,12 @@ def test_audited_every_kind_of_configuration_computes_bit_identically():
     base = _run(g, MemoryConfig(), audit=False)
     for config in ALL_CONFIGS[::8] + [MemoryConfig.superneurons(fit="offline")]:
         assert _same(_run(g, config, audit=True), base), f"audited, {config.describe()} computes otherwise"
-    grouped, gated, convnext, vit = grouped_net(), gated_net(), convnext_net(), vit_net()
-    for net in (g, grouped, gated, convnext, vit):
+    grouped, gated, convnext, vit, swin = grouped_net(), gated_net(), convnext_net(), vit_net(), swin_net()
+    for net in (g, grouped, gated, convnext, vit, swin):
         tight = MemoryConfig.superneurons(budget_bytes=_tight(net))  # too tight for every gradient at once
         assert _same(_run(net, tight, audit=True, read_back=False),
                      _run(net, tight, audit=False, read_back=False))
-    for net in (grouped, gated, convnext, vit):
+    for net in (grouped, gated, convnext, vit, swin):
         base = _run(net, MemoryConfig(), audit=False)
         for config in PRESETS.values():
             assert _same(_run(net, config, audit=True), base), f"audited, {config.describe()} differs"

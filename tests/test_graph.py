@@ -379,3 +379,51 @@ def test_vit_layer_errors_name_the_layer(build, match):
     g = Graph(input_shape=(2, 3, 8, 8), num_classes=2)
     with pytest.raises(ValueError, match=match):
         build(g, g.conv2d(g.input(), 4, 2, stride=2))  # 4 features, 4x4 = 16 tokens
+
+
+def test_swins_layers_declare_what_they_read_and_name_their_parameters_as_pytorch():
+    """Window attention is three layers named as torchvision's modules (qkv, the attention holding the
+    relative position bias table, proj); it saves one log-sum-exp per head and pixel and its backward
+    reads the table; patch merging makes 4C channels of each 2x2 block; attention is a checkpoint, the
+    patch merging and the layer norms are recomputed."""
+    import sys
+    from pathlib import Path
+
+    from snlite.config import MemoryConfig
+    from snlite.scheduler import Scheduler
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from nets import swin_net
+
+    g = swin_net(n=2, hw=4)
+    t, steps = g.tensors(), {(s.layer, s.phase): s for s in g.steps()}
+    attn = "features.1.1.attn"
+    assert t[f"{attn}.qkv.weight"].shape == (12, 4) and t[f"{attn}.proj.bias"].shape == (4,)
+    assert t[f"{attn}.relative_position_bias_table"].shape == (9, 2)
+    assert t[f"{attn}.lse"].shape == (2, 2, 4, 4)
+    assert g.layers[attn].attrs["shift"] == (1, 1) and g.layers["features.2.merge"].out_shape == (2, 16, 2, 2)
+    assert set(steps[attn, "backward"].reads) == {f"{attn}.qkv", attn, f"{attn}.grad", f"{attn}.lse",
+                                                 f"{attn}.relative_position_bias_table"}
+    assert g.layers[attn].flops() == 4 * 2 * 4 * 4 * 4 * 4
+    plan = Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan()
+    dropped = set(plan.recompute.dropped)
+    assert {"features.2.merge", "features.1.1.norm1", "features.2.norm"} <= dropped
+    assert not {attn, f"{attn}.qkv", f"{attn}.proj", "features.1.1.add"} & dropped
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda g, x: g.swin_attention(x, 3, 2, name="a"),
+     r"window_attention 'a': expected q, k and v .* heads=3"),
+    (lambda g, x: g.swin_attention(x, 2, 3, name="a"),
+     r"window_attention 'a': windows of 3x3 do not tile the 4x4 map"),
+    (lambda g, x: g.swin_attention(x, 2, 2, shift=2, name="a"),
+     r"window_attention 'a': shift \(2, 2\) must be smaller than the window"),
+    (lambda g, x: g.swin_attention(x, 2, 4, shift=1, name="a"), r"0 where the window covers the 4x4 map"),
+    (lambda g, x: g.window_attention(x, 2, 0, name="w"), r"window_attention 'w': window"),
+    (lambda g, x: g.patch_merge(g.conv2d(x, 4, 2, stride=1), name="m"),
+     r"patch_merge 'm': expected an \(N, C, H, W\) map with even H and W"),
+])
+def test_swin_layer_errors_name_the_layer(build, match):
+    g = Graph(input_shape=(2, 3, 8, 8), num_classes=2)
+    with pytest.raises(ValueError, match=match):
+        build(g, g.conv2d(g.input(), 4, 2, stride=2))  # 4 channels, a 4x4 map

@@ -3,7 +3,7 @@ against the CUDA simulator, PyTorch-style parameters, determinism, and clear err
 import numpy as np
 import pytest
 
-from nets import convnext_net, gated_net, grouped_net, vit_net
+from nets import convnext_net, gated_net, grouped_net, swin_net, vit_net
 from snlite.device import CudaDevice, HostDevice
 from snlite.graph import Graph
 from snlite.executor import dropout_seed
@@ -37,8 +37,8 @@ def _data(g, seed=1):
 
 # grouped: depthwise, ReLU6, ceil mode; gated: Hardswish, SiLU, Sigmoid, Hardsigmoid, channel scale;
 # convnext: layer norms over channels, Linears over channels, the layer scale; vit: attention, the class
-# token, the position embedding, one token read out
-@pytest.mark.parametrize("net", [fork_join_net, grouped_net, gated_net, convnext_net, vit_net])
+# token, the position embedding, one token read out; swin: window attention (shifted too), patch merging
+@pytest.mark.parametrize("net", [fork_join_net, grouped_net, gated_net, convnext_net, vit_net, swin_net])
 def test_whole_network_gradients_match_central_differences(net):
     g = net()
     model = Model(g, device="host", seed=3)
@@ -64,8 +64,8 @@ def test_whole_network_gradients_match_central_differences(net):
 
 @pytest.mark.parametrize("net", [lambda: fork_join_net(n=2, hw=4), lambda: grouped_net(n=1),
                                  lambda: gated_net(n=1), lambda: convnext_net(n=2, hw=2),
-                                 lambda: vit_net(n=2, hw=2)],
-                         ids=["fork_join", "grouped", "gated", "convnext", "vit"])
+                                 lambda: vit_net(n=2, hw=2), lambda: swin_net(n=1, hw=4)],
+                         ids=["fork_join", "grouped", "gated", "convnext", "vit", "swin"])
 def test_host_and_simulator_agree(net):
     """One training step (forward, backward, SGD with momentum) on the host device and on the CUDA
     simulator: the same loss, and the same gradients (the first step moves each weight by lr times

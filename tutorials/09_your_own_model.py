@@ -130,7 +130,7 @@ expect("the snapshot's arena is the program's, and no larger than the budget",
 # PyTorch trains the same ResNet-18 one step on the CPU (SGD with momentum), and every tensor storage it
 # holds is counted op by op (`snlite.bench_torch`). snlite's prediction is for the configuration that
 # behaves like PyTorch's autograd: liveness, nothing offloaded or recomputed. `python -m snlite.bench torch`
-# does this for fourteen torchvision models.
+# does this for fifteen torchvision models.
 
 # %%
 r = bench_torch.compare("resnet18", batch=2 if QUICK else 8)
