@@ -788,8 +788,7 @@ def test_swin_imports_whole_with_its_state_dict_names():
     assert shifts["features.7.1.attn"] == (0, 0)  # a 7x7 map in 7x7 windows: nothing to shift
     assert g.tensors()["features.1.1.attn.relative_position_bias_table"].shape == (169, 3)
     assert g.layers["features.2.patch_merge"].out_shape == (1, 384, 28, 28)
-    small = tv.swin_transformer.SwinTransformer(patch_size=[2, 2], embed_dim=8, depths=[2], num_heads=[2],
-                                                window_size=[2, 2], num_classes=10, stochastic_depth_prob=0.0)
+    small = _small_swin()
     model = Model(from_torch(small, (3, 8, 8), batch=2), device="host")
     model.set_params(small.state_dict())  # the index buffers included, checked, skipped
     index = small.state_dict()["features.1.0.attn.relative_position_index"]
@@ -798,14 +797,22 @@ def test_swin_imports_whole_with_its_state_dict_names():
         model.set_params({**small.state_dict(), "features.1.0.attn.relative_position_index": index.flip(0)})
 
 
-@pytest.mark.parametrize("make, shape, words", [
-    (lambda: tv.swin_v2_t(num_classes=10), (3, 224, 224), ("relative_coords_table",)),
-    (lambda: _no_stochastic_depth(tv.swin_t(num_classes=10)), (3, 64, 64),
-     ("a window attention over a 16x16 map in windows of (7, 7)", "224x224 for torchvision's Swin")),
-    (lambda: tv.swin_t(num_classes=10), (3, 224, 224), ("stochastic depth (p=",)),
+def _small_swin(**kw):
+    """torchvision's SwinTransformer in small, on 8x8 images: 4x4 maps in 2x2 windows unless told."""
+    args = dict(patch_size=[2, 2], embed_dim=8, depths=[2], num_heads=[2], window_size=[2, 2], num_classes=10,
+                stochastic_depth_prob=0.0)
+    return tv.swin_transformer.SwinTransformer(**{**args, **kw})
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: _small_swin(block=tv.swin_transformer.SwinTransformerBlockV2,
+                         downsample_layer=tv.swin_transformer.PatchMergingV2), ("relative_coords_table",)),
+    (lambda: _small_swin(window_size=[3, 3]),
+     ("a window attention over a 4x4 map in windows of (3, 3)", "224x224 for torchvision's Swin")),
+    (lambda: _small_swin(stochastic_depth_prob=0.2), ("stochastic depth (p=",)),
 ], ids=["swin v2", "windows that do not tile the map", "stochastic depth on"])
-def test_what_swin_needs_and_no_more(make, shape, words):
+def test_what_swin_needs_and_no_more(make, words):
     with pytest.raises(TorchImportError) as e:
-        from_torch(make(), shape, batch=1)
+        from_torch(make(), (3, 8, 8), batch=1)
     for w in words:
         assert w in str(e.value), str(e.value)
