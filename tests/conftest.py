@@ -18,25 +18,8 @@ if not REAL_GPU_REQUESTED:
 for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-# Where this session may not write bytecode beside the sources (PYTHONDONTWRITEBYTECODE, as on CI), it
-# writes it to a folder of its own for the session, removed at its end: each process the suite starts
-# (the xdist workers, the graders, tutorials and commands it runs as subprocesses, about a hundred)
-# otherwise compiled snlite's and the tests' modules anew, and pytest rewrote the tests' asserts anew.
-if os.environ.get("PYTHONDONTWRITEBYTECODE") and "SNLITE_TEST_PYCACHE" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
-
-    _pycache = tempfile.mkdtemp(prefix="snlite-pyc-")
-    os.environ["SNLITE_TEST_PYCACHE"] = os.environ["PYTHONPYCACHEPREFIX"] = _pycache
-    del os.environ["PYTHONDONTWRITEBYTECODE"]
-    atexit.register(shutil.rmtree, os.environ["SNLITE_TEST_PYCACHE"], True)
-
 import importlib.util  # noqa: E402
 import sys  # noqa: E402
-
-if "SNLITE_TEST_PYCACHE" in os.environ:  # this process too, from here on
-    sys.pycache_prefix, sys.dont_write_bytecode = os.environ["SNLITE_TEST_PYCACHE"], False
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
