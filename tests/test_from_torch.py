@@ -1,9 +1,9 @@
 """snlite.from_torch against PyTorch: torchvision's networks, imported, compute what PyTorch computes.
 
-For a model of every family the importer must take (AlexNet, VGG-11, ResNet-18/50, DenseNet-121,
-GoogLeNet, SqueezeNet, MobileNet-V2 and V3, ResNeXt, EfficientNet, RegNet-Y, MNASNet, ShuffleNet-V2,
-ConvNeXt, ViT, Swin, and networks of its own; VGG's classifier narrowed, see NARROW; the other depths
-and widths are more of the same layers, left out for time), at a small input on the host device: the
+For a model of every family the importer must take (AlexNet, ResNet-18/50, DenseNet-121, GoogLeNet,
+SqueezeNet, MobileNet-V2 and V3, ResNeXt, EfficientNet, RegNet-Y, MNASNet, ShuffleNet-V2, ConvNeXt,
+ViT, Swin, and networks of its own; VGG is AlexNet's layers, more of them, and the other depths and
+widths are more of the same layers, left out for time), at a small input on the host device: the
 parameter count is PyTorch's, the logits in eval mode agree, and in train mode (dropout off) the loss
 and every gradient agree, with the weights moved across by state_dict name in both directions. Then
 the refusals: an operation or hyper-parameter snlite has no layer for, and a forward that branches on
@@ -32,13 +32,13 @@ tv = import_torchvision().models
 torch.set_num_threads(1)  # the tests run one per core
 nn, F = torch.nn, torch.nn.functional
 
-# name -> (constructor, input (C, H, W), batch). AlexNet's and VGG's adaptive average pools are the
-# identity only at 224x224 (their features end 6x6 and 7x7 there), so they run one sample at that size;
-# the others run 64x64 in batches of 4 (DenseNet 8), see _torchvision for why. One model per block
-# design: ResNet-34, -101 and -152 are ResNet-18's and -50's blocks, more of them (about 12 s of CPU).
+# name -> (constructor, input (C, H, W), batch). AlexNet's adaptive average pool is the identity only at
+# 224x224 (its features end 6x6 there), so it runs one sample at that size; the others run 64x64 in
+# batches of 4 (DenseNet 8), see _torchvision for why. One model per block design: ResNet-34, -101 and
+# -152 are ResNet-18's and -50's blocks, more of them (about 12 s of CPU), and VGG is AlexNet's kinds of
+# layers, more of them (6.6 s).
 MODELS = {
     "alexnet": (tv.alexnet, (3, 224, 224), 1),
-    "vgg11": (tv.vgg11, (3, 224, 224), 1),
     "resnet18": (tv.resnet18, (3, 64, 64), 4),
     "resnet50": (tv.resnet50, (3, 64, 64), 4),
     "densenet121": (tv.densenet121, (3, 64, 64), 8),
@@ -158,14 +158,9 @@ class PooledNet(nn.Module):
         return self.fc(self.pool(x).squeeze() + F.adaptive_avg_pool2d(x, (1, 1)).squeeze((2, 3)))
 
 
-# VGG's classifier is two 4096-wide layers, 120 M of VGG-16's 134 M weights: they only cost time (seconds
-# to initialize, copy and compare in both libraries) and add no layer, so here they are 256 wide (the same
-# modules, names and forward; torchvision's own init). AlexNet keeps its full width: one model as
-# torchvision builds it, 4096-wide layers and all.
-NARROW = {"vgg11": 256}
 # constructor arguments: no dropout (training must be deterministic to compare), GoogLeNet without its
 # auxiliary classifiers (a second and third output)
-KWARGS = {"alexnet": {"dropout": 0.0}, "vgg11": {"dropout": 0.0},
+KWARGS = {"alexnet": {"dropout": 0.0},
           "googlenet": {"dropout": 0.0, "aux_logits": False, "init_weights": True},
           "squeezenet1_1": {"dropout": 0.0}, "mobilenet_v2": {"dropout": 0.0},
           "mobilenet_v3_small": {"dropout": 0.0}, "mnasnet0_5": {"dropout": 0.0},
@@ -188,14 +183,6 @@ def _torchvision(name, **kw):
     make = MODELS[name][0]
     torch.manual_seed(0)
     net = make(num_classes=10, **kw)
-    if name in NARROW:
-        linears = [i for i, m in enumerate(net.classifier) if isinstance(m, nn.Linear)]
-        for i in linears:
-            m = net.classifier[i]
-            net.classifier[i] = nn.Linear(m.in_features if i == linears[0] else NARROW[name],
-                                          m.out_features if i == linears[-1] else NARROW[name])
-            nn.init.normal_(net.classifier[i].weight, 0, 0.01)  # as torchvision's VGG initializes it
-            nn.init.zeros_(net.classifier[i].bias)
     for m in net.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.eps = 1e-3
