@@ -8,11 +8,14 @@ says what it uses (:func:`run_ptxas`). Measuring needs ptxas (the CUDA toolkit) 
 off, so it runs in a subprocess (:func:`measure_resources`); the results are kept in
 ``kernels/registers.json`` (``tests/test_ptx.py`` checks the file against ptxas where ptxas is
 installed), and :func:`resources` reads them from there for the launch report
-(:mod:`kernels.launches`) and the cost model.
+(:mod:`kernels.launches`) and the cost model. A kernel that uses floating-point atomics (not
+deterministic) is refused there and then, so the file exists only for kernels that compiled without
+them; it records the :func:`source_digest` of what it was measured from.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -21,10 +24,28 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 REGISTERS_FILE = Path(__file__).with_name("registers.json")
 ARCHS = ("sm_90", "sm_80", "sm_75")
+FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.f(16|32|64)\b")  # in PTX: atom.add.f32 and the like
+COMPILER = ("numba", "numba-cuda", "llvmlite", "nvidia-nvvm")  # the packages that turn a kernel into PTX
+
+
+def source_digest() -> str:
+    """A digest of everything the kernels' PTX is made from: every ``kernels/*.py`` (the kernels, the
+    device functions and constants they use), Python's version and the compiler's packages'. The same
+    digest, the same PTX: tests/test_ptx.py compiles the kernels again only when it changes."""
+    h = hashlib.sha256(f"python {sys.version_info[0]}.{sys.version_info[1]}".encode())
+    for dist in COMPILER:
+        try:
+            h.update(f"{dist} {metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist} -".encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -143,8 +164,11 @@ def compile_resources(names=None, archs=ARCHS) -> dict:
     for spec in kernels.registered_kernels():
         if names is not None and spec.name not in names:
             continue
-        out[spec.name] = {arch: run_ptxas(ptx, arch, ptxas).__dict__
-                          for arch, ptx in compile_ptx_per_arch(spec, archs).items()}
+        ptxs = compile_ptx_per_arch(spec, archs)
+        atomics = sorted({m.group(0) for ptx in ptxs.values() for m in FLOAT_ATOMIC.finditer(ptx)})
+        if atomics:
+            raise RuntimeError(f"{spec.name} uses floating-point atomics {atomics}: not deterministic")
+        out[spec.name] = {arch: run_ptxas(ptx, arch, ptxas).__dict__ for arch, ptx in ptxs.items()}
     return out
 
 
@@ -195,7 +219,8 @@ def write_registers(path=None) -> dict:
     if ptxas is None:
         raise RuntimeError("ptxas not found: install the CUDA toolkit (or set CUDA_HOME) to "
                            "measure registers")
-    table = {"ptxas": ptxas_version(ptxas), "archs": list(ARCHS), "kernels": measure_resources()}
+    table = {"ptxas": ptxas_version(ptxas), "archs": list(ARCHS), "source_digest": source_digest(),
+             "kernels": measure_resources()}
     Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     _table.cache_clear()
     return table
