@@ -52,7 +52,7 @@ from numba import cuda, float32
 
 from kernels._check import Example, main
 from kernels._common import Launch, Op, ceil_div, check, check_version, cuda_kernel
-from kernels.attention import _heads
+from kernels.attention import _heads, _row_delta, _weight_grad  # D_i and ds_ij, as there
 from kernels.layernorm import _contiguous, _elements, _nchw
 
 BLOCK = 128  # threads per block
@@ -189,24 +189,6 @@ def _thread(p, heads, qkv, geo):
     hh, w_, _, _, sh, sw = geo
     r, c = (pix // w_ - sh + hh) % hh, (pix % w_ - sw + w_) % w_  # pix's rolled position
     return b, hd, pix, dh, hd * dh, d + hd * dh, 2 * d + hd * dh, r, c, r - r % geo[2], c - c % geo[3]
-
-
-@cuda.jit(device=True, inline=True)
-def _row_delta(y, dy, b, qc, i, dh):
-    # D_i = sum_e dy[e, i] * y[e, i], e ascending.
-    acc = float32(0.0)
-    for e in range(dh):
-        acc += dy[b, qc + e, i] * y[b, qc + e, i]
-    return acc
-
-
-@cuda.jit(device=True, inline=True)
-def _weight_grad(qkv, dy, b, qc, vc, i, j, dh, big_d, p):
-    # ds_ij = p_ij * (dp_ij - D_i), dp_ij = sum_e dy[e, i] * v[e, j] (e ascending).
-    dp = float32(0.0)
-    for e in range(dh):
-        dp += dy[b, qc + e, i] * qkv[b, vc + e, j]
-    return p * (dp - big_d)
 
 
 @cuda_kernel(f"void({_F3}, {_F2}, {_F3}, {_F1}, int64, {_GEO}, float32)")
