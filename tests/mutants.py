@@ -141,6 +141,14 @@ MUTANTS = (
     Mutant("tests/simulator_pool.py", "if block.error is None and not block.abort:", "if True:",
            "the simulator pool raises an aborted thread's error, not the failing one's",
            ("tests/test_simulator_pool.py",)),
+    Mutant("tests/simulator_pool.py",
+           "vars(m) for m in f.__globals__.values() if type(m) is type(threading)", "",
+           "the simulator pool runs in turn a kernel whose barrier is in a module's device function",
+           ("tests/test_simulator_pool.py",)),
+    Mutant("tests/simulator_pool.py",
+           "me.thread_id = point[0] + block_dim[0] * (point[1] + block_dim[1] * point[2])",
+           "me.thread_id = point[0]", "a block run in turn numbers its threads' lanes by x alone",
+           ("tests/test_simulator_pool.py",)),
 )
 
 

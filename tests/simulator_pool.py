@@ -19,8 +19,21 @@ semantics of ``syncthreads`` and the error a failing thread raises are the simul
 
 What differs is only which Python thread runs a CUDA thread, and that the launch returns (or
 raises) once every thread of the block has finished, rather than at the first error while other
-threads may still be running. tests/test_simulator_pool.py holds both to the simulator's original
-manager. The session fixture of tests/conftest.py installs this where the simulator is on.
+threads may still be running.
+
+Most kernels never make a thread wait for another (elementwise, pooling, attention: each thread reads
+and writes its own elements). Handing each of their CUDA threads to another Python thread cost more than
+running them: a one-line kernel took 62 us a thread on the pool, 10 us in turn (on one core of the
+project's AMD machine, 12-07). So a block of a kernel that names nothing in TOGETHER (barriers, votes,
+warp exchanges, shared memory), itself or in a device function it calls, runs its threads one after
+another on the launching thread, which holds a CUDA thread's ``threadIdx``, ``blockIdx`` and
+``thread_id`` meanwhile; it stops at the first thread that raises, with the error named as above.
+Threads that share nothing but the arrays they are given compute the same in any order unless they race,
+which would be a bug on a GPU too (on the simulator a racing kernel's result depends on how the GIL
+hands over either way). A barrier the scan cannot see (one reached through ``getattr``) raises an error
+naming TOGETHER, never a wrong result.
+tests/test_simulator_pool.py holds both ways to the simulator's original manager. The session
+fixture of tests/conftest.py installs this where the simulator is on.
 """
 from __future__ import annotations
 
@@ -114,6 +127,7 @@ _free: list = []  # idle pool threads
 _lock = threading.Lock()
 _original = None  # the simulator's own BlockManager.run, while the pool's is installed
 _Worker = None  # the pool thread class, made by install() from the simulator's BlockThread
+_Dim3 = None  # the simulator's Dim3, set by install()
 
 
 def _run(self, grid_point, *args):
@@ -122,6 +136,8 @@ def _run(self, grid_point, *args):
 
     if self._debug:  # the simulator's debug mode (np.seterr per thread): its own manager
         return _original(self, grid_point, *args)
+    if not needs_threads(self._f):
+        return _run_inline(self, grid_point, args)
     block_dim = tuple(self._block_dim) + (1,) * (3 - len(self._block_dim))
     points = [tuple(p) + (0,) * (3 - len(p)) for p in np.ndindex(*self._block_dim)]
     with _lock:
@@ -141,15 +157,80 @@ def _run(self, grid_point, *args):
 
 
 
+# what only threads running together can do: meet at a barrier, vote, exchange registers, share memory
+TOGETHER = frozenset({"syncthreads", "syncthreads_count", "syncthreads_and", "syncthreads_or", "syncwarp",
+                      "shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "all_sync", "any_sync",
+                      "eq_sync", "ballot_sync", "match_any_sync", "match_all_sync", "activemask", "shared"})
+_needs: dict = {}  # kernel function -> whether its threads must run together
+
+
+def needs_threads(f) -> bool:
+    """Whether ``f`` (a kernel's Python function) or a device function it calls names anything in
+    TOGETHER: then its block's threads run on pool threads at once; otherwise one after another."""
+    if f not in _needs:
+        _needs[f] = _names_together(f, set())
+    return _needs[f]
+
+
+def _names_together(f, seen: set) -> bool:
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    seen.add(f)
+    codes, names = [f.__code__], set()
+    while codes:  # the function's code and the code of what it defines (comprehensions, closures)
+        code = codes.pop()
+        names |= set(code.co_names)
+        codes += [c for c in code.co_consts if hasattr(c, "co_names")]
+    if names & TOGETHER:
+        return True
+    scopes = [f.__globals__] + [vars(m) for m in f.__globals__.values() if type(m) is type(threading)]
+    called = [scope[n] for scope in scopes for n in names if n in scope]
+    called += [cell.cell_contents for cell in f.__closure__ or ()]
+    return any(isinstance(c, FakeCUDAKernel) and c.fn not in seen and _names_together(c.fn, seen)
+               for c in called)
+
+
+def _together(*args):
+    raise RuntimeError("tests/simulator_pool.py ran this block's threads one after another, but the kernel "
+                       "waits for the others: add the name it reaches them by to TOGETHER")
+
+
+def _run_inline(self, grid_point, args):
+    """A block whose threads never wait for each other: each CUDA thread run in turn, on this thread."""
+    import numpy as np
+
+    me = threading.current_thread()
+    block_dim = tuple(self._block_dim) + (1,) * (3 - len(self._block_dim))
+    me.blockIdx, me.syncthreads = _Dim3(*grid_point), _together
+    try:
+        for point in np.ndindex(*self._block_dim):
+            point = tuple(point) + (0,) * (3 - len(point))
+            me.threadIdx = _Dim3(*point)
+            me.thread_id = point[0] + block_dim[0] * (point[1] + block_dim[1] * point[2])
+            try:
+                self._f(*args)
+            except BaseException as e:
+                tid, ctaid = f"tid={list(point)}", f"ctaid={list(grid_point)}"
+                msg = f"{tid} {ctaid}" if str(e) == "" else f"{tid} {ctaid}: {e}"
+                try:
+                    error = type(e)(msg)
+                except Exception:  # an exception type that takes other arguments: raised as it was
+                    raise e
+                raise error.with_traceback(e.__traceback__) from None
+    finally:
+        for name in ("blockIdx", "threadIdx", "thread_id", "syncthreads"):
+            me.__dict__.pop(name, None)
+
+
 def install() -> None:
     """Run the simulator's blocks on the pool (until :func:`uninstall`)."""
-    global _original, _Worker
+    global _original, _Worker, _Dim3
     from numba.cuda.simulator import kernel
     from numba.cuda.simulator.kernelapi import Dim3
 
     if _original is None:
         _original = kernel.BlockManager.run
-        _Worker = _worker_class(kernel.BlockThread, Dim3)
+        _Worker, _Dim3 = _worker_class(kernel.BlockThread, Dim3), Dim3
         kernel.BlockManager.run = _run
 
 

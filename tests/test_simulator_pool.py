@@ -1,8 +1,11 @@
 """The simulator's blocks on a pool of threads (tests/simulator_pool.py, installed for the whole
 session by tests/conftest.py) run kernels as the simulator's own block manager does: the same
 results with barriers, early returns and the block-wide votes, the same error from a failing thread,
-and no new thread per CUDA thread."""
+and no new thread per CUDA thread. A block whose threads never wait for each other runs them one
+after another on the launching thread, with the same results and errors; a kernel that reaches a
+barrier, a vote or shared memory (itself, or through a device function) is never run that way."""
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -65,6 +68,14 @@ def _two_dimensional(out):
     out[y, x] = (cuda.blockIdx.y * 100 + cuda.blockIdx.x) * 10_000 + cuda.threadIdx.y * 100 + cuda.threadIdx.x
 
 
+@cuda.jit
+def _lanes(out):
+    """Sync-free, 2-D blocks of 64 threads: the thread's linear id and its lane, as CUDA numbers them."""
+    x, y = cuda.grid(2)
+    out[y, x, 0] = cuda.threadIdx.x + cuda.blockDim.x * cuda.threadIdx.y
+    out[y, x, 1] = cuda.laneid
+
+
 def _launch(kernel, grid, block, *args, timeout=20):
     """Launch on a thread of its own, failing (not hanging) if it never returns."""
     result = {}
@@ -99,13 +110,14 @@ def _run_all(rng):
     _launch(_block_sums, 4, 64, x, sums)
     _launch(_early_return, 4, 64, x, early)
     _launch(_votes, 4, 64, x, votes)
-    grid2 = np.zeros((6, 8), np.int64)
+    grid2, lanes = np.zeros((6, 8), np.int64), np.zeros((8, 32, 2), np.int64)
     _launch(_two_dimensional, (2, 3), (4, 2), grid2)
-    return x, sums, early, votes, grid2
+    _launch(_lanes, (2, 2), (16, 4), lanes)
+    return x, sums, early, votes, grid2, lanes
 
 
 def test_the_pool_computes_what_the_simulators_own_manager_computes(rng):
-    x, sums, early, votes, grid2 = _run_all(rng)
+    x, sums, early, votes, grid2, lanes = _run_all(rng)
     np.testing.assert_allclose(sums, x.reshape(4, 64).sum(axis=1), rtol=1e-5)
     even = np.arange(256) % 2 == 0
     np.testing.assert_array_equal(early[even], x.reshape(4, 64)[:, (np.arange(0, 64, 2) + 2) % 64].ravel())
@@ -115,6 +127,9 @@ def test_the_pool_computes_what_the_simulators_own_manager_computes(rng):
     np.testing.assert_array_equal(votes[:, 2], np.repeat(positive.any(axis=1), 64))
     ys, xs = np.mgrid[0:6, 0:8]
     np.testing.assert_array_equal(grid2, (ys // 2 * 100 + xs // 4) * 10_000 + ys % 2 * 100 + xs % 4)
+    ys, xs = np.mgrid[0:8, 0:32]
+    np.testing.assert_array_equal(lanes[..., 0], xs % 16 + 16 * (ys % 4))
+    np.testing.assert_array_equal(lanes[..., 1], (xs % 16 + 16 * (ys % 4)) % 32)
     simulator_pool.uninstall()
     try:
         again = _run_all(np.random.default_rng(0))
@@ -158,3 +173,130 @@ def test_a_dynamic_shared_array_and_int_types_still_work():
     x, out = np.arange(32, dtype=np.int32), np.zeros(32, np.int32)
     shift[1, 32, 0, 32 * 4](x, out)
     np.testing.assert_array_equal(out, np.roll(x, -1))
+
+
+@cuda.jit(device=True)
+def _tree_sum(value):
+    """A block's sum, in shared memory, with the barriers: a kernel calling it must run its threads
+    together (in turn, the first thread would wait at the first barrier for threads not yet run)."""
+    s = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    s[t] = value
+    cuda.syncthreads()
+    step = 32
+    while step > 0:
+        if t < step:
+            s[t] += s[t + step]
+        cuda.syncthreads()
+        step //= 2
+    total = s[0]
+    cuda.syncthreads()  # everyone has read it before a next call writes
+    return total
+
+
+@cuda.jit(device=True)
+def _add_one(x, i):
+    x[i] += 1
+
+
+@cuda.jit(device=True)
+def _calls_tree_sum(value):
+    return _tree_sum(value)
+
+
+helpers = types.ModuleType("helpers")  # a device function reached as a module's attribute
+helpers.tree_sum = _tree_sum
+
+
+@cuda.jit
+def _sums_through_a_call(x, out):  # names no barrier and no shared memory itself
+    out[cuda.grid(1)] = _calls_tree_sum(x[cuda.grid(1)])
+
+
+@cuda.jit
+def _sums_through_a_module(x, out):
+    out[cuda.grid(1)] = helpers.tree_sum(x[cuda.grid(1)])
+
+
+@cuda.jit
+def _adds_one(x):
+    _add_one(x, cuda.grid(1))
+
+
+def _closure_kernel():
+    barrier = _tree_sum
+
+    @cuda.jit
+    def kernel(x):
+        x[cuda.grid(1)] = barrier(x[cuda.grid(1)])
+
+    return kernel
+
+
+@cuda.jit
+def _hides_its_barrier(x):
+    x[cuda.grid(1)] = 1
+    getattr(cuda, "sync" + "threads")()
+
+
+@cuda.jit
+def _fails_without_waiting(x):
+    if cuda.blockIdx.x == 1 and cuda.threadIdx.x == 5:
+        raise ValueError("thread 5 of block 1 fails")
+    x[cuda.grid(1)] = 1
+
+
+def test_which_kernels_run_their_threads_together():
+    together = [_block_sums, _early_return, _votes, _sums_through_a_call, _sums_through_a_module,
+                _closure_kernel(), TestSharedOnly.kernel]
+    apart = [_two_dimensional, _lanes, _adds_one, _fails_without_waiting]
+    assert [simulator_pool.needs_threads(k.py_func) for k in together] == [True] * len(together)
+    assert [simulator_pool.needs_threads(k.py_func) for k in apart] == [False] * len(apart)
+
+
+class TestSharedOnly:
+    """Shared memory alone (no barrier in sight) still runs together: as CUDA would, not in turn."""
+
+    @staticmethod
+    @cuda.jit
+    def kernel(out):
+        s = cuda.shared.array(32, int32)
+        s[cuda.threadIdx.x] = cuda.threadIdx.x
+        out[cuda.threadIdx.x] = s[cuda.threadIdx.x]
+
+
+def test_a_block_that_never_waits_runs_its_threads_in_turn_on_the_launching_thread():
+    x = np.zeros(256, np.int64)
+    before = {t.ident for t in threading.enumerate()}
+    _adds_one[4, 64](x)  # on this thread: the launch neither starts nor borrows a pool thread
+    assert {t.ident for t in threading.enumerate()} == before
+    np.testing.assert_array_equal(x, 1)
+    main = threading.current_thread()
+    assert not {"threadIdx", "blockIdx", "thread_id", "syncthreads"} & set(vars(main)), \
+        "the launching thread keeps a CUDA thread's attributes after the launch"
+
+
+def test_a_barrier_the_scan_cannot_see_fails_loudly_instead_of_running_in_turn():
+    x = np.zeros(64, np.float32)
+    with pytest.raises(RuntimeError, match="ran this block's threads one after another.*TOGETHER"):
+        _launch(_hides_its_barrier, 1, 64, x)
+
+
+@pytest.mark.parametrize("manager", ["pool", "original"])
+def test_a_failing_thread_of_a_block_run_in_turn_is_named_as_the_simulator_names_it(manager, request):
+    if manager == "original":
+        request.getfixturevalue("original_manager")
+    x = np.zeros(128, np.float32)
+    with pytest.raises(ValueError, match=r"^tid=\[5, 0, 0\] ctaid=\[1, 0, 0\]: thread 5 of block 1 fails$"):
+        _launch(_fails_without_waiting, 2, 64, x)
+    _launch(_adds_one, 2, 64, x)  # and the next launch runs normally (the failed one copied nothing back)
+    assert x.tolist() == [1] * 128
+
+
+def test_kernels_that_call_their_barriers_compute_the_block_sums():
+    x = np.arange(128, dtype=np.float32)
+    for kernel in (_sums_through_a_call, _sums_through_a_module):
+        out = np.zeros(128, np.float32)
+        _launch(kernel, 2, 64, x, out)
+        np.testing.assert_array_equal(out, np.repeat(x.reshape(2, 64).sum(axis=1), 64),
+                                      err_msg=kernel.__name__)
