@@ -25,7 +25,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-import simulator_pool  # noqa: E402
+import simulator_blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout these tests belong to
 
@@ -92,14 +92,15 @@ def pytest_report_header(config):
 # The longest test files, longest first: pytest-xdist hands each worker whole files in collection
 # order (see pytest_configure), so running these first lets the two workers finish together (longest
 # processing time first) instead of one of them starting a 40-second file when the other has nothing
-# left to do. By their time under -n 2 on 12-06 (the simulator's files on its pool of threads:
-# tests/simulator_pool.py), from test_tutorials_notebooks.py's 64 s down to test_train.py's 7.5 s.
-LONGEST_FIRST = ("test_tutorials_notebooks.py", "test_from_torch.py", "test_ptx.py", "test_executor.py",
-                 "test_student_copy.py", "test_measure.py", "test_docs.py", "test_optimal.py",
-                 "test_planted_bugs.py", "test_cli.py", "test_kernels.py", "test_report.py",
-                 "test_tutorials.py", "test_gpucheck.py", "test_conv.py", "test_nonfinite.py",
-                 "test_placement.py", "test_update_in_backward.py", "test_launches.py", "test_checker.py",
-                 "test_train.py")
+# left to do. By their time under -n 2 on 12-07 (the simulator's blocks run by tests/simulator_blocks.py),
+# from test_tutorials_notebooks.py's 69 s down to test_checker.py's 6 s; test_ptx.py third, as it takes
+# about a minute where a kernel changed since kernels/registers.json (1 s otherwise).
+LONGEST_FIRST = ("test_tutorials_notebooks.py", "test_student_copy.py", "test_ptx.py", "test_from_torch.py",
+                 "test_measure.py", "test_executor.py", "test_planted_bugs.py", "test_optimal.py",
+                 "test_report.py", "test_cli.py", "test_docs.py", "test_train.py", "test_offline.py",
+                 "test_placement.py", "test_tutorials.py", "test_kernels.py", "test_audit.py",
+                 "test_launches.py", "test_gpucheck.py", "test_plot.py", "test_nonfinite.py",
+                 "test_checker.py")
 
 
 def _order(item) -> int:
@@ -130,8 +131,8 @@ def _quick_safe_simulator():
     - shared-array get-or-create under a lock: the simulator's ``cuda.shared.array`` checks and
       then creates without a lock, so two threads of a launch's first block can (rarely) get
       different arrays and compute garbage;
-    - a block's threads run on a pool of threads, with a barrier that waits instead of polling
-      (tests/simulator_pool.py): kernels run two to five times faster, the same code, the blocks
+    - a block's threads run on the thread that launched it, in turn or as greenlets
+      (tests/simulator_blocks.py): kernels run several times faster, the same code, the blocks
       in the same order."""
     from numba import config
 
@@ -156,9 +157,9 @@ def _quick_safe_simulator():
             return self._allocations[key]
 
     kernelapi.FakeCUDAShared.array = array
-    simulator_pool.install()
+    simulator_blocks.install()
     yield
-    simulator_pool.uninstall()
+    simulator_blocks.uninstall()
     kernelapi.FakeCUDAShared.array = original
 
 

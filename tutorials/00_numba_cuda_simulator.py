@@ -40,8 +40,8 @@ print(f"numba.cuda runs on: {'the CUDA simulator (Python threads)' if SIMULATOR 
 if SIMULATOR:
     # The simulator's block manager polls its threads while they wait at a barrier; a short GIL
     # switch interval makes kernels with cuda.syncthreads() several times faster. It changes nothing
-    # else. (The tests go further: tests/simulator_pool.py keeps a block's threads for the next
-    # block and waits at barriers without polling, about five times faster again.)
+    # else. (The tests go further: tests/simulator_blocks.py runs a block's CUDA threads on one
+    # Python thread, in turn or as greenlets, several times faster again.)
     sys.setswitchinterval(5e-4)
 
 

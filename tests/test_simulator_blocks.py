@@ -1,9 +1,8 @@
-"""The simulator's blocks on a pool of threads (tests/simulator_pool.py, installed for the whole
-session by tests/conftest.py) run kernels as the simulator's own block manager does: the same
-results with barriers, early returns and the block-wide votes, the same error from a failing thread,
-and no new thread per CUDA thread. A block whose threads never wait for each other runs them one
-after another on the launching thread, with the same results and errors; a kernel that reaches a
-barrier, a vote or shared memory (itself, or through a device function) is never run that way."""
+"""The simulator's blocks run on the launching thread (tests/simulator_blocks.py, installed for the
+whole session by tests/conftest.py) compute what the simulator's own block manager computes: the
+same results with barriers, early returns and the block-wide votes, the same error from a failing
+thread, and no new thread per CUDA thread. A kernel that reaches a barrier, a vote or shared memory
+(itself, or through a device function) runs its threads as greenlets; the others run them in turn."""
 import threading
 import types
 
@@ -11,9 +10,10 @@ import numpy as np
 import pytest
 from numba import config, cuda, float32, int32
 
-import simulator_pool
+import simulator_blocks
 
-pytestmark = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="the pool replaces the simulator's manager")
+pytestmark = pytest.mark.skipif(not config.ENABLE_CUDASIM or simulator_blocks.greenlet is None,
+                                reason="on the simulator, with greenlet installed (the test extra)")
 
 
 @cuda.jit
@@ -96,12 +96,9 @@ def _launch(kernel, grid, block, *args, timeout=20):
 
 @pytest.fixture
 def original_manager():
-    """Run a test's launches on the simulator's own block manager, then the pool again."""
-    simulator_pool.uninstall()
-    try:
+    """Run a test's launches on the simulator's own block manager, then ours again."""
+    with simulator_blocks.original_manager():
         yield
-    finally:
-        simulator_pool.install()
 
 
 def _run_all(rng):
@@ -116,7 +113,7 @@ def _run_all(rng):
     return x, sums, early, votes, grid2, lanes
 
 
-def test_the_pool_computes_what_the_simulators_own_manager_computes(rng):
+def test_our_blocks_compute_what_the_simulators_own_manager_computes(rng):
     x, sums, early, votes, grid2, lanes = _run_all(rng)
     np.testing.assert_allclose(sums, x.reshape(4, 64).sum(axis=1), rtol=1e-5)
     even = np.arange(256) % 2 == 0
@@ -130,16 +127,13 @@ def test_the_pool_computes_what_the_simulators_own_manager_computes(rng):
     ys, xs = np.mgrid[0:8, 0:32]
     np.testing.assert_array_equal(lanes[..., 0], xs % 16 + 16 * (ys % 4))
     np.testing.assert_array_equal(lanes[..., 1], (xs % 16 + 16 * (ys % 4)) % 32)
-    simulator_pool.uninstall()
-    try:
+    with simulator_blocks.original_manager():
         again = _run_all(np.random.default_rng(0))
-    finally:
-        simulator_pool.install()
     for ours, theirs in zip(_run_all(np.random.default_rng(0)), again):
         np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("manager", ["pool", "original"])
+@pytest.mark.parametrize("manager", ["ours", "original"])
 def test_a_failing_thread_raises_its_own_error_named_as_the_simulator_names_it(manager, request):
     if manager == "original":
         request.getfixturevalue("original_manager")
@@ -150,15 +144,15 @@ def test_a_failing_thread_raises_its_own_error_named_as_the_simulator_names_it(m
     np.testing.assert_allclose(out[:2], x.reshape(2, 64).sum(axis=1))
 
 
-def test_the_pool_keeps_its_threads_for_the_next_blocks():
-    x, out = np.ones(512, np.float32), np.zeros(8, np.float32)
-    _launch(_block_sums, 8, 64, x, out)
-    before = {t.ident for t in threading.enumerate()}
-    for _ in range(3):
-        _launch(_block_sums, 8, 64, x, out)
-    created = {t.ident for t in threading.enumerate()} - before
-    assert len(created) <= 1, f"{len(created)} threads created for 24 blocks of 64 threads run from the pool"
+def test_no_python_thread_is_started_for_a_cuda_thread(monkeypatch):
+    started, start = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self) or start(self))
+    x, out, ones = np.ones(512, np.float32), np.zeros(8, np.float32), np.zeros(256, np.int64)
+    _block_sums[8, 64](x, out)  # as greenlets
+    _adds_one[4, 64](ones)  # in turn
+    assert started == [], f"{len(started)} threads started for 12 blocks of 64 CUDA threads"
     np.testing.assert_array_equal(out, 64)
+    np.testing.assert_array_equal(ones, 1)
 
 
 def test_a_dynamic_shared_array_and_int_types_still_work():
@@ -250,8 +244,8 @@ def test_which_kernels_run_their_threads_together():
     together = [_block_sums, _early_return, _votes, _sums_through_a_call, _sums_through_a_module,
                 _closure_kernel(), TestSharedOnly.kernel]
     apart = [_two_dimensional, _lanes, _adds_one, _fails_without_waiting]
-    assert [simulator_pool.needs_threads(k.py_func) for k in together] == [True] * len(together)
-    assert [simulator_pool.needs_threads(k.py_func) for k in apart] == [False] * len(apart)
+    assert [simulator_blocks.waits_for_others(k.py_func) for k in together] == [True] * len(together)
+    assert [simulator_blocks.waits_for_others(k.py_func) for k in apart] == [False] * len(apart)
 
 
 class TestSharedOnly:
@@ -268,7 +262,7 @@ class TestSharedOnly:
 def test_a_block_that_never_waits_runs_its_threads_in_turn_on_the_launching_thread():
     x = np.zeros(256, np.int64)
     before = {t.ident for t in threading.enumerate()}
-    _adds_one[4, 64](x)  # on this thread: the launch neither starts nor borrows a pool thread
+    _adds_one[4, 64](x)  # on this thread, in turn
     assert {t.ident for t in threading.enumerate()} == before
     np.testing.assert_array_equal(x, 1)
     main = threading.current_thread()
@@ -282,7 +276,7 @@ def test_a_barrier_the_scan_cannot_see_fails_loudly_instead_of_running_in_turn()
         _launch(_hides_its_barrier, 1, 64, x)
 
 
-@pytest.mark.parametrize("manager", ["pool", "original"])
+@pytest.mark.parametrize("manager", ["ours", "original"])
 def test_a_failing_thread_of_a_block_run_in_turn_is_named_as_the_simulator_names_it(manager, request):
     if manager == "original":
         request.getfixturevalue("original_manager")
@@ -300,3 +294,18 @@ def test_kernels_that_call_their_barriers_compute_the_block_sums():
         _launch(kernel, 2, 64, x, out)
         np.testing.assert_array_equal(out, np.repeat(x.reshape(2, 64).sum(axis=1), 64),
                                       err_msg=kernel.__name__)
+
+
+def test_a_session_inside_the_session_leaves_our_blocks_installed():
+    """``pytester`` runs a pytest session inside this one (tests/test_planted_bugs.py does): its
+    conftest installs and uninstalls again, and every test after it ran on the simulator's own
+    manager, several times slower, until installs were counted."""
+    from numba.cuda.simulator import kernel
+
+    assert kernel.BlockManager.run is simulator_blocks._run
+    simulator_blocks.install()
+    simulator_blocks.uninstall()
+    assert kernel.BlockManager.run is simulator_blocks._run
+    with simulator_blocks.original_manager():
+        assert kernel.BlockManager.run is not simulator_blocks._run
+    assert kernel.BlockManager.run is simulator_blocks._run
