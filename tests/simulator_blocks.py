@@ -180,7 +180,7 @@ def uninstall() -> None:
     global _original, _depth
     from numba.cuda.simulator import kernel
 
-    if _depth == 0:
+    if greenlet is None or _depth == 0:  # as install() did nothing
         return
     _depth -= 1
     if _depth == 0:

@@ -309,3 +309,19 @@ def test_a_session_inside_the_session_leaves_our_blocks_installed():
     with simulator_blocks.original_manager():
         assert kernel.BlockManager.run is not simulator_blocks._run
     assert kernel.BlockManager.run is simulator_blocks._run
+
+
+def test_without_greenlet_the_simulators_own_manager_runs(monkeypatch):
+    """greenlet comes with the test extra; a checkout without it runs the simulator as it comes."""
+    from numba.cuda.simulator import kernel
+
+    with simulator_blocks.original_manager():
+        own = kernel.BlockManager.run
+        monkeypatch.setattr(simulator_blocks, "greenlet", None)
+        simulator_blocks.install()
+        assert kernel.BlockManager.run is own
+        simulator_blocks.uninstall()  # undoes nothing: the session's own install stays counted
+        assert kernel.BlockManager.run is own and simulator_blocks._depth >= 1
+        x, out = np.ones(128, np.float32), np.zeros(2, np.float32)
+        _launch(_block_sums, 2, 64, x, out)
+        np.testing.assert_array_equal(out, 64)
