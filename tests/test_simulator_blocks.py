@@ -16,12 +16,13 @@ pytestmark = pytest.mark.skipif(not config.ENABLE_CUDASIM or simulator_blocks.gr
                                 reason="on the simulator, with greenlet installed (the test extra)")
 
 
-@cuda.jit
-def _block_sums(x, out):
-    """A tree reduction in shared memory: wrong unless every syncthreads waits for the whole block."""
+@cuda.jit(device=True)
+def _tree_sum(value):
+    """A block's sum, in shared memory, with the barriers: a kernel calling it must run its threads
+    together (in turn, the first thread would wait at the first barrier for threads not yet run)."""
     s = cuda.shared.array(64, float32)
     t = cuda.threadIdx.x
-    s[t] = x[cuda.grid(1)]
+    s[t] = value
     cuda.syncthreads()
     step = 32
     while step > 0:
@@ -29,8 +30,17 @@ def _block_sums(x, out):
             s[t] += s[t + step]
         cuda.syncthreads()
         step //= 2
-    if t == 0:
-        out[cuda.blockIdx.x] = s[0]
+    total = s[0]
+    cuda.syncthreads()  # everyone has read it before a next call writes
+    return total
+
+
+@cuda.jit
+def _block_sums(x, out):
+    """A tree reduction in shared memory: wrong unless every syncthreads waits for the whole block."""
+    total = _tree_sum(x[cuda.grid(1)])
+    if cuda.threadIdx.x == 0:
+        out[cuda.blockIdx.x] = total
 
 
 @cuda.jit
@@ -167,25 +177,6 @@ def test_a_dynamic_shared_array_and_int_types_still_work():
     x, out = np.arange(32, dtype=np.int32), np.zeros(32, np.int32)
     shift[1, 32, 0, 32 * 4](x, out)
     np.testing.assert_array_equal(out, np.roll(x, -1))
-
-
-@cuda.jit(device=True)
-def _tree_sum(value):
-    """A block's sum, in shared memory, with the barriers: a kernel calling it must run its threads
-    together (in turn, the first thread would wait at the first barrier for threads not yet run)."""
-    s = cuda.shared.array(64, float32)
-    t = cuda.threadIdx.x
-    s[t] = value
-    cuda.syncthreads()
-    step = 32
-    while step > 0:
-        if t < step:
-            s[t] += s[t + step]
-        cuda.syncthreads()
-        step //= 2
-    total = s[0]
-    cuda.syncthreads()  # everyone has read it before a next call writes
-    return total
 
 
 @cuda.jit(device=True)
