@@ -33,8 +33,10 @@ race, which would be a bug on a GPU too. A barrier the name scan cannot see (one
 
 On one core of the project's AMD machine (12-07), a one-line kernel took 62 us a thread on a pool
 of Python threads with a waiting barrier (this module's previous way), 10 us in turn; the
-simulator-heavy test files took 123 s with the pool for the kernels with barriers and 92 s with
-greenlets (150 s with the pool for every kernel). Without greenlet installed (it comes with the
+simulator-heavy test files (test_train, test_executor, test_nonfinite, test_update_in_backward,
+test_gemm, test_conv, test_audit, test_pooling, test_dropout) took 127 s with every block on the pool
+and 107 s with the barrier-free ones in turn; with test_kernels too, 123 s that way and 92 s with
+greenlets for the rest. Without greenlet installed (it comes with the
 ``test`` extra), :func:`install` leaves the simulator's own manager in place, slower but the same.
 tests/test_simulator_blocks.py holds both ways to the simulator's own manager. The session fixture
 of tests/conftest.py installs this where the simulator is on.
