@@ -35,6 +35,20 @@ class Example:
     label: str = ""
 
 
+def example_arrays(rng):
+    """The two array makers of every family's ``examples(rng)``: ``r(*shape, loc=0.0)``, float32
+    samples of a normal distribution shifted by ``loc``, drawn from ``rng``; ``nan(*shape)``, float32
+    NaNs, for outputs (an element the launcher leaves unwritten stays NaN and fails the comparison)."""
+
+    def r(*shape, loc=0.0):
+        return (rng.standard_normal(shape) + loc).astype(np.float32)
+
+    def nan(*shape):
+        return np.full(shape, np.nan, np.float32)
+
+    return r, nan
+
+
 class AllocationError(AssertionError):
     pass
 

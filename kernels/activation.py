@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
@@ -186,12 +186,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     x = r(2, 3, 5, 7)
     x.flat[::11] = 0.0  # exact zeros: gradient 0 there, as PyTorch
     y = np.empty_like(x)

@@ -41,7 +41,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Launch, Op, ceil_div, check_version, cuda_kernel
 from kernels.layernorm import _elements, _nchw
 
@@ -279,12 +279,7 @@ OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for n
 
 
 def examples(rng):
-    def r(*shape, loc=0.0):
-        return (rng.standard_normal(shape) + loc).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     def forward(n, d, heads, hw, label, loc=0.0, lse_shape=None, block=BLOCK):
         t = hw[0] * hw[1]
         args = (r(n, 3 * d, *hw, loc=loc), nan(n, d, *hw), nan(*(lse_shape or (n, heads, t))))

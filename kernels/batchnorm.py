@@ -30,7 +30,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
 
 VERSIONS = ("v1", "v2")
@@ -356,12 +356,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape, loc=0.0):
-        return (rng.standard_normal(shape) + loc).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     def train(shape, label, block=8, **kw):
         c = shape[1]
         args = (r(*shape, loc=3.0), r(c), r(c), nan(*shape), r(c), np.abs(r(c)) + 0.5, nan(c), nan(c))

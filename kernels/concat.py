@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
 
 BLOCK = 256  # threads per block
@@ -148,9 +148,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
+    r, _ = example_arrays(rng)
     return [
         Example("concat_forward", (r(2, 3, 4, 5), np.full((2, 7, 4, 5), np.nan, np.float32)), (1,),
                 kwargs={"offset": 0}, label="first of 7 channels"),

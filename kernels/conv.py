@@ -55,7 +55,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kernels import gemm as _gemm
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import (MAX_GRID_Z, Launch, Op, ShapeArray, ceil_div, check, grid_z_parts, pair,
                              record_launches)
 from kernels.conv_direct import (DIRECT, TILE, backward_data_v1_geometry, backward_filter_tiled_geometry,
@@ -454,12 +454,7 @@ GROUPED_CASES = (
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     out = []
     for case, (xs, ws, stride, padding, chunk, label) in enumerate(EXAMPLE_CASES):
         gemm_versions = _gemm.VERSIONS if case == 0 else _gemm.VERSIONS[:1]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, uint8
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
@@ -178,12 +178,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     def garbage_mask(*shape):
         return np.full(shape, 7, np.uint8)  # neither 0 nor 1: every element must be written
 

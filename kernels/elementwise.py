@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block for 1-D element-wise launches
@@ -213,9 +213,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
+    r, _ = example_arrays(rng)
     a, b = r(3, 5, 7), r(3, 5, 7)
     inplace = a.copy()
     return [

@@ -41,7 +41,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
@@ -280,12 +280,7 @@ def extremes():
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     x = (r(4, 3, 5, 7) * 4).astype(np.float32)
     ends = extremes()
     x.flat[:ends.size] = ends

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import MAX_GRID_Z, Launch, Op, ceil_div, check, check_version, cuda_kernel, grid_z_parts
 
 VERSIONS = ("v1", "v2", "v3")
@@ -440,12 +440,7 @@ OPS = {"gemm": Op("gemm", gemm_ref, gemm, VERSIONS)}
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     out = []
     for ta in (False, True):
         for tb in (False, True):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Launch, Op, ceil_div, check, check_version, cuda_kernel, pair, unravel4
 
 BLOCK = 128  # threads per block of the 1-D launches
@@ -186,12 +186,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     out = []
     # (x shape, kernel, stride, padding, label): padding, stride 2, asymmetric, stride > kernel (gaps)
     for xs, k, s, p, label in (((2, 3, 5, 6), 3, 1, 1, "3x3 pad 1"),

@@ -34,7 +34,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
@@ -280,12 +280,7 @@ OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for n
 
 
 def examples(rng):
-    def r(*shape, loc=0.0):
-        return (rng.standard_normal(shape) + loc).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     tol = {"rtol": 1e-4, "atol": 1e-5}
 
     def forward(shape, label, eps=1e-5, loc=0.0, stats=None, alias=False, block=BLOCK):

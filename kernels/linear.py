@@ -15,9 +15,7 @@ backward_filter), so every version gives the same bits. ``version`` and ``block`
 """
 from __future__ import annotations
 
-import numpy as np
-
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check
 from kernels.gemm import VERSIONS, gemm
 
@@ -90,12 +88,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     n, fin, fout = 7, 13, 5
     tol = {"rtol": 1e-4, "atol": 1e-5}
     small = {"block": (4, 4, 2, 2)}

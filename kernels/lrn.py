@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
 
 BLOCK = 128  # threads per block
@@ -173,12 +173,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     cases = [  # (shape, hyper-parameters, label); a large alpha makes the cross-channel term matter
         ((2, 7, 3, 5), {"size": 5}, "size 5 PyTorch defaults"),
         ((2, 7, 3, 5), {"size": 5, "alpha": 0.5, "beta": 0.75, "k": 2.0}, "size 5 alpha 0.5"),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check_version, cuda_kernel, launch_1d
 from kernels.layernorm import _nchw
 
@@ -105,12 +105,7 @@ OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for n
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     def forward(n, c, h, w, label, block=BLOCK):
         return Example("patch_merge_forward", (r(n, c, h, w), nan(n, 4 * c, h // 2, w // 2)), (1,),
                        launch={"block": block}, label=label, rtol=0, atol=0)

@@ -40,7 +40,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, launch_1d, pair, unravel4
 
 BLOCK = 128  # threads per block (1-D launches over output or input elements)
@@ -375,12 +375,7 @@ OPS = {
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     cases = [  # (x shape, hyper-parameters, label)
         ((2, 3, 9, 11), {"kernel": 3, "stride": 2, "padding": 1}, "k3 s2 p1 overlapping"),
         ((2, 3, 8, 7), {"kernel": 2}, "k2 default stride, odd W"),

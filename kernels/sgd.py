@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, ceil_div, check, check_version, cuda_kernel, flat
 
 BLOCK = 256  # threads per block
@@ -109,9 +109,7 @@ OPS = {"sgd_update": Op("sgd_update", sgd_update_ref, sgd_update)}
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
+    r, _ = example_arrays(rng)
     return [
         Example("sgd_update", (r(3, 4, 3, 3), r(3, 4, 3, 3), r(3, 4, 3, 3)), (0, 2),
                 kwargs={"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}, label="conv weight, momentum"),

@@ -32,7 +32,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
@@ -357,12 +357,7 @@ OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for n
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     # the ends of each piece exactly (+-3, 0), just inside and outside them, large values either side
     x = (r(4, 3, 5, 7) * 3).astype(np.float32)
     f = np.float32  # float32's neighbours of -3 and 3 (a Python float's are float64's, which round back)

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
 
 VERSIONS = ("v1", "v2")
@@ -228,14 +228,13 @@ OPS = {
 
 
 def examples(rng):
+    _, nan = example_arrays(rng)
+
     def logits(n, k, loc=0.0):
         return (3 * rng.standard_normal((n, k)) + loc).astype(np.float32)
 
     def labels(n, k):
         return rng.integers(0, k, n).astype(np.int32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
 
     def forward(x, lab, label, block=8, alias=False):
         args = (x, lab, x if alias else nan(*x.shape), nan(1))

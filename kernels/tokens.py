@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Op, check, check_version, cuda_kernel, launch_1d
 from kernels.layernorm import _contiguous, _elements, _nchw
 
@@ -263,12 +263,7 @@ OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for n
 
 
 def examples(rng):
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     xs = r(2, 4, 3, 2)
     return [
         Example("class_token_forward", (r(2, 3, 5, 1), r(1, 1, 3), nan(2, 3, 6, 1)), (2,),

@@ -50,7 +50,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from kernels._check import Example, main
+from kernels._check import Example, example_arrays, main
 from kernels._common import Launch, Op, ceil_div, check, check_version, cuda_kernel
 from kernels.attention import _heads, _row_delta, _weight_grad  # D_i and ds_ij, as there
 from kernels.layernorm import _contiguous, _elements, _nchw
@@ -387,12 +387,7 @@ OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for n
 
 
 def examples(rng):
-    def r(*shape, loc=0.0):
-        return (rng.standard_normal(shape) + loc).astype(np.float32)
-
-    def nan(*shape):
-        return np.full(shape, np.nan, np.float32)
-
+    r, nan = example_arrays(rng)
     def geometry(heads, window, shift):
         table = r((2 * window[0] - 1) * (2 * window[1] - 1), heads)
         return {"heads": heads, "window": window, "shift": shift}, table
