@@ -1,6 +1,8 @@
-"""A PyTorch NET on the command line, beyond what tests/test_from_torch.py checks: the refusals made
-before any work (no torch needed), and ``snlite train`` on a module from a file."""
+"""A PyTorch NET on the command line: the refusals made before any work (no torch needed), a torchvision
+model and a module from a file planned as a zoo model is, with their arguments and input size, and
+``snlite train`` on a module from a file. What the importer computes is tests/test_from_torch.py's."""
 import importlib.util
+import re
 import textwrap
 
 import pytest
@@ -23,6 +25,13 @@ MODEL_FILE = textwrap.dedent("""\
     """)
 
 
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="PyTorch is not installed: pip install -e \".[torch]\"")
+needs_torchvision = pytest.mark.skipif(importlib.util.find_spec("torch") is None
+                                       or importlib.util.find_spec("torchvision") is None,
+                                       reason="torchvision is not installed: pip install -e \".[torch]\"")
+
+
 def run(argv, capsys):
     status = cli.main(argv)
     out, err = capsys.readouterr()
@@ -41,8 +50,7 @@ def test_a_malformed_pytorch_net_is_a_usage_error_before_any_work(argv, message,
     assert status == 2 and message in err and err.count("\n") == 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed: "
-                    "pip install -e \".[torch]\"")
+@needs_torch
 def test_train_a_module_from_a_file_on_the_data_s_images(tmp_path, capsys):
     path = tmp_path / "my_model.py"
     path.write_text(MODEL_FILE)
@@ -55,8 +63,7 @@ def test_train_a_module_from_a_file_on_the_data_s_images(tmp_path, capsys):
     assert status == 1 and "has 4 classes but --data digits has 10" in err and '"num_classes": 10' in err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed: "
-                    "pip install -e \".[torch]\"")
+@needs_torch
 def test_a_model_file_imports_the_modules_beside_it_as_python_would_run_it(tmp_path, capsys):
     """A ViT of one's own split over two files: its blocks beside it import (the file's folder first on
     sys.path while it loads, as ``python my_vit.py`` has it), and sys.path is as it was after."""
@@ -104,3 +111,57 @@ def test_a_model_file_imports_the_modules_beside_it_as_python_would_run_it(tmp_p
                             "--limit", "64", "--device", "host", "--preset", "superneurons"], capsys)
     assert status == 0, err
     assert "epoch 1/1: test accuracy" in out and sys.path == path
+
+
+@needs_torchvision
+def test_plan_takes_a_torchvision_model_and_prints_what_a_zoo_model_prints(capsys):
+    status, out, err = run(["plan", "torchvision:resnet18", "--batch", "32"], capsys)
+    assert status == 0, err
+    assert out.startswith("torchvision:resnet18, batch 32: 71 layers, 11,689,512 parameters,")
+    _, zoo, _ = run(["plan", "resnet50", "--batch", "32"], capsys)
+
+    def sections(text, net):  # each unindented line up to its first number or parenthesis
+        return [re.split(r"[\d(]", line.replace(net, "NET"))[0].rstrip() for line in text.splitlines()
+                if line and not line.startswith(" ")]
+    assert sections(out, "torchvision:resnet18") == sections(zoo, "resnet50")
+
+
+NET_FILE = '''
+import torch
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, width=4, classes=3):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, width, 3, padding=1)
+        self.fc = torch.nn.Linear(width * 4 * 4, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2), 1))
+'''
+
+
+@needs_torchvision
+def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(NET_FILE)
+    status, out, err = run(["compare", f"{path}:Tiny", "--input", "1x8x8", "--batch", "4",
+                            "--torch-args", '{"width": 6, "classes": 5}'], capsys)
+    assert status == 0, err
+    assert f"{path}:Tiny" in out
+    # 6 * (1*3*3 + 1) + 5 * (6*4*4 + 1) parameters
+    from snlite.cli_common import builder
+
+    g = builder(f"{path}:Tiny", (1, 8, 8), {"width": 6, "classes": 5})(4)
+    assert g.param_count() == 6 * 10 + 5 * 97 and g.input_shape == (4, 1, 8, 8) and g.num_classes == 5
+    for argv, words in [((f"{path}:Nope",), "defines no torch.nn.Module subclass 'Nope'; it defines Tiny"),
+                        (("torchvision:resnet9",), "torchvision has no model 'resnet9'; did you mean"),
+                        ((f"{path}:Tiny", "--torch-args", '{"depth": 2}'), "Tiny(depth=2) failed"),
+                        ((f"{path}:Tiny", "--torch-args", '{"width": -1}'),  # raised inside the constructor
+                         "Tiny(width=-1) failed: RuntimeError: Trying to create tensor with negative"),
+                        ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object")]:
+        try:
+            status, out, err = run(["plan", *argv], capsys)
+        except SystemExit as e:  # argparse refuses a malformed flag
+            status, err = e.code, capsys.readouterr().err
+        assert status != 0 and words in err, err

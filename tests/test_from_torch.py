@@ -7,14 +7,14 @@ widths are more of the same layers, left out for time), at a small input on the 
 parameter count is PyTorch's, the logits in eval mode agree, and in train mode (dropout off) the loss
 and every gradient agree, with the weights moved across by state_dict name in both directions. Then
 the refusals: an operation or hyper-parameter snlite has no layer for, and a forward that branches on
-data, each one clear error.
+data, each one clear error. ViT's and Swin's names and refusals are in
+tests/test_from_torch_transformers.py, a PyTorch NET on the command line in tests/test_cli_torch.py.
 
 Needs torch and torchvision (the ``torch`` extra: ``pip install -e ".[test,torch]"``); skipped,
 with the reason shown, without them."""
 import collections
 import copy
 import importlib.util
-import re
 
 import numpy as np
 import pytest
@@ -27,6 +27,7 @@ if importlib.util.find_spec("torchvision") is None:
     pytest.skip("torchvision is not installed: pip install -e \".[torch]\"", allow_module_level=True)
 
 from snlite.torch_import import TorchImportError, from_torch, import_torchvision, torch_params  # noqa: E402
+from torch_modules import Net, Scale, refused  # noqa: E402
 
 tv = import_torchvision().models
 torch.set_num_threads(1)  # the tests run one per core
@@ -301,36 +302,6 @@ def test_densenet_concats_are_named_by_their_module():
     assert g.inputs["relu"] == ["features.norm5"]  # DenseNet.forward's F.relu, at the top level
 
 
-class _Net(nn.Module):
-    """A small network whose forward is chosen per test."""
-
-    def __init__(self, forward, **modules):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
-        for k, m in modules.items():
-            self.add_module(k, m)
-        self.fc = nn.Linear(4 * 8 * 8, 5)
-        self._fwd = forward
-
-    def forward(self, x):
-        return self.fc(torch.flatten(self._fwd(self, self.body(x)), 1))
-
-
-def _refused(net, *words):
-    with pytest.raises(TorchImportError) as e:
-        from_torch(net, (3, 8, 8), batch=2)
-    for w in words:
-        assert w in str(e.value), str(e.value)
-    return str(e.value)
-
-
-class _Scale(nn.Module):
-    """A parameter the forward reads itself, as ConvNeXt's layer scale is read."""
-
-    def __init__(self, *shape):
-        super().__init__()
-        self.gamma = nn.Parameter(torch.full(shape, 0.5))
-
 
 class _OwnBlock(nn.Module):
     """A ConvNeXt-style block of one's own: its layer scale is called gamma, its norm a module."""
@@ -374,9 +345,9 @@ def test_convnext_imports_whole_with_its_state_dict_names():
     model = Model(own, device="host")
     model.set_params(_OwnNet().state_dict())
     assert sorted(model.params) == sorted(torch_params(_OwnNet()))
-    root = _Net(lambda s, y: s.gamma * y)
+    root = Net(lambda s, y: s.gamma * y)
     root.gamma = nn.Parameter(torch.ones(4, 1, 1))
-    _refused(root, "gamma is a parameter of the model itself", "hold it in a submodule")
+    refused(root, "gamma is a parameter of the model itself", "hold it in a submodule")
 
 
 @pytest.mark.parametrize("forward, words", [
@@ -393,11 +364,11 @@ def test_convnext_imports_whole_with_its_state_dict_names():
 def test_what_convnext_needs_and_no_more(forward, words):
     """ConvNeXt's permutes, norms over channels and per-channel parameters import (tests above); any
     other permute, norm or read of a parameter is refused, saying what is imported instead."""
-    _refused(_Net(forward, ln=nn.LayerNorm(8), scale=_Scale(4, 1, 1, 1)), *words)
+    refused(Net(forward, ln=nn.LayerNorm(8), scale=Scale(4, 1, 1, 1)), *words)
 
 
 def test_dropout2d_drops_channels_with_pytorchs_p():
-    g = from_torch(_Net(lambda s, y: s.drop(F.dropout2d(y, 0.1, training=True)), drop=nn.Dropout2d(0.3)),
+    g = from_torch(Net(lambda s, y: s.drop(F.dropout2d(y, 0.1, training=True)), drop=nn.Dropout2d(0.3)),
                    (3, 8, 8), batch=2)
     assert [(l.kind, l.attrs["p"]) for l in g.layers.values() if l.kind.startswith("drop")] == \
         [("dropout2d", 0.1), ("dropout2d", 0.3)]
@@ -457,11 +428,11 @@ def test_a_view_to_features_is_a_flatten_and_a_last_log_softmax_is_the_losss_own
 ], ids=["log_softmax inside", "a reshape not to features", "a size in arithmetic on a tensor",
         "a squeeze of a map", "a pool's indices"])
 def test_sizes_reshapes_and_log_softmax_are_refused_elsewhere(forward, words):
-    _refused(_Net(forward), *words)
+    refused(Net(forward), *words)
 
 
 def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
-    msg = _refused(_Net(lambda s, y: torch.abs(y)), "'abs_1'", "call_function abs", "snlite imports")
+    msg = refused(Net(lambda s, y: torch.abs(y)), "'abs_1'", "call_function abs", "snlite imports")
     assert "Conv2d" in msg  # says what is supported
     net = tv.resnet18(num_classes=10)
     net.layer2[0].relu = nn.Softsign()
@@ -481,7 +452,7 @@ def test_an_unsupported_op_names_the_node_its_target_and_its_module_path():
                  marks=pytest.mark.filterwarnings("ignore:Using padding='same' with even")),  # PyTorch warns
 ])
 def test_hyper_parameters_snlite_lacks_are_refused_by_name(module, words):
-    _refused(_Net(lambda s, y: s.extra(y), extra=module), *words)
+    refused(Net(lambda s, y: s.extra(y), extra=module), *words)
 
 
 @pytest.mark.parametrize("forward, words", [
@@ -497,7 +468,7 @@ def test_what_squeeze_and_excitation_needs_and_no_more(forward, words):
     """The product of a feature map and a per-channel gate, a mean over (H, W), and stochastic depth
     switched off are imported (tests above); any other product, mean or a live stochastic depth is
     refused, saying what is imported instead."""
-    _refused(_Net(forward, drop=import_torchvision().ops.StochasticDepth(0.2, "row")), *words)
+    refused(Net(forward, drop=import_torchvision().ops.StochasticDepth(0.2, "row")), *words)
 
 
 def test_se_gates_and_means_import_either_way_round():
@@ -508,7 +479,7 @@ def test_se_gates_and_means_import_either_way_round():
         z = y * F.hardsigmoid(torch.mean(y, (2, 3), keepdim=True))
         return s.drop(F.hardswish(torch.sigmoid(z.mean((-2, -1), keepdim=True)) * z))
 
-    net = _Net(forward, drop=import_torchvision().ops.StochasticDepth(0.0, "row"))
+    net = Net(forward, drop=import_torchvision().ops.StochasticDepth(0.0, "row"))
     g = from_torch(net, (3, 8, 8), batch=2)
     kinds = [layer.kind for layer in g.layers.values()]
     assert kinds == ["data", "conv2d", "relu", "avgpool", "hardsigmoid", "channel_scale", "avgpool",
@@ -528,9 +499,9 @@ def test_a_module_with_weights_called_twice_is_refused_and_one_without_is_not():
     """PyTorch shares a module's weights between its calls; snlite's layers own theirs, so a second call of
     a conv would plan (and count) a second copy: it is refused, saying what to do. A ReLU called twice is
     two layers (torchvision's BasicBlock does that)."""
-    _refused(_Net(lambda s, y: s.conv(s.conv(y)), conv=nn.Conv2d(4, 4, 3, padding=1)),
+    refused(Net(lambda s, y: s.conv(s.conv(y)), conv=nn.Conv2d(4, 4, 3, padding=1)),
              "calls conv a second time", "copy.deepcopy")
-    g = from_torch(_Net(lambda s, y: s.relu(y + s.relu(y)), relu=nn.ReLU()), (3, 8, 8), batch=2)
+    g = from_torch(Net(lambda s, y: s.relu(y + s.relu(y)), relu=nn.ReLU()), (3, 8, 8), batch=2)
     assert [n for n in g.layers if n.startswith("relu")] == ["relu", "relu_1"]
 
 
@@ -558,20 +529,20 @@ def test_chunks_are_parts_of_the_channels_as_pytorch_cuts_them(by_function):
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
     with torch.no_grad():
         _close(model.predict(x), net.eval()(torch.from_numpy(x)).numpy(), "logits")
-    _refused(_Net(lambda s, y: torch.cat(y.chunk(2, 0), 0)), "a chunk along dim 0", "channels (dim 1)")
+    refused(Net(lambda s, y: torch.cat(y.chunk(2, 0), 0)), "a chunk along dim 0", "channels (dim 1)")
 
 
-def test_in_place_op_on_a_tensor_read_later_is_refused():
+def test_in_place_op_on_a_tensor_read_later_isrefused():
     def forward(s, y):
         z = F.relu(y, inplace=True)  # overwrites y, which the sum then reads: fx's dataflow is wrong here
         return z + y
-    _refused(_Net(forward), "overwrites", "in place")
+    refused(Net(forward), "overwrites", "in place")
 
 
 def test_data_dependent_control_flow_is_explained():
     def forward(s, y):
         return y if y.sum() > 0 else -y
-    msg = _refused(_Net(forward), "branches or loops on the values of a tensor", "static graph")
+    msg = refused(Net(forward), "branches or loops on the values of a tensor", "static graph")
     assert "fx:" in msg
 
 
@@ -617,189 +588,3 @@ def test_a_shape_snlite_would_compute_differently_never_passes_silently():
     # 224x224 VGG: fine; at 32x32 its features end 1x1 and the adaptive pool to 7x7 repeats them
     with pytest.raises(TorchImportError, match="adaptive average pooling from 1x1 to 7x7"):
         from_torch(tv.vgg11(), (3, 32, 32))
-
-
-# ---------------------------------------------------------------- on the command line
-def _snlite(capsys, *argv):
-    from snlite.cli import main
-
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def test_plan_takes_a_torchvision_model_and_prints_what_a_zoo_model_prints(capsys):
-    status, out, err = _snlite(capsys, "plan", "torchvision:resnet18", "--batch", "32")
-    assert status == 0, err
-    assert out.startswith("torchvision:resnet18, batch 32: 71 layers, 11,689,512 parameters,")
-    _, zoo, _ = _snlite(capsys, "plan", "resnet50", "--batch", "32")
-
-    def sections(text, net):  # each unindented line up to its first number or parenthesis
-        return [re.split(r"[\d(]", line.replace(net, "NET"))[0].rstrip() for line in text.splitlines()
-                if line and not line.startswith(" ")]
-    assert sections(out, "torchvision:resnet18") == sections(zoo, "resnet50")
-
-
-NET_FILE = '''
-import torch
-
-
-class Tiny(torch.nn.Module):
-    def __init__(self, width=4, classes=3):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(1, width, 3, padding=1)
-        self.fc = torch.nn.Linear(width * 4 * 4, classes)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2), 1))
-'''
-
-
-def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
-    path = tmp_path / "tiny.py"
-    path.write_text(NET_FILE)
-    status, out, err = _snlite(capsys, "compare", f"{path}:Tiny", "--input", "1x8x8", "--batch", "4",
-                               "--torch-args", '{"width": 6, "classes": 5}')
-    assert status == 0, err
-    assert f"{path}:Tiny" in out
-    # 6 * (1*3*3 + 1) + 5 * (6*4*4 + 1) parameters
-    from snlite.cli_common import builder
-
-    g = builder(f"{path}:Tiny", (1, 8, 8), {"width": 6, "classes": 5})(4)
-    assert g.param_count() == 6 * 10 + 5 * 97 and g.input_shape == (4, 1, 8, 8) and g.num_classes == 5
-    for argv, words in [((f"{path}:Nope",), "defines no torch.nn.Module subclass 'Nope'; it defines Tiny"),
-                        (("torchvision:resnet9",), "torchvision has no model 'resnet9'; did you mean"),
-                        ((f"{path}:Tiny", "--torch-args", '{"depth": 2}'), "Tiny(depth=2) failed"),
-                        ((f"{path}:Tiny", "--torch-args", '{"width": -1}'),  # raised inside the constructor
-                         "Tiny(width=-1) failed: RuntimeError: Trying to create tensor with negative"),
-                        ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object")]:
-        try:
-            status, out, err = _snlite(capsys, "plan", *argv)
-        except SystemExit as e:  # argparse refuses a malformed flag
-            status, err = e.code, capsys.readouterr().err
-        assert status != 0 and words in err, err
-
-
-def test_vit_imports_whole_with_its_state_dict_names():
-    """torchvision's ViT-B/16: every weight, under PyTorch's names; the reshape and permute of the patches
-    are no layers, the class token is the model's own parameter, MultiheadAttention is three layers whose
-    in-projection holds its in_proj_weight and in_proj_bias, and x[:, 0] reads the class token."""
-    net = tv.vit_b_16(num_classes=10)
-    g = from_torch(net, (3, 224, 224), batch=2)
-    assert g.param_count() == sum(p.numel() for p in net.parameters())
-    t, mha = g.tensors(), "encoder.layers.encoder_layer_11.self_attention"
-    assert t["class_token"].shape == (1, 1, 768) and t["encoder.pos_embedding"].shape == (1, 197, 768)
-    assert t[f"{mha}.in_proj_weight"].shape == (2304, 768) and t[f"{mha}.out_proj.bias"].shape == (768,)
-    assert g.layers[f"{mha}.attention"].attrs["heads"] == 12
-    assert g.layers["token_select"].out_shape == (2, 768)
-    assert g.layers["conv_proj"].out_shape == (2, 768, 14, 14)
-    assert sorted(n for n, s in t.items() if s.kind == "weight") == sorted(torch_params(net))
-
-
-class _Tokens(nn.Module):
-    """Patches to tokens as ViT makes them, then a forward of one's own."""
-
-    def __init__(self, forward, **modules):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 2, stride=2)
-        for k, m in modules.items():
-            self.add_module(k, m)
-        self.fc = nn.Linear(8, 5)
-        self._fwd = forward
-
-    def forward(self, x):
-        x = self.conv(x)
-        return self.fc(self._fwd(self, x.reshape(x.shape[0], 8, -1).permute(0, 2, 1)))
-
-
-@pytest.mark.parametrize("forward, modules, words", [
-    (lambda s, x: s.mha(x, x, x, need_weights=False)[0][:, 0], {"mha": nn.MultiheadAttention(8, 2)},
-     ("batch_first=False is not supported yet",)),
-    (lambda s, x: s.mha(x, x, x, need_weights=False)[0][:, 0],
-     {"mha": nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True)},
-     ("dropout=0.1 is not supported yet",)),
-    (lambda s, x: (lambda o: o[0][:, 0] + o[1][:, 0, :8])(s.mha(x, x, x)),
-     {"mha": nn.MultiheadAttention(8, 2, batch_first=True)},
-     ("it reads the attention weights", "need_weights=False")),
-    (lambda s, x: (lambda k: s.mha(x, k, k, need_weights=False)[0][:, 0])(s.ln(x)),
-     {"mha": nn.MultiheadAttention(8, 2, batch_first=True), "ln": nn.LayerNorm(8)},
-     ("self_attention=False is not supported yet",)),
-    (lambda s, x: torch.cat([x, s.token.gamma.expand(x.shape[0], -1, -1)], dim=1)[:, 0],
-     {"token": _Scale(1, 1, 8)},
-     ("a cat of token.gamma (1, 1, 8) and tokens (2, 16, 8) along dim 1", "a (1, 1, D) token first")),
-    (lambda s, x: (x + s.pos.gamma)[:, 0], {"pos": _Scale(16, 8)},
-     ("snlite adds a position embedding of shape (1, 16, 8)",)),
-    (lambda s, x: x.mean(1, keepdim=True)[:, 0], {},
-     ("a mean of tokens (N, T, D) over dims 1 (keepdim=True)",)),
-    (lambda s, x: torch.cat([x, x], 1)[:, 0], {}, ("a concat of tokens (N, T, D)", "x.mean(dim=1)")),
-], ids=["batch first", "attention dropout", "attention weights", "cross-attention", "the token last",
-        "an embedding of another shape", "a mean over tokens kept", "tokens joined"])
-def test_what_vit_needs_and_no_more(forward, modules, words):
-    """ViT's tokens, class token, position embedding, self-attention and x[:, 0] import (tests above);
-    what snlite does not compute is refused, saying what it imports instead."""
-    with pytest.raises(TorchImportError) as e:
-        from_torch(_Tokens(forward, **modules), (3, 8, 8), batch=2)
-    for w in words:
-        assert w in str(e.value), str(e.value)
-
-
-def test_x_colon_index_of_a_feature_map_is_no_token():
-    _refused(_Net(lambda s, y: y[:, 0].repeat(1, 4, 1).view(-1, 4, 8, 8)), "x[:, 0] of a tensor (2, 4, 8, 8)",
-             "one token of tokens (N, T, D)")
-
-
-def test_a_transformer_encoder_module_is_refused_with_the_block_to_write_instead():
-    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-    with pytest.raises(TorchImportError,
-                       match=r"TransformerEncoderLayer has no snlite layer.*nn.MultiheadAttention"):
-        from_torch(_Tokens(lambda s, x: s.enc(x)[:, 0], enc=layer), (3, 8, 8), batch=2)
-
-
-def _no_stochastic_depth(net):
-    for m in net.modules():
-        if isinstance(m, tv.swin_transformer.StochasticDepth):
-            m.p = 0.0
-    return net
-
-
-def test_swin_imports_whole_with_its_state_dict_names():
-    """torchvision's Swin-T: every weight, under PyTorch's names; its window attention is three layers
-    (qkv, the attention holding the relative position bias table, proj), shifted every second block and
-    not where the window covers the map (the last stage, 7x7); the relative position index, a buffer,
-    is checked and skipped, since snlite computes it from the window."""
-    net = _no_stochastic_depth(tv.swin_t(num_classes=10))  # swin_t's builder sets it: 0.2
-    g = from_torch(net, (3, 224, 224), batch=1)
-    assert g.param_count() == sum(p.numel() for p in net.parameters())
-    shifts = {n: l.attrs["shift"] for n, l in g.layers.items() if l.kind == "window_attention"}
-    assert shifts["features.1.0.attn"] == (0, 0) and shifts["features.1.1.attn"] == (3, 3)
-    assert shifts["features.7.1.attn"] == (0, 0)  # a 7x7 map in 7x7 windows: nothing to shift
-    assert g.tensors()["features.1.1.attn.relative_position_bias_table"].shape == (169, 3)
-    assert g.layers["features.2.patch_merge"].out_shape == (1, 384, 28, 28)
-    small = _small_swin()
-    model = Model(from_torch(small, (3, 8, 8), batch=2), device="host")
-    model.set_params(small.state_dict())  # the index buffers included, checked, skipped
-    index = small.state_dict()["features.1.0.attn.relative_position_index"]
-    with pytest.raises(ValueError, match="features.1.0.attn.relative_position_index is not the relative "
-                                         "position index of the layer's window"):
-        model.set_params({**small.state_dict(), "features.1.0.attn.relative_position_index": index.flip(0)})
-
-
-def _small_swin(**kw):
-    """torchvision's SwinTransformer in small, on 8x8 images: 4x4 maps in 2x2 windows unless told."""
-    args = dict(patch_size=[2, 2], embed_dim=8, depths=[2], num_heads=[2], window_size=[2, 2], num_classes=10,
-                stochastic_depth_prob=0.0)
-    return tv.swin_transformer.SwinTransformer(**{**args, **kw})
-
-
-@pytest.mark.parametrize("make, words", [
-    (lambda: _small_swin(block=tv.swin_transformer.SwinTransformerBlockV2,
-                         downsample_layer=tv.swin_transformer.PatchMergingV2), ("relative_coords_table",)),
-    (lambda: _small_swin(window_size=[3, 3]),
-     ("a window attention over a 4x4 map in windows of (3, 3)", "224x224 for torchvision's Swin")),
-    (lambda: _small_swin(stochastic_depth_prob=0.2), ("stochastic depth (p=",)),
-], ids=["swin v2", "windows that do not tile the map", "stochastic depth on"])
-def test_what_swin_needs_and_no_more(make, words):
-    with pytest.raises(TorchImportError) as e:
-        from_torch(make(), (3, 8, 8), batch=1)
-    for w in words:
-        assert w in str(e.value), str(e.value)
