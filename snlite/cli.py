@@ -126,6 +126,9 @@ def add_train_command(sub) -> None:
                        help="seed for the weights, the split and the shuffling (0 to 2**32-1; default 0)")
     train.add_argument("--limit", type=_positive_int, default=None,
                        help="use at most this many training and test images (a quick run)")
+    train.add_argument("--standardize", action="store_true",
+                       help="shift and scale the images, training and test, by the training images' mean "
+                            "and standard deviation (what a ViT or an MLP on raw pixels usually wants)")
     train.add_argument("--save", metavar="FILE.npz", help="write the trained parameters here")
     train.add_argument("--load", metavar="FILE.npz", help="start from the parameters in this file")
     train.add_argument("--anomaly", action="store_true",
@@ -191,6 +194,10 @@ def cmd_train(args) -> int:
     train, test = load_data(args.data, args.seed)
     if args.limit:
         train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))
+    scaled = ""
+    if args.standardize:  # by the images trained on: after --limit
+        scaled = f", standardized by their mean {train.x.mean():.4g} and std {train.x.std():.4g}"
+        train, test = data.standardized(train, test)
     if args.batch > len(train):
         raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images")
     config = memory_config(args)
@@ -206,7 +213,8 @@ def cmd_train(args) -> int:
     if args.load:
         print(f"loaded {load_params(args.load, model)} parameter tensors from {args.load}")
     print(f"{args.net} on {model.device!r}: {len(train):,d} training and {len(test):,d} test images of "
-          f"{train.shape} ({train.name.split('/')[0]}, {train.num_classes} classes), batch {args.batch}, "
+          f"{train.shape} ({train.name.split('/')[0]}, {train.num_classes} classes){scaled}, "
+          f"batch {args.batch}, "
           f"arena {_bytes(model.executor.arena.nbytes if model.executor.arena else 0)}, pinned "
           f"{_bytes(model.executor.slab.nbytes if model.executor.slab else 0)}, memory: {config.describe()}")
     start = time.perf_counter()

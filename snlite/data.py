@@ -115,6 +115,14 @@ class Dataset:
         return Dataset((self.x - mean) / max(std, 1e-8), self.labels, self.name, self.classes)
 
 
+def standardized(train: Dataset, test: Dataset) -> tuple[Dataset, Dataset]:
+    """(train, test), both shifted and scaled by the training images' mean and standard deviation (one
+    scalar each), so the test set is seen as the training set was: what ViTs and MLPs on raw pixels
+    usually want (a CNN with batch normalization hardly minds)."""
+    mean, std = float(train.x.mean()), float(train.x.std())
+    return train.standardized(mean, std), test.standardized(mean, std)
+
+
 # ---------------------------------------------------------------- synthetic
 def synthetic(n: int, shape=(1, 8, 8), classes: int = 4, seed: int = 0, noise: float = 0.1) -> Dataset:
     """``n`` images where the class is *which region holds a bright blob*.
@@ -161,10 +169,7 @@ def digits(seed: int = 0, test_fraction: float = 0.2, standardize: bool = False)
     x = (d.images.astype(np.float32) / 16.0)[:, None]
     full = Dataset(x, d.target, "digits", [str(k) for k in range(10)])
     train, test = full.split(test_fraction, seed)
-    if standardize:
-        mean, std = float(train.x.mean()), float(train.x.std())
-        train, test = train.standardized(mean, std), test.standardized(mean, std)
-    return train, test
+    return standardized(train, test) if standardize else (train, test)
 
 
 # ---------------------------------------------------------------- MNIST (IDX files)

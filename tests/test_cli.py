@@ -55,6 +55,14 @@ def test_train_one_short_epoch_on_synthetic_data(capsys):
     assert re.search(r"epoch 1/1: test accuracy [0-9.]+%", out)
 
 
+def test_standardize_scales_by_the_images_trained_on(capsys):
+    code, out, err = run(capsys, *TRAIN, "--standardize")
+    assert code == 0, err
+    train = cli.load_data("synthetic")[0].subset(slice(0, 128))  # --limit 128: after the limit
+    assert f"standardized by their mean {train.x.mean():.4g} and std {train.x.std():.4g}, batch 16" in out
+    assert "standardized" not in run(capsys, *TRAIN)[1]
+
+
 def test_save_and_load_round_trip(tmp_path, capsys):
     file = tmp_path / "lenet.npz"
     code, out, err = run(capsys, *TRAIN, "--save", str(file))

@@ -54,6 +54,15 @@ def test_split_is_stratified_and_disjoint():
 
 
 # ---------------------------------------------------------------- synthetic
+def test_standardized_sees_the_test_set_as_the_training_set():
+    train, test = data.synthetic(64, seed=0), data.synthetic(32, seed=1)
+    strain, stest = data.standardized(train, test)
+    assert abs(strain.x.mean()) < 1e-5 and abs(strain.x.std() - 1) < 1e-5
+    mean, std = train.x.mean(), train.x.std()  # the training set's numbers, not the test set's own
+    np.testing.assert_allclose(stest.x, (test.x - mean) / std, rtol=1e-6, atol=1e-6)
+    assert abs(stest.x.mean()) > 1e-3 and np.array_equal(stest.labels, test.labels)
+
+
 def test_synthetic_is_deterministic_and_balanced():
     a, b, c = data.synthetic(200, seed=3), data.synthetic(200, seed=3), data.synthetic(200, seed=4)
     assert np.array_equal(a.x, b.x) and np.array_equal(a.labels, b.labels)
