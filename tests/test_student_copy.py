@@ -83,12 +83,13 @@ def test_an_untouched_student_copy_fails_under_grade_and_under_plain_pytest(tmp_
     copy = tmp_path / "student"
     make_student(copy, ROOT, out=lambda line: None)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
-    # plain pytest, as its console script runs it: -P, so the current directory is not on the path
-    proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-m", "a1", "tests/test_assignments.py",
-                           "-q", "-p", "no:cacheprovider", "--tb=line"], cwd=copy, env=env,
-                          capture_output=True, text=True, timeout=300)
+    # plain pytest, as its console script runs it (-P: the current directory is not on the path) and as
+    # each stub's docstring says, over the whole suite: every file collects, though no stub is filled in
+    # (a test module that planned at import stopped the collection of everything, so no grader ran)
+    proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-m", "a1", "-q", "-p", "no:cacheprovider",
+                           "--tb=line"], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and re.search(r"^(\d+) failed, \d+ deselected", out, re.M), out[-3000:]
+    assert proc.returncode == 1 and re.search(r"^(\d+) failed, \d+ deselected in", out, re.M), out[-3000:]
     assert " passed" not in out.splitlines()[-1] and "NotImplementedError: Assignment 1: liveness" in out, \
         f"pytest -m a1 in the student copy passed the stubs (it tested another snlite?):\n{out[-3000:]}"
     # grade: all of them fail, the summary first, one line each, the first failure named
