@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from snlite import chrome_trace, measure, memory_snapshot, models, plot, timing, torch_import
-from snlite.cli_args import CliError, check_output_file
+from snlite.cli_args import CliError, UsageError, check_output_file
 
 NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
             "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121; or a PyTorch "
@@ -44,7 +44,10 @@ def builder(net: str, input_shape=None, torch_args=None):
     None: TORCH_INPUT)."""
     if ":" not in net:
         return lambda batch=None: models.get_model(net, batch)
-    module = torch_import.load_module(net, torch_args)
+    try:
+        module = torch_import.load_module(net, torch_args)
+    except torch_import.UnknownModule as e:
+        raise UsageError(str(e)) from None
     return lambda batch=None: torch_import.from_torch(module, input_shape or TORCH_INPUT,
                                                       batch=batch or TORCH_BATCH, name=net)
 

@@ -84,6 +84,11 @@ def check_source(source: str) -> None:
                          f"no file {where!r}")
 
 
+class UnknownModule(ValueError):
+    """A NET that names no module: torchvision has no model of that name, or the file no such class
+    (the command line's usage error, exit status 2, as for a name the zoo lacks)."""
+
+
 def load_module(source: str, kwargs: dict | None = None):
     """The ``torch.nn.Module`` a command line names: ``torchvision:NAME`` (a model of
     ``torchvision.models``, e.g. ``torchvision:resnet18``) or ``path/to/file.py:CLASS`` (a class of
@@ -99,7 +104,7 @@ def load_module(source: str, kwargs: dict | None = None):
         if attr not in known:
             near = difflib.get_close_matches(attr, known, n=3)
             hint = f"did you mean {', '.join(near)}?" if near else f"it has {', '.join(known)}"
-            raise ValueError(f"{source!r}: torchvision has no model {attr!r}; {hint}")
+            raise UnknownModule(f"{source!r}: torchvision has no model {attr!r}; {hint}")
         return _construct(lambda **kw: models.get_model(attr, **kw), f"torchvision.models.{attr}", kwargs)
     spec = importlib.util.spec_from_file_location(f"snlite_user_model_{abs(hash(where))}", where)
     code = importlib.util.module_from_spec(spec)
@@ -112,7 +117,7 @@ def load_module(source: str, kwargs: dict | None = None):
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
             found = [n for n, v in vars(code).items() if isinstance(v, type)
                      and issubclass(v, torch.nn.Module) and v.__module__ == code.__name__]
-            raise ValueError(f"{source!r}: {where} defines no torch.nn.Module subclass {attr!r}"
+            raise UnknownModule(f"{source!r}: {where} defines no torch.nn.Module subclass {attr!r}"
                              + (f"; it defines {', '.join(found)}" if found else ""))
         return _construct(cls, attr, kwargs)
 

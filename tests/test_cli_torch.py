@@ -154,14 +154,16 @@ def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
 
     g = builder(f"{path}:Tiny", (1, 8, 8), {"width": 6, "classes": 5})(4)
     assert g.param_count() == 6 * 10 + 5 * 97 and g.input_shape == (4, 1, 8, 8) and g.num_classes == 5
-    for argv, words in [((f"{path}:Nope",), "defines no torch.nn.Module subclass 'Nope'; it defines Tiny"),
-                        (("torchvision:resnet9",), "torchvision has no model 'resnet9'; did you mean"),
-                        ((f"{path}:Tiny", "--torch-args", '{"depth": 2}'), "Tiny(depth=2) failed"),
-                        ((f"{path}:Tiny", "--torch-args", '{"width": -1}'),  # raised inside the constructor
-                         "Tiny(width=-1) failed: RuntimeError: Trying to create tensor with negative"),
-                        ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object")]:
+    # a name that names nothing is a usage error (2), as a name the zoo lacks is; a failing constructor is 1
+    for argv, words, want in [
+            ((f"{path}:Nope",), "defines no torch.nn.Module subclass 'Nope'; it defines Tiny", 2),
+            (("torchvision:resnet9",), "torchvision has no model 'resnet9'; did you mean", 2),
+            ((f"{path}:Tiny", "--torch-args", '{"depth": 2}'), "Tiny(depth=2) failed", 1),
+            ((f"{path}:Tiny", "--torch-args", '{"width": -1}'),  # raised inside the constructor
+             "Tiny(width=-1) failed: RuntimeError: Trying to create tensor with negative", 1),
+            ((f"{path}:Tiny", "--torch-args", "[1]"), "expected a JSON object", 2)]:
         try:
             status, out, err = run(["plan", *argv], capsys)
         except SystemExit as e:  # argparse refuses a malformed flag
             status, err = e.code, capsys.readouterr().err
-        assert status != 0 and words in err, err
+        assert status == want and words in err, (status, err)
