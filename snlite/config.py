@@ -9,6 +9,8 @@ What each field does, saves and costs: the table in docs/memory-config.md (the o
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 from dataclasses import dataclass
 
 MIN_BUDGET_BYTES = 1024  # one block of the pool: a smaller arena holds nothing
@@ -34,6 +36,26 @@ def _as_bytes(value) -> str:
     return ""
 
 
+class UnknownField(TypeError, ValueError):
+    """A keyword naming no field of MemoryConfig: a TypeError, as Python's own for an unexpected keyword,
+    and a ValueError, as any other wrong value of a config."""
+
+
+def _known_fields(cls):
+    """``cls``'s generated ``__init__``, after a check that a misspelled keyword is named with the field it
+    is closest to and the list of fields (Python's own error says only "unexpected keyword argument")."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        check_fields(kwargs)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_known_fields
 @dataclass(frozen=True)
 class MemoryConfig:
     """Which SuperNeurons optimizations a run uses (docs/memory-config.md explains each field)."""
@@ -92,10 +114,6 @@ class MemoryConfig:
                                        optimizer_state="auto"), **overrides)
 
     def replace(self, **changes) -> "MemoryConfig":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise ValueError(f"unknown MemoryConfig field(s) {sorted(unknown)}; "
-                             f"fields: {[f.name for f in dataclasses.fields(self)]}")
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
@@ -106,6 +124,19 @@ class MemoryConfig:
         if self.recompute_keep:
             parts.append(f"recompute_keep={','.join(self.recompute_keep)}")
         return " + ".join(parts) or "baseline"
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(MemoryConfig))
+
+
+def check_fields(names) -> None:
+    """Refuse (:class:`UnknownField`) a name in ``names`` that is no field of MemoryConfig, saying the
+    field it is closest to, if one is close, and every field."""
+    unknown = sorted(set(names) - set(FIELDS))
+    if unknown:
+        close = {u: difflib.get_close_matches(u, FIELDS, n=1) for u in unknown}
+        hints = "".join(f"; {u!r}: did you mean {c[0]!r}?" for u, c in close.items() if c)
+        raise UnknownField(f"unknown MemoryConfig field(s) {unknown}{hints}; fields: {list(FIELDS)}")
 
 
 baseline = MemoryConfig.baseline

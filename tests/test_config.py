@@ -46,6 +46,21 @@ def test_frozen_and_replace_checks_field_names():
         cfg.replace(livness=True)
 
 
+@pytest.mark.parametrize("make", [lambda: MemoryConfig(offlaod=True),
+                                  lambda: MemoryConfig.superneurons(offlaod=False),
+                                  lambda: dataclasses.replace(MemoryConfig(), offlaod=True)],
+                         ids=["constructor", "superneurons", "dataclasses.replace"])
+def test_a_misspelled_field_is_named_with_the_closest_field_every_way_a_config_is_made(make):
+    """Python's own error said only "__init__() got an unexpected keyword argument", even for a call of
+    superneurons(); the error is a TypeError as Python's is, and a ValueError as a bad value is."""
+    with pytest.raises(TypeError, match=r"unknown MemoryConfig field\(s\) \['offlaod'\]; 'offlaod': did you "
+                                        r"mean 'offload'\?; fields: \['liveness', 'offload'") as e:
+        make()
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(ValueError, match=r"\['zzz'\]; fields:"):  # nothing close: no guess
+        MemoryConfig(zzz=1)
+
+
 @pytest.mark.parametrize("config", [{"liveness": True}, "superneurons", 3])
 def test_whatever_takes_a_config_refuses_one_that_is_not_a_memory_config(config):
     """A dict or a preset's name fails at the door, saying how to build a config (an AttributeError
