@@ -323,11 +323,16 @@ def main(argv=None) -> int:
     argv, extra = list(sys.argv[1:] if argv is None else argv), []
     if "grade" in argv:  # grade K K ... [pytest arguments]: the first non-number starts pytest's share
         i = argv.index("grade") + 1
-        while i < len(argv) and argv[i].isdigit():
+        while i < len(argv) and re.fullmatch(r"[aA]?\d+", argv[i]):
+            argv[i] = argv[i].lstrip("aA")  # a1, the marker's name, is assignment 1
             i += 1
         argv, extra = argv[:i], argv[i:]
     args = parser.parse_args(argv)
     try:
+        first = extra[0] if extra else "-"
+        if args.command == "grade" and not first.startswith("-") and not os.path.exists(first):
+            raise AssignmentError(f"{first!r} is no assignment number and no file for pytest: grade takes "
+                                  "numbers (grade 1, grade 2 3, or a1), then pytest's arguments (grade 1 -x)")
         here = checkout_of(Path.cwd())
         if args.root is None and here is not None and here != repo_root():
             raise AssignmentError(

@@ -136,6 +136,18 @@ def test_grade_says_which_file_does_not_parse(tmp_path):
         and "SyntaxError" in line and "snlite/liveness.py, line" in line, proc.stdout[-3000:] + proc.stderr
 
 
+def test_grade_takes_the_markers_name_and_refuses_what_is_no_number(monkeypatch, capsys):
+    """grade a1 (the marker's name) is grade 1; grade 1-2 or grade liveness was taken for a file of
+    pytest's and graded every assignment, each "not graded (file or directory not found)"."""
+    calls = []
+    monkeypatch.setattr(grading, "grade", lambda numbers, root, extra: calls.append((numbers, extra)) or 0)
+    assert main(["grade", "a1", "A3", "2", "-x", "tests"]) == 0 and calls == [([1, 3, 2], ["-x", "tests"])]
+    for bad in ("1-2", "liveness"):
+        assert main(["grade", bad]) == 2
+        assert f"{bad!r} is no assignment number and no file for pytest" in capsys.readouterr().err
+    assert len(calls) == 1
+
+
 def test_make_student_refuses_a_non_empty_or_nested_directory(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["make-student", str(tmp_path)]) == 2
