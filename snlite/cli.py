@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import re
 import secrets
 import sys
 import time
@@ -166,6 +167,13 @@ def main(argv=None) -> int:
             raise
         print(f"snlite {args.command}: does not fit: {e}", file=sys.stderr)
         return EXIT_DOES_NOT_FIT
+    except NotImplementedError as e:  # a stub of a student copy (python -m snlite.assignments)
+        if args.traceback:
+            raise
+        k = re.match(r"Assignment (\d+)\b", str(e))
+        how = f" (the student copy's stub; python -m snlite.assignments grade {k[1]} checks it)" if k else ""
+        print(f"snlite {args.command}: error: not written yet: {e}{how}", file=sys.stderr)
+        return EXIT_ERROR
     except (CliError, ValueError, OSError, ImportError, RuntimeError) as e:
         if args.traceback:
             raise

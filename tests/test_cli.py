@@ -38,6 +38,17 @@ def test_demo_shows_the_plan_the_savings_and_identical_training(capsys):
     assert acc and int(acc[1]) >= 90
 
 
+def test_a_student_copys_stub_says_it_is_not_written_yet_and_how_to_grade_it(monkeypatch, capsys):
+    def stub(**kwargs):
+        raise NotImplementedError("Assignment 5: cost-aware recomputation")
+
+    monkeypatch.setattr(cli.demo, "run", stub)
+    code, out, err = run(capsys, "demo")
+    assert code == 1 and err == ("snlite demo: error: not written yet: Assignment 5: cost-aware "
+                                 "recomputation (the student copy's stub; python -m snlite.assignments "
+                                 "grade 5 checks it)\n")
+
+
 def test_demo_on_the_meta_device_shows_the_plan_only(capsys):
     code, out, _ = run(capsys, "demo", "--device", "meta")
     assert code == 0 and "Scheduler for small_cnn" in out and "holds no data" in out
