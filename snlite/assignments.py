@@ -275,6 +275,10 @@ def make_student(dst, root=None, out=print) -> list[Region]:
             shutil.copymode(root / rel, target)
         else:
             shutil.copy2(root / rel, target)
+    last = max((r.number for r in regions), default=0)
+    readme = dst / "README.md"
+    if readme.is_file():
+        readme.write_text(student_readme(readme.read_text(), last))
     out(f"student copy of {root} written to {dst}: {len(files)} files")
     for r in regions:
         out(f"  assignment {r.number} ({r.title}): {r.path}:{r.begin}-{r.end} {r.function}: "
@@ -282,10 +286,24 @@ def make_student(dst, root=None, out=print) -> list[Region]:
     left_out = [f for f in INSTRUCTOR_ONLY if (root / f).exists()]
     if left_out:
         out(f"  left out (instructor only): {', '.join(left_out)}")
-    last = max((r.number for r in regions), default=0)
     out(f"the marker lines stay as comments around each stub; grade one assignment there with "
         f"'python -m snlite.assignments grade K' or 'pytest -m aK' (K = 1..{last})")
     return regions
+
+
+def student_readme(text: str, last: int) -> str:
+    """The README of a student copy: its title, then a note that assignments 1..``last`` are stubs and
+    how to grade them (the README's own test command passes only once every one is written). Once is
+    enough: the README of a student copy's student copy is its own."""
+    title, _, rest = text.partition("\n")
+    note = "\n".join([
+        f"> **A student copy.** Assignments 1 to {last} are stubs here: each is a function whose code raises",
+        "> `NotImplementedError` (`python -m snlite.assignments list` says where). Grade one with",
+        "> `python -m snlite.assignments grade K` (or `pytest -m aK`). The rest of snlite runs, but what",
+        "> needs a stub stops there, and the whole suite passes once all of them are written.", ""])
+    if rest.startswith(f"\n{note}"):  # a student copy of a student copy is the same copy
+        return text
+    return f"{title}\n\n{note}{rest}"
 
 
 def checkout_of(path) -> Path | None:

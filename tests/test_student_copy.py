@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from snlite import assignments, grading
-from snlite.assignments import AssignmentError, main, make_student, scan, scan_file, student_text
+from snlite.assignments import (AssignmentError, main, make_student, scan, scan_file, student_readme,
+                                student_text)
 
 ROOT = Path(__file__).resolve().parent.parent
 TITLES = {1: "liveness", 2: "pool", 3: "GEMM", 4: "offload", 5: "recomputation", 6: "workspace"}
@@ -40,6 +41,10 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
     assert any("left out" in line and "test_student_copy.py" in line and "test_planted_bugs.py" in line
                for line in printed)
     assert (copy / assignments.GRADERS).is_file()
+    readme = (copy / "README.md").read_text()  # says what the copy is and how to grade, then the README
+    assert readme.startswith(f"# snlite\n\n> **A student copy.** Assignments 1 to {numbers[-1]} are stubs") \
+        and "python -m snlite.assignments grade K" in readme.split("\n\n")[1]
+    assert readme.endswith((ROOT / "README.md").read_text().partition("\n")[2])
     assert not any((copy / f).exists() for f in assignments.INSTRUCTOR_ONLY)
     in_copy, problems = scan(copy)
     assert not problems and all(r.is_stub for r in in_copy), "every region of the copy is the stub"
@@ -221,3 +226,5 @@ def test_the_stub_keeps_markers_and_indentation_and_compiles():
     compile(stubbed, "p.py", "exec")
     again, _ = scan_file(stubbed, "p.py")
     assert again[0].is_stub and student_text(stubbed, again) == stubbed, "a copy of a copy is the same copy"
+    readme = student_readme("# title\n\ntext\n", 6)
+    assert readme.count("A student copy") == 1 and student_readme(readme, 6) == readme
