@@ -74,7 +74,8 @@ expect("best fit puts F into the 2 KB hole (at 5 KB), and G fits (at 0 KB)",
 # The scheduler's plan says, op by op, what each op writes and what is freed after it. Replaying those
 # allocations through a `TensorPool` shows the arena breathe: it fills during forward and empties during
 # backward. (A simplified replay of what `snlite.placement` does: activations and gradients only; an
-# in-place write takes over the buffer it overwrites.)
+# in-place write takes over the buffer it overwrites.) The map is 48 characters wide, so each one
+# stands for several blocks now: `#` all of them used, `.` all free, `+` some of each.
 
 # %%
 net = snlite.models.lenet(batch=8)

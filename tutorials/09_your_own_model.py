@@ -83,7 +83,11 @@ expect("superneurons() trains ResNet-18 in 4 GiB with a batch several times the 
 # Less memory costs time: copies that do not hide behind compute, and forward layers run twice. The GPU
 # time model (`snlite.timing`) estimates one training step on an H200 for each, every one with the dynamic
 # convolution workspace (tutorial 06: the fastest algorithm whose workspace fits at that moment); the
-# answer is the fastest that fits.
+# answer is the fastest that fits. The peak is each plan's without a budget, so do not expect
+# `superneurons()` to be lowest there: its LRU tensor cache moves a tensor only when memory runs short,
+# and with no budget nothing runs short, so it copies nothing and keeps more on the device than
+# `+ offload`'s copies made at fixed points do (which is also why its step is faster); "fits" is under the
+# 4 GiB budget.
 
 # %%
 dynamic = MemoryConfig(workspace="dynamic")
@@ -100,6 +104,9 @@ for label, config in strategies.items():
     rows[label] = (simulate(big, config).peak_bytes, step_ms, fits(big, config.replace(budget_bytes=budget)))
     print(f"{label:15} {rows[label][0] / MiB:9,.0f} {step_ms:15,.1f}  {rows[label][2]}")
 choice = min((r[1], label) for label, r in rows.items() if r[2])[1]
+expect("superneurons() copies nothing to the host without a budget: its cache moves data only when memory "
+       "runs short", simulate(big, MemoryConfig.superneurons()).d2h_bytes == 0
+       and simulate(big, strategies["+ offload"]).d2h_bytes > 0)
 print(f"the fastest that fits: {choice}")
 expect("the baseline and liveness alone no longer fit at twice the baseline's batch; a strategy with the "
        "tensor pool's offload or recomputation does", not rows["baseline"][2] and not rows["liveness"][2]
