@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from snlite import measure, offline, optimal, search, timing
+from snlite import budget, measure, offline, optimal, search, timing
 from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _host_budget, add_quiet_flag
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, add_net_argument, draw, graph_of,
                                kind_table, ordinal, text_table, write_json)
@@ -62,15 +62,25 @@ def cmd_compare(args) -> int:
             smallest[fit] = search.min_budget(graph, config, superneurons_label(fit))
         except HostBudgetError as e:
             smallest[fit] = e
+    preset_fits = {}  # fit -> whether superneurons() fits the budgets asked (no row of the table is it)
+    if budgeted(args):
+        for fit in fits_asked:
+            status(f"{graph.name}: {superneurons_label(fit)} under the budgets")
+            preset_fits[fit] = budget.fits(graph, MemoryConfig.superneurons(
+                fit=fit, budget_bytes=args.budget, host_budget_bytes=args.host_budget))
     status(f"{graph.name}: step times on the {args.gpu} profile")
     prof = timing.profile(args.gpu)
     timelines = [r.timeline(prof) for r in rows]
     resident = measure.all_resident_ms(graph, prof)
     status.clear()
     seconds = time.perf_counter() - t0
-    fits = not budgeted(args) or any(r.fits for r in rows)
+    fitting = [r.label if fit == fits_asked[0] else f"{r.label} (fit={fit})"
+               for fit in fits_asked for r in (rows if fit == fits_asked[0] else by_fit[fit]) if r.fits]
+    fitting += [superneurons_label(fit) for fit, ok in preset_fits.items() if ok]
+    fits = not budgeted(args) or bool(fitting)
     if args.json:
-        write_json(args.json, compare_json(args, batch, rows, timelines, prof, resident, smallest, by_fit))
+        write_json(args.json, compare_json(args, batch, rows, timelines, prof, resident, smallest, by_fit,
+                                           preset_fits))
     if args.plot:
         points = [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.trace.extra_flops,
                    "moved_bytes": r.moved_bytes} for r in rows]
@@ -81,10 +91,12 @@ def cmd_compare(args) -> int:
     if by_fit.keys() != {"first"}:
         print_arenas(args, by_fit)
     print_notes(args, graph, prof, resident, seconds)
-    print_smallest(args, batch, smallest)
+    print_smallest(args, batch, smallest, preset_fits)
     if not fits:
         print_nothing_fits(args, batch)
         return EXIT_DOES_NOT_FIT
+    if budgeted(args) and not any(r.fits for r in rows):  # the table says no to every row, but...
+        print(f"\nno row of the table fits its {budget_text(args)}; what does: {', '.join(fitting)}")
     return 0
 
 
@@ -111,12 +123,15 @@ def budget_text(args) -> str:
     return ", ".join(parts)
 
 
-def print_smallest(args, batch: int, smallest) -> None:
-    """superneurons()' smallest device budget under each fit (under --host-budget, where one exists)."""
+def print_smallest(args, batch: int, smallest, preset_fits) -> None:
+    """superneurons()' smallest device budget under each fit (under --host-budget, where one exists),
+    and whether it fits the budgets asked."""
     under = (f" with {measure.format_size(args.host_budget)} of pinned host memory"
              if args.host_budget is not None else "")
     print()
     for i, (fit, m) in enumerate(smallest.items()):
+        verdict = (f"; under the {budget_text(args)} it {'fits' if preset_fits[fit] else 'does not fit'}"
+                   if fit in preset_fits and not isinstance(m, HostBudgetError) else "")
         if isinstance(m, HostBudgetError):
             print(f"{superneurons_label(fit)} fits no device budget{under}: even on an unlimited device "
                   f"it pins more (snlite plan {args.net} --batch {batch} --preset superneurons "
@@ -125,10 +140,10 @@ def print_smallest(args, batch: int, smallest) -> None:
             print(f"{m.label} runs in {measure.format_size(m.budget_bytes)}{under} at the least, "
                   f"{m.ratio:.2f} x (l_peak {measure.format_size(m.l_peak_bytes)} + what it holds all "
                   f"iteration {measure.format_size(m.persistent_bytes)}): the paper's \"peak about l_peak\", "
-                  "as a budget (snlite.search.min_budget)")
+                  f"as a budget (snlite.search.min_budget){verdict}")
         else:
             print(f"{m.label} runs in {measure.format_size(m.budget_bytes)}{under} at the least, "
-                  f"{m.ratio:.2f} x")
+                  f"{m.ratio:.2f} x{verdict}")
 
 
 def superneurons_label(fit: str) -> str:
@@ -147,9 +162,11 @@ def optimal_row(graph, budget, fit: str = "first", host_budget=None):
     return measure.measure(graph, config, label, best.plan)
 
 
-def compare_json(args, batch: int, rows, timelines, prof, resident: float, smallest, by_fit) -> dict:
+def compare_json(args, batch: int, rows, timelines, prof, resident: float, smallest, by_fit,
+                 preset_fits) -> dict:
     """The numbers of ``compare --json``: the rows of the first fit asked, and per fit each strategy's
-    arena against the bytes live at once, and superneurons()' smallest budget."""
+    arena against the bytes live at once, superneurons()' smallest budget and, under budgets, whether
+    superneurons() fits them (null without)."""
     def least(m):  # None: no device budget fits under --host-budget
         if isinstance(m, HostBudgetError):
             return None
@@ -168,7 +185,8 @@ def compare_json(args, batch: int, rows, timelines, prof, resident: float, small
                                        "arena_bytes": r.arena_bytes,
                                        "lower_bound_bytes": offline.bounds(r.program)[1]}
                                       for r in by_fit[fit]],
-                             "min_budget": least(smallest[fit])} for fit in fits_asked}}
+                             "min_budget": least(smallest[fit]),
+                             "superneurons_fits": preset_fits.get(fit)} for fit in fits_asked}}
 
 
 def print_arenas(args, by_fit) -> None:

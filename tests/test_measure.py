@@ -361,6 +361,26 @@ def test_errors_are_one_line(argv, message, status, capsys):
 
 
 # ---------------------------------------------------------------- never silent
+def test_compare_asks_superneurons_itself_and_every_fit_before_saying_nothing_fits(capsys):
+    """superneurons() is no row of the table (it updates in backward, which no row does): LeNet's rows all
+    said no at 11 MiB, and compare said "no strategy fits", exit 3, under "superneurons() runs in 10.4 MiB
+    at the least". A row that fits only under another --fit counted for nothing either."""
+    code, out, err = run(capsys, "compare", "lenet", "--budget", "11MiB")
+    assert code == 0, err
+    assert "no strategy fits" not in out and "; under the budget 11.0 MiB it fits\n" in out
+    assert out.rstrip().endswith("no row of the table fits its budget 11.0 MiB; what does: superneurons()")
+    code, js, _ = run(capsys, "compare", "lenet", "--budget", "11MiB", "--json")
+    data = json.loads(js)
+    assert code == 0 and not any(r["fits"] for r in data["rows"])
+    assert data["by_fit"]["first"]["superneurons_fits"] is True
+    code, out, err = run(capsys, "compare", "lenet", "--budget", "12MiB", "--host-budget", "1MiB", "--fit",
+                         "first", "offline")
+    assert code == 0 and "what does: + offload + cache (fit=offline), superneurons()" in out, out[-1500:]
+    code, out, _ = run(capsys, "compare", "lenet", "--budget", "5MiB")
+    assert code == 3 and "under the budget 5.0 MiB it does not fit" in out
+    assert "no strategy fits 5.0 MiB" in out
+
+
 def test_nothing_fits_is_exit_status_3_everywhere(capsys):
     """compare lenet --budget 1KiB used to exit 0 with a table of 'no'."""
     code, out, err = run(capsys, "compare", "lenet", "--batch", 2, "--budget", "1KiB")
