@@ -1,5 +1,6 @@
 """Why a plan does not fit, and what would make it fit: every change not already on (liveness,
-offload, the cache, recomputation, no workspace, all together, offline placement, a smaller batch),
+offload, the cache, recomputation, updating in backward, momentum on the host where the device is
+full, no workspace, all together, offline placement, alone and with all the rest, a smaller batch),
 each simulated on the meta device under the same budget and ranked by what it costs. Where the
 pinned host budget is what ran out, the changes are those that pin less (no offload, no cache, the
 momentum on the device, all together, a smaller batch).
@@ -76,6 +77,12 @@ def _changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
         out.append(("--recompute cost_aware", "cost-aware recomputation", {"recompute": "cost_aware"}))
     if c.recompute != "memory":
         out.append(("--recompute memory", "memory-centric recomputation", {"recompute": "memory"}))
+    if not c.update_in_backward:
+        out.append(("--update-in-backward", "each layer's SGD step in backward, freeing its gradient",
+                    {"update_in_backward": True}))
+    if c.optimizer_state == "device":
+        out.append(("--optimizer-state auto", "momentum to pinned host memory if the device is full",
+                    {"optimizer_state": "auto"}))
     if c.workspace != "none":
         out.append(("--workspace none", "no convolution workspace", {"workspace": "none"}))
     return out
@@ -99,26 +106,27 @@ def _cost(m: Measurement, changes: dict, need: Measurement) -> str:
     nothing). Offline placement places the same program: it costs nothing unless fitting the budget
     made it move more bytes than the run without a budget (the cache evicting), or choose another
     convolution algorithm than that run's fastest (less room for the workspace)."""
-    if "fit" in changes:
-        if m.trace.conv_choices != need.trace.conv_choices:
-            return "slower convolutions"
-        return "bytes moved" if m.moved_bytes > need.moved_bytes else "nothing"
     moved = 1 if m.moved_bytes else 0
-    rank = {"liveness": 0, "offload": moved, "cache": moved, "optimizer_state": moved, "workspace": 2,
-            "recompute": 3}
-    return COSTS[max(rank[k] for k in changes)]
+    rank = {"liveness": 0, "update_in_backward": 0, "offload": moved, "cache": moved,
+            "optimizer_state": moved, "workspace": 2, "recompute": 3}
+    costs = [rank[k] for k in changes if k != "fit"]
+    if "fit" in changes:
+        costs.append(2 if m.trace.conv_choices != need.trace.conv_choices
+                     else 1 if m.moved_bytes > need.moved_bytes else 0)
+    return COSTS[max(costs)]
 
 
 def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
     """Does ``build(batch)`` fit ``config``'s budgets (``budget_bytes``, ``host_budget_bytes`` or
     both)? If not: why (the runtime's message, and the run without a budget), and every change not
     already on, each simulated under the same budgets (liveness, offload, the cache, cost-aware or
-    memory-centric recomputation, no workspace, all of them together; offline placement, where a
-    first or best fit pool's fragmentation may be what failed; and the largest batch that fits as
-    it is), ranked: those that fit first; then by what they cost: nothing < bytes moved < slower
-    convolutions < extra FLOPs < a smaller batch; then fewer extra FLOPs, fewer bytes moved, a lower
-    peak. Where the host budget ran out (``ran_out`` "host"), the changes are those that pin less:
-    no offload, no cache, the momentum on the device, all of them together, a smaller batch."""
+    memory-centric recomputation, updating in backward, ``optimizer_state="auto"``, no workspace,
+    all of them together; offline placement, where a first or best fit pool's fragmentation may be
+    what failed, alone and with all the rest; and the largest batch that fits as it is), ranked:
+    those that fit first; then by what they cost: nothing < bytes moved < slower convolutions < extra
+    FLOPs < a smaller batch; then fewer extra FLOPs, fewer bytes moved, a lower peak. Where the host
+    budget ran out (``ran_out`` "host"), the changes are those that pin less: no offload, no cache,
+    the momentum on the device, all of them together, a smaller batch."""
     if config.budget_bytes is None and config.host_budget_bytes is None:
         raise ValueError("explain_budget needs a budget (config.budget_bytes or config.host_budget_bytes)")
     config = config.replace(count="all")
@@ -131,12 +139,15 @@ def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
     need = measure(graph, config.replace(budget_bytes=None, host_budget_bytes=None))
     changes = _host_changes(config) if ran_out == "host" else _changes(config)
     together = [c for c in changes if c[0] != "--recompute memory" or config.recompute == "cost_aware"]
+    all_flags, all_kw = " ".join(flag for flag, _, _ in together), {k: v for _, _, kw in together
+                                                                     for k, v in kw.items()}
     if len(together) > 1:
-        changes.append((" ".join(flag for flag, _, _ in together), "all of the above together",
-                        {k: v for _, _, kw in together for k, v in kw.items()}))
+        changes.append((all_flags, "all of the above together", all_kw))
     if ran_out == "device" and config.allocator == "pool" and config.fit != "offline":
-        changes.append(("--fit offline", "offline placement, from the lifetimes",
-                        {"fit": "offline"}))
+        changes.append(("--fit offline", "offline placement, from the lifetimes", {"fit": "offline"}))
+        if together:
+            changes.append((f"{all_flags} --fit offline", "all of the above, placed offline",
+                            {**all_kw, "fit": "offline"}))
     suggestions = []
     for flag, what, kw in changes:
         m = measure(graph, config.replace(**kw))

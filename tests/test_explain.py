@@ -10,6 +10,7 @@ from nets import alexnet, run
 from snlite import MemoryConfig, budget, cli, explain, place, search, simulate
 from snlite.errors import HostBudgetError
 from snlite.measure import format_size, measure
+from snlite.models import get_model
 
 BUDGET = 830 * 2**20  # alexnet at batch 16: the baseline needs ~900 MiB, the weights alone ~714 MiB
 
@@ -19,7 +20,7 @@ def test_a_budget_too_small_explains_and_ranks_the_changes(capsys):
     assert code == cli.EXIT_DOES_NOT_FIT, err
     assert "does NOT fit a budget of 830.0 MiB" in out and "where it failed:" in out and "Live there:" in out
     assert "without a budget it peaks at" in out
-    assert re.search(r"^#  change +what +fits +peak +saves +extra FLOPs +moved +costs$", out, re.M)
+    assert re.search(r"^ *#  change +what +fits +peak +saves +extra FLOPs +moved +costs$", out, re.M)
     code, js, _ = run(capsys, "plan", "alexnet", "--batch", 16, "--budget", "830MiB", "--json")
     suggestions = json.loads(js)["explanation"]["suggestions"]
     assert code == cli.EXIT_DOES_NOT_FIT and len(suggestions) >= 6
@@ -54,8 +55,9 @@ def test_the_suggestions_that_say_they_fit_really_fit():
 def test_where_first_fit_fragments_offline_placement_is_suggested_first_at_no_cost():
     """A budget of exactly the offline arena: first fit runs out of contiguous room where offline
     placement, the same program packed from its lifetimes, fits; so it ranks first and costs nothing.
-    Already offline, it is not suggested."""
-    config = MemoryConfig(liveness=True)
+    Already offline, it is not suggested. (Updating in backward, which costs nothing either and peaks
+    lower, is on already: this is about fragmentation alone.)"""
+    config = MemoryConfig(liveness=True, update_in_backward=True)
     arena = simulate(alexnet(16), config.replace(fit="offline")).arena_bytes
     config = config.replace(budget_bytes=arena)
     assert not budget.fits(alexnet(16), config), "first fit fits the offline arena here: pick a tighter case"
@@ -64,6 +66,22 @@ def test_where_first_fit_fragments_offline_placement_is_suggested_first_at_no_co
     assert top.config == config.replace(fit="offline", count="all")
     smaller = config.replace(fit="offline", budget_bytes=arena - 2**20)
     assert "--fit offline" not in [s.change for s in explain.explain_budget(alexnet, 16, smaller).suggestions]
+
+
+def test_what_superneurons_adds_to_the_stages_is_suggested_too():
+    """LeNet at 11 MiB under liveness: offload, the cache and recomputation each fail, and the advice
+    was to shrink the batch (from 64 to 53), though superneurons() fits the batch of 64: updating in
+    backward and the momentum on the host where the device is full were never tried."""
+    def lenet(batch):
+        return get_model("lenet", batch)
+
+    ex = explain.explain_budget(lenet, 64, MemoryConfig(liveness=True, budget_bytes=11 * 2**20))
+    changes = [s.change for s in ex.suggestions]
+    assert {"--update-in-backward", "--optimizer-state auto"} <= set(changes)
+    assert any(c.endswith("--update-in-backward --optimizer-state auto --fit offline") for c in changes)
+    assert ex.suggestions[0].fits and ex.suggestions[0].batch == 64, changes
+    for s in ex.suggestions:
+        assert budget.fits(lenet(s.batch), s.config) == s.fits, s.change
 
 
 def test_nothing_fits_when_the_weights_do_not(capsys):
