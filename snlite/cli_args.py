@@ -59,10 +59,15 @@ def check_outputs(args) -> None:
     """Refuse, before any work, an output path that cannot be written (CliError, one line): a file
     in a folder that does not exist, is not a folder or cannot be written, or a name that is a
     folder; a folder (``--out``) that is a file, or under one that cannot be created."""
+    writers: dict[str, str] = {}  # the file, resolved -> the flag that writes it
     for dest, flag in OUTPUT_FILES.items():
         target = getattr(args, dest, None)
         if target is not None and target != "-":  # --json with no FILE (or -): standard output
             check_output_file(flag, target)
+            first = writers.setdefault(os.path.realpath(target), flag)
+            if first != flag:
+                raise UsageError(f"{first} and {flag} would both write {target}: the second would overwrite "
+                                 "the first; give each its own file")
             if dest in PLOTS:
                 try:
                     plot.figure_format(target)

@@ -473,6 +473,20 @@ def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, messa
         and message.format(**fill) in err, err
 
 
+@pytest.mark.parametrize("argv, first, second", [
+    (["plan", "lenet", "--json", "{tmp}/same.json", "--save-program", "{tmp}/same.json"], "--json",
+     "--save-program"),
+    (["plan", "lenet", "--chrome-trace", "{tmp}/x", "--memory-snapshot", "{tmp}/sub/../x"], "--chrome-trace",
+     "--memory-snapshot"),
+])
+def test_two_outputs_to_one_file_are_refused_before_the_work(argv, first, second, tmp_path, capsys):
+    """Each flag said it wrote the file and only the last one's survived."""
+    (tmp_path / "sub").mkdir()
+    code, out, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    assert code == cli.EXIT_USAGE and f"{first} and {second} would both write" in err and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
+
+
 def test_maxdepth_stops_at_a_stated_ceiling_and_says_why(capsys, monkeypatch):
     """A budget nothing fills (200GiB at batch 1) used to probe up to 10,000 residual units (minutes,
     silent with --quiet); the search stops at a ceiling, lower where planning would need more of this
