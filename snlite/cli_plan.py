@@ -328,4 +328,25 @@ def zoo_graph(program) -> tuple:
     if tuple(graph.input_shape) != shape:
         return None, (f"checked without the net (its input is {shape}, the zoo's {program.net} takes "
                       f"{tuple(graph.input_shape)})")
-    return graph, f"checked against the zoo's {graph.name} at batch {shape[0]} (its layers and tensor shapes)"
+    ours = set(graph.tensors())
+    if 2 * len(ours & set(program.tensors)) < len(ours):  # another net of the same name (from_torch's, say)
+        return None, (f"checked without the net (most tensors of the zoo's {program.net} are not in it: "
+                      "another net of that name)")
+    classes, note = _classes(graph, program), ""
+    if classes not in (None, graph.num_classes):  # the zoo's net with another head: that one
+        try:
+            graph = get_model(str(program.net), batch=shape[0], num_classes=classes)
+            note = f", {classes} classes"
+        except (ValueError, TypeError):
+            return None, f"checked without the net (the zoo's {program.net} takes no {classes} classes)"
+    return graph, (f"checked against the zoo's {graph.name} at batch {shape[0]}{note} (its layers and tensor "
+                   "shapes)")
+
+
+def _classes(graph, program) -> int | None:
+    """The classes of the net ``program`` was planned for: the last size of its logits, the tensor the
+    zoo ``graph``'s loss reads (None where the program has no such tensor)."""
+    spec = program.tensors.get(graph.output_tensor(graph.inputs[graph.loss_layer][0]))
+    shape = spec[0] if isinstance(spec, tuple) and len(spec) == 3 else None
+    ok = isinstance(shape, tuple) and len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0
+    return shape[1] if ok else None

@@ -15,7 +15,8 @@ from nets import data_for, mixed_net
 from snlite import cli
 from snlite.checker import ProgramError, check, find_races
 from snlite.config import MemoryConfig
-from snlite.models import get_model
+from snlite.graph import Graph
+from snlite.models import get_model, lenet
 from snlite.pipeline import place
 from snlite.program import Alloc, Copy, Free, Launch, Program, Record, Wait
 from snlite.train import Model
@@ -199,6 +200,25 @@ def test_the_unedited_programs_pass_and_say_what_they_were_checked_against(capsy
     place(g, MemoryConfig.superneurons()).save(tmp_path / "mixed.json")
     assert cli.main(["check", str(tmp_path / "mixed.json")]) == 0
     assert "checked without the net ('mixed' is not a zoo model)" in capsys.readouterr().out
+
+
+def test_a_zoo_net_with_another_head_or_another_net_of_its_name_is_no_malformed_program(capsys, tmp_path):
+    """A LeNet of 5 classes was "a malformed program: tensor ip2: ((64, 5)...) in the program, but ((64,
+    10)...) in lenet", and a net of one's own named lenet "lenet has no such tensor": the first is checked
+    against the zoo's LeNet of 5 classes (so an edit of it is still caught), the second without the net."""
+    five = place(lenet(batch=4, num_classes=5), CONFIGS["pool"], "grads").to_json()
+    (tmp_path / "five.json").write_text(json.dumps(five))
+    assert cli.main(["check", str(tmp_path / "five.json")]) == 0
+    assert "checked against the zoo's lenet at batch 4, 5 classes" in capsys.readouterr().out
+    five["tensors"]["conv1.weight"][0][0] = 21  # (20, 1, 5, 5) edited
+    (tmp_path / "five.json").write_text(json.dumps(five))
+    assert cli.main(["check", str(tmp_path / "five.json")]) == 1
+    assert "conv1.weight" in capsys.readouterr().out
+    g = Graph(input_shape=(4, 1, 28, 28), num_classes=10, name="lenet")  # the zoo's input, not its layers
+    g.softmax_loss(g.linear(g.flatten(g.relu(g.conv2d(g.input(), 4, 3, name="mine"))), 10, name="head"))
+    place(g, MemoryConfig.superneurons()).save(tmp_path / "other.json")
+    assert cli.main(["check", str(tmp_path / "other.json")]) == 0
+    assert "checked without the net (most tensors of the zoo's lenet are not in it" in capsys.readouterr().out
 
 
 def test_a_copy_goes_to_a_slot_made_for_its_tensor():
