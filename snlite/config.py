@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import numbers
 from dataclasses import dataclass
 
 MIN_BUDGET_BYTES = 1024  # one block of the pool: a smaller arena holds nothing
@@ -88,6 +89,10 @@ class MemoryConfig:
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"MemoryConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("budget_bytes", "host_budget_bytes"):  # a NumPy integer is an int (and stays one)
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                object.__setattr__(self, name, int(value))
         b = self.budget_bytes
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < MIN_BUDGET_BYTES):
             raise ValueError(f"MemoryConfig.budget_bytes must be a positive int or None, at least "

@@ -1,6 +1,7 @@
 """MemoryConfig: presets, validation with clear messages, immutability."""
 import dataclasses
 
+import numpy as np
 import pytest
 
 from snlite.config import MemoryConfig, baseline, superneurons
@@ -59,6 +60,17 @@ def test_a_misspelled_field_is_named_with_the_closest_field_every_way_a_config_i
     assert isinstance(e.value, ValueError)
     with pytest.raises(ValueError, match=r"\['zzz'\]; fields:"):  # nothing close: no guess
         MemoryConfig(zzz=1)
+
+
+def test_a_numpy_integer_budget_is_an_int():
+    """np.int64(4096) was refused as "must be a positive int or None ..., got np.int64(4096)"."""
+    config = MemoryConfig(budget_bytes=np.int64(4096), host_budget_bytes=np.uint32(512))
+    assert (config.budget_bytes, config.host_budget_bytes) == (4096, 512)
+    assert type(config.budget_bytes) is int and type(config.host_budget_bytes) is int
+    with pytest.raises(ValueError, match="at least 1,024"):
+        MemoryConfig(budget_bytes=np.int64(1000))
+    with pytest.raises(ValueError, match="positive int or None"):
+        MemoryConfig(budget_bytes=np.bool_(True))
 
 
 @pytest.mark.parametrize("config", [{"liveness": True}, "superneurons", 3])
