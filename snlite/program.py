@@ -305,8 +305,9 @@ class Program:
         try:
             with open(path) as f:
                 data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e}); a program is saved by Program.save or "
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # text that is not JSON, or not text at all
+            what = "not JSON" if isinstance(e, json.JSONDecodeError) else "not text (a binary file)"
+            raise ValueError(f"{path}: {what} ({e}); a program is saved by Program.save or "
                              f"snlite plan NET --save-program FILE") from None
         return cls.from_json(data)
 

@@ -59,6 +59,14 @@ def test_a_corrupt_file_is_a_clear_error(tmp_path, text, message):
         Program.load(path)
 
 
+def test_a_binary_file_is_a_clear_error_too(tmp_path):
+    """A memory snapshot (a pickle) given for a program: a bare UnicodeDecodeError before."""
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(b"\x80\x04\x95 not text")
+    with pytest.raises(ValueError, match=r"snapshot.pickle: not text \(a binary file\) .*--save-program"):
+        Program.load(path)
+
+
 def test_an_unknown_instruction_is_named(program, tmp_path):
     data = program.to_json()
     data["body"][3] = ["Teleport", ["x"]]
