@@ -122,6 +122,9 @@ def check_net(name: str) -> None:
         except ValueError as e:
             raise UsageError(str(e)) from None
         return
+    if name.endswith(".py") or name == "torchvision":  # a PyTorch NET without the part after the colon
+        raise UsageError(f"{name!r}: a PyTorch NET names its module too: path/to/file.py:CLASS (a class of "
+                         "the file) or torchvision:NAME (e.g. torchvision:resnet18)")
     key = name.lower()
     m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)
     try:

@@ -42,6 +42,8 @@ def run(argv, capsys):
     (["plan", "torchvision:9lives"], "expected torchvision:NAME (e.g. torchvision:resnet18)"),
     (["plan", "no/such/file.py:Net"], "there is no file 'no/such/file.py'"),
     (["plan", "alexnet", "--input", "3x8x8"], "--input is for a PyTorch NET"),
+    (["plan", "my_net.py"], "'my_net.py': a PyTorch NET names its module too: path/to/file.py:CLASS"),
+    (["compare", "torchvision"], "or torchvision:NAME (e.g. torchvision:resnet18)"),
     (["maxbatch", "alexnet", "--budget", "1GiB", "--input", "3x8x8", "--torch-args", "{}"],
      "--input and --torch-args are for a PyTorch NET"),
 ])
