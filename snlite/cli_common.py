@@ -52,6 +52,15 @@ def builder(net: str, input_shape=None, torch_args=None):
                                                       batch=batch or TORCH_BATCH, name=net)
 
 
+def net_json(args) -> dict:
+    """The NET of a command's ``--json``: its name and, for a PyTorch module, the input and constructor
+    arguments it was built with (without them the numbers would not say what they are of)."""
+    if ":" not in args.net:
+        return {"net": args.net}
+    return {"net": args.net, "input": list(getattr(args, "input", None) or TORCH_INPUT),
+            "torch_args": getattr(args, "torch_args", None) or {}}
+
+
 def builder_of(args):
     """:func:`builder` for the command's NET and its --input and --torch-args."""
     return builder(args.net, getattr(args, "input", None), getattr(args, "torch_args", None))

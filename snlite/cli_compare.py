@@ -9,7 +9,7 @@ import time
 from snlite import budget, measure, offline, optimal, search, timing
 from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _host_budget, add_quiet_flag
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, add_net_argument, draw, graph_of,
-                               kind_table, ordinal, text_table, write_json)
+                               kind_table, net_json, ordinal, text_table, write_json)
 from snlite.config import CHOICES, MemoryConfig
 from snlite.errors import HostBudgetError
 
@@ -174,7 +174,7 @@ def compare_json(args, batch: int, rows, timelines, prof, resident: float, small
                 "persistent_bytes": m.persistent_bytes, "ratio": m.ratio}
 
     fits_asked = list(by_fit)
-    return {"net": args.net, "batch": batch, "budget_bytes": args.budget,
+    return {**net_json(args), "batch": batch, "budget_bytes": args.budget,
             "host_budget_bytes": args.host_budget, "fit": fits_asked[0],
             "rows": [dict(r.totals(), step_ms=tl.step_ms, vs_all_resident=tl.step_ms / resident - 1,
                           exposed_transfer_ms=tl.exposed_ms, overlap=tl.overlap)

@@ -7,8 +7,8 @@ import time
 
 from snlite import gap, measure
 from snlite.cli_args import Status, _batch, _budget, add_quiet_flag
-from snlite.cli_common import (BATCH_HELP, JSON_HELP, add_net_argument, draw, graph_of, text_table,
-                               write_json)
+from snlite.cli_common import (BATCH_HELP, JSON_HELP, add_net_argument, draw, graph_of, net_json,
+                               text_table, write_json)
 
 
 def _seconds(text: str) -> float:
@@ -81,7 +81,7 @@ def cmd_optimal(args) -> int:
     seconds = time.perf_counter() - t0
     fwd = graph.flops()
     if args.json:
-        write_json(args.json, {"net": args.net, "batch": batch, "count": args.count, "reruns": args.reruns,
+        write_json(args.json, {**net_json(args), "batch": batch, "count": args.count, "reruns": args.reruns,
                                "budget_bytes": args.budget, "forward_flops": fwd, "seconds": seconds,
                                "rows": [dict(vars(r), gap_pct=r.gap_pct) for r in rows],
                                "offload_rows": [dict(vars(r), gap_pct=r.gap_pct) for r in moves],

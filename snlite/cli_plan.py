@@ -16,7 +16,8 @@ from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              memory_config)
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, add_export_flags, add_net_argument,
-                               check_exports, draw, graph_of, pct, text_table, write_exports, write_json)
+                               check_exports, draw, graph_of, net_json, pct, text_table, write_exports,
+                               write_json)
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.models import get_model
 from snlite.program import Program
@@ -86,7 +87,7 @@ def cmd_plan(args) -> int:
     m = measure.measure(graph, config)
     trace = m.trace if config.count == "all" else m.paper  # the count the flags ask for
     if args.json:
-        write_json(args.json, {"net": args.net, "batch": batch, "fits": m.fits, "config": config,
+        write_json(args.json, {**net_json(args), "batch": batch, "fits": m.fits, "config": config,
                                "totals": m.totals(), "recompute": Scheduler(graph, config).plan().recompute,
                                "peak_tensors": trace.peak_tensors, "steps": trace.steps,
                                "conv_choices": trace.conv_choices})
@@ -115,7 +116,7 @@ def cmd_plan(args) -> int:
 def does_not_fit(args, batch: int, ex) -> int:
     """``plan`` under a budget too small: the explanation as JSON and/or text; exit 3."""
     if args.json:
-        write_json(args.json, {"net": args.net, "batch": batch, "fits": False,
+        write_json(args.json, {**net_json(args), "batch": batch, "fits": False,
                                "explanation": explanation_json(ex)})
     if args.json != "-":
         print_explanation(ex)

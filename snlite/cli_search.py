@@ -12,8 +12,8 @@ from snlite import measure, search
 from snlite.config import CHOICES
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, Status, _batch, _budget, _host_budget, _positive_int,
                              add_quiet_flag)
-from snlite.cli_common import (JSON_HELP, KIND_NOTE, add_net_argument, builder_of, kind_table, text_table,
-                               write_json)
+from snlite.cli_common import (JSON_HELP, KIND_NOTE, add_net_argument, builder_of, kind_table, net_json,
+                               text_table, write_json)
 
 PAPER_GPU = "12 GB K40"
 
@@ -139,7 +139,7 @@ def cmd_maxbatch(args) -> int:
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
-        write_json(args.json, {"net": args.net, "budget_bytes": args.budget,
+        write_json(args.json, {**net_json(args), "budget_bytes": args.budget,
                                "host_budget_bytes": args.host_budget, "count": "all", "fit": args.fit,
                                "rows": found_json(rows, "batch"), "seconds": seconds})
         if args.json == "-":

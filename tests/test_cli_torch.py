@@ -2,6 +2,7 @@
 model and a module from a file planned as a zoo model is, with their arguments and input size, and
 ``snlite train`` on a module from a file. What the importer computes is tests/test_from_torch.py's."""
 import importlib.util
+import json
 import re
 import textwrap
 
@@ -151,6 +152,14 @@ def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
                             "--torch-args", '{"width": 6, "classes": 5}'], capsys)
     assert status == 0, err
     assert f"{path}:Tiny" in out
+    for command in ("compare", "plan", "maxbatch"):  # the JSON says what the numbers are of
+        argv = [command, f"{path}:Tiny", "--input", "1x8x8", "--torch-args", '{"width": 6, "classes": 5}',
+                "--json", "-"] + (["--budget", "1MiB", "--max-batch", "8"] if command == "maxbatch" else [])
+        status, out, err = run(argv, capsys)
+        assert status == 0, err
+        data = json.loads(out)
+        assert (data["net"], data["input"], data["torch_args"]) == (f"{path}:Tiny", [1, 8, 8],
+                                                                   {"width": 6, "classes": 5}), command
     # 6 * (1*3*3 + 1) + 5 * (6*4*4 + 1) parameters
     from snlite.cli_common import builder
 
