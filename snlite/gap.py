@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from snlite import measure, optimal
 from snlite import optimal_offload as oo
 from snlite.config import MemoryConfig
+from snlite.errors import BudgetError
 
 HEURISTICS = {"liveness only": MemoryConfig(liveness=True),
               "speed-centric": MemoryConfig(liveness=True, recompute="speed"),
@@ -81,8 +82,9 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
                          model=model)
     if best.plan is None:
         least = optimal.solve(graph, model=model).peak_bytes
-        raise ValueError(f"no plan of {graph.name} has a peak of at most {measure.format_size(budget)} "
-                         f"({best.status}); the least peak is {measure.format_size(least)}")
+        error = BudgetError if best.status == "infeasible" else ValueError  # proven, or the solver gave up
+        raise error(f"no plan of {graph.name} has a peak of at most {measure.format_size(budget)} "
+                    f"({best.status}); the least peak is {measure.format_size(least)}")
     if budget:  # the frontier's corner: the least peak for those fewest FLOPs
         corner = optimal.solve(graph, allowance=best.extra_flops, time_limit=time_limit, model=model)
         if corner.plan is not None and corner.peak_bytes <= best.peak_bytes:

@@ -429,7 +429,8 @@ def test_snlite_optimal_prints_the_table(capsys):
     assert "least peak, same FLOPs" in out and "proven" in out
     code = cli.main(["optimal", "lenet", "--batch", "2", "--budget", "1KiB"])
     out, err = capsys.readouterr()
-    assert code == 1 and "no plan of lenet has a peak of at most 1.0 KiB" in err
+    assert code == cli.EXIT_DOES_NOT_FIT  # as every command that does not fit (it was 1)
+    assert "no plan of lenet has a peak of at most 1.0 KiB (infeasible)" in err
     assert "the least peak is" in err
     code = cli.main(["optimal", "lenet", "--batch", "2", "--reruns", "once", "--budget", "8MiB", "--json"])
     out, err = capsys.readouterr()
