@@ -31,7 +31,8 @@ def add_net_argument(parser, help: str = NET_HELP) -> None:
     """NET, and the two flags of a NET that is a PyTorch module."""
     parser.add_argument("net", metavar="NET", help=help)
     parser.add_argument("--input", type=_input_shape, default=None, metavar="CxHxW",
-                        help="a PyTorch NET's input, one image (default 3x224x224)")
+                        help="a PyTorch NET's input, one image (default 3x224x224), or its features for a "
+                             "model on vectors (784)")
     parser.add_argument("--torch-args", type=_json_object, default=None, metavar="JSON",
                         help="a PyTorch NET's constructor arguments, a JSON object (default: none), "
                              "e.g. '{\"num_classes\": 10}'")
@@ -73,10 +74,11 @@ def graph_of(args):
     return build, graph, graph.input_shape[0]
 
 
-def _input_shape(text: str) -> tuple[int, int, int]:
+def _input_shape(text: str) -> tuple[int, ...]:
     parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise argparse.ArgumentTypeError(f"expected CxHxW of positive integers (3x224x224), got {text!r}")
+    if len(parts) not in (1, 3) or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected CxHxW of positive integers (3x224x224), or the features "
+                                         f"of a model on vectors (784), got {text!r}")
     return tuple(int(p) for p in parts)
 
 

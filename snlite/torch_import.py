@@ -36,7 +36,8 @@ from snlite.torch_walk import Importer
 
 
 def from_torch(module, input_shape, batch: int = 32, name: str | None = None) -> Graph:
-    """The training graph of ``module`` on inputs of ``input_shape`` (C, H, W), ``batch`` at a time,
+    """The training graph of ``module`` on inputs of ``input_shape`` (C, H, W), or (features,) for a
+    model on vectors (an MLP), ``batch`` at a time,
     with PyTorch's parameter names (see the module docstring). ``module`` is neither changed nor
     run in training mode: its shapes are propagated once, in eval mode and without gradients."""
     if importlib.util.find_spec("torch") is None:
@@ -45,8 +46,9 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     from torch.fx.passes.shape_prop import ShapeProp
 
     shape = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else ()
-    if len(shape) != 3 or not all(isinstance(s, int) and s >= 1 for s in shape):
-        raise ValueError(f"input_shape must be (C, H, W) of positive integers, got {input_shape!r}")
+    if len(shape) not in (1, 3) or not all(isinstance(s, int) and s >= 1 for s in shape):
+        raise ValueError(f"input_shape must be (C, H, W) of positive integers, or (features,) for a model on "
+                         f"vectors (an MLP), got {input_shape!r}")
     gm = _trace(module)
     modes = {m: m.training for m in module.modules()}
     try:

@@ -178,3 +178,16 @@ def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
         except SystemExit as e:  # argparse refuses a malformed flag
             status, err = e.code, capsys.readouterr().err
         assert status == want and words in err, (status, err)
+
+
+@needs_torch
+def test_a_model_on_vectors_takes_its_features_as_input(tmp_path, capsys):
+    """An MLP on (N, 784) could not be imported: the input had to be (C, H, W)."""
+    path = tmp_path / "mlp.py"
+    path.write_text("from torch import nn\n\n\nclass MLP(nn.Sequential):\n    def __init__(self):\n"
+                    "        super().__init__(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))\n")
+    status, out, err = run(["plan", f"{path}:MLP", "--input", "784", "--batch", "16"], capsys)
+    assert status == 0 and out.startswith(f"{path}:MLP, batch 16: 5 layers, 50,890 parameters"), err
+    with pytest.raises(SystemExit):
+        run(["plan", f"{path}:MLP", "--input", "28x28"], capsys)
+    assert "expected CxHxW of positive integers (3x224x224), or the features" in capsys.readouterr().err

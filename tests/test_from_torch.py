@@ -68,6 +68,9 @@ MODELS = {
     "own_mlp": (lambda num_classes: nn.Sequential(
         nn.Flatten(), nn.Linear(3 * 8 * 8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 16),
         nn.LayerNorm(16), nn.GELU(), nn.Linear(16, num_classes)), (3, 8, 8), 8),
+    # an MLP on vectors: input_shape (features,), as the Graph takes (N, features)
+    "own_mlp_on_vectors": (lambda num_classes: nn.Sequential(
+        nn.Linear(48, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, num_classes)), (48,), 8),
     # torchvision's ConvNeXt code in small (convnext_tiny is the same blocks, 28 M weights): the permutes
     # to channels-last and back, LayerNorm and LayerNorm2d (F.layer_norm on the module's own weight),
     # Linears over channels, GELU, the layer scale (a parameter times the block), stochastic depth off
