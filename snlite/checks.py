@@ -2,10 +2,14 @@
 CLI's hyper-parameters, in PyTorch's types: an integer is an int (or a NumPy integer), never a bool or
 a float such as 4.0; a pair is one integer or two; a number is finite, in its range, and, where it is
 used in float32, still in that range there. Each returns the value checked or raises a ValueError that
-names ``what`` was wrong and what is allowed.
+names ``what`` was wrong and what is allowed. And :func:`known_fields`: a misspelled keyword of a
+dataclass, named with the field it is closest to.
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
 
 import numpy as np
@@ -80,3 +84,28 @@ def pool_args(kind, name, kernel, stride, padding, ceil_mode) -> dict:
     return dict(kernel=kernel, stride=kernel if stride is None else int_pair(stride, f"{what}: stride"),
                 padding=int_pair(padding, f"{what}: padding", 0),
                 **({"ceil_mode": True} if ceil_mode else {}))
+
+
+class UnknownField(TypeError, ValueError):
+    """A keyword naming no field of a dataclass: a TypeError, as Python's own for an unexpected keyword,
+    and a ValueError, as any other wrong value passed to it."""
+
+
+def known_fields(cls):
+    """A dataclass decorator (above ``@dataclass``): the generated ``__init__``, after a check that names
+    a misspelled keyword with the field it is closest to and lists the fields (:class:`UnknownField`;
+    Python's own error says only "unexpected keyword argument"). ``dataclasses.replace`` and every
+    classmethod that builds one go through ``__init__``, so they are checked too."""
+    init, fields = cls.__init__, tuple(f.name for f in dataclasses.fields(cls))
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        unknown = sorted(set(kwargs) - set(fields))
+        if unknown:
+            close = {u: difflib.get_close_matches(u, fields, n=1) for u in unknown}
+            hints = "".join(f"; {u!r}: did you mean {c[0]!r}?" for u, c in close.items() if c)
+            raise UnknownField(f"unknown {cls.__name__} field(s) {unknown}{hints}; fields: {list(fields)}")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls

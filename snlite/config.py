@@ -9,10 +9,9 @@ What each field does, saves and costs: the table in docs/memory-config.md (the o
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import numbers
 from dataclasses import dataclass
+
+from snlite.checks import is_int, known_fields
 
 MIN_BUDGET_BYTES = 1024  # one block of the pool: a smaller arena holds nothing
 MIN_HOST_BUDGET_BYTES = 256  # one slot of the pinned slab
@@ -37,26 +36,7 @@ def _as_bytes(value) -> str:
     return ""
 
 
-class UnknownField(TypeError, ValueError):
-    """A keyword naming no field of MemoryConfig: a TypeError, as Python's own for an unexpected keyword,
-    and a ValueError, as any other wrong value of a config."""
-
-
-def _known_fields(cls):
-    """``cls``'s generated ``__init__``, after a check that a misspelled keyword is named with the field it
-    is closest to and the list of fields (Python's own error says only "unexpected keyword argument")."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        check_fields(kwargs)
-        init(self, *args, **kwargs)
-
-    cls.__init__ = __init__
-    return cls
-
-
-@_known_fields
+@known_fields  # a misspelled field is named, with the closest one (snlite.checks)
 @dataclass(frozen=True)
 class MemoryConfig:
     """Which SuperNeurons optimizations a run uses (docs/memory-config.md explains each field)."""
@@ -90,9 +70,8 @@ class MemoryConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"MemoryConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("budget_bytes", "host_budget_bytes"):  # a NumPy integer is an int (and stays one)
-            value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-                object.__setattr__(self, name, int(value))
+            if is_int(getattr(self, name)):
+                object.__setattr__(self, name, int(getattr(self, name)))
         b = self.budget_bytes
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < MIN_BUDGET_BYTES):
             raise ValueError(f"MemoryConfig.budget_bytes must be a positive int or None, at least "
@@ -129,19 +108,6 @@ class MemoryConfig:
         if self.recompute_keep:
             parts.append(f"recompute_keep={','.join(self.recompute_keep)}")
         return " + ".join(parts) or "baseline"
-
-
-FIELDS = tuple(f.name for f in dataclasses.fields(MemoryConfig))
-
-
-def check_fields(names) -> None:
-    """Refuse (:class:`UnknownField`) a name in ``names`` that is no field of MemoryConfig, saying the
-    field it is closest to, if one is close, and every field."""
-    unknown = sorted(set(names) - set(FIELDS))
-    if unknown:
-        close = {u: difflib.get_close_matches(u, FIELDS, n=1) for u in unknown}
-        hints = "".join(f"; {u!r}: did you mean {c[0]!r}?" for u, c in close.items() if c)
-        raise UnknownField(f"unknown MemoryConfig field(s) {unknown}{hints}; fields: {list(FIELDS)}")
 
 
 baseline = MemoryConfig.baseline
