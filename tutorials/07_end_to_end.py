@@ -175,7 +175,8 @@ def first_guess(config):
     else:  # where memory runs short, optimizer_state="auto" keeps the momentum on the host: count it there
         plain = plain.replace(optimizer_state="host")
         p50, p100 = (simulate(resnet(u), plain).l_peak_bytes for u in (50, 100))
-        room = budget - (search.min_budget(resnet(50), config).budget_bytes - p50)  # less the slack
+        least = search.min_budget(resnet(50), config, resolution=64)  # to 64 KiB: a guess needs no finer
+        room = budget - (least.budget_bytes - p50)  # less the slack
     return min(cap, max(50, int(50 + (room - p50) * 50 / (p100 - p50))))
 
 
