@@ -90,9 +90,11 @@ def test_an_untouched_student_copy_fails_under_grade_and_under_plain_pytest(tmp_
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
     # plain pytest, as its console script runs it (-P: the current directory is not on the path) and as
     # each stub's docstring says, over the whole suite: every file collects, though no stub is filled in
-    # (a test module that planned at import stopped the collection of everything, so no grader ran)
+    # (a test module that planned at import stopped the collection of everything, so no grader ran).
+    # --assert=plain: rewriting the asserts of every test file of a fresh copy was a third of the run
     proc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-m", "a1", "-q", "-p", "no:cacheprovider",
-                           "--tb=line"], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+                           "--tb=line", "--assert=plain"], cwd=copy, env=env, capture_output=True, text=True,
+                          timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and re.search(r"^(\d+) failed, \d+ deselected in", out, re.M), out[-3000:]
     assert " passed" not in out.splitlines()[-1] and "NotImplementedError: Assignment 1: liveness" in out, \
