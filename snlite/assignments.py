@@ -49,8 +49,9 @@ from snlite.grading import GRADERS
 
 SOURCE_DIRS = ("snlite", "kernels")  # where markers are looked for (every .py file below these)
 THIS = "snlite/assignments.py"  # not scanned: its docstring shows the markers
-INSTRUCTOR_ONLY = ("tests/test_student_copy.py", "tests/test_planted_bugs.py")  # left out of the student copy
-# (the round trip needs the solutions; the planted bugs are near-solutions)
+INSTRUCTOR_ONLY = ("tests/test_student_copy.py", "tests/test_planted_bugs.py", "tests/mutants.py",
+                   "tests/test_mutants.py")  # left out of the student copy (the round trip needs the
+# solutions; the planted bugs are near-solutions; mutants.py quotes solution lines to plant its bugs in)
 SKIP_DIRS = {".git", ".hg", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "venv",
              ".tox", ".eggs", ".mypy_cache", ".ruff_cache", "bench-out"}  # the walk's exclusions without git
 

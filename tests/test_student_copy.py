@@ -39,6 +39,7 @@ def test_student_copy_fails_each_assignment_until_its_solution_is_put_back(tmp_p
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 6
     assert all(TITLES[r.number].lower() in r.title.lower() for r in regions if r.number in TITLES)
     assert any("left out" in line and "test_student_copy.py" in line and "test_planted_bugs.py" in line
+               and "mutants.py" in line
                for line in printed)
     assert (copy / assignments.GRADERS).is_file()
     readme = (copy / "README.md").read_text()  # says what the copy is and how to grade, then the README
