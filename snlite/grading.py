@@ -119,6 +119,8 @@ def _first_line(report) -> str:
     message = crash.message if crash is not None else str(report.longrepr)
     message = re.sub(r"tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", message)  # the simulator's thread, not the check
     lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if lines and lines[0].endswith(":"):  # "AssertionError:" and its message below (numpy's assert_allclose)
+        lines[0] = " ".join([lines[0]] + ["; ".join(lines[1:3])])
     name = report.nodeid.split("::", 1)[-1]
     where = f" (in {report.when})" if report.when != "call" else ""
     return f"{name}: {lines[0] if lines else 'failed'}{where}"

@@ -156,6 +156,21 @@ def test_grade_takes_the_markers_name_and_refuses_what_is_no_number(monkeypatch,
     assert len(calls) == 1
 
 
+def test_the_summary_names_an_assert_allclose_failure_by_its_message():
+    """numpy's assert_allclose puts its message on the lines after "AssertionError:", so a3's commonest
+    failure (a tile read before the barrier) was summed up as "AssertionError:" and nothing more."""
+    from types import SimpleNamespace
+
+    message = ("AssertionError: \nNot equal to tolerance rtol=1e-05, atol=1e-06\nv2 vs NumPy, block (8, 4)\n"
+               "Mismatched elements: 84 / 90 (93.3%)")
+    report = SimpleNamespace(longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message=message)),
+                             nodeid="tests/test_assignments.py::test_a3_v2[False]", when="call")
+    assert grading._first_line(report) == ("test_a3_v2[False]: AssertionError: Not equal to tolerance "
+                                           "rtol=1e-05, atol=1e-06; v2 vs NumPy, block (8, 4)")
+    report.longrepr.reprcrash.message = "NotImplementedError: Assignment 3: tiled GEMM"
+    assert grading._first_line(report) == "test_a3_v2[False]: NotImplementedError: Assignment 3: tiled GEMM"
+
+
 def test_make_student_refuses_a_non_empty_or_nested_directory(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["make-student", str(tmp_path)]) == 2
