@@ -187,6 +187,14 @@ def keeps_the_first_conv_output(ops, graph):
     return ORIGINAL[offload, "schedule"](ops, graph)[1:]
 
 
+def moves_only_what_backward_reads_first(ops, graph):
+    """Skips an output whose first reader after the release is not a backward op: under recomputation
+    that is often a recompute op, and then nothing moves."""
+    def first_reader(t):
+        return next(op for op in ops[t.release_before:] if t.tensor in op.reads)
+    return [t for t in ORIGINAL[offload, "schedule"](ops, graph) if first_reader(t).phase == "backward"]
+
+
 # ---------------------------------------------------------------- assignment 5: cost-aware recomputation
 def cost_aware_rule(compare, with_backward=True):
     def choose(graph, strategy, persistent, keep=()):
@@ -317,6 +325,8 @@ PLANTED = {
     (4, "prefetches one segment late"): (offload, "schedule", prefetches_one_segment_late),
     (4, "never prefetches"): (offload, "schedule", never_prefetches),
     (4, "keeps the first CONV output on the device"): (offload, "schedule", keeps_the_first_conv_output),
+    (4, "moves only what a backward op reads first (nothing under recomputation)"):
+        (offload, "schedule", moves_only_what_backward_reads_first),
     (5, "< instead of <= against l_peak"): (recompute, "choose_strategies",
                                             cost_aware_rule(lambda a, b: a < b)),
     (5, "forgets the segment's backward step"):
