@@ -122,7 +122,8 @@ def choose_strategies(graph, strategy: str, persistent, keep=()) -> dict[str, st
 
     - one entry per segment: the keys are exactly ``set(segments(graph, keep).values())``;
     - ``strategy`` "speed" or "memory": every segment gets that strategy;
-    - ``strategy`` "cost_aware", the paper's rule (docs/paper.md section 5), sizes counted once: a
+    - ``strategy`` "cost_aware", the paper's rule (docs/paper.md section 5) with its memory term
+      made exact (sum_seg l^f + l_seg^b counts shared tensors twice), sizes counted once: a
       segment is "speed" if its speed-centric peak is at most l_peak, else "memory", where
       l_peak is the largest l_i of the route (:func:`step_bytes`: a step's non-persistent
       tensors, each once) and the segment's speed-centric peak is the largest, over the
