@@ -291,5 +291,8 @@ expect("the less pinned host memory, the larger the smallest device budget; unde
 # ## Exercise
 # In the cache cell, replace `MemoryConfig.superneurons()` by `MemoryConfig.superneurons(offload=False)`:
 # the cache still evicts least recently used tensors, but no longer CONV outputs first. Does the smallest
-# budget change? Compare the traffic ("to host", "back") at the two smallest budgets, and explain, from
-# what each evicted tensor costs to bring back, why the paper preferred to move CONV outputs.
+# budget change? Compare the traffic ("to host", "back") at the two smallest budgets: which moves more?
+# The paper preferred CONV outputs for time, not bytes: a CONV output's copy hides behind the next
+# convolution's long compute, where a cheap layer's output is wanted back almost at once. Estimate both
+# programs' step time on a GPU, `snlite.timing.estimate(snlite.place(net, config), net, "H200").step_ms`,
+# and see whether the time model agrees with the paper where the byte counts do not.
