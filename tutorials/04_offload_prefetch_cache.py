@@ -294,5 +294,6 @@ expect("the less pinned host memory, the larger the smallest device budget; unde
 # budget change? Compare the traffic ("to host", "back") at the two smallest budgets: which moves more?
 # The paper preferred CONV outputs for time, not bytes: a CONV output's copy hides behind the next
 # convolution's long compute, where a cheap layer's output is wanted back almost at once. Estimate both
-# programs' step time on a GPU, `snlite.timing.estimate(snlite.place(net, config), net, "H200").step_ms`,
-# and see whether the time model agrees with the paper where the byte counts do not.
+# programs' step time on a GPU at their smallest budgets (after `import snlite.timing`,
+# `snlite.timing.estimate(snlite.place(net, config), net, "H200").step_ms`) and see whether the time
+# model agrees with the paper where the byte counts do not.
