@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         first = extra[0] if extra else "-"
-        if args.command == "grade" and not first.startswith("-") and not os.path.exists(first):
+        if args.command == "grade" and not first.startswith("-") and not os.path.exists(first.split("::")[0]):
             raise AssignmentError(f"{first!r} is no assignment number and no file for pytest: grade takes "
                                   "numbers (grade 1, grade 2 3, or a1), then pytest's arguments (grade 1 -x)")
         here = checkout_of(Path.cwd())

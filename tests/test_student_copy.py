@@ -150,10 +150,12 @@ def test_grade_takes_the_markers_name_and_refuses_what_is_no_number(monkeypatch,
     calls = []
     monkeypatch.setattr(grading, "grade", lambda numbers, root, extra: calls.append((numbers, extra)) or 0)
     assert main(["grade", "a1", "A3", "2", "-x", "tests"]) == 0 and calls == [([1, 3, 2], ["-x", "tests"])]
+    node = "tests/test_assignments.py::test_a1_fig4"  # a test by its node id is pytest's to take
+    assert main(["grade", "1", node]) == 0 and calls[-1] == ([1], [node])
     for bad in ("1-2", "liveness"):
         assert main(["grade", bad]) == 2
         assert f"{bad!r} is no assignment number and no file for pytest" in capsys.readouterr().err
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 def test_the_summary_names_an_assert_allclose_failure_by_its_message():
