@@ -373,8 +373,8 @@ def test_compare_asks_superneurons_itself_and_every_fit_before_saying_nothing_fi
     data = json.loads(js)
     assert code == 0 and not any(r["fits"] for r in data["rows"])
     assert data["by_fit"]["first"]["superneurons_fits"] is True
-    from snlite.budget import fits  # what compare says, against placing superneurons() under the budget
-    assert fits(get_model("lenet", 64), MemoryConfig.superneurons(budget_bytes=11 * 2**20))
+    # what compare says, against placing superneurons() under the budget
+    assert budget.fits(get_model("lenet", 64), MemoryConfig.superneurons(budget_bytes=11 * 2**20))
     code, out, err = run(capsys, "compare", "lenet", "--budget", "12MiB", "--host-budget", "1MiB", "--fit",
                          "first", "offline")
     assert code == 0 and "what does: + offload + cache (fit=offline), superneurons()" in out, out[-1500:]
