@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 
@@ -24,6 +25,23 @@ JSON_HELP = "write the numbers as JSON to FILE (- or no FILE: standard output, i
 GPU_HELP = (f"the GPU profile of the time model (snlite.timing.PROFILES: {', '.join(timing.PROFILES)}; "
             "default {default}): estimated step time, how busy each stream is, how much transfer time "
             "compute waits for")
+
+
+# ---------------------------------------------------------------- --json [FILE]
+def add_json_flag(parser) -> None:
+    """``--json [FILE]``: the numbers as JSON, to FILE or (no FILE, or -) to standard output."""
+    parser.add_argument("--json", nargs="?", const="-", type=_json_file, metavar="FILE", help=JSON_HELP)
+
+
+def _json_file(value: str) -> str:
+    """--json's FILE, unless it names a network: ``--json lenet`` put before NET takes NET as its file
+    (argparse cannot tell), which would write a file named lenet and then miss NET."""
+    key = value.lower()
+    if ":" in value or key in models.MODELS or re.fullmatch(r"(cifar_)?resnet\d+", key):
+        example = "net.json" if ":" in value else f"{value}.json"
+        raise argparse.ArgumentTypeError(f"{value} names a network, not a file: put --json after NET, or "
+                                         f"give it a file name (--json {example}) or - (standard output)")
+    return value
 
 
 # ---------------------------------------------------------------- the network a command names

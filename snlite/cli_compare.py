@@ -8,8 +8,8 @@ import time
 
 from snlite import budget, measure, offline, optimal, search, timing
 from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _host_budget, add_quiet_flag
-from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, KIND_NOTE, add_net_argument, draw, graph_of,
-                               kind_table, net_json, ordinal, text_table, write_json)
+from snlite.cli_common import (BATCH_HELP, GPU_HELP, KIND_NOTE, add_json_flag, add_net_argument, draw,
+                               graph_of, kind_table, net_json, ordinal, text_table, write_json)
 from snlite.config import CHOICES, MemoryConfig
 from snlite.errors import HostBudgetError
 
@@ -32,7 +32,7 @@ def add_compare_command(sub) -> None:
     compare.add_argument("--plot", metavar="FILE.png",
                          help="draw the trade-off: peak vs extra work (.png, .svg or .pdf; needs matplotlib)")
     compare.add_argument("--gpu", default="H200", metavar="GPU", help=GPU_HELP.format(default="H200"))
-    compare.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
+    add_json_flag(compare)
     compare.add_argument("--optimal", action="store_true",
                          help="add a row: the exact planner's least-peak recomputation plan, liveness on, "
                               "nothing offloaded (snlite optimal NET says more; needs scipy)")

@@ -7,7 +7,7 @@ import time
 
 from snlite import gap, measure
 from snlite.cli_args import Status, _batch, _budget, add_quiet_flag
-from snlite.cli_common import (BATCH_HELP, JSON_HELP, add_net_argument, draw, graph_of, net_json,
+from snlite.cli_common import (BATCH_HELP, add_json_flag, add_net_argument, draw, graph_of, net_json,
                                text_table, write_json)
 
 
@@ -53,7 +53,7 @@ def add_optimal_command(sub) -> None:
                    help="also the second exact model, offload only: SuperNeurons' offload of CONV outputs "
                         "against the least peak for its bytes moved, and the offload optimum (any activation "
                         "may go)")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
+    add_json_flag(p)
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw the exact peak vs extra-FLOP frontier (sampled at 0 to 100%% of a forward "
                         "pass) with each heuristic as a point (.png, .svg or .pdf; needs matplotlib)")

@@ -15,7 +15,7 @@ from snlite import explain, measure, offline, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
                              memory_config)
-from snlite.cli_common import (BATCH_HELP, GPU_HELP, JSON_HELP, add_export_flags, add_net_argument,
+from snlite.cli_common import (BATCH_HELP, GPU_HELP, add_export_flags, add_json_flag, add_net_argument,
                                check_exports, draw, graph_of, net_json, pct, text_table, write_exports,
                                write_json)
 from snlite.dataflow import DataflowError, check_dataflow
@@ -38,7 +38,7 @@ def add_plan_command(sub) -> None:
                       help="also print the per-step table (bytes by category)")
     plan.add_argument("--top", type=_positive_int, default=10,
                       help="live tensors shown at the peak (default 10)")
-    plan.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
+    add_json_flag(plan)
     plan.add_argument("--plot", metavar="FILE.png",
                       help="draw the memory timeline (.png, .svg or .pdf; needs matplotlib)")
     plan.add_argument("--timeline", metavar="FILE.png",

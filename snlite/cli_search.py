@@ -12,7 +12,7 @@ from snlite import measure, search
 from snlite.config import CHOICES
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, Status, _batch, _budget, _host_budget, _positive_int,
                              add_quiet_flag)
-from snlite.cli_common import (JSON_HELP, KIND_NOTE, add_net_argument, builder_of, kind_table, net_json,
+from snlite.cli_common import (KIND_NOTE, add_json_flag, add_net_argument, builder_of, kind_table, net_json,
                                text_table, write_json)
 
 PAPER_GPU = "12 GB K40"
@@ -55,7 +55,7 @@ def _add_search_flags(p) -> None:
                    help="how every strategy's arena offsets are chosen: first fit (the paper's, the "
                         "default), best fit, or offline (after the walk, knowing every lifetime: a smaller "
                         "arena)")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help=JSON_HELP)
+    add_json_flag(p)
     add_quiet_flag(p)
 
 

@@ -102,6 +102,28 @@ def test_an_output_path_that_cannot_be_written_fails_before_the_work(argv, messa
         and message.format(**fill) in err, err
 
 
+@pytest.mark.parametrize("argv, net", [
+    (["plan", "--json", "lenet"], "lenet"),
+    (["compare", "--json", "torchvision:resnet18", "lenet"], "torchvision:resnet18"),
+    (["maxbatch", "--json", "ResNet50", "--budget", "1GiB", "lenet"], "ResNet50"),
+    (["optimal", "--json", "cifar_resnet20", "lenet"], "cifar_resnet20"),
+])
+def test_json_before_its_net_is_refused_not_written_to_a_file_named_for_it(argv, net, tmp_path, capsys,
+                                                                           monkeypatch):
+    """``--json [FILE]`` takes the word after it as its file, so ``plan --json lenet`` said NET was
+    missing, and ``compare --json torchvision:resnet18 lenet`` would have written a file of that name.
+    A file name that names a network is refused, saying what to write instead."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_USAGE and f"argument --json: {net} names a network, not a file: " \
+        "put --json after NET" in err and "or - (standard output)" in err, err
+    assert list(tmp_path.iterdir()) == []
+    code, out, err = run(capsys, "plan", "lenet", "--budget", "1GiB", "--json", "./lenet")  # a file, as asked
+    assert code == 0 and json.loads((tmp_path / "lenet").read_text())["net"] == "lenet", err
+
+
 @pytest.mark.parametrize("argv, first, second", [
     (["plan", "lenet", "--json", "{tmp}/same.json", "--save-program", "{tmp}/same.json"], "--json",
      "--save-program"),
