@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snlite import grading
+from snlite.files import write_text
 from snlite.grading import GRADERS
 
 SOURCE_DIRS = ("snlite", "kernels")  # where markers are looked for (every .py file below these)
@@ -272,14 +273,14 @@ def make_student(dst, root=None, out=print) -> list[Region]:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if rel in by_file:
-            target.write_text(student_text((root / rel).read_text(), by_file[rel]))
+            write_text(target, student_text((root / rel).read_text(), by_file[rel]))
             shutil.copymode(root / rel, target)
         else:
             shutil.copy2(root / rel, target)
     last = max((r.number for r in regions), default=0)
     readme = dst / "README.md"
     if readme.is_file():
-        readme.write_text(student_readme(readme.read_text(), last))
+        write_text(readme, student_readme(readme.read_text(), last))
     out(f"student copy of {root} written to {dst}: {len(files)} files")
     for r in regions:
         out(f"  assignment {r.number} ({r.title}): {r.path}:{r.begin}-{r.end} {r.function}: "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 
+from snlite import files
 from snlite.program import STREAMS, Alloc
 
 PID = 1  # the one process: the GPU
@@ -67,6 +68,5 @@ def _us(ms: float) -> float:
 
 
 def write(path: str, trace: dict) -> None:
-    """Write ``trace`` to ``path`` as JSON."""
-    with open(path, "w") as f:
-        json.dump(trace, f)
+    """Write ``trace`` to ``path`` as JSON (whole or not at all: :mod:`snlite.files`)."""
+    files.write_text(path, json.dumps(trace))

@@ -33,7 +33,6 @@ import argparse
 import inspect
 import os
 import re
-import secrets
 import sys
 import time
 import zipfile
@@ -41,7 +40,7 @@ import zlib
 
 import numpy as np
 
-from snlite import data, demo, models, plot, timing
+from snlite import data, demo, files, models, plot, timing
 from snlite.anomaly import NonFiniteError, describe
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
@@ -360,24 +359,14 @@ class Progress:
 
 def save_params(file: str, params: dict) -> None:
     """Write ``params`` to ``file`` (.npz), refusing any that is not finite (nothing is written then).
-    Through a temporary file in the same directory and a rename, so an interrupted save never leaves
-    a half-written file; the file gets the mode the umask gives (0644 usually), as any new file."""
+    An interrupted save never leaves a half-written file (:mod:`snlite.files`)."""
     for name, value in params.items():
         bad = describe(value)
         if bad:
             raise CliError(f"--save {file}: {name} is not finite ({bad}); nothing was written (training "
                            "diverged: try a lower --lr)")
-    file = os.path.expanduser(file)
-    folder = os.path.dirname(os.path.abspath(file))
-    tmp = os.path.join(folder, f".snlite-{secrets.token_hex(6)}.npz.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0666 less the umask, like open()
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **params)
-        os.replace(tmp, file)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with files.replacing(file, "wb") as f:  # whole or not at all
+        np.savez(f, **params)
 
 
 def read_params(file: str) -> dict[str, np.ndarray]:

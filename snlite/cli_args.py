@@ -58,7 +58,8 @@ PLOTS = ("plot", "timeline", "streams")  # the files drawn by snlite.plot: PNG, 
 def check_outputs(args) -> None:
     """Refuse, before any work, an output path that cannot be written (CliError, one line): a file
     in a folder that does not exist, is not a folder or cannot be written, or a name that is a
-    folder; a folder (``--out``) that is a file, or under one that cannot be created."""
+    folder; a plot without matplotlib; a folder (``--out``) that is a file, or under one that cannot
+    be created."""
     writers: dict[str, str] = {}  # the file, resolved -> the flag that writes it
     for dest, flag in OUTPUT_FILES.items():
         target = getattr(args, dest, None)
@@ -71,8 +72,11 @@ def check_outputs(args) -> None:
             if dest in PLOTS:
                 try:
                     plot.figure_format(target)
+                    plot.require_matplotlib()  # not after the work, with the other files written
                 except ValueError as e:
                     raise CliError(f"{flag} {e}") from None
+                except plot.PlotUnavailable as e:
+                    raise CliError(f"{flag}: {e}") from None
     for dest, flag in OUTPUT_FOLDERS.items():
         target = getattr(args, dest, None)
         if target is not None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
+import sys
 
 import numpy as np
 
-from snlite import chrome_trace, measure, memory_snapshot, models, plot, timing, torch_import
-from snlite.cli_args import CliError, UsageError, check_output_file
+from snlite import chrome_trace, files, measure, memory_snapshot, models, plot, timing, torch_import
+from snlite.cli_args import OUTPUT_FILES, CliError, UsageError, check_output_file
 
 NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
             "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121; or a PyTorch "
@@ -151,15 +151,21 @@ def kind_table(rows) -> str:
 
 
 # ---------------------------------------------------------------- files: JSON and plots
+def tell(args, line: str) -> None:
+    """Say what was written where: on standard output, or on standard error where standard output is
+    the JSON (``--json`` or ``--json -``), which must stay JSON alone."""
+    print(line, file=sys.stderr if getattr(args, "json", None) == "-" else sys.stdout)
+
+
 def write_json(target: str, data) -> None:
-    """``data`` as indented JSON to the file ``target`` (- : standard output)."""
+    """``data`` as indented JSON to the file ``target`` (- : standard output), said where."""
     text = json.dumps(data, indent=1, default=jsonable)
     if target == "-":
         print(text)
         return
     check_output_file("--json", target)  # checked before the work too (check_outputs), but a folder may go
-    with open(os.path.expanduser(target), "w") as f:
-        f.write(text + "\n")
+    files.write_text(target, text + "\n")
+    print(f"JSON written to {target}")
 
 
 def jsonable(v):
@@ -172,13 +178,19 @@ def jsonable(v):
     return str(v)
 
 
-def draw(kind: str, *args, **kwargs) -> None:
-    """``snlite.plot.<kind>(*args, **kwargs)`` (plot_timeline, plot_tradeoff, plot_streams); without
-    matplotlib, a one-line CliError that says how to install it."""
+DRAWN = {"plot_timeline": "memory timeline", "plot_tradeoff": "trade-off", "plot_streams": "timeline"}
+
+
+def draw(args, dest: str, kind: str, data, **kwargs) -> None:
+    """``snlite.plot.<kind>(data, path, **kwargs)`` (plot_timeline, plot_tradeoff, plot_streams) to
+    the file of the flag ``dest`` names (args.plot, args.timeline), and say so; without matplotlib, a
+    one-line CliError that says how to install it (check_outputs said so before the work)."""
+    path = getattr(args, dest)
     try:
-        getattr(plot, kind)(*args, **kwargs)
+        getattr(plot, kind)(data, path, **kwargs)
     except plot.PlotUnavailable as e:
-        raise CliError(f"--plot: {e}") from None
+        raise CliError(f"{OUTPUT_FILES[dest]}: {e}") from None
+    tell(args, f"{DRAWN[kind]} drawn to {path}")
 
 
 # ---------------------------------------------------------------- files for other tools' viewers
@@ -208,9 +220,9 @@ def write_exports(args, program, timeline, title: str, measured=None) -> None:
     if args.chrome_trace:
         trace = chrome_trace.chrome_trace(timeline, title, chrome_trace.held_bytes(program), measured)
         chrome_trace.write(args.chrome_trace, trace)
-        print(f"timeline written to {args.chrome_trace} (the Chrome trace event format: open it in "
-              "ui.perfetto.dev or chrome://tracing)")
+        tell(args, f"timeline written to {args.chrome_trace} (the Chrome trace event format: open it in "
+                   "ui.perfetto.dev or chrome://tracing)")
     if args.memory_snapshot:
         memory_snapshot.write(args.memory_snapshot, memory_snapshot.snapshot(program))
-        print(f"memory snapshot written to {args.memory_snapshot} (PyTorch's format: open it at "
-              "pytorch.org/memory_viz)")
+        tell(args, f"memory snapshot written to {args.memory_snapshot} (PyTorch's format: open it at "
+                   "pytorch.org/memory_viz)")

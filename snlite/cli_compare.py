@@ -84,7 +84,7 @@ def cmd_compare(args) -> int:
     if args.plot:
         points = [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.trace.extra_flops,
                    "moved_bytes": r.moved_bytes} for r in rows]
-        draw("plot_tradeoff", points, args.plot, title=f"{graph.name}, batch {batch}")
+        draw(args, "plot", "plot_tradeoff", points, title=f"{graph.name}, batch {batch}")
     if args.json == "-":
         return 0 if fits else EXIT_DOES_NOT_FIT
     print_rows(args, graph, batch, rows, timelines, resident)

@@ -92,7 +92,7 @@ def cmd_optimal(args) -> int:
                 "base_flops": fwd} for i, p in enumerate(points) if p.plan is not None]
         pts += [{"label": r.label, "peak_bytes": r.peak_bytes, "extra_flops": r.extra_flops,
                  "base_flops": fwd} for r in rows]
-        draw("plot_tradeoff", pts, args.plot,
+        draw(args, "plot", "plot_tradeoff", pts,
              title=f"{graph.name}, batch {batch}: exact frontier and heuristics")
     if args.json == "-":
         return 0

@@ -13,11 +13,11 @@ import os
 
 from snlite import explain, measure, offline, timing
 from snlite.checker import find_races
-from snlite.cli_args import (EXIT_DOES_NOT_FIT, CliError, _batch, _positive_int, add_memory_flags, check_keep,
-                             memory_config)
+from snlite.cli_args import (EXIT_DOES_NOT_FIT, OUTPUT_FILES, CliError, _batch, _positive_int,
+                             add_memory_flags, check_keep, memory_config)
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, add_export_flags, add_json_flag, add_net_argument,
-                               check_exports, draw, graph_of, net_json, pct, text_table, write_exports,
-                               write_json)
+                               check_exports, draw, graph_of, net_json, pct, tell, text_table,
+                               write_exports, write_json)
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.models import get_model
 from snlite.program import Program
@@ -86,31 +86,32 @@ def cmd_plan(args) -> int:
             return does_not_fit(args, batch, ex)
     m = measure.measure(graph, config)
     trace = m.trace if config.count == "all" else m.paper  # the count the flags ask for
-    if args.json:
-        write_json(args.json, {**net_json(args), "batch": batch, "fits": m.fits, "config": config,
-                               "totals": m.totals(), "recompute": Scheduler(graph, config).plan().recompute,
-                               "peak_tensors": trace.peak_tensors, "steps": trace.steps,
-                               "conv_choices": trace.conv_choices})
-    if args.plot:
-        draw("plot_timeline", trace, args.plot, title=f"{graph.name}, batch {batch}: {config.describe()}")
+    tl = m.timeline(timing.profile(args.gpu))
     if args.json == "-":
-        return 0
-    print_peaks(graph, batch, config, m)
-    print_peak_step(config, trace, args.top)
-    print_costs(config, m)
-    if trace.conv_choices:
-        print("\n" + conv_table(trace.conv_choices))
-    if args.steps:
-        print("\nper step (KiB):\n" + trace.table())
-    print_time(args, graph, batch, config, m)
-    if args.save_program:
-        m.program.save(os.path.expanduser(args.save_program))
-        print(f"\nprogram saved to {args.save_program} ({len(m.program):,d} instructions)")
-    if args.program:
-        races = find_races(m.program, graph=graph)
-        print("\n" + m.program.table())
-        print(f"race checker: {'no races' if not races else f'{len(races)} race(s)'} over two iterations")
+        write_json(args.json, plan_json(args, graph, batch, config, m, trace))
+    else:  # standard output is the tables  # standard output is the tables, not the JSON
+        print_peaks(graph, batch, config, m)
+        print_peak_step(config, trace, args.top)
+        print_costs(config, m)
+        if trace.conv_choices:
+            print("\n" + conv_table(trace.conv_choices))
+        if args.steps:
+            print("\nper step (KiB):\n" + trace.table())
+        print(f"\ntime (estimated, snlite.timing): {tl.summary()}")
+        if args.program:
+            races = find_races(m.program, graph=graph)
+            print("\n" + m.program.table())
+            print(f"race checker: {'no races' if not races else f'{len(races)} race(s)'} over two iterations")
+    write_files(args, graph, batch, config, m, trace, tl)
     return 0
+
+
+def plan_json(args, graph, batch: int, config, m, trace) -> dict:
+    """What ``plan --json`` writes: the network, the config, the totals, the recomputation, the tensors
+    live at the peak, every step, each conv step's algorithm."""
+    return {**net_json(args), "batch": batch, "fits": m.fits, "config": config, "totals": m.totals(),
+            "recompute": Scheduler(graph, config).plan().recompute, "peak_tensors": trace.peak_tensors,
+            "steps": trace.steps, "conv_choices": trace.conv_choices}
 
 
 def does_not_fit(args, batch: int, ex) -> int:
@@ -177,18 +178,25 @@ def print_costs(config, m) -> None:
               f"({pct(m.slab_bytes, config.host_budget_bytes)} pinned)")
 
 
-def print_time(args, graph, batch: int, config, m) -> None:
-    """The iteration's estimated time on the --gpu profile, drawn to --timeline and written to
-    --chrome-trace when asked (and the program to --memory-snapshot)."""
-    tl = m.timeline(timing.profile(args.gpu))
-    print(f"\ntime (estimated, snlite.timing): {tl.summary()}")
+def write_files(args, graph, batch: int, config, m, trace, tl) -> None:
+    """The files asked for, each said where (on standard error where standard output is the JSON):
+    the numbers (--json FILE), the memory timeline (--plot), the estimated timeline on the --gpu
+    profile ``tl`` (--timeline, --chrome-trace), the arena (--memory-snapshot), the program
+    (--save-program)."""
+    title = f"{graph.name}, batch {batch}, {config.describe()}"
+    if args.json != "-" and any(getattr(args, dest, None) for dest in OUTPUT_FILES):
+        print()  # the lines that say where each went, apart from the tables
+    if args.json not in (None, "-"):
+        write_json(args.json, plan_json(args, graph, batch, config, m, trace))
+    if args.plot:
+        draw(args, "plot", "plot_timeline", trace, title=f"{graph.name}, batch {batch}: {config.describe()}")
     if args.timeline:
-        draw("plot_streams", tl.events(), args.timeline, memory=tl.memory,
-             title=f"{graph.name}, batch {batch}, {config.describe()}: one iteration on the {args.gpu} "
-                   f"profile (estimated), {tl.step_ms:,.1f} ms")
-        print(f"timeline drawn to {args.timeline}")
-    write_exports(args, m.program, tl, f"{graph.name}, batch {batch}, {config.describe()} on the {args.gpu} "
-                                       "profile (estimated)")
+        draw(args, "timeline", "plot_streams", tl.events(), memory=tl.memory,
+             title=f"{title}: one iteration on the {args.gpu} profile (estimated), {tl.step_ms:,.1f} ms")
+    write_exports(args, m.program, tl, f"{title} on the {args.gpu} profile (estimated)")
+    if args.save_program:
+        m.program.save(args.save_program)
+        tell(args, f"program saved to {args.save_program} ({len(m.program):,d} instructions)")
 
 
 def conv_table(choices, limit: int = 12) -> str:

@@ -43,7 +43,7 @@ from importlib import metadata
 import numpy as np
 from numba import cuda
 
-from snlite import data, models, plot, timing
+from snlite import data, files, models, plot, timing
 from snlite.cli import _gpu_of, draw_streams
 from snlite.config import MemoryConfig
 from snlite.device import get_device, simulator_enabled
@@ -324,7 +324,7 @@ def run(out, dry_run: bool = False, skip=()) -> dict:
         report["stages"][name] = entry
         why = entry.get("error") or entry.get("skip_reason")
         print(f"   {entry['status']} in {entry['seconds']} s" + (f": {why}" if why else ""), flush=True)
-        (out / "gpucheck.json").write_text(json.dumps(report, indent=1, default=str))  # kept after each
+        files.write_text(out / "gpucheck.json", json.dumps(report, indent=1, default=str))  # kept after each
     return report
 
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from snlite import files
+
 GRADERS = "tests/test_assignments.py"
 
 def _hypothesis_plugin() -> list[str]:
@@ -170,4 +172,4 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     """Plugin hook: write the counts where ``grade`` asked for them."""
     if os.environ.get(REPORT_ENV):
-        Path(os.environ[REPORT_ENV]).write_text(json.dumps({str(k): c for k, c in _counts.items()}))
+        files.write_text(os.environ[REPORT_ENV], json.dumps({str(k): c for k, c in _counts.items()}))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pickle
 
+from snlite import files
 from snlite.program import COMPUTE, STREAMS, Alloc, Free, program_of
 
 BASE_ADDRESS = 0x7F0000000000  # where the viewer puts the arena's offset 0: a made-up device address
@@ -85,5 +86,5 @@ def _block(offset: int, size: int, state: str, frames: list) -> dict:
 
 def write(path: str, data: dict) -> None:
     """Pickle ``data`` to ``path`` with protocol 4, as PyTorch's ``_dump_snapshot`` does."""
-    with open(path, "wb") as f:
+    with files.replacing(path, "wb") as f:  # whole or not at all
         pickle.dump(data, f, protocol=4)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from snlite import files
 from snlite.config import MemoryConfig
 from snlite.models import alexnet
 from snlite.pipeline import simulate
@@ -82,7 +83,8 @@ def figure_format(path) -> str:
 
 
 def _save(fig, path):
-    fig.savefig(path, format=figure_format(path), dpi=110)
+    with files.replacing(path, "wb") as f:  # a figure that fails half-way leaves the old file as it was
+        fig.savefig(f, format=figure_format(path), dpi=110)
     return path
 
 

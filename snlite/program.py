@@ -29,6 +29,7 @@ import difflib
 import json
 from dataclasses import dataclass, field
 
+from snlite import files
 from snlite.records import record, without_cycle_collection  # noqa: F401 (the passes import it from here)
 
 COMPUTE, COPY_OUT, COPY_IN, HOST = "compute", "copy_out", "copy_in", "host"
@@ -296,9 +297,8 @@ class Program:
             raise ValueError(f"a corrupt snlite program: {type(e).__name__}: {e}") from None
 
     def save(self, path) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f, separators=(",", ":"))
-            f.write("\n")
+        """Write the program to ``path`` as JSON (whole or not at all: :mod:`snlite.files`)."""
+        files.write_text(path, json.dumps(self.to_json(), separators=(",", ":")) + "\n")
 
     @classmethod
     def load(cls, path) -> "Program":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 
-from snlite import measure, plot, search
+from snlite import files, measure, plot, search
 from snlite.models import DEFAULT_BATCH
 from snlite.report_memory import min_budgets, recompute, tradeoff, trajectory
 from snlite.report_scale import depth, speed, traffic, width
@@ -112,7 +112,7 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
 
     seconds = time.perf_counter() - t0
     path = os.path.join(out, "report.md")
-    with open(path, "w") as f:
+    with files.replacing(path) as f:
         f.write(header(command or f"snlite paper --out {out}" + (" --quick" if quick else ""), quick, missing,
                        seconds) + "\n\n" + "\n\n".join(x.markdown() for x in sections) + "\n")
     return Report(sections, path, seconds, quick, missing)
