@@ -286,6 +286,9 @@ class Program:
     def from_json(cls, data: dict) -> "Program":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            if isinstance(found, str) and found.startswith(FORMAT.split("/")[0] + "/"):
+                raise ValueError(f"an snlite program of another format, {found!r}; this snlite reads "
+                                 f"{FORMAT!r}: plan it again here (snlite plan NET --save-program FILE)")
             raise ValueError(f"not an snlite program: expected format {FORMAT!r}, found {found!r}")
         try:
             return cls(data["net"], data["config"], data["mode"], data["allocator"],
@@ -293,7 +296,7 @@ class Program:
                         for n, (s, d, k) in data["tensors"].items()},
                        tuple(_ins_from(x) for x in data["setup"]), tuple(_ins_from(x) for x in data["body"]),
                        int(data["arena_bytes"]), int(data["slab_bytes"]), dict(data.get("stats", {})))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field of the wrong form
             raise ValueError(f"a corrupt snlite program: {type(e).__name__}: {e}") from None
 
     def save(self, path) -> None:

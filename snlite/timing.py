@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from kernels import launches as L
 from snlite.program import COMPUTE, STREAMS, Alloc, Copy, Free, HostRead, HostWait, HostWrite, \
     Launch, Record, Wait, program_of, without_cycle_collection
+from snlite.validate import ProgramError, against_graph
 
 MOVING = ("offload", "evict", "prefetch", "fetch", "state")  # copies that exist because memory is short
 
@@ -145,6 +146,14 @@ def estimate(program, graph, gpu="H200", kernel_ms=None) -> Timeline:
     ``kernel_ms``: a function of a Launch instruction giving (milliseconds, kernel launches), in place
     of the kernels' model (for hand-made programs and lessons; ``graph`` may then be None)."""
     program, prof = program_of(program), profile(gpu)
+    if kernel_ms is None:  # the kernels' times come from the graph's layers: they must be the program's
+        if graph is None:
+            raise ValueError("estimate needs the graph the program was planned for (its layers time the "
+                             "kernels), or kernel_ms, a function of a Launch giving (milliseconds, launches)")
+        try:
+            against_graph(program, graph)
+        except ProgramError as e:
+            raise ProgramError(f"estimate: the graph given is not the program's: {e}") from None
     with without_cycle_collection():
         costs = _Fixed(kernel_ms) if kernel_ms is not None else _Costs(graph, program, prof)
         tl = _replay(program, prof, costs, moving_copies=True)

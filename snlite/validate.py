@@ -8,7 +8,8 @@ races" and then run wrong. :func:`validate` refuses such a program, in one pass 
 (linear: the programs of deep nets have hundreds of thousands of instructions). It holds the program
 to what the placement pass (:mod:`snlite.placement`) guarantees:
 
-- the header: a known mode and allocator, ``arena_bytes`` and ``slab_bytes`` non-negative integers;
+- the header: a known mode and allocator, ``arena_bytes`` and ``slab_bytes`` non-negative integers,
+  ``stats`` counts (the recomputation's, where counted, as the body's recompute launches make it);
 - every tensor spec: a shape of positive integers (``None`` only for a conv workspace, sized by its
   Alloc), a known dtype and kind; with the net's ``graph``, the graph's shapes, dtypes and kinds, and
   no tensor the net does not have (besides momentum, workspaces and the staging slots ``NAME:in`` and
@@ -65,6 +66,7 @@ def validate(program, graph=None) -> None:
         for i, ins in enumerate(seq):
             v.at = (part, i, ins)
             v.check(ins)
+    _stats(program, graph)
 
 
 # ---------------------------------------------------------------------------- the header and the tensors
@@ -80,6 +82,36 @@ def _header(program) -> None:
     if not isinstance(program.tensors, dict):
         raise ProgramError(f"tensors is a {type(program.tensors).__name__}, not a dict of name -> "
                            "(shape, dtype, kind)")
+    if not isinstance(program.stats, dict):
+        raise ProgramError(f"stats is a {type(program.stats).__name__}, not a dict of what the placement "
+                           "counted")
+
+
+STATS = {"cache_hits": "the cache's hits", "cache_misses": "the cache's misses",
+         "recompute_count": "recomputed ops", "extra_flops": "the recomputations' FLOPs"}
+
+
+def _stats(program, graph) -> None:
+    """What the placement counted without an instruction of its own: counts (>= 0), the optimizer
+    state's place; the recomputation's count (and, given the net, its FLOPs), where counted, as the
+    launches say."""
+    stats = program.stats
+    for key, value in stats.items():
+        if key == "optimizer_state":
+            if value not in ("device", "host"):
+                raise ProgramError(f"stats: optimizer_state is {value!r}, not 'device' or 'host'")
+        elif key not in STATS:
+            raise ProgramError(f"stats: {key!r} is not one of {(*STATS, 'optimizer_state')}")
+        elif not _is_int(value) or value < 0:
+            raise ProgramError(f"stats: {key} ({STATS[key]}) is {value!r}, not a count >= 0")
+    recomputed = [ins.layer for ins in program.body if type(ins) is Launch and ins.phase == "recompute"]
+    said = {"recompute_count": len(recomputed)}
+    if graph is not None:
+        said["extra_flops"] = sum(graph.layers[layer].flops() for layer in recomputed)
+    for key, value in said.items():
+        if key in stats and stats[key] != value:  # a program that only runs the backward counts none
+            raise ProgramError(f"stats: {key} is {stats[key]!r}, but the body's recompute launches make it "
+                               f"{value:,d}")
 
 
 def _tensors(program, graph) -> dict:
@@ -103,13 +135,13 @@ def _tensors(program, graph) -> dict:
             raise ProgramError(f"tensor {name}: shape {shape!r} should be a tuple of positive integers")
         out[name] = math.prod(shape) * ITEMSIZE[dtype]
     if graph is not None:
-        _against(program, graph)
+        against_graph(program, graph)
     return out
 
 
-def _against(program, graph) -> None:
+def against_graph(program, graph) -> None:
     """The program's tensors are the net's: the same shapes, dtypes and kinds, and nothing else but
-    momentum, workspaces and staging slots."""
+    momentum, workspaces and staging slots (ProgramError otherwise: a graph of another batch, say)."""
     specs = graph.tensors()
     for name, (shape, dtype, kind) in program.tensors.items():
         t = specs.get(name)
@@ -345,4 +377,4 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and v.__class__ is not bool
 
 
-__all__ = ["ProgramError", "validate"]
+__all__ = ["ProgramError", "against_graph", "validate"]

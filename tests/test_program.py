@@ -51,6 +51,12 @@ def test_json_round_trips_exactly_and_diffs_are_readable(program, tmp_path):
     ('{"format": "something else"}', "not an snlite program"),
     ("[1, 2]", "not an snlite program"),
     ('{"format": "snlite-program/1", "net": "x"}', "a corrupt snlite program: KeyError"),
+    ('{"format": "snlite-program/1", "net": "x", "config": "", "mode": "train", "allocator": "pool", '
+     '"tensors": [], "setup": [], "body": [], "arena_bytes": 0, "slab_bytes": 0}',
+     "a corrupt snlite program: AttributeError"),  # tensors a list: a bare AttributeError before
+    ('{"format": "snlite-program/2"}',
+     r"an snlite program of another format, 'snlite-program/2'; this snlite reads 'snlite-program/1': plan "
+     r"it again here \(snlite plan NET"),
 ])
 def test_a_corrupt_file_is_a_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.json"

@@ -173,3 +173,16 @@ def test_plan_times_the_iteration_on_the_gpu_its_copies_were_scheduled_for(flags
     assert main(["plan", "lenet", "--batch", "4", "--liveness", "--offload", *flags]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time (estimated"))
     assert line.startswith(f"time (estimated, snlite.timing): {profile}"), line
+
+
+def test_the_time_of_a_program_is_refused_against_another_graph():
+    """The kernels' times come from the graph's layers: a graph of another batch gave a time 5.7 times
+    the program's, without a word; no graph gave a bare AttributeError."""
+    program = place(models.lenet(batch=8), MemoryConfig.superneurons())
+    assert timing.estimate(program, models.lenet(batch=8)).step_ms > 0
+    with pytest.raises(ValueError, match=r"estimate: the graph given is not the program's: tensor data: "
+                                         r"\(\(8, 1, 28, 28\), .*in the program, but \(\(64, 1, 28, 28\)"):
+        timing.estimate(program, models.lenet(batch=64))
+    with pytest.raises(ValueError, match=r"estimate needs the graph the program was planned for .*or "
+                                         r"kernel_ms"):
+        timing.estimate(program, None)

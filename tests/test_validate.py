@@ -23,14 +23,15 @@ from snlite.train import Model
 
 GRAPH = get_model("lenet", batch=4)
 CONFIGS = {"pool": MemoryConfig(liveness=True, offload=True),
-           "raw": MemoryConfig(liveness=True, offload=True, allocator="raw")}
+           "raw": MemoryConfig(liveness=True, offload=True, allocator="raw"),
+           "recompute": MemoryConfig(liveness=True, recompute="memory")}  # a training step: stats count it
 
 
 @functools.cache
 def saved(name: str) -> dict:
     """The program of GRAPH under CONFIGS[name], as JSON, planned on first use rather than at import: in
     a student copy the planner's assignment stubs would otherwise stop the collection of every test."""
-    return place(GRAPH, CONFIGS[name], "grads").to_json()
+    return place(GRAPH, CONFIGS[name], "train" if name == "recompute" else "grads").to_json()
 
 
 def _find(body, name, where=lambda f: True, start=0):
@@ -124,6 +125,13 @@ def unaligned_offset(data):
     data["arena_bytes"] += 1024
 
 
+def stats(**edits):
+    def edit(data):
+        assert set(edits) <= set(data["stats"]) | {"bogus"}
+        data["stats"].update({k: v(data["stats"].get(k)) if callable(v) else v for k, v in edits.items()})
+    return edit
+
+
 def reused_raw_handle(data):
     body = data["body"]
     i = _find(body, "Alloc", lambda f: f[1] == "raw")
@@ -158,6 +166,18 @@ CASES = {  # name -> (edit, the saved program it edits, what the refusal says)
     "a raw allocation smaller than its tensor": (small_raw_allocation, "raw",
                                                  r"nbytes 256 should be at least"),
     "a raw handle still held": (reused_raw_handle, "raw", r"handle \d+ is still held by"),  # main: "overlaps"
+    # what the placement counted without an instruction: trace_program reported these edits as measured
+    "cache hits that are a word": (stats(cache_hits="x"), "pool",
+                                   r"stats: cache_hits \(the cache's hits\) is 'x', not a count >= 0"),
+    "negative cache misses": (stats(cache_misses=-5), "pool", r"stats: cache_misses .* is -5, not a count"),
+    "a count of something else": (stats(bogus=1), "pool", r"stats: 'bogus' is not one of \('cache_hits'"),
+    "an optimizer state elsewhere": (stats(optimizer_state="disk"), "pool",
+                                     r"stats: optimizer_state is 'disk', not 'device' or 'host'"),
+    "one recomputation more than launched": (stats(recompute_count=lambda n: n + 1), "recompute",
+                                             r"stats: recompute_count is (\d+), but the body's recompute "
+                                             r"launches make it (?!\1)\d+"),
+    "twice the recomputed FLOPs": (stats(extra_flops=lambda n: 2 * n), "recompute",
+                                   r"stats: extra_flops is [\d,]+, but the body's recompute launches"),
 }
 
 
@@ -173,7 +193,7 @@ def test_check_refuses_the_edit_in_one_line(name):
     with pytest.raises(ProgramError, match=CASES[name][2]) as e:
         check(Program.from_json(_edited(name)), graph=GRAPH)
     assert "\n" not in str(e.value)
-    assert str(e.value).startswith(("setup #", "body #", "tensor "))
+    assert str(e.value).startswith(("setup #", "body #", "tensor ", "stats: "))
 
 
 @pytest.mark.parametrize("name", CASES)
