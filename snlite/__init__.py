@@ -11,14 +11,18 @@ The names below are imported on first use (PEP 562): ``python -m snlite.assignme
 this package before it starts pytest, and a student's half-written module (a syntax error in
 ``snlite/liveness.py``, say) must reach grade's summary as a failing assignment, not stop the
 command with a traceback; it also spares that command Numba's import. ``from snlite import Graph``
-and ``snlite.Graph`` work as with plain imports (``_WHERE`` says which module holds each name).
+and ``snlite.Graph`` work as with plain imports (``_WHERE`` says which module holds each name), and
+so does every module: ``snlite.search.min_budget`` in a fresh notebook, whatever ran before.
 """
+import importlib.util
 from importlib import import_module
 
 from snlite.version import __version__
 
 _WHERE = {  # name -> the module that defines it
     "NonFiniteError": "snlite.anomaly", "MemoryConfig": "snlite.config", "BudgetError": "snlite.errors",
+    "HostBudgetError": "snlite.errors", "ProgramError": "snlite.validate", "RaceError": "snlite.checker",
+    "SnapshotError": "snlite.memory_snapshot", "Trace": "snlite.trace",
     "Graph": "snlite.graph", "Node": "snlite.graph", "Step": "snlite.steps", "TensorSpec": "snlite.steps",
     "place": "snlite.pipeline", "simulate": "snlite.pipeline", "Program": "snlite.program",
     "Scheduler": "snlite.scheduler", "Model": "snlite.train",
@@ -27,17 +31,18 @@ _WHERE = {  # name -> the module that defines it
                      "align_up", "get_device", "nbytes_of"), "snlite.device"),
 }
 
-__all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostDevice", "MemoryConfig",
-           "MetaArray", "MetaDevice", "Model", "Node", "NonFiniteError", "Program", "Scheduler", "Step",
-           "TensorSpec", "TorchImportError", "align_up", "from_torch", "get_device", "models", "nbytes_of",
+__all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "HostBudgetError", "HostDevice",
+           "MemoryConfig", "MetaArray", "MetaDevice", "Model", "Node", "NonFiniteError", "Program",
+           "ProgramError", "RaceError", "Scheduler", "SnapshotError", "Step", "TensorSpec",
+           "TorchImportError", "Trace", "align_up", "from_torch", "get_device", "models", "nbytes_of",
            "place", "simulate", "__version__"]
 
 
 def __getattr__(name):
     if name in _WHERE:
         value = getattr(import_module(_WHERE[name]), name)
-    elif name == "models":
-        value = import_module("snlite.models")
+    elif not name.startswith("_") and importlib.util.find_spec(f"snlite.{name}") is not None:
+        value = import_module(f"snlite.{name}")  # a module of the package: snlite.search, snlite.timing
     else:
         raise AttributeError(f"module 'snlite' has no attribute {name!r}")
     globals()[name] = value

@@ -72,6 +72,10 @@ def class_labels(labels, n: int, k: int, who: str) -> np.ndarray:
         raise ValueError(f"{want}; got something that is not an array ({e})") from None
     if a.dtype.kind not in "iuf":
         raise ValueError(f"{want}; got dtype {a.dtype}")
+    if isinstance(labels, (list, tuple)):  # NumPy makes [0, True] integers: True would train as class 1
+        i = next((i for i, v in enumerate(labels) if isinstance(v, (bool, np.bool_))), None)
+        if i is not None:
+            raise ValueError(f"{want}; labels[{i}] is {labels[i]!r}")
     if a.shape != (n,):
         raise ValueError(f"{want}; got shape {a.shape}")
     bad = (a < 0) | (a >= k)

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from snlite.budget import first_fitting, fits
+from snlite.checks import integer
 from snlite.config import MemoryConfig
 from snlite.errors import BudgetError, HostBudgetError
+from snlite.graph import Graph
 from snlite.measure import _LO, no_progress
 from snlite.models import PAPER_WIDTH_BATCH, resnet
 from snlite.pipeline import place, probe_or_raise, simulate
@@ -68,6 +70,10 @@ def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneu
     :class:`~snlite.errors.HostBudgetError` of that placement is raised, rather than a search that
     would never end."""
     t0 = time.perf_counter()
+    resolution = integer(resolution, "min_budget's resolution (blocks of 1 KiB)")
+    if not isinstance(graph, Graph):
+        raise ValueError(f"min_budget takes the network's Graph (e.g. get_model('alexnet', batch=32)), not "
+                         f"{type(graph).__name__}")
     config = (config or MemoryConfig.superneurons()).replace(budget_bytes=None, count="all")
     if config.host_budget_bytes is not None:
         place(graph, config)  # raises HostBudgetError where no device budget meets the host budget
@@ -285,6 +291,10 @@ def max_batch(build, config: MemoryConfig, label: str = "", lo: int = 1, hi: int
     (``budget_bytes``, ``host_budget_bytes`` or both; the first guess is drawn from the device's)."""
     if config.budget_bytes is None and config.host_budget_bytes is None:
         raise ValueError("max_batch needs a budget (config.budget_bytes or config.host_budget_bytes)")
+    _check_builder(build, "max_batch", "batch", "lambda b: get_model('alexnet', batch=b)")
+    lo, hi = integer(lo, "max_batch's lo"), integer(hi, "max_batch's hi")
+    if lo > hi:
+        raise ValueError(f"max_batch searches the batches from lo to hi, and lo {lo} is above hi {hi}")
     sample = (8, 32) if hi >= 32 and config.budget_bytes is not None else None
     return _search(label or config.describe(), config, range(lo, hi + 1), build, sample, progress,
                    lambda b: f"batch {b:,d}", further=True, slack="ratio")
@@ -314,13 +324,23 @@ def max_depth(batch: int, config: MemoryConfig, label: str = "", max_units: int 
     units, so a search costs about five simulations of the size it ends at."""
     if config.budget_bytes is None:
         raise ValueError("max_depth needs a budget (config.budget_bytes)")
-    build = build or _resnet_builder(batch)
+    if build is None:
+        build = _resnet_builder(integer(batch, "max_depth's batch"))
+    else:
+        _check_builder(build, "max_depth", "number of residual units", "lambda u: resnet(3 * u + 2, 16)")
     units = resnet_units(max_units)
     guess_from = (50, 100) if max_units >= 100 else None
     found = _search(label or config.describe(), config, units, build, guess_from, progress, _depth)
     found.value = None if found.value is None else 3 * found.value + 2
     found.next_value = None if found.next_value is None else 3 * found.next_value + 2
     return found
+
+
+def _check_builder(build, search: str, of: str, example: str) -> None:
+    """A search probes a network built for each candidate: ``build`` is that function, not a Graph."""
+    if not callable(build) or isinstance(build, type):
+        raise ValueError(f"{search} takes build, a function of the {of} giving the network's Graph (e.g. "
+                         f"{example}), not {type(build).__name__ if not isinstance(build, type) else build}")
 
 
 def _resnet_builder(batch: int):

@@ -69,6 +69,20 @@ class ConvChoice:
 
 @dataclass
 class Trace:
+    """What one training iteration's program holds, op by op (:func:`trace_program`, what
+    :func:`snlite.simulate` returns). Bytes throughout; ``count``: "all" counts every tensor on the
+    device, "paper" only activations and gradients, as the paper's figures do.
+
+    ``steps``: one :class:`StepRecord` per op (bytes by category at that op). ``peak_bytes``: the largest
+    count, first reached at op ``peak_op`` (an index of ``steps``), of the route's step ``peak_step``;
+    ``peak_tensors``: (name, bytes) resident there, largest first. ``l_peak_bytes``: the largest working
+    set of one op (what it reads and writes), in the same count: the paper's l_peak under "paper", the
+    floor of any plan. ``recompute_count``, ``extra_flops``: forwards run again, and their FLOPs.
+    ``d2h_bytes``, ``h2d_bytes``: bytes copied to the host and back. ``cache_hits``, ``cache_misses``: the
+    LRU cache's. ``host_peak_bytes``: pinned host memory at its peak (``host_optimizer_bytes`` of it the
+    momentum kept there). ``conv_choices``: each conv step's algorithm and workspace.
+    ``arena_bytes``: the device pool's size, its high-water mark."""
+
     count: str = "all"
     steps: list[StepRecord] = field(default_factory=list)
     peak_bytes: int = 0
@@ -93,6 +107,7 @@ class Trace:
         return self.peak_bytes / self.l_peak_bytes if self.l_peak_bytes else float("nan")
 
     def summary(self) -> str:
+        """Two lines: the peak and l_peak (MiB), then the recomputation, transfers, cache and host."""
         mib = 1 << 20
         peak_layer = self.steps[self.peak_op].layer if 0 <= self.peak_op < len(self.steps) else "-"
         return "\n".join([

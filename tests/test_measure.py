@@ -418,6 +418,27 @@ def test_maxdepth_never_reports_a_depth_above_max_units(capsys):
     assert code == 0 and {r["depth"] for r in json.loads(out)["rows"]} == {50}
 
 
+LENET = get_model("lenet", batch=2)
+BUDGETED = MemoryConfig.superneurons(budget_bytes=1 << 30)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: search.max_batch(lambda b: get_model("lenet", batch=b), BUDGETED, lo=10, hi=5),
+     "max_batch searches the batches from lo to hi, and lo 10 is above hi 5"),  # an IndexError
+    (lambda: search.max_batch(LENET, BUDGETED), r"max_batch takes build, a function of the batch giving "
+                                                r"the network's Graph \(e.g. lambda b: get_model\('alexnet', "
+                                                r"batch=b\)\), not Graph"),  # 'Graph' object is not callable
+    (lambda: search.max_depth(0, BUDGETED), r"max_depth's batch must be an integer >= 1, got 0"),
+    (lambda: search.max_depth(16, BUDGETED, build=LENET), "max_depth takes build, a function of the number"),
+    (lambda: search.min_budget(LENET, resolution=0), r"min_budget's resolution \(blocks of 1 KiB\) must be "
+                                                     r"an integer >= 1, got 0"),  # a ZeroDivisionError
+    (lambda: search.min_budget(lambda b: LENET), r"min_budget takes the network's Graph \(e.g. "),
+])
+def test_a_search_given_the_wrong_arguments_says_which_and_what_it_takes(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 @pytest.mark.parametrize("flags,named", [
     (["--recompute", "cost_aware", "--no-liveness"], "--recompute cost_aware without liveness"),
     (["--cache"], "--cache without liveness"),

@@ -268,6 +268,7 @@ def test_anomaly_mode_finds_what_never_reaches_the_loss():
     (lambda m, x, y: m.step(x, y + 0.7), r"labels must be 2 integers .*; labels\[0\] is \d\.7"),
     (lambda m, x, y: m.step(x, np.array([np.nan, 1.0])), r"labels\[0\] is nan"),
     (lambda m, x, y: m.step(x, np.array([True, False])), r"got dtype bool"),
+    (lambda m, x, y: m.step(x, [0, True]), r"labels must be 2 integers .*; labels\[1\] is True"),  # class 1
     (lambda m, x, y: m.step(x, y.reshape(2, 1)), r"got shape \(2, 1\)"),
     (lambda m, x, y: m.step(x, y, lr="0.1"), r"step: lr must be a finite number > 0, got '0.1'"),
     (lambda m, x, y: m.step(x, y, lr=float("inf")), r"step: lr must be a finite number > 0, got inf"),
