@@ -27,6 +27,7 @@ import numpy as np
 
 from snlite.audit import Audit
 from snlite.layers import StepIO
+from snlite.layers_base import Undeclared, declared
 from snlite.program import STREAMS, Alloc, Copy, Free, HandOver, HostRead, HostWait, HostWrite, Launch, \
     Record, Wait
 from snlite.validate import ProgramError
@@ -44,6 +45,28 @@ def dropout_seed(seed: int, iteration: int, layer_index: int) -> int:
     for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
         z = ((z ^ (z >> shift)) * mult) & (2**64 - 1)
     return (z ^ (z >> 31)) & 0xFFFFFFFF
+
+
+def _hide_undeclared(io: StepIO, layer, phase: str) -> None:
+    """Put :class:`Undeclared` in place of each tensor the step's declarations do not name, so that
+    a layer using one fails at once, naming it, under every configuration (not only where liveness
+    or offload freed it)."""
+    roles = declared(layer, phase)
+    for role in ("x", "y", "dy", "dx", "labels"):
+        value = getattr(io, role)
+        if role not in roles and value is not None:
+            setattr(io, role, [Undeclared(layer, phase, role)] * len(value) if isinstance(value, list)
+                    else Undeclared(layer, phase, role))
+    for s in io.saved:
+        if s not in roles:
+            io.saved[s] = Undeclared(layer, phase, s)
+    if phase == "backward":
+        if "bias" in io.params:
+            io.params["bias"] = Undeclared(layer, phase, "the bias", "a backward reads the other parameters "
+                                                                     "(the bias's gradient needs only dy)")
+        for b in io.buffers:
+            io.buffers[b] = Undeclared(layer, phase, f"the buffer {b!r}", "a backward reads no buffer: save "
+                                                                          "what it needs in the forward")
 
 
 class Executor:
@@ -279,6 +302,7 @@ class Executor:
             dys = g.output_grads(ins.layer)
             io.dy = v(dys[0], layer.out_shape) if dys else None
             io.dx = [v(t, shape_of[i]) for t, i in zip(g.input_grads(ins.layer), g.inputs[ins.layer])]
+        _hide_undeclared(io, layer, phase)
         (layer.forward if phase == "forward" else layer.backward)(io)
 
     def _update(self, ins) -> None:

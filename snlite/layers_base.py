@@ -33,6 +33,41 @@ class StepIO:
     workspace: object = None  # conv: a 1-D float32 view, large enough for the chosen algorithms
 
 
+class UndeclaredRole(AssertionError):
+    """A step used a tensor its layer's declarations do not name (``fwd_reads``, ``bwd_reads``...)."""
+
+
+class Undeclared:
+    """What a step finds in place of a tensor its layer does not declare for that step: any use of
+    it raises :class:`UndeclaredRole`. Without it such a read works wherever the tensor happens to be
+    resident (the baseline keeps everything) and reads freed or stale memory where liveness, offload
+    or recomputation planned by the declarations."""
+
+    def __init__(self, layer, phase: str, role: str, fix: str | None = None):
+        reads = f"{type(layer).__name__}.{'fwd' if phase == 'forward' else 'bwd'}_reads"
+        self._said = (f"{layer.kind} layer {layer.name!r}: its {phase} uses {role}, which its declarations "
+                      f"do not name, so the memory plan need not keep it: "
+                      + (fix or f"add {role!r} to {reads}"))
+
+    def __getattr__(self, name):
+        raise UndeclaredRole(self._said)
+
+    def __array__(self, *args, **kwargs):
+        raise UndeclaredRole(self._said)
+
+    def __repr__(self) -> str:
+        return f"<undeclared: {self._said}>"
+
+
+def declared(layer, phase: str) -> set:
+    """The roles a step of ``layer`` may use: its declared reads and writes (saved tensors by their
+    names), and the parameters its step reads: all of them forward, the weights (not the bias: dbias
+    needs only dy) and their gradients backward."""
+    if phase == "forward":
+        return {*layer.fwd_reads, *layer.fwd_writes, "params", "buffers"}
+    return {*layer.bwd_reads, *layer.bwd_writes, "weights", "grads"}
+
+
 class Layer:
     """A layer of the graph. Subclasses set the roles below and implement forward/backward."""
 

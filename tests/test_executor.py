@@ -11,6 +11,8 @@ from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.config import MemoryConfig
 from snlite.device import CudaDevice, HostDevice
 from snlite.graph import Graph
+from snlite.layers import LAYER_TYPES
+from snlite.layers_base import Layer, UndeclaredRole
 from snlite.pipeline import simulate
 from snlite.program import STREAMS
 from snlite.scheduler import Scheduler, validate
@@ -296,3 +298,35 @@ def test_measured_conv_costs_drive_the_choice_and_plan_the_same_on_meta():
     for c in model.trace.conv_choices:
         assert (c.algo, c.chunk) == (lambda b: (b.algo, b.chunk))(workspace.candidates(layer, c.op, costs)[0])
     assert model.trace.peak_bytes == planned.peak_bytes
+
+
+class _CarelessTanh(Layer):
+    """A layer written carelessly: its backward reads x, which its declarations leave out."""
+
+    kind = "careless_tanh"
+    bwd_reads = ("y", "dy")
+    bwd_inplace = True
+
+    def forward(self, io):
+        io.run("tanh_forward", io.x[0], io.y)
+
+    def backward(self, io):
+        io.x[0].shape  # the read its bwd_reads do not name
+        io.run("tanh_backward", io.y, io.dy, io.dx[0])
+
+
+@pytest.mark.parametrize("config", [MemoryConfig(), MemoryConfig.superneurons()],
+                         ids=["baseline", "superneurons"])
+def test_a_layer_using_a_tensor_it_does_not_declare_fails_naming_it_under_every_config(config, monkeypatch):
+    """Such a read worked under the baseline (everything resident) and read a freed tensor, or a
+    None, only where liveness planned by the declarations: a new layer passed its own tests."""
+    monkeypatch.setitem(LAYER_TYPES, "careless_tanh", _CarelessTanh)
+    g = Graph(input_shape=(2, 4), num_classes=3)
+    h = g._add("careless_tanh", [g.linear(g.input(), 5)], "bad")
+    g.softmax_loss(g.linear(h, 3))
+    x, y = data_for(g)
+    model = Model(g, config, device="host")
+    with pytest.raises(UndeclaredRole, match=r"careless_tanh layer 'bad': its backward uses x, which its "
+                                             r"declarations do not name, so the memory plan need not keep "
+                                             r"it: add 'x' to _CarelessTanh.bwd_reads"):
+        model.step(x, y)
