@@ -1,4 +1,5 @@
-"""Sigmoid, the activations built on it or shaped like it (SiLU, Hardsigmoid, Hardswish, Tanh, GELU),
+"""Sigmoid, the activations built on it or shaped like it (SiLU, Hardsigmoid, Hardswish, Tanh, GELU and
+its tanh approximation),
 and the channel scale that squeeze-and-excitation multiplies a feature map by: what MobileNet-V3,
 EfficientNet and RegNet-Y add to the layers of 2015, and what other networks use in their place.
 Forward and backward, each as PyTorch's CPU kernels compute it.
@@ -17,6 +18,9 @@ Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.s
 - gelu (PyTorch's exact GELU, ``approximate="none"``): y = x / 2 * (1 + erf(x / sqrt 2)); backward
   dx = dy * (cdf + x * pdf), cdf = (1 + erf(x / sqrt 2)) / 2, pdf = exp(-x * x / 2) / sqrt(2 pi) (it
   reads x).
+- gelu_tanh (PyTorch's GELU with ``approximate="tanh"``): y = x / 2 * (1 + tanh(k (x + 0.044715 x^3))),
+  k = sqrt(2 / pi); backward dx = dy * ((1 + t) / 2 + x / 2 * (1 - t * t) * k * (1 + 3 * 0.044715 x^2)),
+  t = tanh(k (x + 0.044715 x^3)), as PyTorch's ``GeluBackwardKernel`` (it reads x).
 - channel_scale (squeeze-and-excitation's last step): y[n, c, h, w] = x[n, c, h, w] * s[n, c], s of
   shape (N, C, 1, 1) (the gate: a sigmoid of two 1x1 convolutions of x's channel means); backward
   dx = dy * s, and ds[n, c] = the sum over (h, w), in that order, of dy * x: one thread per (n, c), a
@@ -113,6 +117,24 @@ def gelu_backward_ref(x, dy, dx):
     cdf = t(0.5) * (t(1) + _erf(x * t(SQRT1_2)))
     pdf = np.exp(t(-0.5) * x * x) * t(GELU_PDF)
     dx[...] = dy * (cdf + x * pdf)
+
+
+GELU_TANH_BETA = 0.7978845608028654  # sqrt(2 / pi): PyTorch's M_SQRT2 * M_2_SQRTPI * 0.5
+GELU_TANH_KAPPA = 0.044715
+
+
+def gelu_tanh_forward_ref(x, y):
+    t = x.dtype.type
+    inner = t(GELU_TANH_BETA) * (x + t(GELU_TANH_KAPPA) * (x * x * x))
+    y[...] = t(0.5) * x * (t(1) + np.tanh(inner))
+
+
+def gelu_tanh_backward_ref(x, dy, dx):
+    t = x.dtype.type
+    x_sq = x * x
+    th = np.tanh(t(GELU_TANH_BETA) * (x + t(GELU_TANH_KAPPA) * (x_sq * x)))
+    inner_d = t(GELU_TANH_BETA) * (t(1) + t(3 * GELU_TANH_KAPPA) * x_sq)
+    dx[...] = dy * (t(0.5) * (t(1) + th) + t(0.5) * x * (t(1) - th * th) * inner_d)
 
 
 def channel_scale_forward_ref(x, s, y):
@@ -228,6 +250,27 @@ def _gelu_backward_v1(x, dy, dx):
         dx[i] = dy[i] * (cdf + v * pdf)
 
 
+@cuda_kernel("void(float32[::1], float32[::1])")
+def _gelu_tanh_forward_v1(x, y):
+    i = cuda.grid(1)
+    if i < y.size:
+        v = x[i]
+        inner = float32(GELU_TANH_BETA) * (v + float32(GELU_TANH_KAPPA) * (v * v * v))
+        y[i] = float32(0.5) * v * (float32(1.0) + math.tanh(inner))
+
+
+@cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
+def _gelu_tanh_backward_v1(x, dy, dx):
+    i = cuda.grid(1)
+    if i < dx.size:
+        v = x[i]
+        v_sq = v * v
+        th = math.tanh(float32(GELU_TANH_BETA) * (v + float32(GELU_TANH_KAPPA) * (v_sq * v)))
+        inner_d = float32(GELU_TANH_BETA) * (float32(1.0) + float32(3 * GELU_TANH_KAPPA) * v_sq)
+        dx[i] = dy[i] * (float32(0.5) * (float32(1.0) + th)
+                         + float32(0.5) * v * (float32(1.0) - th * th) * inner_d)
+
+
 @cuda_kernel("void(float32[:, ::1], float32[::1], float32[:, ::1])")
 def _channel_scale_forward_v1(x, s, y):
     # x and y as (N*C, H*W), s as N*C: one thread per element
@@ -322,6 +365,15 @@ def gelu_backward(x, dy, dx, *, stream=0, version="v1", block=BLOCK):
     _backward("gelu_backward", _gelu_backward_v1, x, dy, dx, stream, version, block)
 
 
+def gelu_tanh_forward(x, y, *, stream=0, version="v1", block=BLOCK):
+    _forward("gelu_tanh_forward", _gelu_tanh_forward_v1, x, y, stream, version, block)
+
+
+def gelu_tanh_backward(x, dy, dx, *, stream=0, version="v1", block=BLOCK):
+    """From the input x; ``dx`` may be the same array as ``dy``."""
+    _backward("gelu_tanh_backward", _gelu_tanh_backward_v1, x, dy, dx, stream, version, block)
+
+
 def _rows(name, x, s):
     """x as (N*C, H*W) and s as N*C, after checking that s is x's (N, C, 1, 1)."""
     check(f"{name} x", x)
@@ -353,7 +405,8 @@ def channel_scale_backward(x, s, dy, dx, ds, *, stream=0, version="v1", block=BL
 OPS = {name: Op(name, globals()[f"{name}_ref"], globals()[name], VERSIONS) for name in (
     "sigmoid_forward", "sigmoid_backward", "silu_forward", "silu_backward", "hardsigmoid_forward",
     "hardsigmoid_backward", "hardswish_forward", "hardswish_backward", "tanh_forward", "tanh_backward",
-    "gelu_forward", "gelu_backward", "channel_scale_forward", "channel_scale_backward")}
+    "gelu_forward", "gelu_backward", "gelu_tanh_forward", "gelu_tanh_backward", "channel_scale_forward",
+    "channel_scale_backward")}
 
 
 def examples(rng):
@@ -365,16 +418,19 @@ def examples(rng):
                    80.0, -80.0]
     dy = r(*x.shape)
     out = []
-    for act in ("sigmoid", "silu", "hardsigmoid", "hardswish", "tanh", "gelu"):
+    for act in ("sigmoid", "silu", "hardsigmoid", "hardswish", "tanh", "gelu", "gelu_tanh"):
         a = x
         if act in FROM_OUTPUT:  # its backward reads the output
             a = np.empty_like(x)
             globals()[f"{act}_forward_ref"](x, a)
         in_place = dy.copy()
+        # gelu_tanh's backward, in PyTorch's float32 formula, cancels in 1 + tanh and 1 - tanh^2 for
+        # x below about -3: up to 1.3e-6 from float64's at dy = 1 (the simulator's tanh is float64's)
+        tol = {"atol": 4e-6} if act == "gelu_tanh" else {}
         out += [Example(f"{act}_forward", (x, nan(*x.shape)), (1,), label="4x3x5x7, the ends, large"),
                 Example(f"{act}_forward", (r(301), nan(301)), (1,), launch={"block": 64}, label="1-D 301"),
-                Example(f"{act}_backward", (a, dy, nan(*x.shape)), (2,), label="4x3x5x7"),
-                Example(f"{act}_backward", (a, in_place, in_place), (2,), label="dx aliases dy")]
+                Example(f"{act}_backward", (a, dy, nan(*x.shape)), (2,), label="4x3x5x7", **tol),
+                Example(f"{act}_backward", (a, in_place, in_place), (2,), label="dx aliases dy", **tol)]
     xs, s, dys = r(3, 4, 5, 6), r(3, 4, 1, 1), r(3, 4, 5, 6)
     in_place = dys.copy()
     out += [

@@ -155,6 +155,10 @@ class Graph:
         """PyTorch's GELU, exact (approximate="none")."""
         return self._add("gelu", [x], name)
 
+    def gelu_tanh(self, x, name=None) -> Node:
+        """PyTorch's GELU with its tanh approximation (approximate="tanh", as in GPT-2 and BERT)."""
+        return self._add("gelu_tanh", [x], name)
+
     def silu(self, x, name=None) -> Node:
         """PyTorch's SiLU, x * sigmoid(x) (EfficientNet's activation)."""
         return self._add("silu", [x], name)

@@ -105,6 +105,12 @@ class GELU(SiLU):
     kind = "gelu"
 
 
+class GELUTanh(SiLU):
+    """PyTorch's GELU with ``approximate="tanh"``: x / 2 (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+
+    kind = "gelu_tanh"
+
+
 class ELU(SiLU):
     """PyTorch's ELU: x where x > 0, else alpha (exp(x) - 1). SELU and CELU are the same kernels with
     other constants (``kernels.elu``: scale, alpha, and the input's scale)."""

@@ -1,7 +1,7 @@
 """Cost-aware recomputation (docs/paper.md section 5), on plain data.
 
 Cheap layers (ReLU, pooling, BN, LRN, dropout, and what snlite has since learnt: the activations
-ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU, ELU, SELU, CELU, Softplus,
+ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU (both), ELU, SELU, CELU, Softplus,
 Mish, and ConvNeXt's layer norm and layer scale) hold about half the activation memory but cost
 little time, so their outputs are dropped after the forward pass and rebuilt in backward from the
 nearest earlier checkpoint (a layer whose output is kept: conv, linear, and the structural

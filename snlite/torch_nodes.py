@@ -1,6 +1,7 @@
 """What each fx node of a traced module is, for :func:`snlite.torch_import.from_torch`: a kind of
 snlite layer and its hyper-parameters (:func:`describe`), which hyper-parameters snlite's layers do not
-have yet (``NOT_YET``, the one place to extend when a layer learns them), and the one-line error that
+have yet (``NOT_YET``, the one place to extend when a layer learns one; a value that snlite computes as
+a layer of its own, GELU's ``approximate="tanh"``, is renamed to that kind first), and the one-line error that
 refuses a node snlite cannot import (:func:`refuse`). The walk that adds the layers is
 :mod:`snlite.torch_walk`. torch is imported only inside :func:`describe`, which looks a node's module
 up in torch.nn: snlite itself never needs it.
@@ -11,9 +12,9 @@ import operator
 
 SUPPORTED = ("modules Conv2d (grouped and depthwise too; padding 'same' for odd kernels), Linear, "
              "BatchNorm2d, BatchNorm1d and LayerNorm on (N, features), ReLU, ReLU6, LeakyReLU, Sigmoid, "
-             "Tanh, SiLU, Hardsigmoid, Hardswish, GELU, ELU, SELU, CELU, Softplus, Mish, MaxPool2d, "
-             "AvgPool2d (ceil mode too), AdaptiveAvgPool2d and AdaptiveMaxPool2d (where they are the "
-             "identity or their windows tile the input), LocalResponseNorm, Dropout, Dropout2d, Flatten, "
+             "Tanh, SiLU, Hardsigmoid, Hardswish, GELU (exact or tanh), ELU, SELU, CELU, Softplus, Mish, "
+             "MaxPool2d, AvgPool2d (ceil mode too), AdaptiveAvgPool2d and AdaptiveMaxPool2d (where they are "
+             "the identity or their windows tile the input), LocalResponseNorm, Dropout, Dropout2d, Flatten, "
              "Identity, and LayerNorm and Linear over the channels between ConvNeXt's permute(0, 2, 3, "
              "1) and permute(0, 3, 1, 2), and ViT's tokens (N, T, D) (its patches reshaped to (N, D, H * "
              "W) or flatten(2), then permute(0, 2, 1) or transpose(1, 2)) with LayerNorm, Linear, "
@@ -145,7 +146,7 @@ def describe(node, gm):
                  (nn.MultiheadAttention, "multihead_attention", lambda: _attention(node, m))]
         for cls, kind, hp in table:
             if type(m) is cls:
-                return kind, hp(), tensors, bool(getattr(m, "inplace", False))
+                return (*_gelu_tanh(kind, hp()), tensors, bool(getattr(m, "inplace", False)))
         if isinstance(m, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
             raise refuse(node, f"the module {type(m).__name__} has no snlite layer, and torch.fx cannot "
                                "trace into it (its fast path branches on the tensors); write its block of "
@@ -164,7 +165,7 @@ def describe(node, gm):
             hp = _bind(node, (("negative_slope", 0.01), ("inplace", False)))
             return "leaky_relu", hp, tensors[:1], hp["inplace"]
         if fn is F.gelu:
-            return "gelu", _bind(node, (("approximate", "none"),)), tensors[:1], False
+            return (*_gelu_tanh("gelu", _bind(node, (("approximate", "none"),))), tensors[:1], False)
         if fn in (F.elu, F.celu):
             hp = _bind(node, (("alpha", 1.0), ("inplace", False)))
             return fn.__name__, hp, tensors[:1], hp["inplace"]
@@ -327,6 +328,13 @@ def is_chunk(node) -> bool:
     op = getattr(node, "op", None)
     return (op == "call_method" and node.target == "chunk") or \
         (op == "call_function" and node.target is torch.chunk)
+
+
+def _gelu_tanh(kind, hp):
+    """GELU's tanh approximation (``approximate="tanh"``) is a layer kind of its own, ``gelu_tanh``."""
+    if kind == "gelu" and hp.get("approximate") == "tanh":
+        return "gelu_tanh", {}
+    return kind, hp
 
 
 def not_yet(kind, hp) -> str | None:

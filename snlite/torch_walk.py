@@ -14,8 +14,8 @@ from snlite.torch_views import Attended, ChannelsLast, Param, RelativeBias, Toke
 
 # what reads a channels-last tensor (after permute(0, 2, 3, 1)), computed on snlite's (N, C, H, W)
 CHANNELS_LAST = ("permute", "layernorm", "linear", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu",
-                 "hardsigmoid", "hardswish", "gelu", "elu", "selu", "celu", "softplus", "mish", "identity",
-                 "dropout", "add", "patch_merge", "token_select")
+                 "hardsigmoid", "hardswish", "gelu", "gelu_tanh", "elu", "selu", "celu", "softplus", "mish",
+                 "identity", "dropout", "add", "patch_merge", "token_select")
 
 
 class Importer:
@@ -175,7 +175,8 @@ class Importer:
             return g.batchnorm(x, hp["eps"], hp["momentum"], name=name)
         if kind == "relu":
             return g.relu(x, name=name)
-        if kind in ("relu6", "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "selu", "mish"):
+        if kind in ("relu6", "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "gelu_tanh",
+                    "selu", "mish"):
             return getattr(g, kind)(x, name=name)
         if kind in ("elu", "celu"):
             return getattr(g, kind)(x, hp["alpha"], name=name)

@@ -137,6 +137,19 @@ def swin_net(n=2, hw=4):
     return g
 
 
+def gelu_tanh_net(n=2, hw=4):
+    """GELU's tanh approximation (GPT-2's and BERT's activation) where networks put it: after a batch
+    norm of a conv's map, read by a conv and by a residual add (a fork), after the add, and in an MLP's
+    head on (N, features)."""
+    g = Graph(input_shape=(n, 2, hw, hw), num_classes=3, name="gelu_tanh")
+    y = g.gelu_tanh(g.batchnorm(g.conv2d(g.input(), 3, 3, padding=1, name="conv1"), name="bn1"), name="act1")
+    y = g.gelu_tanh(g.add(g.conv2d(y, 3, 3, padding=1, name="conv2"), y, name="add1"), name="act2")
+    y = g.flatten(g.avgpool(y, 2, name="pool1"))
+    y = g.gelu_tanh(g.linear(y, 6, name="fc1"), name="act3")
+    g.softmax_loss(g.linear(y, 3, name="fc2"))
+    return g
+
+
 def data_for(g, seed=1):
     """A random batch and labels for ``g``."""
     rng = np.random.default_rng(seed)

@@ -5,7 +5,8 @@ device memory outside the pool."""
 import numpy as np
 import pytest
 
-from nets import ALL_CONFIGS, convnext_net, data_for, gated_net, grouped_net, mixed_net, swin_net, vit_net
+from nets import (ALL_CONFIGS, convnext_net, data_for, gated_net, gelu_tanh_net, grouped_net, mixed_net,
+                  swin_net, vit_net)
 from snlite.bench import PRESETS
 from snlite.adversary import COPY_TIES, AdversarialDevice
 from snlite.config import MemoryConfig
@@ -70,16 +71,16 @@ def test_every_flag_combination_is_bit_identical_on_the_adversarial_device(order
     assert deferred > 10_000, "the adversarial device must really have deferred the work"
 
 
-@pytest.mark.parametrize("net", [grouped_net, gated_net, convnext_net, vit_net, swin_net])
+@pytest.mark.parametrize("net", [grouped_net, gated_net, convnext_net, vit_net, swin_net, gelu_tanh_net])
 def test_torchvisions_later_layers_train_bit_identically_under_every_preset(net):
     """Depthwise and grouped convs, ReLU6 and ceil-mode pooling (grouped); Hardswish, SiLU, Sigmoid,
     Hardsigmoid and squeeze-and-excitation's channel scale (gated); layer norms, Linears over channels
     and the layer scale (convnext); attention and the token layers (vit), window attention and patch
-    merging (swin); the activations and
+    merging (swin), GELU's tanh approximation (gelu_tanh); the activations and
     normalizations recomputed as cheap layers, under each benchmark preset and the workspace
     settings: the same losses and parameters, bit for bit, and the peak as planned."""
     g = net()
-    if net not in (convnext_net, vit_net, swin_net):
+    if net in (grouped_net, gated_net):  # ceil-mode pooling
         assert g.layers["pool1"].out_shape[2:] == ((2, 2) if net is grouped_net else (3, 3))
     base = _train(g, MemoryConfig(), steps=2)
     configs = list(PRESETS.values()) + [MemoryConfig.superneurons(workspace=w) for w in ("none", "fastest")] \

@@ -1,7 +1,8 @@
-"""Sigmoid, SiLU, Hardsigmoid, Hardswish, Tanh, GELU and the channel scale (kernels.sigmoid): each reference's
-backward is the gradient of its forward (central differences in float64), the references compute what
-PyTorch computes at the ends of each piece, and the launchers refuse a wrong shape by name. (Every
-kernel against its reference on the simulator: tests/test_kernels.py.)"""
+"""Sigmoid, SiLU, Hardsigmoid, Hardswish, Tanh, GELU (exact and tanh) and the channel scale
+(kernels.sigmoid): each reference's backward is the gradient of its forward (central differences in
+float64), the references compute what PyTorch computes at the ends of each piece, and the launchers
+refuse a wrong shape by name. (Every kernel against its reference on the simulator:
+tests/test_kernels.py.)"""
 import importlib.util
 
 import numpy as np
@@ -11,7 +12,7 @@ from numba import cuda
 from gradcheck import check_backward, rand64
 from kernels import sigmoid as S
 
-ACTIVATIONS = ("sigmoid", "silu", "hardsigmoid", "hardswish", "tanh", "gelu")
+ACTIVATIONS = ("sigmoid", "silu", "hardsigmoid", "hardswish", "tanh", "gelu", "gelu_tanh")
 KINKS = {"hardsigmoid": (-3.0, 3.0), "hardswish": (-3.0, 3.0)}
 
 
@@ -63,11 +64,12 @@ def test_references_compute_what_pytorch_computes(act):
     getattr(S, f"{act}_forward_ref")(x, y)
     getattr(S, f"{act}_backward_ref")(y if act in S.FROM_OUTPUT else x, dy, dx)
     t = torch.tensor(x, requires_grad=True)
-    ty = getattr(torch.nn.functional, act)(t)
+    F = torch.nn.functional
+    ty = F.gelu(t, approximate="tanh") if act == "gelu_tanh" else getattr(F, act)(t)
     ty.backward(torch.from_numpy(dy))
     # PyTorch's GELU takes a float32 erf, and 1 + erf(x / sqrt 2) cancels for negative x (at -3 it is
     # off by 5e-7, 1e-4 of the value); the reference's erf is float64's, rounded once
-    atol = 1e-6 if act == "gelu" else 1e-7
+    atol = 1e-6 if act in ("gelu", "gelu_tanh") else 1e-7
     np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-6, atol=atol, err_msg=f"{act} forward")
     np.testing.assert_allclose(dx, t.grad.numpy(), rtol=1e-6, atol=atol, err_msg=f"{act} backward")
 
@@ -95,8 +97,8 @@ def test_channel_scale_launchers_name_what_is_wrong():
 
 
 def test_the_layers_are_cheap_and_the_channel_scale_is_kept():
-    """The activations (these six and LeakyReLU) are cheap layers (dropped in forward, recomputed in
-    backward, as ReLU);
+    """The activations (these and LeakyReLU; GELU's tanh approximation, not in the gated net, in
+    tests/test_gelu_tanh.py) are cheap layers (dropped in forward, recomputed in backward, as ReLU);
     the channel scale, a join of two inputs, is a checkpoint as a residual add is; a gate of the
     wrong shape is refused when the graph is built."""
     from nets import gated_net
@@ -106,7 +108,7 @@ def test_the_layers_are_cheap_and_the_channel_scale_is_kept():
 
     g = gated_net()
     dropped = set(Scheduler(g, MemoryConfig(liveness=True, recompute="memory")).plan().recompute.dropped)
-    for kind in ACTIVATIONS + ("leaky_relu",):
+    for kind in [k for k in ACTIVATIONS if k != "gelu_tanh"] + ["leaky_relu"]:
         layers = [n for n, layer in g.layers.items() if layer.kind == kind]
         assert layers and set(layers) <= dropped, kind
     assert not {n for n, layer in g.layers.items() if layer.kind in ("channel_scale", "conv2d")} & dropped
