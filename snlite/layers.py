@@ -30,8 +30,8 @@ import math
 from kernels.conv import check_groups
 from kernels.conv import output_shape as conv_output_shape, workspace_bytes as conv_workspace_bytes
 from kernels.pooling import pool_output_shape
-from snlite.layers_activation import (CELU, ELU, GELU, SELU, GELUTanh, Hardsigmoid, Hardswish, LeakyReLU,
-                                      Mish, ReLU, ReLU6, Sigmoid, SiLU, Softplus, Tanh)
+from snlite.layers_activation import (ACTIVATIONS, CELU, ELU, GELU, SELU, GELUTanh, Hardsigmoid,  # noqa: F401
+                                      Hardswish, LeakyReLU, Mish, ReLU, ReLU6, Sigmoid, SiLU, Softplus, Tanh)
 from snlite.layers_attention import (Attention, ClassToken, PatchMerge, PositionEmbedding, TokenSelect,
                                      WindowAttention)
 from snlite.layers_base import Layer, StepIO, _uniform_fan_in
@@ -266,13 +266,11 @@ class Dropout2d(Dropout):
         return {"group": self.out_shape[2] * self.out_shape[3]}
 
 
-LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU,
-                                          Hardsigmoid, Hardswish, GELU, GELUTanh, ELU, SELU, CELU, Softplus,
-                                          Mish, MaxPool2d, AvgPool2d, BatchNorm2d,
-                                          LayerNorm, LayerScale, LRN, Dropout, Dropout2d, ChannelScale, Add,
-                                          Concat,
-                                          Narrow, ChannelShuffle, Flatten, SoftmaxLoss, Attention,
-                                          ClassToken, PositionEmbedding, TokenSelect, WindowAttention,
-                                          PatchMerge)}
+# every layer type, by kind (the activation classes are imported above to be named here too: __all__)
+LAYER_TYPES = {cls.kind: cls for cls in (Data, Conv2d, Linear, *ACTIVATIONS, MaxPool2d, AvgPool2d,
+                                          BatchNorm2d, LayerNorm, LayerScale, LRN, Dropout, Dropout2d,
+                                          ChannelScale, Add, Concat, Narrow, ChannelShuffle, Flatten,
+                                          SoftmaxLoss, Attention, ClassToken, PositionEmbedding, TokenSelect,
+                                          WindowAttention, PatchMerge)}
 
 __all__ = ["LAYER_TYPES", "Layer", "StepIO"] + [c.__name__ for c in LAYER_TYPES.values()]

@@ -82,6 +82,7 @@ class LeakyReLU(SiLU):
     """PyTorch's LeakyReLU: x where x > 0, else ``negative_slope`` times x."""
 
     kind = "leaky_relu"
+    builder_args = ("negative_slope",)
 
     def hyper(self) -> dict:
         return {"negative_slope": self.attrs["negative_slope"]}
@@ -116,6 +117,7 @@ class ELU(SiLU):
     other constants (``kernels.elu``: scale, alpha, and the input's scale)."""
 
     kind = "elu"
+    builder_args = ("alpha",)
     op = "elu"
 
     def hyper(self) -> dict:
@@ -126,6 +128,7 @@ class SELU(ELU):
     """PyTorch's SELU: a scaled ELU whose constants keep activations normalized."""
 
     kind = "selu"
+    builder_args = ()  # ELU's alpha is fixed here
 
     def hyper(self) -> dict:
         return {"alpha": SELU_ALPHA, "scale": SELU_SCALE, "input_scale": 1.0}
@@ -135,6 +138,7 @@ class CELU(ELU):
     """PyTorch's CELU: x where x > 0, else alpha (exp(x / alpha) - 1)."""
 
     kind = "celu"
+    builder_args = ("alpha",)
 
     def hyper(self) -> dict:
         return {"alpha": self.attrs["alpha"], "scale": 1.0, "input_scale": 1.0 / self.attrs["alpha"]}
@@ -144,6 +148,7 @@ class Softplus(SiLU):
     """PyTorch's Softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
 
     kind = "softplus"
+    builder_args = ("beta", "threshold")
 
     def hyper(self) -> dict:
         return {"beta": self.attrs["beta"], "threshold": self.attrs["threshold"]}
@@ -153,3 +158,10 @@ class Mish(SiLU):
     """PyTorch's Mish: x tanh(softplus(x))."""
 
     kind = "mish"
+
+
+# every activation: one input, elementwise (so it computes on a channels-last tensor as on any), cheap
+# (recomputed), built by g.<kind>(x, *builder_args, name=...); LAYER_TYPES and from_torch's walk take them
+# from here
+ACTIVATIONS = (ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU, GELUTanh, ELU, SELU,
+               CELU, Softplus, Mish)

@@ -80,6 +80,7 @@ class Layer:
     bwd_writes: ClassVar[tuple] = ("dx",)
     bwd_inplace: ClassVar[bool] = False  # dx (of the single input) is written into dy's buffer
     alias_input: ClassVar[bool] = False  # the output is the input's storage, reshaped (flatten)
+    builder_args: ClassVar[tuple] = ()  # an activation's arguments after x, by PyTorch's names (from_torch)
 
     def __init__(self, name: str, in_shapes: list[tuple], **attrs):
         self.name = name

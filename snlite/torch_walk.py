@@ -9,13 +9,14 @@ from __future__ import annotations
 import operator
 
 from snlite.graph import Graph
+from snlite.layers_activation import ACTIVATIONS
 from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
 from snlite.torch_views import Attended, ChannelsLast, Param, RelativeBias, Tokens, permuted
 
+ACTIVATION = {cls.kind: cls.builder_args for cls in ACTIVATIONS}  # kind -> its builder's arguments after x
 # what reads a channels-last tensor (after permute(0, 2, 3, 1)), computed on snlite's (N, C, H, W)
-CHANNELS_LAST = ("permute", "layernorm", "linear", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu",
-                 "hardsigmoid", "hardswish", "gelu", "gelu_tanh", "elu", "selu", "celu", "softplus", "mish",
-                 "identity", "dropout", "add", "patch_merge", "token_select")
+CHANNELS_LAST = ("permute", "layernorm", "linear", *ACTIVATION, "identity", "dropout", "add", "patch_merge",
+                 "token_select")
 
 
 class Importer:
@@ -173,17 +174,8 @@ class Importer:
             return g.linear(x, hp["out_features"], hp["bias"], name=name)
         if kind == "batchnorm":
             return g.batchnorm(x, hp["eps"], hp["momentum"], name=name)
-        if kind == "relu":
-            return g.relu(x, name=name)
-        if kind in ("relu6", "sigmoid", "tanh", "silu", "hardsigmoid", "hardswish", "gelu", "gelu_tanh",
-                    "selu", "mish"):
-            return getattr(g, kind)(x, name=name)
-        if kind in ("elu", "celu"):
-            return getattr(g, kind)(x, hp["alpha"], name=name)
-        if kind == "softplus":
-            return g.softplus(x, hp["beta"], hp["threshold"], name=name)
-        if kind == "leaky_relu":
-            return g.leaky_relu(x, hp["negative_slope"], name=name)
+        if kind in ACTIVATION:  # g.relu(x), g.elu(x, alpha), g.softplus(x, beta, threshold)...
+            return getattr(g, kind)(x, *(hp[h] for h in ACTIVATION[kind]), name=name)
         if kind == "mul":
             return self.channel_scale(node, xs, name)
         if kind == "narrow":
