@@ -431,6 +431,20 @@ def test_the_memory_config_table_names_every_field():
             assert f"`{c}`" in rows[name], f"{name}: {c} is missing from its row"
 
 
+def test_every_layer_kind_is_in_the_layer_list_and_has_its_builder():
+    """docs/training.md's list of layers names every kind of LAYER_TYPES (the data layer aside), each
+    a Graph method of that name (docs/new-layer.md, step 6): gelu_tanh was added with nothing to say
+    the list missed it, and the transformers' six kinds were never in it."""
+    from snlite.graph import Graph
+    from snlite.layers import LAYER_TYPES
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    listed = set(re.findall(r"`(\w+)`", text.split("## Layers\n", 1)[1].strip().split("\n\n")[0]))
+    kinds = set(LAYER_TYPES) - {"data"}
+    assert not kinds - listed, f"docs/training.md's layer list misses {sorted(kinds - listed)}"
+    assert all(callable(getattr(Graph, kind, None)) for kind in kinds)
+
+
 def test_every_module_is_on_the_map():
     """Each module of snlite/ and kernels/ is in the README's reading order or on the map of
     docs/architecture.md."""
