@@ -329,8 +329,13 @@ class Model:
             raise
         if problem:
             self._write(before)
-            raise NonFiniteError(f"training iteration {self.iteration}: {problem}. Nothing was updated "
-                                 f"(weights, BatchNorm statistics and model.iteration are as before)")
+            said = (f"training iteration {self.iteration}: {problem}. Nothing was updated (weights, "
+                    "BatchNorm statistics and model.iteration are as before)")
+            if self.audit:  # its poison is a NaN
+                said += (". The access audit is on, and fills every byte a launch does not name with NaN "
+                         "(snlite.audit): a NaN can be a launch that reads a tensor its program does not "
+                         "name, in this step or an earlier one, rather than arithmetic")
+            raise NonFiniteError(said)
         self.iteration += 1
         return (float("nan") if loss is None else loss), logits
 
