@@ -107,7 +107,7 @@ def test_a_launch_that_leaves_out_a_tensor_it_reads_computes_on_the_poison():
     assert _same(plain, _run(g, config, audit=False))
     with pytest.raises(NonFiniteError, match=r"the loss is nan.* The access audit is on, and fills every "
                                              r"byte a launch does not name with NaN .*a launch that reads a "
-                                             r"tensor its program does not name"):  # not "a lower learning rate"
+                                             r"tensor its program does not name"):
         _run(g, config, audit=True, programs={mode: program})
 
 
