@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import re
 
+from snlite.checks import integer
 from snlite.graph import Graph
 from snlite.records import without_cycle_collection
 
@@ -385,7 +386,7 @@ MODELS = {
 def get_model(name: str, batch: int | None = None, **opts) -> Graph:
     """Build a zoo model by name; ``batch=None`` takes the builder's default. Besides the names in
     ``MODELS``, "resnetNNN" and "cifar_resnetNN" build any valid depth (``resnet(NNN)``...)."""
-    kw = dict(opts) if batch is None else dict(opts, batch=batch)
+    kw = dict(opts) if batch is None else dict(opts, batch=integer(batch, f"{name}'s batch"))
     key = name.lower()
     if key in MODELS:
         return MODELS[key](**kw)

@@ -30,6 +30,7 @@ import importlib.util
 import os
 import sys
 
+from snlite.checks import integer
 from snlite.graph import Graph
 from snlite.torch_nodes import TorchImportError, refuse
 from snlite.torch_walk import Importer
@@ -45,6 +46,7 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     import torch
     from torch.fx.passes.shape_prop import ShapeProp
 
+    batch = integer(batch, "from_torch's batch")
     shape = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else ()
     if len(shape) not in (1, 3) or not all(isinstance(s, int) and s >= 1 for s in shape):
         raise ValueError(f"input_shape must be (C, H, W) of positive integers, or (features,) for a model on "
@@ -68,6 +70,10 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     if len(logits) != 2:
         raise refuse(out, f"the model returns a tensor of shape {logits}; snlite needs logits (N, classes) "
                           "to put a softmax_loss on")
+    if logits[1] < 2:
+        raise TorchImportError(f"{type(module).__name__} returns {logits[1]} output per sample: snlite "
+                               "trains classifiers, whose logits (N, classes >= 2) a softmax_loss reads (a "
+                               "regression loss is not one of its layers yet)")
     g = Graph((batch,) + shape, logits[1], name=name or type(module).__name__.lower())
     built = Importer(g, gm).run()
     g.softmax_loss(built[out])

@@ -591,3 +591,13 @@ def test_a_shape_snlite_would_compute_differently_never_passes_silently():
     # 224x224 VGG: fine; at 32x32 its features end 1x1 and the adaptive pool to 7x7 repeats them
     with pytest.raises(TorchImportError, match="adaptive average pooling from 1x1 to 7x7"):
         from_torch(tv.vgg11(), (3, 32, 32))
+
+
+def test_a_regression_model_and_a_wrong_batch_are_refused_saying_what_snlite_takes():
+    """A model of one output said only "num_classes must be an integer >= 2, got 1"; batch=0 named
+    input_shape."""
+    with pytest.raises(TorchImportError, match=r"^Linear returns 1 output per sample: snlite trains "
+                                               r"classifiers, whose logits \(N, classes >= 2\)"):
+        from_torch(torch.nn.Linear(4, 1), (4,), batch=2)
+    with pytest.raises(ValueError, match=r"from_torch's batch must be an integer >= 1, got 0"):
+        from_torch(torch.nn.Linear(4, 3), (4,), batch=0)

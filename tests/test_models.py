@@ -162,6 +162,8 @@ def test_get_model():
         get_model("googlenet")
     with pytest.raises(ValueError, match="depth 51"):
         get_model("resnet51")
+    with pytest.raises(ValueError, match=r"^alexnet's batch must be an integer >= 1, got '8'$"):
+        get_model("alexnet", batch="8")
 
 
 def test_every_zoo_model_compiles_at_its_paper_batch():
