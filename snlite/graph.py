@@ -129,10 +129,12 @@ class Graph:
                          kernel=(1, 1), stride=(1, 1), padding=(0, 0), bias=bool(bias), linear_weight=True)
 
     def linear(self, x, out_features, bias=True, name=None) -> Node:
+        """PyTorch's Linear on (N, features): its weight (out_features, features), as PyTorch stores it."""
         out_features = integer(out_features, f"{who('linear', name)}: out_features")
         return self._add("linear", [x], name, out_features=out_features, bias=bool(bias))
 
     def relu(self, x, name=None) -> Node:
+        """PyTorch's ReLU: max(x, 0)."""
         return self._add("relu", [x], name)
 
     def relu6(self, x, name=None) -> Node:
@@ -149,6 +151,7 @@ class Graph:
         return self._add("sigmoid", [x], name)
 
     def tanh(self, x, name=None) -> Node:
+        """PyTorch's Tanh."""
         return self._add("tanh", [x], name)
 
     def gelu(self, x, name=None) -> Node:
@@ -221,11 +224,13 @@ class Graph:
 
     def avgpool(self, x, kernel, stride=None, padding=0, count_include_pad=True, ceil_mode=False,
                 name=None) -> Node:
+        """PyTorch's AvgPool2d (``count_include_pad`` and ``ceil_mode`` as its)."""
         return self._add("avgpool", [x], name,
                          **pool_args("avgpool", name, kernel, stride, padding, ceil_mode),
                          count_include_pad=bool(count_include_pad))
 
     def batchnorm(self, x, eps=1e-5, momentum=0.1, name=None) -> Node:
+        """PyTorch's BatchNorm2d (BatchNorm1d on (N, features)): the batch's statistics, running ones kept."""
         what = who("batchnorm", name)
         return self._add("batchnorm", [x], name, eps=check_number(eps, f"{what}: eps", 0.0),
                          momentum=check_number(momentum, f"{what}: momentum", 0.0, 1.0))
@@ -319,6 +324,7 @@ class Graph:
         return self._add("token_select", [x], name, index=int(index))
 
     def lrn(self, x, size=5, alpha=1e-4, beta=0.75, k=1.0, name=None) -> Node:
+        """PyTorch's LocalResponseNorm across ``size`` channels (AlexNet's)."""
         what = who("lrn", name)
         size = integer(size, f"{what}: size")
         if size > LRN_MAX_SIZE:
@@ -328,6 +334,7 @@ class Graph:
                          k=check_number(k, f"{what}: k", 0.0, open_low=True))
 
     def dropout(self, x, p=0.5, name=None) -> Node:
+        """PyTorch's Dropout: each value zeroed with probability p, the rest scaled by 1 / (1 - p)."""
         p = check_number(p, f"{who('dropout', name)}: p", 0.0, 1.0, open_high=True)
         return self._add("dropout", [x], name, p=p)
 
@@ -337,12 +344,14 @@ class Graph:
         return self._add("dropout2d", [x], name, p=p)
 
     def add(self, *xs, name=None) -> Node:
+        """The sum of two or more maps of one shape (a residual join), as nodes or one list of them."""
         xs = list(xs[0]) if len(xs) == 1 and isinstance(xs[0], (list, tuple)) else list(xs)
         if len(xs) < 2:
             raise ValueError(f"{who('add', name)}: needs at least two inputs, got {len(xs)}")
         return self._add("add", xs, name)
 
     def concat(self, xs, name=None) -> Node:
+        """torch.cat of a list of maps over the channels (Inception's and DenseNet's joins)."""
         if not isinstance(xs, (list, tuple)):
             raise ValueError(f"{who('concat', name)}: expected a list of nodes, got {xs!r}")
         if len(xs) < 2:
@@ -350,9 +359,11 @@ class Graph:
         return self._add("concat", list(xs), name)
 
     def flatten(self, x, name=None) -> Node:
+        """torch.flatten(x, 1): (N, C, H, W) as (N, C * H * W), the same storage."""
         return self._add("flatten", [x], name)
 
     def softmax_loss(self, y, name="softmax") -> Node:
+        """CrossEntropyLoss (mean over the batch) of the logits ``y`` (N, classes): the last layer."""
         return self._add("softmax_loss", [y], name, num_classes=self.num_classes)
 
     # what was built -----------------------------------------------------------------
@@ -394,6 +405,7 @@ class Graph:
         return [self._compiled()[5][(name, i)] for i in self.inputs[name]]
 
     def param_count(self) -> int:
+        """The number of learnable parameters (PyTorch's sum of numel over parameters())."""
         return sum(math.prod(s) for l in self.layers.values() for s in l.params().values())
 
     def flops(self) -> int:
