@@ -23,7 +23,7 @@ from snlite.budget import first_fitting, fits
 from snlite.checks import integer
 from snlite.config import MemoryConfig
 from snlite.errors import BudgetError, HostBudgetError
-from snlite.graph import Graph
+from snlite.graph import graph_of
 from snlite.measure import _LO, no_progress
 from snlite.models import PAPER_WIDTH_BATCH, resnet
 from snlite.pipeline import place, probe_or_raise, simulate
@@ -71,9 +71,7 @@ def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneu
     would never end."""
     t0 = time.perf_counter()
     resolution = integer(resolution, "min_budget's resolution (blocks of 1 KiB)")
-    if not isinstance(graph, Graph):
-        raise ValueError(f"min_budget takes the network's Graph (e.g. get_model('alexnet', batch=32)), not "
-                         f"{type(graph).__name__}")
+    graph = graph_of(graph)
     config = (config or MemoryConfig.superneurons()).replace(budget_bytes=None, count="all")
     if config.host_budget_bytes is not None:
         place(graph, config)  # raises HostBudgetError where no device budget meets the host budget

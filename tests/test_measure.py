@@ -432,7 +432,7 @@ BUDGETED = MemoryConfig.superneurons(budget_bytes=1 << 30)
     (lambda: search.max_depth(16, BUDGETED, build=LENET), "max_depth takes build, a function of the number"),
     (lambda: search.min_budget(LENET, resolution=0), r"min_budget's resolution \(blocks of 1 KiB\) must be "
                                                      r"an integer >= 1, got 0"),  # a ZeroDivisionError
-    (lambda: search.min_budget(lambda b: LENET), r"min_budget takes the network's Graph \(e.g. "),
+    (lambda: search.min_budget(lambda b: LENET), r"graph must be a snlite\.Graph, got function"),
 ])
 def test_a_search_given_the_wrong_arguments_says_which_and_what_it_takes(call, message):
     with pytest.raises(ValueError, match=message):
