@@ -323,8 +323,9 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
                          "of snlite.timing): releases and prefetches moved in time so copies hide behind "
                          "compute on that GPU (snlite.overlap)"}
     for name, text in helps.items():
+        spelled = {c.lower(): c for c in CHOICES[name]}  # --schedule h100, as --gpu h100
         g.add_argument(f"--{name.replace('_', '-')}", choices=CHOICES[name], default=None, help=text,
-                       dest=name)
+                       dest=name, type=lambda v, spelled=spelled: spelled.get(v.lower(), v))
     g.add_argument("--recompute-keep", type=_names, metavar="LAYER,...", default=None, dest="recompute_keep",
                    help="cheap layers recomputation keeps, as checkpoints (e.g. the ones too slow to re-run "
                         "on your device: snlite.recompute.expensive_layers)")

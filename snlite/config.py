@@ -66,6 +66,9 @@ class MemoryConfig:
         for name in ("liveness", "offload", "cache", "update_in_backward"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"MemoryConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.schedule, str):  # a GPU in any case, as --gpu and timing.profile take it
+            spelled = {c.lower(): c for c in CHOICES["schedule"]}.get(self.schedule.lower(), self.schedule)
+            object.__setattr__(self, "schedule", spelled)
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"MemoryConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")

@@ -73,6 +73,19 @@ def test_a_numpy_integer_budget_is_an_int():
         MemoryConfig(budget_bytes=np.bool_(True))
 
 
+def test_a_gpu_schedule_is_taken_in_any_case_as_the_time_model_takes_it():
+    """timing.profile("h100") and --gpu h100 worked where MemoryConfig(schedule="h100") was refused."""
+    assert MemoryConfig(schedule="h100").schedule == "H100" == MemoryConfig(schedule="H100").schedule
+    assert MemoryConfig(schedule="PAPER").schedule == "paper"
+    assert MemoryConfig.superneurons(schedule="t4") == MemoryConfig.superneurons(schedule="T4")
+    with pytest.raises(ValueError, match=r"schedule must be one of \('paper', 'H200'.*got 'h300'"):
+        MemoryConfig(schedule="h300")
+    from snlite import cli_args, cli
+
+    args = cli.build_parser().parse_args(["plan", "lenet", "--schedule", "h100", "--fit", "Offline"])
+    assert cli_args.memory_config(args).schedule == "H100" and args.fit == "offline"
+
+
 @pytest.mark.parametrize("config", [{"liveness": True}, "superneurons", 3])
 def test_whatever_takes_a_config_refuses_one_that_is_not_a_memory_config(config):
     """A dict or a preset's name fails at the door, saying how to build a config (an AttributeError
