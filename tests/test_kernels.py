@@ -11,6 +11,9 @@ def _cases():
     for fam in kernels.FAMILIES:
         mod = kernels.family(fam)
         for i, ex in enumerate(mod.examples(np.random.default_rng(0))):
+            if ex.op not in mod.OPS:  # at collection: a bare KeyError stopped every test of the suite
+                raise ValueError(f"kernels/{fam}.py: an example runs {ex.op!r}, which its OPS does not name: "
+                                 f"add an Op of that name (its reference, its launcher) to OPS")
             for version in ex.versions or mod.OPS[ex.op].versions:
                 yield pytest.param(fam, i, version, id=f"{fam}.{ex.op}[{ex.label or i}]-{version}")
 
