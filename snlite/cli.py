@@ -57,7 +57,9 @@ from snlite.device import DEVICE_NAMES
 from snlite.errors import BudgetError
 from snlite.arguments import param_problem
 from snlite.train import Model
+from snlite.version import __version__
 
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder holding snlite/
 DATA_HELP = ("synthetic (generated: where is the blob), digits (scikit-learn's 8x8 digits), mnist:PATH (a "
              "directory with the four MNIST IDX files), cifar10:PATH (the CIFAR-10 binary batches)")
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 2048, 512
@@ -68,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="snlite", description="SuperNeurons' GPU memory management, reimplemented for teaching. "
                                    "Start with: snlite demo")
     parser.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--version", action="version", version=f"snlite {__version__} (from {CHECKOUT})",
+                        help="show the version, and the folder it runs from (an editable install runs its "
+                             "checkout's code, wherever the command is typed)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # every command, in the order --help lists them
     add_demo_command(sub)  # demo (here)

@@ -378,3 +378,14 @@ def test_a_closed_pipe_ends_quietly():
     p.stdout.close()  # the reader goes away with most of the JSON unread
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and err == "", err
+
+
+def test_version_says_which_checkout_runs(capsys):
+    """An editable install runs its own checkout's code from anywhere, a clone's directory too: the
+    version line names the folder, so a contributor can tell."""
+    from snlite.version import __version__
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out == f"snlite {__version__} (from {REPO})\n", out
