@@ -294,7 +294,15 @@ def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.
                 return _first(graph, config.replace(optimizer_state=state), mode, plan, costs, optimizer)
             except BudgetError:
                 pass
-        return _first(graph, config.replace(optimizer_state=states[-1]), mode, plan, costs, optimizer)
+        try:
+            return _first(graph, config.replace(optimizer_state=states[-1]), mode, plan, costs, optimizer)
+        except BudgetError as e:  # its message describes the last try's config: say it was auto's
+            if states == ("device",):
+                raise
+            why = ("on the device it did not fit either" if len(states) > 1 else
+                   "the weights and their momentum alone exceed the budget on the device")
+            raise type(e)(f"{str(e).rstrip('.')}. Under optimizer_state auto this was the momentum on the "
+                          f"host: {why}") from None
     job = Job(graph, config, plan or Scheduler(graph, config).plan(), _specs(graph, optimizer),
               costs or ws.CostModel(), mode)
     if config.schedule != "paper" and mode in ("train", "grads") and job.plan.transfers:
