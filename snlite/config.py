@@ -1,4 +1,6 @@
-"""MemoryConfig: the one place the switches live. Frozen; read by the scheduler and nowhere else.
+"""MemoryConfig: the one place the switches live. Frozen, and passed to each stage (never a global):
+the scheduler plans from it, the placement pass carries the plan out under its budgets, fit, cache
+and schedule, and the command line builds one in one place (``snlite.cli_args.memory_config``).
 
     MemoryConfig()                      # == baseline(): nothing on
     MemoryConfig.superneurons()         # everything the paper does

@@ -46,9 +46,11 @@ class Residency:
                 offset = self.pool.alloc(nbytes, t.name, step)
                 break
             except PoolFullError as e:
-                victim = self.config.cache and choose_victim(
-                    self.lru, self.tensors, self.planned_evictions.get(self.op_index), self.behind_in_flight)
-                if not victim:
+                victim = None  # without the cache, nothing leaves to make room
+                if self.config.cache:
+                    victim = choose_victim(self.lru, self.tensors, self.planned_evictions.get(self.op_index),
+                                           self.behind_in_flight)
+                if victim is None:
                     live = [(n, self.nbytes[n]) for n in self.persistent]  # then the rest, in the order made
                     live += [(x.name, x.nbytes) for x in self.tensors.values() if x.resident]
                     raise BudgetError(self._budget_message(t.name, step, e, live)) from None

@@ -85,7 +85,7 @@ class Tensor:
     which stays bound to the tensor across moves (so one slot is reused every iteration) until
     :meth:`release_host` hands it back. ``host_valid`` says the host slot holds the current data.
     ``locked`` is set by the tensor cache while a layer that depends on it runs: a locked tensor
-    cannot be evicted (offloaded or dropped). ``last_use`` is the cache's LRU clock.
+    cannot be evicted (offloaded or dropped). (The cache's LRU order is its own: :mod:`snlite.cache`.)
     """
 
     name: str
@@ -96,7 +96,6 @@ class Tensor:
     host_offset: int | None = None
     host_valid: bool = False
     locked: bool = False
-    last_use: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
