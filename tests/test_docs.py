@@ -425,7 +425,10 @@ def test_the_memory_config_table_names_every_field():
 
     text = (ROOT / "docs" / "memory-config.md").read_text()
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", text, flags=re.M))
-    assert sorted(rows) == sorted(f.name for f in dataclasses.fields(MemoryConfig))
+    fields = {f.name for f in dataclasses.fields(MemoryConfig)}
+    missing, extra = sorted(fields - set(rows)), sorted(set(rows) - fields)
+    assert not missing, f"docs/memory-config.md's table has no row for {missing}"
+    assert not extra, f"docs/memory-config.md's table has rows for no field: {extra}"
     for name, choices in CHOICES.items():
         for c in choices:
             assert f"`{c}`" in rows[name], f"{name}: {c} is missing from its row"

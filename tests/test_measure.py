@@ -45,7 +45,10 @@ def test_format_size():
 # ---------------------------------------------------------------- flags -> MemoryConfig
 def test_every_memory_config_field_is_a_flag_and_flags_override_the_preset():
     fields = {f.name for f in dataclasses.fields(MemoryConfig)}
-    assert set(cli_args.MEMORY_FLAGS) | {"budget_bytes", "host_budget_bytes"} == fields
+    flags = set(cli_args.MEMORY_FLAGS) | {"budget_bytes", "host_budget_bytes"}  # --budget, --host-budget
+    assert fields == flags, (f"MemoryConfig fields without a flag: {sorted(fields - flags)}; flags of no "
+                             f"field: {sorted(flags - fields)} (snlite/cli_args.py: MEMORY_FLAGS and "
+                             "add_memory_flags)")
     parser = cli.build_parser()
     args = parser.parse_args(["plan", "lenet", "--no-cache", "--preset", "superneurons",
                               "--recompute", "speed", "--workspace", "none", "--allocator", "raw",
