@@ -7,11 +7,17 @@ tensors the current step depends on, and decides what a move costs; this class o
 order: two queues, so that with offload on the CONV outputs are evicted first (the paper offloads
 only them eagerly), and so that every operation is O(1) however many tensors are cached.
 
+Which unlocked tensor leaves is ``MemoryConfig.evict`` (:func:`victim_rank`): the least recently used
+(the paper's), the largest, or the one whose next use is furthest away (Belady's rule, known here
+because the plan is fixed before anything runs).
+
 The cache's moves are records (:class:`Eviction`, :class:`Fetch`): the placement pass lists them, and
 :mod:`snlite.overlap` turns them into :class:`Hints` for a second, time-aware placement.
 """
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -102,19 +108,52 @@ class LRUCache:
         self._queue.clear()
 
 
-def choose_victim(cache: LRUCache, tensors: dict, planned: list | None = None, in_flight=()):
+class NextUse:
+    """Belady's clairvoyance: ``rank(t, now)`` is the index of the next op after ``now`` that reads or
+    writes ``t`` (infinity: none), so the tensor needed furthest in the future leaves first."""
+
+    def __init__(self, ops):
+        self.uses: dict[str, list[int]] = {}  # tensor (incarnation) -> the ops using it, in order
+        for op in ops:
+            for name in dict.fromkeys((*op.reads, *op.writes)):
+                self.uses.setdefault(name, []).append(op.index)
+
+    def __call__(self, t, now: int) -> float:
+        uses = self.uses.get(t.name, ())
+        i = bisect_right(uses, now)
+        return uses[i] if i < len(uses) else math.inf
+
+
+def victim_rank(policy: str, ops=()):
+    """How the cache picks among the unlocked tensors on the device (``MemoryConfig.evict``): None for
+    the paper's LRU (the first in :meth:`LRUCache.eviction_order`), else ``rank(tensor, op index)``,
+    the highest rank leaving first, ties in LRU order. ``ops``: the plan's ops (Belady reads ahead)."""
+    if policy == "lru":
+        return None
+    if policy == "largest":
+        return lambda t, now: t.nbytes
+    if policy == "belady":
+        return NextUse(ops)
+    raise ValueError(f"unknown eviction policy {policy!r}")
+
+
+def choose_victim(cache: LRUCache, tensors: dict, planned: list | None = None, in_flight=(), rank=None,
+                  now: int = -1):
     """The tensor to evict when an allocation does not fit, or None if nothing can leave: in the
     time-aware second placement first the tensors the first one evicted at this op (``planned``,
-    consumed; their copies may already be running: write-behind), then the least recently used
-    unlocked tensor on the device, then one whose write-behind copy is still running (``in_flight``)."""
+    consumed; their copies may already be running: write-behind), then the unlocked tensor on the
+    device that ``rank`` (:func:`victim_rank`, at op ``now``) puts first, the least recently used
+    where it is None, then one whose write-behind copy is still running (``in_flight``)."""
     while planned:
         t = tensors.get(planned.pop(0))
         if t is not None and not t.locked and t.state in (State.ON_DEVICE, State.OFFLOADING):
             return t
-    for name in cache.eviction_order():
-        t = tensors[name]
-        if not t.locked and t.state is State.ON_DEVICE:
-            return t
+    movable = (t for t in map(tensors.__getitem__, cache.eviction_order())
+               if not t.locked and t.state is State.ON_DEVICE)
+    # max keeps the first of equals: ties leave in LRU order
+    best = next(movable, None) if rank is None else max(movable, key=lambda t: rank(t, now), default=None)
+    if best is not None:
+        return best
     for name in in_flight:
         return tensors[name]
     return None

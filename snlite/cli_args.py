@@ -285,7 +285,7 @@ def join_negative_values(argv: list[str]) -> list[str]:
 
 # ---------------------------------------------------------------- the memory flags (one place)
 MEMORY_FLAGS = ("liveness", "offload", "cache", "recompute", "workspace", "allocator", "fit", "count",
-                "schedule", "update_in_backward", "optimizer_state", "recompute_keep")
+                "schedule", "update_in_backward", "optimizer_state", "recompute_keep", "evict")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -319,6 +319,8 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
              "optimizer_state": "where SGD's momentum lives between updates: device, host (pinned, "
                                 "prefetched before each update and copied back after), auto (host only where "
                                 "the device cannot hold it)",
+             "evict": "which tensor the cache moves out when an allocation would fail: lru (the paper's), "
+                      "largest, belady (next use furthest away)",
              "schedule": "when copies run: paper (the paper's op-based points) or a GPU (the profiles "
                          "of snlite.timing): releases and prefetches moved in time so copies hide behind "
                          "compute on that GPU (snlite.overlap)"}
@@ -360,6 +362,9 @@ def config_warnings(config: MemoryConfig) -> list[str]:
     if config.allocator == "raw" and config.fit != "first":
         out.append(f"--fit {config.fit} has no effect under --allocator raw (one device allocation per "
                    "tensor: no arena to place blocks in); use --allocator pool, or drop --fit")
+    if config.evict != "lru" and not config.cache:
+        out.append(f"--evict {config.evict} has no effect without the cache (nothing is evicted); "
+                   "add --cache")
     if config.recompute_keep and config.recompute == "off":
         out.append("--recompute-keep has no effect without recomputation (nothing is dropped to keep); "
                    "add --recompute cost_aware (or speed, memory)")

@@ -26,6 +26,7 @@ CHOICES = {
     "count": ("all", "paper"),
     "schedule": ("paper", "H200", "H100", "A100", "T4", "K40"),  # paper, then snlite.timing.PROFILES
     "optimizer_state": ("device", "host", "auto"),
+    "evict": ("lru", "largest", "belady"),  # the cache's victim: snlite.cache.victim_rank
 }
 
 
@@ -58,6 +59,7 @@ class MemoryConfig:
     optimizer_state: str = "device"  # where SGD's momentum waits between updates
     # cheap layers kept like checkpoints (snlite.recompute.expensive_layers)
     recompute_keep: tuple[str, ...] = ()
+    evict: str = "lru"  # the cache's victim: least recently used, largest, or next use furthest (Belady)
 
     def __post_init__(self):
         keep = self.recompute_keep
@@ -108,8 +110,9 @@ class MemoryConfig:
     def describe(self) -> str:
         """One line naming what is on, e.g. ``liveness + offload + recompute=cost_aware``."""
         parts = [n for n in ("liveness", "offload", "cache", "update_in_backward") if getattr(self, n)]
-        parts += [f"{n}={getattr(self, n)}" for n in ("recompute", "workspace", "schedule", "optimizer_state")
-                  if getattr(self, n) not in ("off", "none", "paper", "device")]
+        parts += [f"{n}={getattr(self, n)}"
+                  for n in ("recompute", "workspace", "schedule", "optimizer_state", "evict")
+                  if getattr(self, n) not in ("off", "none", "paper", "device", "lru")]
         if self.recompute_keep:
             parts.append(f"recompute_keep={','.join(self.recompute_keep)}")
         return " + ".join(parts) or "baseline"

@@ -28,7 +28,7 @@ from snlite import slab
 from snlite import workspace as ws
 from snlite.errors import BudgetError, HostBudgetError, PlanError, staging_message
 from snlite.residency import Residency
-from snlite.cache import Eviction, Fetch, Hints, LRUCache
+from snlite.cache import Eviction, Fetch, Hints, LRUCache, victim_rank
 from snlite.copies import Emitter
 from snlite.pool import HostPool, LivePool, PoolFullError, RawAllocator, TensorPool
 from snlite.program import COMPUTE, HOST, Alloc, HostRead, HostWait, Launch, Program
@@ -104,6 +104,7 @@ class Placer(Residency):
         self.tensors: dict[str, Tensor] = {}
         conv_outputs = {graph.output_tensor(n) for n, layer in graph.layers.items() if layer.kind == "conv2d"}
         self.lru = LRUCache(conv_outputs if config.offload else ())
+        self.rank = victim_rank(config.evict, (p.op for p in plan.ops))  # which tensor the cache evicts
         self.stats = {"cache_hits": 0, "cache_misses": 0, "recompute_count": 0, "extra_flops": 0}
         self.table = {n: (t.shape, t.dtype, t.kind) for n, t in specs.items()}
         self.setup = self._place_persistent()

@@ -49,7 +49,7 @@ class Residency:
                 victim = None  # without the cache, nothing leaves to make room
                 if self.config.cache:
                     victim = choose_victim(self.lru, self.tensors, self.planned_evictions.get(self.op_index),
-                                           self.behind_in_flight)
+                                           self.behind_in_flight, self.rank, self.op_index)
                 if victim is None:
                     live = [(n, self.nbytes[n]) for n in self.persistent]  # then the rest, in the order made
                     live += [(x.name, x.nbytes) for x in self.tensors.values() if x.resident]

@@ -218,15 +218,15 @@ class LivenessStage(Stage):
 class OffloadStage(Stage):
     name = "offload"
 
-    def __init__(self, enabled: bool, lazy: bool):
+    def __init__(self, enabled: bool, lazy: bool, evict: str = "lru"):
         super().__init__(enabled)
-        self.lazy = lazy
+        self.lazy, self.evict = lazy, evict
 
     def apply(self, ops, graph):
         if not self.enabled or self.lazy:
             if self.enabled:
-                self.summary = ("lazy: the LRU cache moves data (CONV outputs first) "
-                                "only when memory runs short")
+                first = "CONV outputs first" if self.evict == "lru" else f"evict={self.evict}"
+                self.summary = f"lazy: the tensor cache moves data ({first}) only when memory runs short"
             return []
         transfers = offload.schedule(ops, graph)
         self.summary = f"{len(transfers)} CONV outputs to pinned host memory and back"
@@ -236,10 +236,11 @@ class OffloadStage(Stage):
 class CacheStage(Stage):
     name = "cache"
 
-    def __init__(self, enabled: bool, conv_first: bool):
+    def __init__(self, enabled: bool, conv_first: bool, evict: str = "lru"):
         super().__init__(enabled)
-        self.summary = ("LRU eviction of activations and gradients"
-                        + (", CONV outputs first" if conv_first else "")
+        policy = {"lru": "LRU", "largest": "largest-first", "belady": "Belady (next use furthest)"}[evict]
+        self.summary = (policy + " eviction of activations and gradients"
+                        + (", CONV outputs first" if conv_first and evict == "lru" else "")
                         + " when an allocation would fail")
 
 
@@ -261,8 +262,8 @@ class Scheduler:
         self.config = c = config_of(config)
         self.recompute = RecomputeStage(c.recompute, c.recompute_keep)
         self.liveness = LivenessStage(c.liveness)
-        self.offload = OffloadStage(c.offload, lazy=c.cache)
-        self.cache = CacheStage(c.cache, conv_first=c.offload)
+        self.offload = OffloadStage(c.offload, lazy=c.cache, evict=c.evict)
+        self.cache = CacheStage(c.cache, conv_first=c.offload, evict=c.evict)
         self.workspace = WorkspaceStage(c.workspace)
         self.update = UpdateStage(c.update_in_backward)
         self.stages = [self.recompute, self.update, self.liveness, self.offload, self.cache, self.workspace]
