@@ -89,7 +89,7 @@ def cmd_plan(args) -> int:
     tl = m.timeline(timing.profile(args.gpu))
     if args.json == "-":
         write_json(args.json, plan_json(args, graph, batch, config, m, trace))
-    else:  # standard output is the tables  # standard output is the tables, not the JSON
+    else:  # standard output is the tables, not the JSON
         print_peaks(graph, batch, config, m)
         print_peak_step(config, trace, args.top)
         print_costs(config, m)

@@ -49,11 +49,13 @@ class Undeclared:
                       f"do not name, so the memory plan need not keep it: "
                       + (fix or f"add {role!r} to {reads}"))
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # .shape, .dtype, a device array's interface: any use at all
         raise UndeclaredRole(self._said)
 
-    def __array__(self, *args, **kwargs):
+    def _refuse(self, *args, **kwargs):
         raise UndeclaredRole(self._said)
+
+    __array__ = __getitem__ = __setitem__ = __len__ = __iter__ = _refuse  # np.asarray(t), t[i], len(t)...
 
     def __repr__(self) -> str:
         return f"<undeclared: {self._said}>"
