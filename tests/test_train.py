@@ -3,7 +3,7 @@ against the CUDA simulator, PyTorch-style parameters, determinism, and clear err
 import numpy as np
 import pytest
 
-from nets import convnext_net, gated_net, grouped_net, swin_net, vit_net
+from nets import convnext_net, gated_net, gelu_tanh_net, grouped_net, swin_net, vit_net
 from snlite.device import CudaDevice, HostDevice
 from snlite.graph import Graph
 from snlite.executor import dropout_seed
@@ -37,10 +37,10 @@ def _data(g, seed=1):
 
 # grouped: depthwise, ReLU6, ceil mode; gated: Hardswish, SiLU, Sigmoid, Hardsigmoid, channel scale;
 # convnext: layer norms over channels, Linears over channels, the layer scale; vit: attention, the class
-# token, the position embedding, one token read out (Swin's whole-network gradients are PyTorch's, to
-# float64: tests/test_from_torch.py; its window attention's backward is checked alone by central
-# differences in tests/test_window_attention.py)
-@pytest.mark.parametrize("net", [fork_join_net, grouped_net, gated_net, convnext_net, vit_net])
+# token, the position embedding, one token read out; gelu_tanh: GELU's tanh approximation (Swin's
+# whole-network gradients are PyTorch's, to float64: tests/test_from_torch.py; its window attention's
+# backward is checked alone by central differences in tests/test_window_attention.py)
+@pytest.mark.parametrize("net", [fork_join_net, grouped_net, gated_net, convnext_net, vit_net, gelu_tanh_net])
 def test_whole_network_gradients_match_central_differences(net):
     g = net()
     model = Model(g, device="host", seed=3)
