@@ -14,7 +14,6 @@ from snlite.adversary import AdversarialDevice
 from snlite.cache import LRUCache, NextUse, choose_victim, victim_rank
 from snlite.cli_args import config_warnings
 from snlite.config import CHOICES, MemoryConfig
-from snlite.errors import BudgetError
 from snlite.pipeline import place, simulate
 from snlite.program import Copy
 from snlite.tensor import State, Tensor
@@ -49,10 +48,7 @@ def test_every_policy_is_bit_identical_within_its_budget_and_race_free(evict, pr
     g, budget = tight
     config = (MemoryConfig(liveness=True, cache=True) if preset == "cache"
               else MemoryConfig.superneurons()).replace(budget_bytes=budget, evict=evict)
-    try:
-        program = place(g, config)
-    except BudgetError:
-        pytest.skip(f"{evict} does not fit {budget:,d} bytes under {preset}")
+    program = place(g, config)  # every policy fits this budget: a skip here would test nothing
     checker.check(program, graph=g)
     losses, params, model = _train(g, config)
     assert losses == baseline_run[0], f"losses differ under evict={evict}"

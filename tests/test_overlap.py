@@ -104,4 +104,4 @@ def test_the_caches_second_placement_is_kept_only_where_the_step_is_no_longer():
     config = MemoryConfig.superneurons(fit="offline", budget_bytes=12 << 30)
     refined = timing.estimate(place(g, config), g, "H200").step_ms
     first = timing.estimate(place(g, config, refine=False), g, "H200").step_ms
-    assert refined <= first < 1_000
+    assert refined <= first
