@@ -185,20 +185,24 @@ def source_files(root: Path) -> list[Path]:
 def scan(root=None) -> tuple[list[Region], list[str]]:
     """Every region in the tree, in (number, file, line) order, and every problem with the markers."""
     root = repo_root(root)
-    regions, problems = [], []
+    regions, problems, numbered = [], [], set()
     for p in source_files(root):
-        r, q = scan_file(p.read_text(), p.relative_to(root).as_posix())
+        text = p.read_text()
+        r, q = scan_file(text, p.relative_to(root).as_posix())
         regions += r
         problems += q
+        # the numbers the markers give, even where a region is faulty (a file that does not parse has
+        # none): its problem is reported once, not again as a gap in the numbering
+        numbered |= {int(m["number"]) for m in map(MARKER.match, text.splitlines()) if m}
     titles: dict[int, set[str]] = {}
     for r in regions:
         titles.setdefault(r.number, set()).add(r.title)
     for number, names in sorted(titles.items()):
         if len(names) > 1:
             problems.append(f"assignment {number} has regions with different titles: {sorted(names)}")
-    missing = sorted(set(range(1, max(titles, default=0) + 1)) - set(titles))
+    missing = sorted(set(range(1, max(numbered, default=0) + 1)) - numbered)
     if missing:
-        problems.append(f"assignments are numbered 1..{max(titles)} with no gaps, but {missing} "
+        problems.append(f"assignments are numbered 1..{max(numbered)} with no gaps, but {missing} "
                         "have no region")
     regions.sort(key=lambda r: (r.number, r.path, r.begin))
     return regions, problems
@@ -352,6 +356,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         first = extra[0] if extra else "-"
+        if args.command == "grade" and re.fullmatch(r"-\d+", first):  # not a flag of pytest's either
+            raise AssignmentError(f"no assignment {first}: assignments are numbered from 1 "
+                                  "(grade 1, grade 2 3)")
         if args.command == "grade" and not first.startswith("-") and not os.path.exists(first.split("::")[0]):
             raise AssignmentError(f"{first!r} is no assignment number and no file for pytest: grade takes "
                                   "numbers (grade 1, grade 2 3, or a1), then pytest's arguments (grade 1 -x)")
@@ -361,6 +368,11 @@ def main(argv=None) -> int:
                 f"you are in the snlite checkout {here}, but this snlite was imported from {repo_root()}: "
                 f"the command would work on that one. Run it from {here} itself (cd {here}; python -m "
                 f"snlite.assignments {args.command} ...), or pass --root {here}")
+        if args.command == "grade" and args.root is None and here is None:
+            raise AssignmentError(
+                f"{Path.cwd()} is in no snlite checkout, and grade grades the checkout it runs in: cd into "
+                f"the one to grade (a student copy, say) and run it there, or pass --root DIR. (From here it "
+                f"would grade {repo_root()}, the checkout this snlite was imported from.)")
         if args.command == "make-student":
             make_student(args.dir, args.root)
             return 0

@@ -251,7 +251,9 @@ def print_explanation(ex) -> None:
     print(text_table(["#", "change", "what", "fits", "peak", "saves", "extra FLOPs", "moved", "costs"], rows,
                      "><<<>>>><"))
     if not any(s.fits for s in ex.suggestions):
-        print(f"\nnothing here fits: a larger --{'host-' if host else ''}budget, or a smaller network")
+        print(f"\nnothing here fits: a larger --{'host-' if host else ''}budget (without one it peaks at "
+              f"{measure.format_size(need.peak_bytes)}), or a smaller network; snlite compare {ex.net} "
+              f"--batch {ex.batch} finds the smallest budget of superneurons()")
     elif ex.suggestions[0].fits:
         print(f"\ntry: {ex.suggestions[0].change}")
 

@@ -108,11 +108,13 @@ class MemoryConfig:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
-        """One line naming what is on, e.g. ``liveness + offload + recompute=cost_aware``."""
+        """One line naming what is on, e.g. ``liveness + offload + recompute=cost_aware``: every field
+        that changes the program (not ``count``, which changes only what a trace counts, nor the
+        budgets, which are said apart)."""
         parts = [n for n in ("liveness", "offload", "cache", "update_in_backward") if getattr(self, n)]
-        parts += [f"{n}={getattr(self, n)}"
-                  for n in ("recompute", "workspace", "schedule", "optimizer_state", "evict")
-                  if getattr(self, n) not in ("off", "none", "paper", "device", "lru")]
+        changed = ("recompute", "workspace", "schedule", "optimizer_state", "evict", "allocator", "fit")
+        parts += [f"{n}={getattr(self, n)}" for n in changed
+                  if getattr(self, n) not in ("off", "none", "paper", "device", "lru", "pool", "first")]
         if self.recompute_keep:
             parts.append(f"recompute_keep={','.join(self.recompute_keep)}")
         return " + ".join(parts) or "baseline"

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def grade(numbers, root, extra=(), out=print) -> int:
     tests = [counts.get(str(k), {}) for k in numbers]
     passed, selected = sum(c.get("passed", 0) for c in tests), sum(c.get("selected", 0) for c in tests)
     out(f"{sum(verdicts)} of {len(numbers)} {which} passed ({passed} of {selected} tests) in "
-        f"{seconds:.1f} s; the details follow: the output of python {' '.join(cmd[1:])}")
+        f"{seconds:.1f} s; the details follow: the output of python {shlex.join(cmd[1:])}")
     out(DETAILS)
     out(proc.stdout.rstrip("\n"))
     out("-" * 69)

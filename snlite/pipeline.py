@@ -299,10 +299,10 @@ def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.
         except BudgetError as e:  # its message describes the last try's config: say it was auto's
             if states == ("device",):
                 raise
-            why = ("on the device it did not fit either" if len(states) > 1 else
-                   "the weights and their momentum alone exceed the budget on the device")
-            raise type(e)(f"{str(e).rstrip('.')}. Under optimizer_state auto this was the momentum on the "
-                          f"host: {why}") from None
+            why = ("on the device, tried first, it did not fit either" if len(states) > 1 else
+                   "the device was not tried: the weights and their momentum alone exceed its budget")
+            raise type(e)(f"{str(e).rstrip('.')}. (optimizer_state is auto, and this was its try with the "
+                          f"momentum on the host: {why}.)") from None
     job = Job(graph, config, plan or Scheduler(graph, config).plan(), _specs(graph, optimizer),
               costs or ws.CostModel(), mode)
     if config.schedule != "paper" and mode in ("train", "grads") and job.plan.transfers:

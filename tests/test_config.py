@@ -16,6 +16,10 @@ def test_presets():
     assert baseline().describe() == "baseline"
     assert sn.describe() == ("liveness + offload + cache + update_in_backward + recompute=cost_aware + "
                            "workspace=dynamic + schedule=H200 + optimizer_state=auto")
+    # every field that changes the program is named: the raw allocator's peak is not the baseline's
+    assert MemoryConfig(allocator="raw").describe() == "allocator=raw"
+    assert sn.replace(fit="offline").describe().endswith("optimizer_state=auto + fit=offline")
+    assert MemoryConfig(count="paper").describe() == "baseline", "what a trace counts is no change of plan"
 
 
 @pytest.mark.parametrize("field,value,match", [

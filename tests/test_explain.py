@@ -37,6 +37,17 @@ def test_a_budget_too_small_explains_and_ranks_the_changes(capsys):
     assert "try: " + flags[0] in out
 
 
+def test_where_nothing_fits_it_says_what_the_plan_peaks_at_and_where_the_smallest_budget_is(capsys):
+    code, out, err = run(capsys, "plan", "lenet", "--preset", "superneurons", "--budget", "20KiB")
+    peak = re.search(r"without a budget it peaks at ([\d.]+ \w+) ", out)[1]
+    assert code == cli.EXIT_DOES_NOT_FIT and peak != "0 B", err
+    assert out.rstrip().endswith(f"nothing here fits: a larger --budget (without one it peaks at {peak}), "
+                                 "or a smaller network; snlite compare lenet --batch 64 finds the smallest "
+                                 "budget of superneurons()"), out[-600:]
+    assert "(optimizer_state is auto, and this was its try with the momentum on the host: the device was " \
+           "not tried" in out
+
+
 def test_the_suggestions_that_say_they_fit_really_fit():
     ex = explain.explain_budget(alexnet, 16, MemoryConfig(budget_bytes=BUDGET))
     assert not ex.fits and "does not fit a budget" in ex.message and ex.need.peak_bytes > BUDGET

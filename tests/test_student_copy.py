@@ -155,7 +155,19 @@ def test_grade_takes_the_markers_name_and_refuses_what_is_no_number(monkeypatch,
     for bad in ("1-2", "liveness"):
         assert main(["grade", bad]) == 2
         assert f"{bad!r} is no assignment number and no file for pytest" in capsys.readouterr().err
+    assert main(["grade", "-1"]) == 2 and "no assignment -1" in capsys.readouterr().err
     assert len(calls) == 2
+
+
+def test_grade_outside_any_checkout_refuses_to_grade_the_imported_one(monkeypatch, tmp_path, capsys):
+    """From a folder of submissions, grade graded the instructor's own snlite (the one imported) and
+    reported its solutions passing."""
+    monkeypatch.setattr(grading, "grade", lambda *a, **k: pytest.fail("graded"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["grade", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path.resolve()} is in no snlite checkout" in err and "--root" in err and str(ROOT) in err
+    assert main(["list"]) == 0, "list and check still read the imported checkout from anywhere"
 
 
 def test_the_summary_names_an_assert_allclose_failure_by_its_message():
@@ -231,6 +243,11 @@ def test_check_wants_numbers_without_gaps_and_graders(tmp_path):
     assert problems == ["assignments are numbered 1..2 with no gaps, but [1] have no region"]
     (tmp_path / assignments.GRADERS).write_text("")
     assert any("no grader" in p for p in assignments.check(tmp_path)[1])
+    # a file that does not parse is that one problem, not also a gap in the numbering
+    (tmp_path / "snlite" / "one.py").write_text("def f():\n    # BEGIN ASSIGNMENT 1: one\n    return 1)\n"
+                                                "    # END ASSIGNMENT 1\n")
+    _, problems = assignments.scan(tmp_path)
+    assert problems == ["snlite/one.py:3: does not parse: unmatched ')'"], problems
 
 
 def test_the_stub_keeps_markers_and_indentation_and_compiles():

@@ -245,13 +245,14 @@ def test_auto_keeps_the_momentum_on_the_device_while_it_fits_and_sends_it_to_the
     assert place(g, auto.replace(budget_bytes=on_host)).stats["optimizer_state"] == "host"
     # the message describes the last placement tried, momentum on the host: it says that was auto's doing
     with pytest.raises(BudgetError, match=r"under liveness \+ update_in_backward \+ optimizer_state=host: "
-                                          r".*\. Under optimizer_state auto this was the momentum on the "
-                                          r"host: on the device it did not fit either$"):
+                                          r".*\. \(optimizer_state is auto, and this was its try with "
+                                          r"the momentum on the host: on the device, tried first, it did "
+                                          r"not fit either\.\)$"):
         place(g, auto.replace(budget_bytes=on_host - 1024))
     weights = sum(t.nbytes for t in g.tensors().values() if t.kind == "weight")
-    with pytest.raises(BudgetError, match=r"Under optimizer_state auto this was the momentum on the host: "
-                                          r"the weights and their momentum alone exceed the budget on the "
-                                          r"device$"):
+    with pytest.raises(BudgetError, match=r"\(optimizer_state is auto, and this was its try with the "
+                                          r"momentum on the host: the device was not tried: the weights and "
+                                          r"their momentum alone exceed its budget\.\)$"):
         place(g, auto.replace(budget_bytes=max(1024, weights // 1024 * 1024)))
 
 
