@@ -306,9 +306,10 @@ def student_readme(text: str, last: int) -> str:
         f"> **A student copy.** Assignments 1 to {last} are stubs here: each is a function whose code raises",
         "> `NotImplementedError` (`python -m snlite.assignments list` says where). Grade one with",
         "> `python -m snlite.assignments grade K` (or `pytest -m aK`). The rest of snlite runs, but what",
-        "> needs a stub stops there, and the whole suite passes once all of them are written. A kernel you",
-        "> write uses its own registers: `python -m kernels.launches --registers` measures them again for",
-        "> the table `tests/test_ptx.py` checks (where the CUDA toolkit's ptxas is installed).", ""])
+        "> needs a stub stops there (`snlite demo` needs them all), and the whole suite passes once all of",
+        "> them are written. A kernel you write uses its own registers: `python -m kernels.launches",
+        "> --registers` measures them again for the table `tests/test_ptx.py` checks (where the CUDA",
+        "> toolkit's ptxas is installed).", ""])
     if rest.startswith(f"\n{note}"):  # a student copy of a student copy is the same copy
         return text
     return f"{title}\n\n{note}{rest}"

@@ -4,7 +4,9 @@ does, to show what each optimization saves, and that none of them changes a sing
 The lesson in four prints:
 
 1. the network, layer by layer (``Graph.summary``);
-2. the scheduler's stages under ``MemoryConfig.superneurons()``, and the first ops of its plan;
+2. the scheduler's stages under SuperNeurons' optimizations, and the first ops of its plan (the
+   offload eager, as in docs/paper.md section 4: ``superneurons()``' tensor cache would move nothing
+   in a net this small, and its schedule is the paper's);
 3. peak memory of one training iteration as the optimizations are added one by one, planned on
    the meta device (``snlite.simulate``): liveness frees tensors after their last use, offload
    parks CONV outputs on the host, recomputation drops cheap layers' outputs and rebuilds them,

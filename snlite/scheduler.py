@@ -229,7 +229,8 @@ class OffloadStage(Stage):
                 self.summary = f"lazy: the tensor cache moves data ({first}) only when memory runs short"
             return []
         transfers = offload.schedule(ops, graph)
-        self.summary = f"{len(transfers)} CONV outputs to pinned host memory and back"
+        outputs = "CONV output" if len(transfers) == 1 else "CONV outputs"
+        self.summary = f"{len(transfers)} {outputs} to pinned host memory and back"
         return transfers
 
 
