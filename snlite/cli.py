@@ -35,6 +35,7 @@ import os
 import re
 import sys
 import time
+import warnings
 import zipfile
 import zlib
 
@@ -53,6 +54,7 @@ from snlite.cli_optimal import add_optimal_command, cmd_optimal
 from snlite.cli_paper import add_bench_command, add_paper_command, cmd_bench, cmd_paper
 from snlite.cli_plan import add_check_command, add_plan_command, cmd_check, cmd_plan
 from snlite.cli_search import add_search_commands, cmd_maxbatch, cmd_maxdepth
+from snlite.config import ConfigWarning
 from snlite.device import DEVICE_NAMES
 from snlite.errors import BudgetError
 from snlite.arguments import param_problem
@@ -154,7 +156,9 @@ def main(argv=None) -> int:
     try:
         check_names(args)
         check_outputs(args)  # every output path, before the work that would fill it
-        return COMMANDS[args.command](args)
+        with warnings.catch_warnings():  # memory_config printed these once, as flags
+            warnings.simplefilter("ignore", ConfigWarning)
+            return COMMANDS[args.command](args)
     except UsageError as e:
         if args.traceback:
             raise

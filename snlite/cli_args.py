@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from snlite import measure, models, plot, recompute, timing, torch_import
-from snlite.config import CHOICES, MIN_BUDGET_BYTES, MIN_HOST_BUDGET_BYTES, MemoryConfig
+from snlite.config import CHOICES, MIN_BUDGET_BYTES, MIN_HOST_BUDGET_BYTES, MemoryConfig, no_effect
 from snlite.checks import check_number
 
 # Exit statuses (docs/troubleshooting.md): 0 done; 1 any other error (one line on stderr); 2 a usage
@@ -353,21 +353,18 @@ def memory_config(args) -> MemoryConfig:
     return config
 
 
+def _as_flag(field: str, value=None) -> str:
+    """A setting as the command line writes it: ``--fit best``, ``--cache``, or the bare flag (None)."""
+    flag = "--" + field.replace("_", "-")
+    return flag if value is None or value is True else f"{flag} {value}"
+
+
 def config_warnings(config: MemoryConfig) -> list[str]:
-    """What is odd about ``config``: offload, the cache and recomputation free or move tensors on
-    top of liveness analysis (docs/paper.md sections 3-5); without it every tensor that is no longer
-    needed stays on the device until the iteration ends. A fit chooses where blocks go in the pool's
-    arena, which the raw allocator does not have; the layers recomputation keeps need recomputation."""
-    out = []
-    if config.allocator == "raw" and config.fit != "first":
-        out.append(f"--fit {config.fit} has no effect under --allocator raw (one device allocation per "
-                   "tensor: no arena to place blocks in); use --allocator pool, or drop --fit")
-    if config.evict != "lru" and not config.cache:
-        out.append(f"--evict {config.evict} has no effect without the cache (nothing is evicted); "
-                   "add --cache")
-    if config.recompute_keep and config.recompute == "off":
-        out.append("--recompute-keep has no effect without recomputation (nothing is dropped to keep); "
-                   "add --recompute cost_aware (or speed, memory)")
+    """What is odd about ``config``: the settings that change nothing (:func:`snlite.config.no_effect`),
+    and offload, the cache or recomputation without liveness analysis, which they work on top of
+    (docs/paper.md sections 3-5): without it every tensor that is no longer needed stays on the
+    device until the iteration ends."""
+    out = no_effect(config, _as_flag)
     on = [f for f, used in (("--offload", config.offload), ("--cache", config.cache),
                             (f"--recompute {config.recompute}", config.recompute != "off")) if used]
     if config.liveness or not on:

@@ -124,6 +124,33 @@ baseline = MemoryConfig.baseline
 superneurons = MemoryConfig.superneurons
 
 
+class ConfigWarning(UserWarning):
+    """A setting of a :class:`MemoryConfig` that changes nothing (:func:`no_effect` says why)."""
+
+
+def _as_field(field: str, value=None) -> str:
+    """A setting as Python writes it: ``fit='best'``, ``cache=True``, or the bare field (None)."""
+    return field if value is None else f"{field}={value!r}"
+
+
+def no_effect(config: MemoryConfig, setting=_as_field) -> list[str]:
+    """The settings of ``config`` that change nothing, each in a sentence that says why and what to
+    do instead; ``setting(field, value)`` writes a setting (the command line spells its flags).
+    :func:`snlite.place` warns of each (a :class:`ConfigWarning`); the command line prints them."""
+    out = []
+    if config.allocator == "raw" and config.fit != "first":
+        out.append(f"{setting('fit', config.fit)} has no effect under {setting('allocator', 'raw')} (one "
+                   f"device allocation per tensor: no arena to place blocks in); use "
+                   f"{setting('allocator', 'pool')}, or leave {setting('fit')} out")
+    if config.evict != "lru" and not config.cache:
+        out.append(f"{setting('evict', config.evict)} has no effect without the cache (nothing is evicted); "
+                   f"add {setting('cache', True)}")
+    if config.recompute_keep and config.recompute == "off":
+        out.append(f"{setting('recompute_keep')} has no effect without recomputation (nothing is dropped to "
+                   f"keep); add {setting('recompute', 'cost_aware')} (or speed, memory)")
+    return out
+
+
 def config_of(config) -> MemoryConfig:
     """``config``, or the baseline for None; anything else (a dict, a preset's name) is refused,
     saying how to build one."""

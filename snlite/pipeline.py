@@ -19,13 +19,15 @@ Every pass takes plain data and returns plain data; each can be called, printed 
 """
 from __future__ import annotations
 
+import sys
+import warnings
 from dataclasses import dataclass
 
 from snlite import offline, overlap, placement, timing
 from snlite import workspace as ws
 from snlite.errors import BudgetError, PlanError
 from snlite.graph import graph_of
-from snlite.config import MIN_BUDGET_BYTES, MemoryConfig, config_of
+from snlite.config import MIN_BUDGET_BYTES, ConfigWarning, MemoryConfig, config_of, no_effect
 from snlite.pool import TensorPool
 from snlite.program import MODES, Launch, Program, without_cycle_collection
 from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
@@ -50,12 +52,23 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
     Raises :class:`~snlite.errors.BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``)
     is too small."""
     graph, config = graph_of(graph), _checked(config_of(config), mode, optimizer, plan)
+    for text in no_effect(config):  # (the command line says so itself, and ignores these)
+        warnings.warn(text, ConfigWarning, stacklevel=_callers_level())
     with without_cycle_collection():
         job, placed = _first(graph, config, mode, plan, costs, optimizer)
         if refine:
             placed = _refined(job, placed)
     program = placed.program
     return program.without_updates() if mode == "grads" else program
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` that makes a warning name the first line outside snlite (the user's
+    ``simulate(...)``, not snlite's call of ``place``)."""
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("snlite."):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @dataclass

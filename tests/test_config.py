@@ -1,10 +1,13 @@
 """MemoryConfig: presets, validation with clear messages, immutability."""
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
 
-from snlite.config import MemoryConfig, baseline, superneurons
+from snlite import simulate
+from snlite.config import ConfigWarning, MemoryConfig, baseline, superneurons
+from snlite.models import get_model
 
 
 def test_presets():
@@ -141,3 +144,19 @@ def test_whatever_takes_a_program_refuses_what_is_not_one(what, tmp_path):
                                              r"with snlite\.place\(graph, config\), read a saved one with "
                                              r"Program\.load\(PATH\)"):
             call()
+
+
+def test_a_setting_that_changes_nothing_is_warned_about_at_the_callers_line():
+    """The command line warned of these; the Python API took them silently (evict='belady' without the
+    cache gave LRU's figures, which looked like Belady's rule saving nothing)."""
+    g = get_model("lenet", 2)
+    with pytest.warns(ConfigWarning, match=r"^evict='belady' has no effect without the cache \(nothing is "
+                                           r"evicted\); add cache=True$") as caught:
+        simulate(g, MemoryConfig(liveness=True, evict="belady"))
+    assert [w.filename for w in caught] == [__file__], "the warning names the user's line, not snlite's"
+    with pytest.warns(ConfigWarning, match=r"^fit='offline' has no effect under allocator='raw'"):
+        simulate(g, MemoryConfig(allocator="raw", fit="offline"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a setting that does something: no warning
+        simulate(g, MemoryConfig(liveness=True, cache=True, evict="belady"))
+        simulate(g, MemoryConfig(liveness=True, recompute="speed", recompute_keep=("relu1",)))

@@ -4,6 +4,7 @@ import json
 import re
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -457,8 +458,11 @@ def test_optimizations_without_liveness_are_warned_about(flags, named, capsys):
 
 
 def test_a_fit_under_the_raw_allocator_is_warned_about(capsys):
-    code, out, err = run(capsys, "plan", "lenet", "--batch", 2, "--allocator", "raw", "--fit", "offline")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out, err = run(capsys, "plan", "lenet", "--batch", 2, "--allocator", "raw", "--fit", "offline")
     assert code == 0 and err.startswith("snlite plan: warning: --fit offline has no effect under --allocator")
+    assert err.count("no effect") == 1 and not caught, "once, as flags: not again as a Python warning"
     assert "  allocator raw, peak counted" in out
     for flags in (["--allocator", "raw"], ["--fit", "offline"]):
         assert run(capsys, "plan", "lenet", "--batch", 2, *flags)[2] == ""
