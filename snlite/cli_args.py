@@ -61,10 +61,14 @@ def check_outputs(args) -> None:
     folder; a plot without matplotlib; a folder (``--out``) that is a file, or under one that cannot
     be created."""
     writers: dict[str, str] = {}  # the file, resolved -> the flag that writes it
+    read = _inputs(args)
     for dest, flag in OUTPUT_FILES.items():
         target = getattr(args, dest, None)
         if target is not None and target != "-":  # --json with no FILE (or -): standard output
             check_output_file(flag, target)
+            if os.path.realpath(target) in read:
+                raise UsageError(f"{flag} {target}: that is {read[os.path.realpath(target)]}, which this "
+                                 "command reads; writing it would destroy it: give another file")
             first = writers.setdefault(os.path.realpath(target), flag)
             if first != flag:
                 raise UsageError(f"{first} and {flag} would both write {target}: the second would overwrite "
@@ -81,6 +85,19 @@ def check_outputs(args) -> None:
         target = getattr(args, dest, None)
         if target is not None:
             check_output_folder(flag, target)
+
+
+def _inputs(args) -> dict[str, str]:
+    """The files the command reads (resolved path -> what it is): a NET's ``file.py``, ``--load``'s
+    parameters, ``check``'s program."""
+    read = {}
+    net = getattr(args, "net", None)
+    if isinstance(net, str) and ".py:" in net:
+        read[os.path.realpath(net.rpartition(":")[0])] = f"the file of NET {net}"
+    for dest, what in (("load", "the parameters --load starts from"), ("file", "the program to check")):
+        if isinstance(getattr(args, dest, None), str):
+            read[os.path.realpath(getattr(args, dest))] = what
+    return read
 
 
 def check_output_file(flag: str, target: str) -> None:

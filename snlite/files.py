@@ -2,28 +2,41 @@
 report) is written whole or not at all: into a temporary file in the same folder, then renamed over
 the name asked for. An interrupted or failed write (Ctrl-C, a full disk, an error half-way through a
 figure) leaves the file that was there before as it was, never half of a new one.
+
+A symbolic link is written through (the file it names is replaced, the link stays), and a path that
+is not a regular file (``/dev/null``, ``/dev/stdout``, a named pipe) is written into directly: there
+is nothing there to rename over, and replacing it would destroy a device.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import secrets
+import stat
 
 
 @contextlib.contextmanager
 def replacing(path, mode: str = "w"):
     """Open a temporary file next to ``path`` for writing (``mode`` "w" or "wb"); when the block ends
     normally, rename it to ``path`` (replacing any file there); when it raises, delete it. The new file
-    gets the permissions ``open()`` would give it (0666 less the umask)."""
+    gets the permissions of the file it replaces, or those ``open()`` would give it (0666 less the
+    umask). A link is followed; a device or a pipe is written into, as ``open()`` would."""
     if mode not in ("w", "wb"):
         raise ValueError(f"mode {mode!r}: a file is replaced as text ('w') or bytes ('wb')")
     path = os.path.expanduser(os.fspath(path))
-    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.path.isfile(path):  # a device or a pipe (isfile follows links)
+        with open(path, mode) as f:
+            yield f
+        return
+    path = os.path.realpath(path)  # a link to a file (or to a file yet to be): that file is replaced
+    folder = os.path.dirname(path)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, mode) as f:
             yield f
+        if os.path.exists(path):  # keep its permissions (a 0600 file stays private)
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

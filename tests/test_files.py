@@ -50,6 +50,33 @@ def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path, umask):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_a_replaced_file_keeps_its_mode_a_link_keeps_linking_and_a_pipe_is_written_into(tmp_path):
+    """Renaming over the path replaced whatever was there: a 0600 file became 0644, a link became a
+    copy (its target untouched), and --json /dev/stdout or --save-program /dev/null, run as root,
+    turned the device into a regular file."""
+    private = tmp_path / "private.json"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    files.write_text(private, "new\n")
+    assert private.read_text() == "new\n" and private.stat().st_mode & 0o777 == 0o600
+    link = tmp_path / "latest.json"
+    link.symlink_to("private.json")
+    files.write_text(link, "newer\n")
+    assert link.is_symlink() and private.read_text() == "newer\n"
+    assert sorted(os.listdir(tmp_path)) == ["latest.json", "private.json"]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader: opening it to write does not block
+    try:
+        files.write_text(fifo, "through the pipe\n")
+        assert os.read(reader, 100) == b"through the pipe\n"
+    finally:
+        os.close(reader)
+    # the pipe is still a pipe (a device is the same case, not tried on /dev/null: a broken
+    # replacing() run as root would destroy it)
+    assert fifo.is_fifo()
+
+
 def test_a_mode_that_is_not_a_whole_write_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"mode 'a': a file is replaced as text \('w'\) or bytes \('wb'\)"):
         with files.replacing(tmp_path / "x", "a"):
