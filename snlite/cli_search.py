@@ -130,18 +130,18 @@ def stopped_cells(args, r) -> list[str]:
 
 def cmd_maxbatch(args) -> int:
     build = builder_of(args)
-    build(1)  # an unknown name fails here, before the search
+    lo, why = search.smallest_batch(build)  # an unknown name fails here, before the search
     t0 = time.perf_counter()
     status = Status("snlite maxbatch", args.quiet)
     rows = search.max_batch_table(build, args.budget, args.max_batch, progress=status,
-                                  host_budget_bytes=args.host_budget, fit=args.fit)
+                                  host_budget_bytes=args.host_budget, fit=args.fit, lo=lo)
     status.clear()
     seconds = time.perf_counter() - t0
     status_code = 0 if any(r.value is not None for r in rows) else EXIT_DOES_NOT_FIT
     if args.json:
         write_json(args.json, {**net_json(args), "budget_bytes": args.budget,
                                "host_budget_bytes": args.host_budget, "count": "all", "fit": args.fit,
-                               "rows": found_json(rows, "batch"), "seconds": seconds})
+                               "smallest_batch": lo, "rows": found_json(rows, "batch"), "seconds": seconds})
         if args.json == "-":
             return status_code
     paper = search.PAPER_BATCH.get(args.net.lower())
@@ -162,8 +162,10 @@ def cmd_maxbatch(args) -> int:
     if any(r.capped for r in rows):
         print(f">=: still fits at the ceiling, batch {args.max_batch:,d} (--max-batch, default "
               f"{search.MAX_BATCH:,d}: the search probes no further); raise it with --max-batch")
+    if why:
+        print(f"the search starts at batch {lo}: a batch of 1 is no valid input here ({why})")
     if status_code:
-        print(f"not even a batch of 1 fits {measure.format_size(args.budget)} under any strategy"
+        print(f"not even a batch of {lo} fits {measure.format_size(args.budget)} under any strategy"
               + host_words(args))
     print(f"took {seconds:.1f} s")
     return status_code

@@ -40,8 +40,10 @@ class BatchNorm2d(Layer):
     def infer_shape(self):
         x = _check_rank(self, "PyTorch's BatchNorm1d")
         if math.prod(x) // x[1] < 2:
+            values, torch_name = ("N*H*W", "BatchNorm2d") if len(x) == 4 else ("N", "BatchNorm1d")
             raise ValueError(f"batchnorm {self.name!r}: training needs more than 1 value per channel "
-                             f"(N*H*W), got input {x}, as PyTorch's BatchNorm2d")
+                             f"({values}), got input {x}, as PyTorch's {torch_name} does: a batch of at "
+                             "least 2")
         return x
 
     def params(self):

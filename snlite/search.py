@@ -283,14 +283,16 @@ PAPER_DEPTH_AT_BATCH = {16: 1920, 1: 3 * 2500 + 2}  # SuperNeurons' deepest ResN
 PAPER_BATCH = PAPER_WIDTH_BATCH
 
 
-def max_batch(build, config: MemoryConfig, label: str = "", lo: int = 1, hi: int = MAX_BATCH,
+def max_batch(build, config: MemoryConfig, label: str = "", lo: int | None = None, hi: int = MAX_BATCH,
               progress=no_progress) -> Found:
     """The largest batch in [lo, hi] for which ``build(batch)`` fits ``config``'s budgets
-    (``budget_bytes``, ``host_budget_bytes`` or both; the first guess is drawn from the device's)."""
+    (``budget_bytes``, ``host_budget_bytes`` or both; the first guess is drawn from the device's).
+    ``lo``: by default the smallest valid batch (:func:`smallest_batch`: 1, or 2 where 1 is none)."""
     if config.budget_bytes is None and config.host_budget_bytes is None:
         raise ValueError("max_batch needs a budget (config.budget_bytes or config.host_budget_bytes)")
     _check_builder(build, "max_batch", "batch", "lambda b: get_model('alexnet', batch=b)")
-    lo, hi = integer(lo, "max_batch's lo"), integer(hi, "max_batch's hi")
+    lo = smallest_batch(build)[0] if lo is None else integer(lo, "max_batch's lo")
+    hi = integer(hi, "max_batch's hi")
     if lo > hi:
         raise ValueError(f"max_batch searches the batches from lo to hi, and lo {lo} is above hi {hi}")
     sample = (8, 32) if hi >= 32 and config.budget_bytes is not None else None
@@ -354,11 +356,30 @@ def _strategies(progress, **limits):
             for i, (label, cfg) in enumerate(SEARCH.items(), 1)]
 
 
+def smallest_batch(build) -> tuple[int, str | None]:
+    """The batch a search of ``build``'s net starts from, and why it is not 1: 2 where a batch of 1 is
+    no valid input (a BatchNorm left with one value per channel, as after a ResNet's global pooling
+    at CIFAR size), else 1. A net that builds at neither raises batch 1's error (an unknown name...)."""
+    _check_builder(build, "max_batch", "batch", "lambda b: get_model('alexnet', batch=b)")
+    try:
+        build(1)
+        return 1, None
+    except ValueError as one:
+        try:
+            build(2)
+        except ValueError:
+            raise one from None
+        return 2, str(one)
+
+
 def max_batch_table(build, budget_bytes: int, hi: int = MAX_BATCH, progress=no_progress,
-                    host_budget_bytes: int | None = None, fit: str = "first") -> list[Found]:
+                    host_budget_bytes: int | None = None, fit: str = "first",
+                    lo: int | None = None) -> list[Found]:
     """:func:`max_batch` under every strategy of ``SEARCH`` (the paper's Table 5), each placed with
-    ``fit``; with ``host_budget_bytes`` a batch whose plan needs more pinned host memory does not fit."""
-    return [max_batch(build, cfg, label, hi=hi, progress=each) for label, cfg, each in _strategies(
+    ``fit``; with ``host_budget_bytes`` a batch whose plan needs more pinned host memory does not fit.
+    ``lo``: the smallest batch to try (default :func:`smallest_batch`'s)."""
+    lo = smallest_batch(build)[0] if lo is None else lo
+    return [max_batch(build, cfg, label, lo=lo, hi=hi, progress=each) for label, cfg, each in _strategies(
         progress, budget_bytes=budget_bytes, host_budget_bytes=host_budget_bytes, fit=fit)]
 
 

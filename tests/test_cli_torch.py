@@ -191,3 +191,26 @@ def test_a_model_on_vectors_takes_its_features_as_input(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run(["plan", f"{path}:MLP", "--input", "28x28"], capsys)
     assert "expected CxHxW of positive integers (3x224x224), or the features" in capsys.readouterr().err
+
+
+@needs_torch
+def test_maxbatch_starts_at_2_where_a_batch_of_1_is_no_valid_input(tmp_path, capsys):
+    """A BatchNorm after a global pooling has one value per channel at batch 1, which training refuses
+    (as PyTorch does): maxbatch failed on its first probe, a batch the user never asked for."""
+    path = tmp_path / "pooled.py"
+    path.write_text("from torch import nn\n\n\nclass Pooled(nn.Sequential):\n    def __init__(self):\n"
+                    "        super().__init__(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1),\n"
+                    "                         nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8, 4))\n")
+    net = [f"{path}:Pooled", "--input", "3x8x8"]
+    status, out, err = run(["plan", *net, "--batch", "1"], capsys)
+    assert status == 1 and "training needs more than 1 value per channel (N*H*W), got input (1, 8, 1, 1), " \
+        "as PyTorch's BatchNorm2d does: a batch of at least 2" in err, err
+    status, out, err = run(["maxbatch", *net, "--budget", "1MiB", "--max-batch", "64", "--json", "-"], capsys)
+    data = json.loads(out)
+    assert status == 0 and data["smallest_batch"] == 2, err
+    assert all(r["batch"] is not None and r["batch"] >= 2 for r in data["rows"]), data["rows"]
+    status, out, err = run(["maxbatch", *net, "--budget", "1MiB", "--max-batch", "64"], capsys)
+    assert status == 0 and "the search starts at batch 2: a batch of 1 is no valid input here (batchnorm" \
+        in out
+    status, out, err = run(["maxbatch", net[0], "--input", "3x2x2", "--budget", "1MiB"], capsys)
+    assert status == 1 and "(1, 3, 2, 2)" in err, "a net that builds at no batch fails on batch 1's error"

@@ -530,3 +530,20 @@ def test_the_progress_line_fits_the_terminal(monkeypatch):
         and line.endswith("...  (0 s)")
     status.clear()
     assert tty.text.endswith("\r\033[K")
+
+
+def test_max_batch_starts_at_the_smallest_valid_batch():
+    """A BatchNorm over a 1x1 map has one value per channel at batch 1: the search starts at 2."""
+    def pooled(batch):
+        g = Graph((batch, 3, 8, 8), num_classes=4, name="pooled")
+        g.softmax_loss(g.linear(g.flatten(g.batchnorm(g.avgpool(g.conv2d(g.input(), 8, 3), 6))), 4))
+        return g
+
+    with pytest.raises(ValueError, match="a batch of at least 2"):
+        pooled(1)
+    assert search.smallest_batch(pooled)[0] == 2
+    assert search.smallest_batch(lambda b: get_model("lenet", b)) == (1, None)
+    found = search.max_batch(pooled, MemoryConfig(liveness=True, budget_bytes=1 << 20), hi=64)
+    assert found.value is not None and found.value >= 2
+    with pytest.raises(ValueError, match="max_batch takes build, a function"):
+        search.max_batch_table(pooled(2), 1 << 20)
