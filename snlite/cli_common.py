@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import re
+import shlex
 import sys
 
 import numpy as np
@@ -78,6 +79,18 @@ def net_json(args) -> dict:
         return {"net": args.net}
     return {"net": args.net, "input": list(getattr(args, "input", None) or TORCH_INPUT),
             "torch_args": getattr(args, "torch_args", None) or {}}
+
+
+def net_words(args) -> str:
+    """The NET of a command as a command line that follows it repeats it: its name, and a PyTorch
+    NET's --input and --torch-args where given (without them the other command builds another
+    network), quoted for the shell."""
+    words = [args.net]
+    if getattr(args, "input", None):
+        words += ["--input", "x".join(map(str, args.input))]
+    if getattr(args, "torch_args", None):
+        words += ["--torch-args", json.dumps(args.torch_args)]
+    return shlex.join(words)
 
 
 def builder_of(args):

@@ -9,7 +9,7 @@ import time
 from snlite import budget, measure, offline, optimal, search, timing
 from snlite.cli_args import EXIT_DOES_NOT_FIT, CliError, Status, _batch, _budget, _host_budget, add_quiet_flag
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, KIND_NOTE, add_json_flag, add_net_argument, draw,
-                               graph_of, kind_table, net_json, ordinal, text_table, write_json)
+                               graph_of, kind_table, net_json, net_words, ordinal, text_table, write_json)
 from snlite.config import CHOICES, MemoryConfig
 from snlite.errors import HostBudgetError
 
@@ -107,7 +107,7 @@ def print_nothing_fits(args, batch: int) -> None:
     host = f"a host budget of {measure.format_size(args.host_budget)}" if args.host_budget else ""
     device = measure.format_size(args.budget) if args.budget is not None else ""
     print(f"\nno strategy fits {device}{' with ' if device and host else ''}{host}: see why, and what "
-          f"would, with snlite plan {args.net} --batch {batch} {' '.join(asked)}")
+          f"would, with snlite plan {net_words(args)} --batch {batch} {' '.join(asked)}")
 
 
 def budgeted(args) -> bool:
@@ -134,7 +134,7 @@ def print_smallest(args, batch: int, smallest, preset_fits) -> None:
                    if fit in preset_fits and not isinstance(m, HostBudgetError) else "")
         if isinstance(m, HostBudgetError):
             print(f"{superneurons_label(fit)} fits no device budget{under}: even on an unlimited device "
-                  f"it pins more (snlite plan {args.net} --batch {batch} --preset superneurons "
+                  f"it pins more (snlite plan {net_words(args)} --batch {batch} --preset superneurons "
                   f"--host-budget {args.host_budget} says what would fit)")
         elif i == 0:
             print(f"{m.label} runs in {measure.format_size(m.budget_bytes)}{under} at the least, "

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 from snlite import explain, measure, offline, timing
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, OUTPUT_FILES, CliError, _batch, _positive_int,
                              add_memory_flags, check_keep, memory_config)
 from snlite.cli_common import (BATCH_HELP, GPU_HELP, add_export_flags, add_json_flag, add_net_argument,
-                               check_exports, draw, graph_of, net_json, pct, tell, text_table,
+                               check_exports, draw, graph_of, net_json, net_words, pct, tell, text_table,
                                write_exports, write_json)
 from snlite.dataflow import DataflowError, check_dataflow
 from snlite.models import get_model
@@ -120,7 +121,12 @@ def does_not_fit(args, batch: int, ex) -> int:
         write_json(args.json, {**net_json(args), "batch": batch, "fits": False,
                                "explanation": explanation_json(ex)})
     if args.json != "-":
-        print_explanation(ex)
+        print_explanation(ex, net_words(args))
+    skipped = [f"{flag} {getattr(args, dest)}" for dest, flag in OUTPUT_FILES.items()
+               if dest != "json" and getattr(args, dest, None) is not None]
+    if skipped:
+        print("snlite plan: not written, as the plan does not fit (no program to export): "
+              + ", ".join(skipped), file=sys.stderr)
     return EXIT_DOES_NOT_FIT
 
 
@@ -226,8 +232,9 @@ def conv_table(choices, limit: int = 12) -> str:
     return text + "\nchosen: " + "; ".join(chosen)
 
 
-def print_explanation(ex) -> None:
-    """Why ``ex`` does not fit, and the ranked changes (stdout)."""
+def print_explanation(ex, net: str) -> None:
+    """Why ``ex`` does not fit, and the ranked changes (stdout); ``net``: the NET as the command
+    line gave it (:func:`snlite.cli_common.net_words`)."""
     need, host = ex.need.trace, ex.ran_out == "host"
     at = need.steps[need.peak_op]
     budget = (f"a host budget of {measure.format_size(ex.config.host_budget_bytes)} of pinned memory" if host
@@ -252,7 +259,7 @@ def print_explanation(ex) -> None:
                      "><<<>>>><"))
     if not any(s.fits for s in ex.suggestions):
         print(f"\nnothing here fits: a larger --{'host-' if host else ''}budget (without one it peaks at "
-              f"{measure.format_size(need.peak_bytes)}), or a smaller network; snlite compare {ex.net} "
+              f"{measure.format_size(need.peak_bytes)}), or a smaller network; snlite compare {net} "
               f"--batch {ex.batch} finds the smallest budget of superneurons()")
     elif ex.suggestions[0].fits:
         print(f"\ntry: {ex.suggestions[0].change}")

@@ -214,3 +214,23 @@ def test_maxbatch_starts_at_2_where_a_batch_of_1_is_no_valid_input(tmp_path, cap
         in out
     status, out, err = run(["maxbatch", net[0], "--input", "3x2x2", "--budget", "1MiB"], capsys)
     assert status == 1 and "(1, 3, 2, 2)" in err, "a net that builds at no batch fails on batch 1's error"
+
+
+@needs_torch
+def test_the_command_compare_and_plan_hand_on_rebuilds_the_same_module(tmp_path, capsys):
+    """compare's "see why with snlite plan NET ..." left out --input and --torch-args, so the command it
+    gave failed on another input (or built another network), and did not quote the path."""
+    import shlex
+
+    path = tmp_path / "my nets.py"
+    path.write_text(NET_FILE)
+    net = [f"{path}:Tiny", "--input", "1x8x8", "--torch-args", '{"width": 6, "classes": 5}']
+    status, out, err = run(["compare", *net, "--batch", "4", "--budget", "1KiB"], capsys)
+    assert status == cli.EXIT_DOES_NOT_FIT, err
+    given = shlex.split(out.rsplit("with snlite ", 1)[1].strip())
+    assert given[:6] == ["plan", *net], given
+    status, out, err = run(given + ["--save-program", str(tmp_path / "p.json")], capsys)
+    assert status == cli.EXIT_DOES_NOT_FIT, err
+    assert shlex.split(out.rsplit("; snlite ", 1)[1].split(" finds ")[0])[:6] == ["compare", *net]
+    assert err.strip() == ("snlite plan: not written, as the plan does not fit (no program to export): "
+                           f"--save-program {tmp_path / 'p.json'}") and not (tmp_path / "p.json").exists()
