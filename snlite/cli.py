@@ -58,6 +58,7 @@ from snlite.config import ConfigWarning
 from snlite.device import DEVICE_NAMES
 from snlite.errors import BudgetError
 from snlite.arguments import param_problem
+from snlite.torch_import import FrozenParameters
 from snlite.train import Model
 from snlite.version import __version__
 
@@ -150,14 +151,26 @@ def add_train_command(sub) -> None:
 
 
 # ---------------------------------------------------------------- entry point
+def _warning_printer(command: str, show):
+    """``warnings.showwarning`` for a command: snlite's own warnings (a frozen parameter of a PyTorch
+    NET) as one line of the command's, like its other warnings; anyone else's as Python shows them."""
+    def printer(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, FrozenParameters):
+            print(f"snlite {command}: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return printer
+
+
 def main(argv=None) -> int:
     """The console script ``snlite`` (also ``python -m snlite.cli``); returns the exit status."""
     args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         check_names(args)
         check_outputs(args)  # every output path, before the work that would fill it
-        with warnings.catch_warnings():  # memory_config printed these once, as flags
-            warnings.simplefilter("ignore", ConfigWarning)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigWarning)  # memory_config printed these once, as flags
+            warnings.showwarning = _warning_printer(args.command, warnings.showwarning)
             return COMMANDS[args.command](args)
     except UsageError as e:
         if args.traceback:

@@ -29,11 +29,16 @@ import io
 import importlib.util
 import os
 import sys
+import warnings
 
 from snlite.checks import integer
 from snlite.graph import Graph
 from snlite.torch_nodes import TorchImportError, refuse
 from snlite.torch_walk import Importer
+
+
+class FrozenParameters(UserWarning):
+    """A module with parameters that do not train (``requires_grad=False``), which snlite trains."""
 
 
 def from_torch(module, input_shape, batch: int = 32, name: str | None = None) -> Graph:
@@ -77,7 +82,21 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     g = Graph((batch,) + shape, logits[1], name=name or type(module).__name__.lower())
     built = Importer(g, gm).run()
     g.softmax_loss(built[out])
+    _warn_of_frozen(module)
     return g
+
+
+def _warn_of_frozen(module) -> None:
+    """Warn where some parameters are frozen: snlite trains every one, so a plan counts a gradient and
+    a momentum buffer for each, which a fine-tuning run that freezes them does not hold."""
+    frozen = [(n, p.numel() * p.element_size()) for n, p in module.named_parameters() if not p.requires_grad]
+    if frozen:
+        nbytes = sum(b for _, b in frozen)
+        names = ", ".join(n for n, _ in frozen[:3]) + (", ..." if len(frozen) > 3 else "")
+        warnings.warn(f"{type(module).__name__} has {len(frozen)} frozen parameter tensors ({names}; "
+                      f"{nbytes:,d} bytes, requires_grad=False): snlite trains every parameter, so its plans "
+                      f"hold their gradients and momentum too, up to {2 * nbytes:,d} bytes more than a run "
+                      "that freezes them", FrozenParameters, stacklevel=3)
 
 
 def check_source(source: str) -> None:

@@ -234,3 +234,27 @@ def test_the_command_compare_and_plan_hand_on_rebuilds_the_same_module(tmp_path,
     assert shlex.split(out.rsplit("; snlite ", 1)[1].split(" finds ")[0])[:6] == ["compare", *net]
     assert err.strip() == ("snlite plan: not written, as the plan does not fit (no program to export): "
                            f"--save-program {tmp_path / 'p.json'}") and not (tmp_path / "p.json").exists()
+
+
+@needs_torch
+def test_frozen_parameters_are_warned_about_not_planned_away(tmp_path, capsys):
+    """A fine-tuning model with a frozen backbone was planned as if it all trained, without a word."""
+    from snlite.torch_import import FrozenParameters, from_torch
+
+    path = tmp_path / "frozen.py"
+    path.write_text(MODEL_FILE + "\n\nclass Frozen(Net):\n    def __init__(self):\n"
+                    "        super().__init__()\n        self.conv.requires_grad_(False)\n")
+    status, out, err = run(["plan", f"{path}:Frozen", "--input", "1x8x8", "--batch", "2"], capsys)
+    assert status == 0 and err.count("warning") == 1, err
+    assert err.startswith("snlite plan: warning: Frozen has 2 frozen parameter tensors (conv.weight, "
+                          "conv.bias; 320 bytes, requires_grad=False): snlite trains every parameter"), err
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("frozen_model", path)
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.warns(FrozenParameters, match=r"up to 640 bytes more than a run that freezes them") as caught:
+        from_torch(mod.Frozen(), (1, 8, 8), batch=2)
+    assert [w.filename for w in caught] == [__file__]
+    status, out, err = run(["plan", f"{path}:Net", "--input", "1x8x8", "--batch", "2"], capsys)
+    assert status == 0 and err == "", err
