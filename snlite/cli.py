@@ -113,7 +113,8 @@ def add_train_command(sub) -> None:
     add_net_argument(train, help="a network of the model zoo (snlite.models): lenet (any image size), "
                                  "cifar_resnet20 (3x32x32), alexnet, vgg16, resnet50, ... (ImageNet sizes); "
                                  "or a PyTorch module (needs torch): torchvision:NAME or "
-                                 "path/to/file.py:CLASS, on the data's images unless --input says otherwise")
+                                 "path/to/file.py:CLASS, on the data's images unless --input says otherwise; "
+                                 "or path/to/file.py:FUNCTION, a function of the batch returning a Graph")
     train.add_argument("--data", default="digits", help=DATA_HELP + " (default digits)")
     train.add_argument("--batch", type=_batch, default=32, help="images per step (default 32)")
     train.add_argument("--epochs", type=_positive_int, default=6,
@@ -313,9 +314,10 @@ def build_model(net: str, batch: int, train, input_shape=None, torch_args=None):
     """The graph of ``net`` at ``batch``, sized for ``train``'s images and classes: a network of the
     model zoo, or a PyTorch module (on ``train``'s images unless ``input_shape`` says otherwise)."""
     if ":" in net:
-        graph = builder(net, input_shape or train.shape, torch_args)(batch)
+        graph = builder(net, input_shape, torch_args, default_input=train.shape)(batch)
         if graph.input_shape[1:] != train.shape:
-            raise CliError(f"--input {'x'.join(map(str, graph.input_shape[1:]))}, but --data "
+            given = "--input " if input_shape else f"{net} takes images of "
+            raise CliError(f"{given}{'x'.join(map(str, graph.input_shape[1:]))}, but --data "
                            f"{train.name.split('/')[0]} has images of {'x'.join(map(str, train.shape))}")
         if graph.num_classes != train.num_classes:
             raise CliError(f"{net} has {graph.num_classes} classes but --data {train.name.split('/')[0]} has "

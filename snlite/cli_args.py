@@ -39,7 +39,7 @@ def check_names(args) -> None:
                  if getattr(args, d, None) is not None]
         if given and ":" not in args.net:
             raise UsageError(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for a PyTorch NET "
-                             f"(torchvision:NAME or path/to/file.py:CLASS); {args.net} is of snlite's zoo")
+                             f"(torchvision:NAME or path/to/file.py:NAME); {args.net} is of snlite's zoo")
     if getattr(args, "gpu", None) is not None:
         try:
             timing.profile(args.gpu)
@@ -137,15 +137,16 @@ def check_output_folder(flag: str, target: str) -> None:
 def check_net(name: str) -> None:
     """UsageError unless ``name`` is a network of the model zoo (snlite.models.get_model), without
     building it."""
-    if ":" in name:  # a PyTorch module (torchvision:NAME, file.py:CLASS): its form and its file now
+    if ":" in name:  # a PyTorch module or a Graph function (torchvision:NAME, file.py:NAME): form, file
         try:
             torch_import.check_source(name)
         except ValueError as e:
             raise UsageError(str(e)) from None
         return
     if name.endswith(".py") or name == "torchvision":  # a PyTorch NET without the part after the colon
-        raise UsageError(f"{name!r}: a PyTorch NET names its module too: path/to/file.py:CLASS (a class of "
-                         "the file) or torchvision:NAME (e.g. torchvision:resnet18)")
+        raise UsageError(f"{name!r}: a NET from a file names what in it too: path/to/file.py:NAME (a "
+                         "torch.nn.Module class, or a function of the batch that builds a Graph), or "
+                         "torchvision:NAME (e.g. torchvision:resnet18)")
     key = name.lower()
     m = re.fullmatch(r"(cifar_resnet|resnet)(\d+)", key)
     try:

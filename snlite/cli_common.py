@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import re
 import shlex
@@ -15,10 +16,12 @@ import numpy as np
 
 from snlite import chrome_trace, files, measure, memory_snapshot, models, plot, timing, torch_import
 from snlite.cli_args import OUTPUT_FILES, CliError, UsageError, check_output_file
+from snlite.graph import Graph
 
 NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
             "resnet101, resnet152, resnetNNN, cifar_resnetNN, inception_v4, densenet121; or a PyTorch "
-            "module (needs torch): torchvision:NAME (e.g. torchvision:resnet18) or path/to/file.py:CLASS")
+            "module (needs torch): torchvision:NAME (e.g. torchvision:resnet18) or path/to/file.py:CLASS; or "
+            "path/to/file.py:FUNCTION, a function of the batch that returns an snlite Graph")
 TORCH_BATCH = 32  # the batch of a PyTorch module without --batch
 TORCH_INPUT = (3, 224, 224)  # its input without --input
 BATCH_HELP = "images per step (default: the model's, snlite.models.DEFAULT_BATCH)"
@@ -57,19 +60,50 @@ def add_net_argument(parser, help: str = NET_HELP) -> None:
                              "e.g. '{\"num_classes\": 10}'")
 
 
-def builder(net: str, input_shape=None, torch_args=None):
-    """``batch -> Graph`` for ``net``: a model of the zoo (None: the model's default batch), or a
+def builder(net: str, input_shape=None, torch_args=None, default_input=TORCH_INPUT):
+    """``batch -> Graph`` for ``net``: a model of the zoo (None: the model's default batch); a
     PyTorch module (``torchvision:NAME``, ``file.py:CLASS``: constructed once, traced by
     :func:`snlite.torch_import.from_torch` at each batch; None: TORCH_BATCH; on ``input_shape``,
-    None: TORCH_INPUT)."""
+    None: ``default_input``); or ``file.py:FUNCTION``, a function of the batch that builds an snlite
+    Graph (:func:`graph_function`)."""
     if ":" not in net:
         return lambda batch=None: models.get_model(net, batch)
     try:
-        module = torch_import.load_module(net, torch_args)
+        if net.startswith("torchvision:"):
+            module = torch_import.load_module(net, torch_args)
+        else:
+            found = torch_import.file_object(net)
+            if inspect.isfunction(found):
+                return graph_function(net, found, input_shape, torch_args)
+            module = torch_import.module_of(found, net, torch_args)
     except torch_import.UnknownModule as e:
         raise UsageError(str(e)) from None
-    return lambda batch=None: torch_import.from_torch(module, input_shape or TORCH_INPUT,
+    return lambda batch=None: torch_import.from_torch(module, input_shape or default_input,
                                                       batch=batch or TORCH_BATCH, name=net)
+
+
+def graph_function(net: str, function, input_shape=None, kwargs=None):
+    """``batch -> Graph`` for ``file.py:FUNCTION``: ``FUNCTION(batch, **kwargs)`` (``--torch-args``),
+    or ``FUNCTION(**kwargs)`` without ``--batch`` (its own default), which must return an snlite
+    :class:`~snlite.graph.Graph` of that batch. It builds its own input: ``--input`` is refused."""
+    if input_shape is not None:
+        raise UsageError(f"--input is a PyTorch NET's; {net} builds its Graph, input included: leave it out")
+    kwargs = dict(kwargs or {})
+
+    def build(batch=None):
+        call = f"{function.__name__}({'' if batch is None else batch}{', **--torch-args' if kwargs else ''})"
+        try:
+            g = function(**kwargs) if batch is None else function(batch, **kwargs)
+        except TypeError as e:
+            raise UsageError(f"{net}: {call} failed: {e}; a NET that is a function takes the batch first "
+                             f"(def {function.__name__}(batch=8): ...) and returns an snlite Graph") from None
+        if not isinstance(g, Graph):
+            raise UsageError(f"{net}: {call} returned {type(g).__name__}, not an snlite Graph")
+        if batch is not None and g.input_shape[0] != batch:
+            raise UsageError(f"{net}: {call} returned a Graph of batch {g.input_shape[0]}: build its input "
+                             "of the batch given")
+        return g
+    return build
 
 
 def net_json(args) -> dict:

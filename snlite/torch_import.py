@@ -100,14 +100,14 @@ def _warn_of_frozen(module) -> None:
 
 
 def check_source(source: str) -> None:
-    """ValueError unless ``source`` is ``torchvision:NAME`` or ``path/to/file.py:CLASS`` with the
+    """ValueError unless ``source`` is ``torchvision:NAME`` or ``path/to/file.py:NAME`` with the
     file there: what the command line checks before any work, without importing torch."""
     where, _, attr = source.rpartition(":")
     if not (where and attr.isidentifier()):
         raise ValueError(f"{source!r}: expected torchvision:NAME (e.g. torchvision:resnet18) or "
-                         "path/to/file.py:CLASS")
+                         "path/to/file.py:NAME (a torch.nn.Module class, or a function building a Graph)")
     if where != "torchvision" and not (where.endswith(".py") and os.path.isfile(where)):
-        raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:CLASS, and there is "
+        raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:NAME, and there is "
                          f"no file {where!r}")
 
 
@@ -120,8 +120,6 @@ def load_module(source: str, kwargs: dict | None = None):
     """The ``torch.nn.Module`` a command line names: ``torchvision:NAME`` (a model of
     ``torchvision.models``, e.g. ``torchvision:resnet18``) or ``path/to/file.py:CLASS`` (a class of
     that file), constructed with ``kwargs`` (none: its defaults)."""
-    import torch
-
     check_source(source)
     where, _, attr = source.rpartition(":")
     kwargs = dict(kwargs or {})
@@ -133,6 +131,15 @@ def load_module(source: str, kwargs: dict | None = None):
             hint = f"did you mean {', '.join(near)}?" if near else f"it has {', '.join(known)}"
             raise UnknownModule(f"{source!r}: torchvision has no model {attr!r}; {hint}")
         return _construct(lambda **kw: models.get_model(attr, **kw), f"torchvision.models.{attr}", kwargs)
+    return module_of(file_object(source), source, kwargs)
+
+
+def file_object(source: str):
+    """What ``path/to/file.py:NAME`` names: the file run as Python runs it (the modules beside it
+    import), then its ``NAME``: a ``torch.nn.Module`` class (:func:`module_of`) or a function that
+    builds an snlite Graph (the command line's ``snlite.cli_common.builder``). Needs no torch."""
+    check_source(source)
+    where, _, attr = source.rpartition(":")
     spec = importlib.util.spec_from_file_location(f"snlite_user_model_{abs(hash(where))}", where)
     code = importlib.util.module_from_spec(spec)
     with _first_on_path(os.path.dirname(os.path.abspath(where))):  # its own modules import, as `python file`
@@ -140,13 +147,24 @@ def load_module(source: str, kwargs: dict | None = None):
             spec.loader.exec_module(code)
         except Exception as e:  # noqa: BLE001 - whatever the user's file raises, said in one line
             raise ValueError(f"{where} failed to run: {type(e).__name__}: {e}") from None
-        cls = getattr(code, attr, None)
-        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-            found = [n for n, v in vars(code).items() if isinstance(v, type)
-                     and issubclass(v, torch.nn.Module) and v.__module__ == code.__name__]
-            raise UnknownModule(f"{source!r}: {where} defines no torch.nn.Module subclass {attr!r}"
-                             + (f"; it defines {', '.join(found)}" if found else ""))
-        return _construct(cls, attr, kwargs)
+    if not hasattr(code, attr):
+        own = [n for n, v in vars(code).items()
+               if callable(v) and getattr(v, "__module__", "") == code.__name__]
+        near = difflib.get_close_matches(attr, own, n=1)
+        raise UnknownModule(f"{source!r}: {where} defines no {attr!r}"
+                            + (f"; did you mean {near[0]}?" if near else f"; it defines {', '.join(own)}"
+                               if own else ""))
+    return getattr(code, attr)
+
+
+def module_of(cls, source: str, kwargs: dict | None = None):
+    """``cls(**kwargs)``, where ``cls`` (what ``source`` names) is a ``torch.nn.Module`` class."""
+    import torch
+
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise UnknownModule(f"{source!r} is a {type(cls).__name__}, not a torch.nn.Module subclass nor a "
+                            "function that builds an snlite Graph from the batch")
+    return _construct(cls, source.rpartition(":")[2], dict(kwargs or {}))
 
 
 @contextlib.contextmanager

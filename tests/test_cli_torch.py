@@ -43,7 +43,7 @@ def run(argv, capsys):
     (["plan", "torchvision:9lives"], "expected torchvision:NAME (e.g. torchvision:resnet18)"),
     (["plan", "no/such/file.py:Net"], "there is no file 'no/such/file.py'"),
     (["plan", "alexnet", "--input", "3x8x8"], "--input is for a PyTorch NET"),
-    (["plan", "my_net.py"], "'my_net.py': a PyTorch NET names its module too: path/to/file.py:CLASS"),
+    (["plan", "my_net.py"], "'my_net.py': a NET from a file names what in it too: path/to/file.py:NAME"),
     (["compare", "torchvision"], "or torchvision:NAME (e.g. torchvision:resnet18)"),
     (["maxbatch", "alexnet", "--budget", "1GiB", "--input", "3x8x8", "--torch-args", "{}"],
      "--input and --torch-args are for a PyTorch NET"),
@@ -167,7 +167,7 @@ def test_a_class_in_a_file_with_its_arguments_and_input(capsys, tmp_path):
     assert g.param_count() == 6 * 10 + 5 * 97 and g.input_shape == (4, 1, 8, 8) and g.num_classes == 5
     # a name that names nothing is a usage error (2), as a name the zoo lacks is; a failing constructor is 1
     for argv, words, want in [
-            ((f"{path}:Nope",), "defines no torch.nn.Module subclass 'Nope'; it defines Tiny", 2),
+            ((f"{path}:Nope",), "defines no 'Nope'; it defines Tiny", 2),
             (("torchvision:resnet9",), "torchvision has no model 'resnet9'; did you mean", 2),
             ((f"{path}:Tiny", "--torch-args", '{"depth": 2}'), "Tiny(depth=2) failed", 1),
             ((f"{path}:Tiny", "--torch-args", '{"width": -1}'),  # raised inside the constructor
