@@ -46,7 +46,7 @@ from snlite.anomaly import NonFiniteError, describe
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
                              EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
                              _positive_int, _seed, add_memory_flags, check_keep, check_names, check_outputs,
-                             join_negative_values, memory_config)
+                             join_negative_values, memory_config, parse, warning_printer)
 from snlite.cli_common import add_export_flags, add_net_argument, builder, check_exports, write_exports
 from snlite.cli_compare import add_compare_command, cmd_compare
 from snlite.cli_device import add_costs_command, add_launches_command, cmd_costs, cmd_launches
@@ -58,7 +58,6 @@ from snlite.config import ConfigWarning
 from snlite.device import DEVICE_NAMES
 from snlite.errors import BudgetError
 from snlite.arguments import param_problem
-from snlite.torch_import import FrozenParameters
 from snlite.train import Model
 from snlite.version import __version__
 
@@ -89,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_command(sub)  # bench (cli_paper)
     add_launches_command(sub)  # launches NET (cli_device)
     add_costs_command(sub)  # costs NET (cli_device)
+    parser.commands = sub.choices  # name -> its parser, to refuse a misspelled flag in its own usage
     return parser
+
 
 
 def add_demo_command(sub) -> None:
@@ -152,26 +153,15 @@ def add_train_command(sub) -> None:
 
 
 # ---------------------------------------------------------------- entry point
-def _warning_printer(command: str, show):
-    """``warnings.showwarning`` for a command: snlite's own warnings (a frozen parameter of a PyTorch
-    NET) as one line of the command's, like its other warnings; anyone else's as Python shows them."""
-    def printer(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, FrozenParameters):
-            print(f"snlite {command}: warning: {message}", file=sys.stderr)
-        else:
-            show(message, category, filename, lineno, file, line)
-    return printer
-
-
 def main(argv=None) -> int:
     """The console script ``snlite`` (also ``python -m snlite.cli``); returns the exit status."""
-    args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
+    args = parse(build_parser(), join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         check_names(args)
         check_outputs(args)  # every output path, before the work that would fill it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConfigWarning)  # memory_config printed these once, as flags
-            warnings.showwarning = _warning_printer(args.command, warnings.showwarning)
+            warnings.showwarning = warning_printer(args.command, warnings.showwarning)
             return COMMANDS[args.command](args)
     except UsageError as e:
         if args.traceback:

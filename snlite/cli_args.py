@@ -3,6 +3,7 @@ the memory flags (one flag per MemoryConfig field, read in one place) and progre
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import shutil
@@ -317,9 +318,10 @@ def add_memory_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`MemoryConfig` field, plus ``--preset``; see :func:`memory_config`."""
     g = parser.add_argument_group("memory configuration (snlite.MemoryConfig; a flag overrides --preset, "
                                   "wherever it appears)")
-    g.add_argument("--preset", choices=("baseline", "superneurons"), default="baseline",
+    g.add_argument("--preset", choices=("baseline", "superneurons"), default="baseline", type=str.lower,
                    help="start from MemoryConfig.baseline() (nothing on, the default) or .superneurons() "
-                        "(liveness, offload, cache, cost_aware recompute, dynamic workspace)")
+                        "(liveness, offload, cache, cost_aware recompute, dynamic workspace, update in "
+                        "backward, schedule H200, optimizer_state auto)")
     for name, what in (("liveness", "free each tensor after its last use"),
                        ("offload", "copy CONV outputs to pinned host memory and back"),
                        ("cache", "LRU tensor cache: move data only when an allocation would fail"),
@@ -400,3 +402,28 @@ def _bytes(n: int) -> str:
         if n < 1024 or unit == "GiB":
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1024
+
+
+def parse(parser, argv) -> argparse.Namespace:
+    """``argv`` parsed; an unknown flag is refused in its command's usage, with the nearest of its flags
+    (argparse's own refusal shows the top-level usage and guesses nothing)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = parser.commands[args.command]
+        flags = [f for action in command._actions for f in action.option_strings]
+        near = [m for u in unknown if u.startswith("--")
+                for m in difflib.get_close_matches(u.split("=", 1)[0], flags, n=1)]
+        command.error(f"unrecognized arguments: {' '.join(unknown)}"
+                      + (f" (did you mean {', '.join(near)}?)" if near else ""))
+    return args
+
+
+def warning_printer(command: str, show):
+    """``warnings.showwarning`` for a command: snlite's own warnings (a frozen parameter of a PyTorch
+    NET) as one line of the command's, like its other warnings; anyone else's as Python shows them."""
+    def printer(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, torch_import.FrozenParameters):
+            print(f"snlite {command}: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return printer

@@ -151,6 +151,21 @@ def test_bad_flags_are_argparse_errors(argv, capsys):
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
 
 
+def test_a_misspelled_flag_is_refused_in_its_commands_usage_with_the_nearest_flag(capsys):
+    """argparse refused it in the top-level usage ("usage: snlite [-h] ... COMMAND") and guessed nothing."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["plan", "lenet", "--offlaod", "--recompute=speed", "--cahce"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: snlite plan ")
+    assert err.rstrip().endswith("snlite plan: error: unrecognized arguments: --offlaod --cahce (did you "
+                                 "mean --offload, --cache?)"), err
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "lenet", "stray"])
+    assert capsys.readouterr().err.rstrip().endswith("snlite plan: error: unrecognized arguments: stray")
+    assert cli.main(["plan", "lenet", "--batch", "2", "--preset", "SuperNeurons", "--json", "-"]) == 0
+    assert "schedule=H200" in capsys.readouterr().out, "a preset in any case, as --schedule h200 is"
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--data", "mnist:/no/such/dir"],
      "no directory '/no/such/dir'. Expected it to hold train-images-idx3-ubyte"),
