@@ -144,6 +144,9 @@ def check_net(name: str) -> None:
         except ValueError as e:
             raise UsageError(str(e)) from None
         return
+    if name.endswith(".json"):  # a saved program, or plan's JSON
+        raise UsageError(f"{name!r} is a file, not a network: a program saved by plan --save-program is "
+                         f"checked with snlite check {name}; NET is a model of the zoo or a file.py:NAME")
     if name.endswith(".py") or name == "torchvision":  # a PyTorch NET without the part after the colon
         raise UsageError(f"{name!r}: a NET from a file names what in it too: path/to/file.py:NAME (a "
                          "torch.nn.Module class, or a function of the batch that builds a Graph), or "

@@ -289,7 +289,10 @@ class Program:
             if isinstance(found, str) and found.startswith(FORMAT.split("/")[0] + "/"):
                 raise ValueError(f"an snlite program of another format, {found!r}; this snlite reads "
                                  f"{FORMAT!r}: plan it again here (snlite plan NET --save-program FILE)")
-            raise ValueError(f"not an snlite program: expected format {FORMAT!r}, found {found!r}")
+            what = ("the numbers snlite plan --json writes, not a program (save one with snlite plan NET "
+                    "--save-program FILE)" if isinstance(data, dict) and "totals" in data and "net" in data
+                    else f"expected format {FORMAT!r}, found {found!r}")
+            raise ValueError(f"not an snlite program: {what}")
         try:
             return cls(data["net"], data["config"], data["mode"], data["allocator"],
                        {n: (None if s is None else tuple(s), d, k)

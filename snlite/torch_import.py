@@ -56,6 +56,13 @@ def from_torch(module, input_shape, batch: int = 32, name: str | None = None) ->
     if len(shape) not in (1, 3) or not all(isinstance(s, int) and s >= 1 for s in shape):
         raise ValueError(f"input_shape must be (C, H, W) of positive integers, or (features,) for a model on "
                          f"vectors (an MLP), got {input_shape!r}")
+    recurrent = [f"{n}: {type(m).__name__}" for n, m in
+                 (module.named_modules() if isinstance(module, torch.nn.Module) else ())
+                 if isinstance(m, torch.nn.RNNBase)]
+    if recurrent:
+        raise TorchImportError(f"{type(module).__name__} has recurrent layers ({', '.join(recurrent[:3])}), "
+                               "and snlite has none: it plans networks on images or on vectors (CNNs, MLPs, "
+                               "vision transformers)")
     gm = _trace(module)
     modes = {m: m.training for m in module.modules()}
     try:
@@ -195,7 +202,9 @@ def _trace(module):
     from torch.fx.proxy import TraceError
 
     if not isinstance(module, torch.nn.Module):
-        raise ValueError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
+        made = f": give one, {module.__name__}(...)" if isinstance(module, type) else ""
+        raise ValueError(f"from_torch expects a torch.nn.Module, got {type(module).__name__} "
+                         f"{getattr(module, '__name__', '')}{made}".rstrip())
     bad = sorted({str(p.dtype) for p in module.state_dict().values() if p.is_floating_point()}
                  - {"torch.float32"})
     if bad:

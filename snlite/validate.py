@@ -162,7 +162,10 @@ def against_graph(program, graph) -> None:
             raise ProgramError(f"tensor {name}: ({shape}, {dtype}, {kind}) in the program, but "
                                f"({tuple(t.shape)}, {t.dtype}, {t.kind}) in {graph.name}")
     if program.net != graph.name:
-        raise ProgramError(f"the program is for net {program.net!r}, the graph given is {graph.name!r}")
+        net = program.net
+        raise ProgramError(f"the program is for net {net!r}, the graph given is {graph.name!r}: check it "
+                           f"against the graph it was planned for (from_torch(..., name={net!r}) or "
+                           f"Graph(..., name={net!r}) names one so)")
 
 
 # ---------------------------------------------------------------------------- the instructions

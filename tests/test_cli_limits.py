@@ -19,6 +19,8 @@ def test_a_batch_wider_than_a_grid_is_planned_not_refused(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["plan", "lenett"], "unknown model 'lenett'; known: lenet, alexnet"),
+    (["plan", "saved.json"], "'saved.json' is a file, not a network: a program saved by plan --save-program "
+                             "is checked with snlite check saved.json"),
     (["compare", "resnet51"], "no bottleneck ResNet of depth 51: valid depths are 50, 101"),
     (["plan", "resnet18"], "ResNet-18 is built of basic blocks: import torchvision's (snlite plan "
                            "torchvision:resnet18"),

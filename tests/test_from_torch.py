@@ -498,6 +498,14 @@ def test_se_gates_and_means_import_either_way_round():
         _close(model.predict(x), net(torch.from_numpy(x)).numpy(), "logits")
 
 
+def test_recurrent_layers_and_a_class_for_a_module_are_refused_saying_so():
+    """A GRU's model failed in PyTorch's shape check ("Expected input to be 2D or 3D") with a hint to
+    give another --input, which no input could satisfy; from_torch(Net) said only "got type"."""
+    refused(Net(lambda s, y: y, gru=nn.GRU(4, 4)), "has recurrent layers (gru: GRU), and snlite has none")
+    with pytest.raises(ValueError, match=r"got type Net: give one, Net\(\.\.\.\)$"):
+        from_torch(Net, (3, 8, 8), batch=2)
+
+
 def test_a_module_with_weights_called_twice_is_refused_and_one_without_is_not():
     """PyTorch shares a module's weights between its calls; snlite's layers own theirs, so a second call of
     a conv would plan (and count) a second copy: it is refused, saying what to do. A ReLU called twice is

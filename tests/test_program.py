@@ -49,6 +49,8 @@ def test_json_round_trips_exactly_and_diffs_are_readable(program, tmp_path):
 @pytest.mark.parametrize("text,message", [
     ("{not json", "not JSON"),
     ('{"format": "something else"}', "not an snlite program"),
+    ('{"net": "lenet", "batch": 2, "totals": {}}',
+     "not an snlite program: the numbers snlite plan --json writes"),
     ("[1, 2]", "not an snlite program"),
     ('{"format": "snlite-program/1", "net": "x"}', "a corrupt snlite program: KeyError"),
     ('{"format": "snlite-program/1", "net": "x", "config": "", "mode": "train", "allocator": "pool", '
