@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import cuda
 
+from kernels._common import checking_types
+
 _ALLOCATORS = (
     "device_array", "device_array_like", "to_device", "pinned_array", "pinned_array_like",
     "mapped_array", "mapped_array_like", "managed_array",
@@ -55,21 +57,32 @@ class AllocationError(AssertionError):
 
 @contextlib.contextmanager
 def no_device_allocation():
-    """Make every numba.cuda allocation function raise while the block runs."""
+    """Make every numba.cuda allocation function raise while the block runs: ``cuda.device_array``,
+    and the same functions under any name a module of ``kernels`` imported them as
+    (``from numba.cuda import device_array_like``)."""
     saved = {name: getattr(cuda, name) for name in _ALLOCATORS if hasattr(cuda, name)}
+    originals = {id(fn): name for name, fn in saved.items()}
+    imported = [(module, attr, originals[id(value)]) for module in list(sys.modules.values())
+                if getattr(module, "__name__", "").startswith("kernels")
+                for attr, value in list(vars(module).items()) if id(value) in originals]
 
     def forbidden(name):
         def f(*a, **k):
-            raise AllocationError(f"a launcher called numba.cuda.{name}: launchers must never allocate")
+            raise AllocationError(f"a launcher called numba.cuda.{name}: launchers must never allocate "
+                                  "(they take their outputs, and any scratch, as arguments)")
         return f
 
     try:
         for name in saved:
             setattr(cuda, name, forbidden(name))
+        for module, attr, name in imported:
+            setattr(module, attr, forbidden(name))
         yield
     finally:
         for name, fn in saved.items():
             setattr(cuda, name, fn)
+        for module, attr, name in imported:
+            setattr(module, attr, saved[name])
 
 
 def _clone(values, convert):
@@ -87,7 +100,12 @@ def _clone(values, convert):
 
 
 def run_example(ops: dict, ex: Example, version: str):
-    """Return ``(reference_outputs, device_outputs)`` as lists of NumPy arrays."""
+    """Return ``(reference_outputs, device_outputs)`` as lists of NumPy arrays. The launcher runs with
+    device allocation forbidden and every kernel's arguments checked against its declared signature
+    (:func:`kernels._common.checking_types`), and must return None: it writes into its outputs."""
+    if not ex.outputs:
+        raise AssertionError(f"an example of {ex.op} names no output (Example.outputs): it would compare "
+                             "nothing; name the positions of the arrays the op writes")
     op = ops[ex.op]
     _, ref_conv = _clone(ex.args, lambda a: a.copy())
     ref_args = [ref_conv(a) for a in ex.args]
@@ -97,8 +115,11 @@ def run_example(ops: dict, ex: Example, version: str):
     _, dev_conv = _clone(ex.args, lambda a: cuda.to_device(np.ascontiguousarray(a)))
     dev_args = [dev_conv(a) for a in ex.args]
     dev_kwargs = {k: dev_conv(v) for k, v in ex.kwargs.items()}
-    with no_device_allocation():
-        op.launch(*dev_args, **dev_kwargs, **ex.launch, version=version)
+    with no_device_allocation(), checking_types():
+        returned = op.launch(*dev_args, **dev_kwargs, **ex.launch, version=version)
+    if returned is not None:
+        raise AssertionError(f"{ex.op} ({version}) returned a {type(returned).__name__}: a launcher writes "
+                             "into the outputs it is given (out=...) and returns None")
     cuda.synchronize()
     return [ref_args[i] for i in ex.outputs], [dev_args[i].copy_to_host() for i in ex.outputs]
 

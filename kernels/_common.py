@@ -36,8 +36,11 @@ def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
-def flat(a):
-    """``a`` viewed as 1-D, for the kernels that treat every element alike (C-contiguous: no copy)."""
+def flat(a, name: str = "an array used flat"):
+    """``a`` viewed as 1-D, for the kernels that treat every element alike. A strided view is refused:
+    the simulator's reshape copies it (the kernel then writes the copy, and the view keeps its old
+    values, silently), a GPU's raises from inside Numba."""
+    contiguous(name, a)
     return a.reshape(a.size)
 
 
@@ -69,6 +72,67 @@ def _check_grid(name: str, grid) -> None:
         if blocks > most:
             raise ValueError(f"{name}: a grid of {blocks:,d} blocks in {axis}, more than CUDA's {most:,d} "
                              f"(grid {tuple(_dim3(grid))})")
+
+
+MAX_BLOCK, MAX_THREADS = (1024, 1024, 64), 1024  # CUDA's limits on a block, every GPU since 2010
+
+
+def _check_block(name: str, block) -> None:
+    dims = _dim3(block)
+    if math.prod(dims) > MAX_THREADS or any(d > most for d, most in zip(dims, MAX_BLOCK)) or min(dims) < 1:
+        raise ValueError(f"{name}: a block of {dims} threads; CUDA takes at most {MAX_THREADS} threads a "
+                         f"block, at most {MAX_BLOCK} in x, y, z (the simulator runs any; a GPU refuses it)")
+
+
+def _check_args(name: str, args) -> None:
+    """A kernel reads device arrays: a NumPy array given to one makes a GPU copy it to a fresh device
+    buffer and back at every launch (an allocation outside the pool, synchronous, on no stream)."""
+    for k, a in enumerate(args):
+        if isinstance(a, np.ndarray) and a.ndim:
+            raise ValueError(f"{name}: argument {k} is a NumPy array of shape {a.shape}: a kernel reads "
+                             "device arrays (the pool's views, or cuda.to_device once, outside launchers)")
+
+
+_CHECK_TYPES: contextvars.ContextVar = contextvars.ContextVar("kernels_check_types", default=False)
+
+
+@contextlib.contextmanager
+def checking_types():
+    """Within the block, every kernel launch compares the types of what it is given with the signature
+    its ``@cuda_kernel`` declares, which is what the PTX check compiles: the simulator checks no types,
+    and on a GPU the lazy jit compiles for what is passed (a Python float makes float64 arithmetic of a
+    kernel declared float32)."""
+    token = _CHECK_TYPES.set(True)
+    try:
+        yield
+    finally:
+        _CHECK_TYPES.reset(token)
+
+
+def _typeof(a):
+    from numba import typeof
+
+    return typeof(getattr(a, "_ary", a))  # (the simulator's device array wraps a NumPy one)
+
+
+def _check_types(spec: "KernelSpec", args) -> None:
+    from numba.core import sigutils, types
+
+    declared, _ = sigutils.normalize_signature(spec.signature)
+    if len(declared) != len(args):
+        raise TypeError(f"{spec.name}: declared with {len(declared)} arguments ({spec.signature}), "
+                        f"launched with {len(args)}")
+    for k, (want, a) in enumerate(zip(declared, args)):
+        got = _typeof(a)
+        if isinstance(want, types.Array):
+            ok = (isinstance(got, types.Array) and got.dtype == want.dtype and got.ndim == want.ndim
+                  and (want.layout != "C" or got.layout == "C"))
+        else:
+            ok = got == want
+        if not ok:
+            raise TypeError(f"{spec.name}: argument {k} is {got}, but its @cuda_kernel signature declares "
+                            f"{want}, which is what the PTX check compiles: pass that type (np.float32(x) "
+                            "for a float), or declare what it is")
 
 
 @dataclass(frozen=True)
@@ -151,11 +215,19 @@ class Kernel:
 
     def __getitem__(self, config):
         _check_grid(self.name, config[0])
+        _check_block(self.name, config[1])
         recorder = _RECORDER.get()
         if recorder is None:
-            return self.dispatcher[config]
+            run = self.dispatcher[config]
+            return lambda *args: self._run(run, args)
         recorder.append(Launch(self.name, config[0], config[1], int(config[3]) if len(config) > 3 else 0))
         return _no_run
+
+    def _run(self, run, args) -> None:
+        _check_args(self.name, args)
+        if _CHECK_TYPES.get():
+            _check_types(self.spec, args)
+        run(*args)
 
     def launch(self, geometry: Launch, stream, *args) -> None:
         if geometry.kernel != self.name:
@@ -163,11 +235,12 @@ class Kernel:
         if not geometry.blocks:  # nothing to do: no launch
             return
         _check_grid(self.name, geometry.grid)
+        _check_block(self.name, geometry.block)
         recorder = _RECORDER.get()
         if recorder is not None:
             recorder.append(geometry)
         else:
-            self.dispatcher[geometry.grid, geometry.block, stream, geometry.shared_bytes](*args)
+            self._run(self.dispatcher[geometry.grid, geometry.block, stream, geometry.shared_bytes], args)
 
     def __getattr__(self, name):  # everything else is the Numba dispatcher's
         return getattr(self.dispatcher, name)
@@ -276,13 +349,28 @@ LAUNCH_ONLY = ("stream", "version", "block")  # launcher arguments a reference d
 
 
 def check(name: str, a, shape=None, dtype=np.float32) -> None:
-    """Raise a ValueError naming ``name`` if ``a`` has the wrong shape or dtype."""
-    if a is None:
-        raise ValueError(f"{name}: expected an array, got None")
+    """Raise a ValueError naming ``name`` unless ``a`` is a C-contiguous device array (or a
+    :class:`ShapeArray`) of ``dtype`` and ``shape``."""
+    if a is None or not (hasattr(a, "shape") and hasattr(a, "dtype")):
+        raise ValueError(f"{name}: expected a device array, got {type(a).__name__}")
+    if isinstance(a, np.ndarray):
+        raise ValueError(f"{name}: expected a device array, got a NumPy array: a launcher runs on the device "
+                         "(a GPU would copy it in and out at every launch, allocating); copy it once with "
+                         "cuda.to_device, or use a view of the pool")
     if dtype is not None and np.dtype(a.dtype) != np.dtype(dtype):
         raise ValueError(f"{name}: expected dtype {np.dtype(dtype)}, got {a.dtype}")
     if shape is not None and tuple(a.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(a.shape)}")
+    contiguous(name, a)
+
+
+def contiguous(name: str, a) -> None:
+    """Raise a ValueError naming ``name`` if ``a`` is a strided view (not C-contiguous): kernels index
+    their arrays as laid out whole. A :class:`ShapeArray` has no layout to check."""
+    flags = getattr(a, "flags", None)  # NumPy, Numba's and CuPy's arrays have flags
+    if flags is not None and not flags["C_CONTIGUOUS"]:
+        raise ValueError(f"{name}: expected a C-contiguous array, got a strided view of shape "
+                         f"{tuple(a.shape)}: pass the whole array, or a contiguous copy")
 
 
 def check_version(version: str, versions: tuple[str, ...]) -> None:

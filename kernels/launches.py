@@ -312,7 +312,11 @@ def main(argv=None) -> int:
     if not args.registers:
         parser.error("pass --registers (the launch report of a network is `snlite launches NET`, e.g. "
                      "`snlite launches alexnet --batch 200`)")
-    table = write_registers()
+    try:
+        table = write_registers()
+    except RuntimeError as e:  # no ptxas, or a kernel that does not compile: said in its words
+        print(f"python -m kernels.launches --registers: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {REGISTERS_FILE} ({len(table['kernels'])} kernels, {table['ptxas']})")
     return 0
 

@@ -35,7 +35,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
+from kernels._common import Op, check, check_version, contiguous, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
@@ -176,19 +176,12 @@ def _layer_scale_backward_dgamma_v1(x, dy, dgamma):
 
 
 # ---------------------------------------------------------------- launchers
-def _contiguous(name, a):
-    flags = getattr(a, "flags", None)  # NumPy and device arrays have flags; a ShapeArray has none
-    if flags is not None and not flags["C_CONTIGUOUS"]:
-        raise ValueError(f"{name}: expected a C-contiguous array, got a strided view of shape "
-                         f"{tuple(a.shape)}")
-
-
 def _nchw(op, name, a, shape=None):
     """Check ``a`` is a float32 (N, C, H, W) array (of ``shape``, if given); return its (N, C, H*W) view."""
     check(f"{op} {name}", a, shape=shape)
     if a.ndim != 4:
         raise ValueError(f"{op} {name}: expected an (N, C, H, W) array, got shape {tuple(a.shape)}")
-    _contiguous(f"{op} {name}", a)
+    contiguous(f"{op} {name}", a)
     n, c, h, w = a.shape
     return a.reshape(n, c, h * w)
 
@@ -198,7 +191,7 @@ def _elements(op, name, a, size, what):
     check(f"{op} {name}", a)
     if a.size != size:
         raise ValueError(f"{op} {name}: expected {size} elements ({what}), got shape {tuple(a.shape)}")
-    _contiguous(f"{op} {name}", a)
+    contiguous(f"{op} {name}", a)
     return flat(a)
 
 

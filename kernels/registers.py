@@ -30,6 +30,9 @@ from pathlib import Path
 REGISTERS_FILE = Path(__file__).with_name("registers.json")
 ARCHS = ("sm_90", "sm_80", "sm_75")
 FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.\w+)*\.f(16|32|64)\b")  # in PTX: atom.add.f32 and the like
+ATOMICS_FIX = ("not deterministic (the additions land in another order each run, and round differently): "
+               "sum in a fixed order instead, e.g. a tree in shared memory as _bias_backward_v2 in "
+               "kernels/elementwise.py does")
 COMPILER = ("numba", "numba-cuda", "llvmlite", "nvidia-nvvm")  # the packages that turn a kernel into PTX
 
 
@@ -134,14 +137,21 @@ def compile_ptx_per_arch(spec, archs=ARCHS) -> dict:
     ``compile_ptx`` instead (the same PTX, in the full time; a kernel that does not compile fails there
     with its own error)."""
     from numba.cuda import compile_ptx
+    from numba.cuda.cudadrv.error import CudaSupportError
 
     ccs = {arch: (int(arch[3]), int(arch[4])) for arch in archs}
     try:
-        from numba.cuda.compiler import _compile_pyfunc_with_fixup  # compile_ptx's own first half
-        lib, _ = _compile_pyfunc_with_fixup(spec.py_func, spec.signature, device=False, abi="numba",
-                                            cc=min(ccs.values()))
-    except (ImportError, TypeError):
-        return {arch: compile_ptx(spec.py_func, spec.signature, cc=cc)[0] for arch, cc in ccs.items()}
+        try:
+            from numba.cuda.compiler import _compile_pyfunc_with_fixup  # compile_ptx's own first half
+            lib, _ = _compile_pyfunc_with_fixup(spec.py_func, spec.signature, device=False, abi="numba",
+                                                cc=min(ccs.values()))
+        except (ImportError, TypeError):
+            return {arch: compile_ptx(spec.py_func, spec.signature, cc=cc)[0] for arch, cc in ccs.items()}
+    except CudaSupportError:  # numba-cuda looks for a GPU when typing fails in some overloads
+        raise TypeError(f"{spec.name} does not type for a GPU: compiling it asked for a CUDA driver, which "
+                        "numba-cuda does where a call or an index does not type (an allocation such as "
+                        "np.empty in a kernel, a 2-D array indexed with one index, an argument of another "
+                        f"type than its signature {spec.signature!r}); this is no missing GPU") from None
     out = {}
     for arch, cc in ccs.items():
         (out[arch],) = lib.get_asm_strs(cc=cc)  # compile_ptx's second half: NVVM for this arch
@@ -164,10 +174,13 @@ def compile_resources(names=None, archs=ARCHS) -> dict:
     for spec in kernels.registered_kernels():
         if names is not None and spec.name not in names:
             continue
-        ptxs = compile_ptx_per_arch(spec, archs)
+        try:
+            ptxs = compile_ptx_per_arch(spec, archs)
+        except Exception as e:  # noqa: BLE001 - whatever stops the compile, named with its kernel
+            raise RuntimeError(f"{spec.name} does not compile to PTX: {type(e).__name__}: {e}") from None
         atomics = sorted({m.group(0) for ptx in ptxs.values() for m in FLOAT_ATOMIC.finditer(ptx)})
         if atomics:
-            raise RuntimeError(f"{spec.name} uses floating-point atomics {atomics}: not deterministic")
+            raise RuntimeError(f"{spec.name} uses floating-point atomics {atomics}: {ATOMICS_FIX}")
         out[spec.name] = {arch: run_ptxas(ptx, arch, ptxas).__dict__ for arch, ptx in ptxs.items()}
     return out
 
@@ -184,7 +197,8 @@ def measure_resources(names=None, archs=ARCHS) -> dict:
                            json.dumps(list(archs))], capture_output=True, text=True, env=env, cwd=root,
                           timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"measuring registers failed:\n{proc.stderr[-3000:]}")
+        last = proc.stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
+        raise RuntimeError(f"measuring registers failed: {last[0]}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout)
 
 

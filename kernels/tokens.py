@@ -31,8 +31,8 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, check, check_version, cuda_kernel, launch_1d
-from kernels.layernorm import _contiguous, _elements, _nchw
+from kernels._common import Op, check, check_version, contiguous, cuda_kernel, launch_1d
+from kernels.layernorm import _elements, _nchw
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
@@ -181,7 +181,7 @@ def _with_class_token(op, name, a, x):
     """Check ``a`` is float32 of exactly (N, D, T+1, 1) for ``x`` (N, D, H, W); return it as (N, D, T+1)."""
     n, d, h, w = x.shape
     check(f"{op} {name}", a, shape=(n, d, h * w + 1, 1))
-    _contiguous(f"{op} {name}", a)
+    contiguous(f"{op} {name}", a)
     return a.reshape(n, d, h * w + 1)
 
 
@@ -193,7 +193,7 @@ def _pos(op, name, pos, x):
 def _selected(op, name, a, x):
     """Check ``a`` is float32 of exactly (N, D) for ``x`` (N, D, H, W)."""
     check(f"{op} {name}", a, shape=x.shape[:2])
-    _contiguous(f"{op} {name}", a)
+    contiguous(f"{op} {name}", a)
     return a
 
 

@@ -51,9 +51,9 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Launch, Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Launch, Op, ceil_div, check, check_version, contiguous, cuda_kernel
 from kernels.attention import _heads, _row_delta, _weight_grad  # D_i and ds_ij, as there
-from kernels.layernorm import _contiguous, _elements, _nchw
+from kernels.layernorm import _elements, _nchw
 
 BLOCK = 128  # threads per block
 VERSIONS = ("v1",)
@@ -331,7 +331,7 @@ def _prepare(op, qkv, table, heads, window, shift, version):
 
 def _table(op, name, table, geo, heads):
     check(f"{op} {name}", table, shape=((2 * geo[2] - 1) * (2 * geo[3] - 1), heads))
-    _contiguous(f"{op} {name}", table)
+    contiguous(f"{op} {name}", table)
     return table
 
 
