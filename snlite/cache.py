@@ -143,7 +143,8 @@ def choose_victim(cache: LRUCache, tensors: dict, planned: list | None = None, i
     time-aware second placement first the tensors the first one evicted at this op (``planned``,
     consumed; their copies may already be running: write-behind), then the unlocked tensor on the
     device that ``rank`` (:func:`victim_rank`, at op ``now``) puts first, the least recently used
-    where it is None, then one whose write-behind copy is still running (``in_flight``)."""
+    where it is None, then one whose write-behind copy is still running (``in_flight``); never a
+    locked one (the running layer reads or writes it)."""
     while planned:
         t = tensors.get(planned.pop(0))
         if t is not None and not t.locked and t.state in (State.ON_DEVICE, State.OFFLOADING):
@@ -154,6 +155,5 @@ def choose_victim(cache: LRUCache, tensors: dict, planned: list | None = None, i
     best = next(movable, None) if rank is None else max(movable, key=lambda t: rank(t, now), default=None)
     if best is not None:
         return best
-    for name in in_flight:
-        return tensors[name]
-    return None
+    # (not one the running layer reads: its block must stay until the layer is done)
+    return next((t for t in map(tensors.__getitem__, in_flight) if not t.locked), None)

@@ -159,8 +159,11 @@ class Tensor:
         return not self.host_valid
 
     def finish_offload(self) -> int:
-        """OFFLOADING -> ON_HOST once the copy's event completed; returns the device offset to free."""
-        self.state = self._check("finish_offload")
+        """OFFLOADING -> ON_HOST once the copy's event completed; returns the device offset to free.
+        Not while the running layer holds it locked: it reads that block."""
+        state = self._check("finish_offload")
+        self._check_unlocked("finish_offload")
+        self.state = state
         offset, self.offset, self.host_valid = self.offset, None, True
         return offset
 
