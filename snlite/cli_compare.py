@@ -218,16 +218,28 @@ def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> Non
     table = [[r.label, measure.format_size(r.peak_bytes), measure.format_size(r.paper_peak_bytes),
               f"{r.paper.ratio:.2f}", r.trace.recompute_count, f"{r.extra_pct:.1f}%",
               measure.format_size(r.moved_bytes), measure.format_size(r.trace.host_peak_bytes),
-              f"{timelines[i].step_ms:,.1f} ms", f"{timelines[i].step_ms / resident - 1:+.1%}"]
+              f"{timelines[i].step_ms:,.1f} ms", signed_pct(timelines[i].step_ms / resident - 1)]
              + ([fits_cell(args, r)] if budgeted(args) else []) for i, r in enumerate(rows)]
     print(text_table(head + (["fits"] if budgeted(args) else []), table))
+    if any(row[-1] == "no (fragmented)" for row in table):
+        print("no (fragmented): the bytes live at once fit the budget, but no placement of the pool's first "
+              "fit does (a block too large for any hole); compare --fit first offline shows each fit's arena")
     print("\n" + kind_table([(r.label, r.trace) for r in rows]))
 
 
+def signed_pct(x: float) -> str:
+    """``x`` as a signed percentage, one decimal; what rounds to zero is +0.0% (not -0.0%)."""
+    return f"{(x if abs(x) >= 0.0005 else 0.0):+.1%}"
+
+
 def fits_cell(args, row) -> str:
-    """yes or no; under --host-budget, which memory ran out: "no (device)" or "no (host)"."""
+    """yes or no; under --host-budget, which memory ran out: "no (device)" or "no (host)"; "no
+    (fragmented)" where the bytes live at once (the peak shown) are within the device budget but the
+    pool found no block large enough (the arena needs more than the peak)."""
     if row.fits:
         return "yes"
+    if row.ran_out != "host" and args.budget is not None and row.trace.peak_bytes <= args.budget:
+        return "no (fragmented)"
     return f"no ({row.ran_out})" if args.host_budget is not None else "no"
 
 

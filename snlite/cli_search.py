@@ -200,11 +200,13 @@ def cmd_maxdepth(args) -> int:
              + ([f"{paper:,d}" if r.label == "superneurons" else ""] if paper else []) for r in rows]
     print(text_table(head, table))
     print("\n" + kind_table([(r.label, r.trace) for r in rows]) + "\n" + KIND_NOTE)
+    deepest = search.resnet_units(units)[-1]  # the deepest valid ResNet within the ceiling
+    within = "" if deepest == units else f", the deepest valid ResNet within {units:,d}"
     if any(r.capped for r in rows):
-        print(f">=: still fits at the ceiling {3 * units + 2:,d} ({units:,d} residual units; {why}); raise "
-              "it with --max-units")
+        print(f">=: still fits at the ceiling {3 * deepest + 2:,d} ({deepest:,d} residual units{within}; "
+              f"{why}); raise it with --max-units")
     elif units < args.max_units:
-        print(f"(the search's ceiling was {3 * units + 2:,d}, {units:,d} residual units: {why})")
+        print(f"(the search's ceiling was {3 * deepest + 2:,d}, {deepest:,d} residual units: {why})")
     print(f"paper ({PAPER_GPU}, docs/paper.md section 7): at batch 16 "
           + ", ".join(f"{k} {v:,d}" for k, v in search.PAPER_DEPTH.items())
           + f"; at batch 1 SuperNeurons {search.PAPER_DEPTH_AT_BATCH[1]:,d} (2,500 residual units)")

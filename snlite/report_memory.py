@@ -211,12 +211,14 @@ def min_budgets(nets, progress=measure.no_progress) -> Section:
             "working set of one step. On a GPU the question is whether it fits, so here is the smallest "
             "budget under which superneurons() (liveness, offload with the LRU cache, cost-aware "
             "recomputation, dynamic workspace) runs one training iteration, divided by l_peak plus what "
-            "every budget must also hold: the weights, their gradients and momentum "
-            "(snlite.search.min_budget: it gallops up from that sum, the least any budget can be, to the "
-            "first budget that fits, then bisects to the pool's 1 KiB block).")
+            "every budget must also hold all iteration: the weights (superneurons() updates each layer in "
+            "backward, so a weight gradient lives only until its update, and its momentum waits on the "
+            "host) (snlite.search.min_budget: it gallops up from that sum, the least any budget can be, to "
+            "the first budget that fits, then bisects to the pool's 1 KiB block).")
     table = Table("min budget: everything on the device (count all), whole 1 KiB blocks; l_peak: activations "
-                  "and gradients of the busiest step, each once; ratio: min budget / (l_peak + weights, "
-                  "their gradients and momentum)",
-                  ["network (batch)", "min budget", "l_peak (act+grad)", "weights + gradients + momentum",
+                  "and gradients of the busiest step, each once; held all iteration: what the device holds "
+                  "from the first step (the weights, and their gradients and momentum where those stay "
+                  "there); ratio: min budget / (l_peak + held all iteration)",
+                  ["network (batch)", "min budget", "l_peak (act+grad)", "held all iteration",
                    "ratio", "time"], rows)
     return Section("7. How close to l_peak: the smallest budget", text, [table])

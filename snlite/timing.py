@@ -107,7 +107,9 @@ class Timeline:
     @property
     def overlap(self) -> float:
         """The share of the moves' copy time hidden behind compute (1.0 when nothing moves)."""
-        return 1.0 - self.exposed_ms / self.transfer_ms if self.transfer_ms else 1.0
+        if not self.transfer_ms:
+            return 1.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_ms / self.transfer_ms))  # (not -0% for rounding)
 
     def events(self) -> list[dict]:
         """The spans as ``snlite.plot.plot_streams`` (and ``Model.stream_events``) write them."""

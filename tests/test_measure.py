@@ -164,6 +164,17 @@ def test_compare_under_a_budget_says_which_fit(capsys):
     assert fits["baseline"] is False and fits["+ offload + recompute cost_aware"] is True
 
 
+def test_a_row_that_fits_its_bytes_but_not_its_blocks_says_fragmented(capsys):
+    """With 1900 MiB, "+ offload + recompute speed" peaks at 1.78 GiB and was marked a bare "no"; its
+    first-fit arena is what does not fit. And no percentage prints as -0.0%."""
+    code, out, err = run(capsys, "compare", "alexnet", "--batch", 200, "--budget", "1900MiB")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("+ offload + recompute speed "))
+    assert " 1.78 GiB " in row and row.endswith("  no (fragmented)"), row
+    assert "no (fragmented): the bytes live at once fit the budget" in out and "-0.0%" not in out
+    assert re.search(r"^baseline .* \+0\.0% +no$", out, re.M)
+
+
 def small_net(batch=2):
     """Conv, BN, ReLU, a residual add, pooling, dropout, FC: every kind of tensor the plan drops."""
     g = Graph((batch, 3, 8, 8), 5, name="small")
@@ -294,6 +305,15 @@ def test_maxdepth_prints_the_table_and_its_time(capsys):
            "--max-units" in out
     assert re.search(r"^baseline +\d+ +\d+ ", out, re.M)
     assert re.search(r"^strategy +weights +weight grads +momentum +on host +the rest +on host$", out, re.M)
+
+
+def test_maxdepth_names_the_deepest_valid_resnet_under_its_ceiling(capsys):
+    """--max-units 40 said "the ceiling 122 (40 residual units)", a ResNet that does not exist (no valid
+    depth between 101 and 152), while the table said ">= 101"."""
+    code, out, err = run(capsys, "maxdepth", "--batch", 16, "--budget", "3GiB", "--max-units", 40, "--quiet")
+    assert code == 0 and re.search(r"^superneurons +>= 101 +33 ", out, re.M), err
+    assert ">=: still fits at the ceiling 101 (33 residual units, the deepest valid ResNet within 40; " \
+           "--max-units 40); raise it with --max-units" in out
 
 
 def test_resnet_units_are_the_valid_depths():
