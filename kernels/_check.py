@@ -145,8 +145,11 @@ def self_check(module) -> int:
     for ex in module.examples(rng):
         op = module.OPS[ex.op]
         for version in ex.versions or op.versions:
-            want, got = run_example(module.OPS, ex, version)
-            err = compare(ex, want, got)
+            try:
+                want, got = run_example(module.OPS, ex, version)
+                err = compare(ex, want, got)
+            except Exception as e:  # noqa: BLE001 - a launch that fails is this example's FAIL, not the end
+                err = f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             failures += err is not None
             print(f"{ex.op:28} {version:8} {ex.label[:24]:24} {'ok' if err is None else 'FAIL: ' + err}")
     print(f"{failures} failure(s)")

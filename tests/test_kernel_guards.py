@@ -99,3 +99,22 @@ def test_a_launcher_that_returns_its_result_or_an_example_that_compares_nothing_
     ops["copy"] = Op("copy", copy_ref, elementwise.copy)
     want, got = run_example(ops, Example("copy", (x, np.zeros(6, np.float32)), (1,)), "v1")
     assert _check.compare(Example("copy", (), (1,)), want, got) is None
+
+
+def test_the_self_check_reports_a_launch_that_raises_and_goes_on(capsys):
+    """``python -m kernels.<family>`` stopped at the first launch that raised, with a traceback: the
+    examples after it were neither run nor listed."""
+    def copy_ref(x, out):
+        out[...] = x
+
+    def broken(x, out, *, version="v1"):
+        raise IndexError("index 7 is out of bounds")
+
+    family = types.SimpleNamespace(
+        OPS={"broken": Op("broken", copy_ref, broken), "copy": Op("copy", copy_ref, elementwise.copy)},
+        examples=lambda rng: [Example(op, (np.ones(4, np.float32), np.zeros(4, np.float32)), (1,), label=op)
+                              for op in ("broken", "copy")])
+    assert _check.self_check(family) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: raised IndexError: index 7 is out of bounds" in out
+    assert any(line.startswith("copy ") and line.endswith(" ok") for line in out.splitlines()), out
