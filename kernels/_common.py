@@ -352,7 +352,7 @@ def check(name: str, a, shape=None, dtype=np.float32) -> None:
     """Raise a ValueError naming ``name`` unless ``a`` is a C-contiguous device array (or a
     :class:`ShapeArray`) of ``dtype`` and ``shape``."""
     if a is None or not (hasattr(a, "shape") and hasattr(a, "dtype")):
-        raise ValueError(f"{name}: expected a device array, got {type(a).__name__}")
+        raise ValueError(f"{name}: expected a device array, got {'None' if a is None else type(a).__name__}")
     if isinstance(a, np.ndarray):
         raise ValueError(f"{name}: expected a device array, got a NumPy array: a launcher runs on the device "
                          "(a GPU would copy it in and out at every launch, allocating); copy it once with "

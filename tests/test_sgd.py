@@ -79,7 +79,7 @@ def _dev(*shape, dtype=np.float32):
     (lambda: (_dev(5), _dev(5), _dev(6)), {"lr": 0.1, "momentum": 0.9},
      r"sgd_update v: expected shape \(5,\)"),
     (lambda: (_dev(5), _dev(5), None), {"lr": 0.1, "momentum": 0.9},
-     r"sgd_update v: expected an array, got None"),
+     r"sgd_update v: expected a device array, got None"),
     (lambda: (_dev(5, dtype=np.float64), _dev(5), None), {"lr": 0.1},
      r"sgd_update w: expected dtype float32"),
     (lambda: (_dev(5), _dev(5), None), {"lr": -0.1}, r"sgd_update lr: expected a value >= 0, got -0.1"),
