@@ -45,7 +45,8 @@ def smallest_budget(graph, config: MemoryConfig, lo: int = 0, hi: int | None = N
         specs = {**graph.tensors(), **optimizer_specs(graph)} if optimizer else dict(graph.tensors())
         unlimited = placement.Placer(graph, config.replace(**{field: None}), plan, specs,
                                      costs or ws.CostModel(), "train")
-        hi = unlimited.host.capacity_bytes if host else unlimited.capacity
+        # a host budget holds the staged batch and results too, before the pool of what waits there
+        hi = unlimited.layout.staging_bytes + unlimited.host.capacity_bytes if host else unlimited.capacity
 
     def fitting(nbytes):
         return fits(graph, config.replace(**{field: nbytes}), plan=shared, costs=costs, optimizer=optimizer)

@@ -248,3 +248,19 @@ def test_a_probe_answers_as_place_does_and_finishes_to_its_program():
             assert (found is None) == (expected is None), (g.name, tenth)
             if found is not None:
                 assert json.dumps(found.final().to_json(), sort_keys=True) == expected, (g.name, tenth)
+
+
+def test_the_smallest_host_budget_of_a_plan_that_offloads_nothing_is_its_staging():
+    """With nothing offloaded the unlimited placement's host pool is empty, and the search took that, 0,
+    as its ceiling: Model(g, MemoryConfig(host_budget_bytes=256)) said "host_budget_bytes must be at least
+    256, got 0" instead of how much pinned memory the batch needs."""
+    from snlite.train import Model
+
+    g = get_model("lenet", 8)
+    need = smallest_budget(g, MemoryConfig(), host=True)
+    assert need > 256 and simulate(g, MemoryConfig(host_budget_bytes=need)).peak_bytes
+    with pytest.raises(HostBudgetError):
+        simulate(g, MemoryConfig(host_budget_bytes=need - 256))
+    with pytest.raises(HostBudgetError, match=f"The smallest host budget that works under this configuration "
+                                              f"is {need:,d} bytes"):
+        Model(g, MemoryConfig(host_budget_bytes=256), device="meta")
