@@ -25,6 +25,14 @@ def is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def boolean(v, what) -> bool:
+    """``v`` if it is True or False (a NumPy bool too), else a ValueError naming ``what``: "no" and 0
+    are not False here (a truthy string switched the anomaly checks on)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    raise ValueError(f"{what} must be True or False, got {v!r}")
+
+
 def integer(v, what, minimum=1) -> int:
     """``v`` as an int >= ``minimum``; a float (4.5, or even 4.0), a bool or a string is an error,
     as in PyTorch, rather than something to truncate."""

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 from snlite import offline, overlap, placement, timing
 from snlite import workspace as ws
+from snlite.checks import boolean
 from snlite.errors import BudgetError, PlanError
 from snlite.graph import graph_of
 from snlite.config import MIN_BUDGET_BYTES, ConfigWarning, MemoryConfig, config_of, no_effect
 from snlite.pool import TensorPool
 from snlite.program import MODES, Launch, Program, without_cycle_collection
-from snlite.scheduler import Scheduler, optimizer_specs, persistent_tensors
+from snlite.scheduler import Plan, Scheduler, optimizer_specs, persistent_tensors
 from snlite.tensor import IllegalTransition
 from snlite.trace import trace_program
 
@@ -51,7 +52,11 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
     so whether the iteration fits is already decided without it: a search asks only that).
     Raises :class:`~snlite.errors.BudgetError` if ``config.budget_bytes`` (or ``host_budget_bytes``)
     is too small."""
-    graph, config = graph_of(graph), _checked(config_of(config), mode, optimizer, plan)
+    graph, config = graph_of(graph), config_of(config)
+    optimizer, refine = boolean(optimizer, "place's optimizer"), boolean(refine, "place's refine")
+    if plan is not None:
+        _check_plan(plan, graph, config)
+    config = _checked(config, mode, optimizer, plan)
     for text in no_effect(config):  # (the command line says so itself, and ignores these)
         warnings.warn(text, ConfigWarning, stacklevel=_callers_level())
     with without_cycle_collection():
@@ -151,10 +156,34 @@ def simulate(graph, config: MemoryConfig | None = None, optimizer: bool = True, 
     """The trace of one training iteration of ``graph`` under ``config``, read off its program: what
     a :class:`~snlite.train.Model` (SGD with momentum, unless ``optimizer`` is False) then holds on
     the host or CUDA device, byte for byte. ``costs``: the conv timings a GPU measured."""
-    config = config_of(config)
+    config, optimizer = config_of(config), boolean(optimizer, "simulate's optimizer")
     program = place(graph, config, "train" if optimizer else "grads", plan=plan, costs=costs,
                     optimizer=optimizer)
     return trace_program(program, config.count)
+
+
+# the switches a plan and the placement must agree on (what is freed, moved, updated in backward); a
+# plan's recomputation is its own (the exact planner's and sqrt(N)'s plans run under liveness alone)
+PLANNED_BY = ("liveness", "offload", "cache", "update_in_backward")
+
+
+def _check_plan(plan, graph, config: MemoryConfig) -> None:
+    """A plan given to place: a Plan, of this graph's layers, made under ``config``'s planning switches
+    (else the program would do one thing and be labelled another: a superneurons() plan placed as
+    "baseline" recomputed and offloaded under that name)."""
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan must be a Plan (Scheduler(graph, config).plan()), got {type(plan).__name__}")
+    unknown = sorted({p.op.layer for p in plan.ops} - set(graph.layers))
+    if unknown:
+        more = f", nor {len(unknown) - 1} more of the plan's" if len(unknown) > 1 else ""
+        raise ValueError(f"the plan is of another graph: {graph.name} has no layer {unknown[0]!r}{more}; "
+                         "plan this graph: Scheduler(graph, config).plan()")
+    differ = [f for f in PLANNED_BY if getattr(plan.config, f) != getattr(config, f)]
+    if differ:
+        said = ", ".join(f"{f}={getattr(plan.config, f)!r}" for f in differ)
+        raise ValueError(f"the plan was made under {said}, the config says "
+                         f"{', '.join(f'{f}={getattr(config, f)!r}' for f in differ)}: place it under the "
+                         "config it was planned with (plan.config, with budgets and fit as you like)")
 
 
 def _checked(config: MemoryConfig, mode: str, optimizer: bool, plan) -> MemoryConfig:

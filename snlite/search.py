@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from snlite.budget import first_fitting, fits
 from snlite.checks import integer
-from snlite.config import MemoryConfig
+from snlite.config import MemoryConfig, config_of
 from snlite.errors import BudgetError, HostBudgetError
 from snlite.graph import graph_of
 from snlite.measure import _LO, no_progress
@@ -54,7 +54,7 @@ class MinBudget:
         return self.budget_bytes / (self.l_peak_bytes + self.persistent_bytes)
 
 
-def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneurons()",
+def min_budget(graph, config: MemoryConfig | None = None, label: str | None = None,
                resolution: int = 1) -> MinBudget:
     """The smallest ``budget_bytes`` (a whole number of 1 KiB blocks) under which ``config`` (default
     ``superneurons()``) places one training iteration of ``graph``. No budget below l_peak plus the
@@ -68,11 +68,15 @@ def min_budget(graph, config: MemoryConfig | None = None, label: str = "superneu
     no device budget a plan pins the least (the cache evicts nothing, "auto" keeps the momentum on
     the device), so where even that exceeds the host budget no device budget can help: the
     :class:`~snlite.errors.HostBudgetError` of that placement is raised, rather than a search that
-    would never end."""
+    would never end. ``label``: what the result is called (default ``superneurons()``, or the
+    config's description); any ``budget_bytes`` of ``config`` is the search's to choose."""
     t0 = time.perf_counter()
     resolution = integer(resolution, "min_budget's resolution (blocks of 1 KiB)")
     graph = graph_of(graph)
-    config = (config or MemoryConfig.superneurons()).replace(budget_bytes=None, count="all")
+    given = config
+    config = config_of(config) if config is not None else MemoryConfig.superneurons()
+    label = label or ("superneurons()" if given is None else config.describe())
+    config = config.replace(budget_bytes=None, count="all")
     if config.host_budget_bytes is not None:
         place(graph, config)  # raises HostBudgetError where no device budget meets the host budget
     # the bound must hold for every placement the search may meet: with optimizer_state "auto" a
@@ -287,7 +291,9 @@ def max_batch(build, config: MemoryConfig, label: str = "", lo: int | None = Non
               progress=no_progress) -> Found:
     """The largest batch in [lo, hi] for which ``build(batch)`` fits ``config``'s budgets
     (``budget_bytes``, ``host_budget_bytes`` or both; the first guess is drawn from the device's).
+    ``config`` must be a MemoryConfig.
     ``lo``: by default the smallest valid batch (:func:`smallest_batch`: 1, or 2 where 1 is none)."""
+    config = config_of(config)
     if config.budget_bytes is None and config.host_budget_bytes is None:
         raise ValueError("max_batch needs a budget (config.budget_bytes or config.host_budget_bytes)")
     _check_builder(build, "max_batch", "batch", "lambda b: get_model('alexnet', batch=b)")
@@ -322,6 +328,7 @@ def max_depth(batch: int, config: MemoryConfig, label: str = "", max_units: int 
     """The deepest ImageNet ResNet (:func:`resnet_units`) that fits ``config.budget_bytes`` at
     ``batch``; ``value`` is the depth. Starts from a straight-line estimate through 50 and 100
     units, so a search costs about five simulations of the size it ends at."""
+    config = config_of(config)
     if config.budget_bytes is None:
         raise ValueError("max_depth needs a budget (config.budget_bytes)")
     if build is None:

@@ -30,7 +30,7 @@ from snlite.checker import check
 from snlite.config import MemoryConfig, config_of
 from snlite.device import HostDevice, get_device
 from snlite.executor import Executor
-from snlite.checks import check_number
+from snlite.checks import boolean, check_number
 from snlite.graph import Graph, graph_of
 from snlite.budget import smallest_budget
 from snlite.errors import BudgetError, HostBudgetError
@@ -64,7 +64,7 @@ class Model:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.device = get_device(device)
         self.seed = int(seed)
-        self.anomaly = bool(anomaly)
+        self.anomaly = boolean(anomaly, "Model's anomaly")
         self.iteration = 0  # training iterations run so far (dropout masks depend on it)
         tensors = graph.tensors()
         self.learnable = [t.name for t in tensors.values() if t.kind == "weight"]
@@ -203,6 +203,7 @@ class Model:
         ``(loss, logits)`` with ``return_logits`` (the logits copied out as the forward made them).
         ``lr`` is a finite number > 0, ``momentum`` in [0, 1), ``weight_decay`` finite and >= 0, each
         also in float32, the precision of the update (1e39 is inf there, 1e-50 is 0, 0.99999999 is 1)."""
+        return_logits = boolean(return_logits, "step's return_logits")
         self._needs_data("step")
         lr = check_number(lr, "step: lr", 0.0, open_low=True, float32=True)
         momentum = check_number(momentum, "step: momentum", 0.0, 1.0, open_high=True, float32=True)

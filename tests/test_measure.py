@@ -567,3 +567,12 @@ def test_max_batch_starts_at_the_smallest_valid_batch():
     assert found.value is not None and found.value >= 2
     with pytest.raises(ValueError, match="max_batch takes build, a function"):
         search.max_batch_table(pooled(2), 1 << 20)
+
+
+def test_the_searches_refuse_a_config_that_is_no_memory_config_and_name_a_custom_one():
+    build = lambda b: get_model("lenet", b)  # noqa: E731
+    for search_of in (lambda c: search.max_batch(build, c), lambda c: search.max_depth(1, c)):
+        with pytest.raises(ValueError, match="config must be a MemoryConfig .*got dict"):
+            search_of({"budget_bytes": 8 << 20})
+    assert search.min_budget(get_model("lenet", 4), MemoryConfig(liveness=True)).label == "liveness"
+    assert search.min_budget(get_model("lenet", 4)).label == "superneurons()"

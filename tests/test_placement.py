@@ -1,6 +1,7 @@
 """The placement pass: plans become programs whose memory is exactly what the stages promise; stages
 only ever lower the peak; budgets (device and pinned host) fail before anything runs and say why;
 the arena and the pinned slab are the programs' high-water marks."""
+import numpy as np
 import pytest
 
 from nets import grouped_net, mixed_net
@@ -264,3 +265,42 @@ def test_the_smallest_host_budget_of_a_plan_that_offloads_nothing_is_its_staging
     with pytest.raises(HostBudgetError, match=f"The smallest host budget that works under this configuration "
                                               f"is {need:,d} bytes"):
         Model(g, MemoryConfig(host_budget_bytes=256), device="meta")
+
+
+def test_a_plan_given_must_be_of_this_graph_and_of_the_configs_switches():
+    """A superneurons() plan placed under MemoryConfig() ran its recomputation, offload and updates in
+    backward labelled "baseline"; a plan of another graph raised a bare KeyError, a str AttributeError."""
+    from snlite import Scheduler
+    from snlite.train import Model
+
+    g = get_model("lenet", 8)
+    sn = Scheduler(g, MemoryConfig.superneurons()).plan()
+    with pytest.raises(ValueError, match=r"the plan was made under liveness=True, offload=True, cache=True, "
+                                         r"update_in_backward=True, the config says liveness=False"):
+        simulate(g, MemoryConfig(), plan=sn)
+    with pytest.raises(ValueError, match="the plan was made under"):
+        Model(g, MemoryConfig(), device="meta", plan=sn)
+    with pytest.raises(ValueError, match=r"the plan is of another graph: alexnet has no layer '\w+'"):
+        place(get_model("alexnet", 2), MemoryConfig.superneurons(), plan=sn)
+    with pytest.raises(ValueError, match=r"plan must be a Plan \(Scheduler\(graph, config\)\.plan\(\)\), "
+                                         r"got str"):
+        place(g, plan="x")
+    # the same switches with other budgets, fit or schedule: the plan is the config's
+    assert place(g, MemoryConfig.superneurons(budget_bytes=1 << 30, fit="best"), plan=sn).arena_bytes
+    # a plan's own recomputation runs under liveness alone (the exact planner's, sqrt(N)'s)
+    speed = Scheduler(g, MemoryConfig(liveness=True, recompute="speed")).plan()
+    assert simulate(g, MemoryConfig(liveness=True), plan=speed).recompute_count > 0
+
+
+@pytest.mark.parametrize("call", ["simulate", "place", "refine", "anomaly", "return_logits"])
+def test_a_switch_outside_memory_config_is_true_or_false_not_anything_truthy(call):
+    """anomaly="no" switched the anomaly checks on; optimizer="no" counted the momentum."""
+    from snlite.train import Model
+
+    g = get_model("lenet", 2)
+    with pytest.raises(ValueError, match=r"must be True or False, got 'no'"):
+        {"simulate": lambda: simulate(g, optimizer="no"), "place": lambda: place(g, optimizer="no"),
+         "refine": lambda: place(g, refine="no"),
+         "anomaly": lambda: Model(g, device="meta", anomaly="no"),
+         "return_logits": lambda: Model(g, device="host").step(
+             np.zeros((2, 1, 28, 28), np.float32), np.zeros(2, np.int32), return_logits="no")}[call]()
