@@ -332,6 +332,10 @@ class Graph(TransformerBuilders):
         """The gradient tensors ``name``'s backward writes, one per input."""
         return [self._compiled()[5][(name, i)] for i in self.inputs[name]]
 
+    def __repr__(self) -> str:
+        return (f"Graph({self.name!r}, input {self.input_shape}, {len(self.layers)} layers, "
+                f"{self.num_classes} classes)")
+
     def param_count(self) -> int:
         """The number of learnable parameters (PyTorch's sum of numel over parameters())."""
         return sum(math.prod(s) for l in self.layers.values() for s in l.params().values())

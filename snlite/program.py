@@ -238,6 +238,11 @@ class Program:
     def __len__(self) -> int:
         return len(self.body)
 
+    def __repr__(self) -> str:  # one line, not every instruction
+        return (f"Program({self.net!r}, {self.config!r}, mode={self.mode!r}, {len(self.setup):,d} setup and "
+                f"{len(self.body):,d} body instructions, arena {self.arena_bytes:,d} bytes, slab "
+                f"{self.slab_bytes:,d} bytes)")
+
     def spec(self, name: str) -> tuple:
         """``(shape, dtype, kind)`` of a tensor or one of its recomputed incarnations."""
         return self.tensors[name.split("#", 1)[0]]

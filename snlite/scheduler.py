@@ -78,6 +78,10 @@ class Plan:
     conv_layers: frozenset = frozenset()  # their steps also pick a workspace (at run time if dynamic)
     persistent: frozenset = frozenset()  # weights, their gradients, buffers: allocated once, never in a row
 
+    def __repr__(self) -> str:  # one line, not every op (``table()`` lists them)
+        return (f"Plan({self.config.describe()!r}, {len(self.ops):,d} ops, {len(self.transfers)} transfers, "
+                f"{len(self.recompute.dropped)} dropped)")
+
     def with_transfers(self, transfers) -> "Plan":
         """The same plan with other offload times (``snlite.overlap`` retimes them for a GPU)."""
         frees = {i: p.frees for i, p in enumerate(self.ops)}

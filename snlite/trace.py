@@ -98,6 +98,11 @@ class Trace:
     cache_misses: int = 0
     host_peak_bytes: int = 0
     host_optimizer_bytes: int = 0  # optimizer state waiting in the pinned slab (optimizer_state "host")
+
+    def __repr__(self) -> str:  # one line, not every step (a notebook showed kilobytes of them)
+        return (f"Trace(count={self.count!r}, {len(self.steps):,d} steps, peak {self.peak_bytes:,d} bytes at "
+                f"step {self.peak_step}, l_peak {self.l_peak_bytes:,d}, moved {self.d2h_bytes:,d} out and "
+                f"{self.h2d_bytes:,d} back, {self.recompute_count} recomputed)")
     conv_choices: list[ConvChoice] = field(default_factory=list)
     arena_bytes: int = 0
 

@@ -94,6 +94,10 @@ class Model:
             init[f"{n}.momentum"] = np.zeros(tensors[n].shape, np.float32)
         self._write(init)
 
+    def __repr__(self) -> str:
+        return (f"Model({self.graph.name!r}, {self.config.describe()!r}, device={self.device.name!r}, "
+                f"{self.iteration} iterations trained)")
+
     def _executor(self, keep: dict | None = None) -> Executor:
         """An executor sized for every program built so far, with their persistent tensors installed
         (and ``keep``'s values written into them: the state of the executor it replaces)."""

@@ -119,3 +119,21 @@ def test_the_planning_passes_leave_no_reference_cycle(collector):
         gc.garbage.clear()
         gc.collect()
     assert not left, f"the passes left objects in reference cycles: {left}"
+
+
+def test_the_main_objects_show_in_one_line_whatever_the_net():
+    """A notebook displayed a search's result as ten kilobytes of StepRecords (the dataclasses' own
+    reprs list every step, op and instruction); a Graph and a Model showed only their address."""
+    from snlite import Model, Scheduler, simulate
+    from snlite.models import get_model
+
+    g = get_model("alexnet", 4)
+    sn = MemoryConfig.superneurons()
+    found = search.max_batch(lambda b: get_model("lenet", b),
+                             MemoryConfig(liveness=True, budget_bytes=8 << 20))
+    shown = {"graph": g, "trace": simulate(g, sn), "program": place(g, sn), "plan": Scheduler(g, sn).plan(),
+             "model": Model(g, device="meta"), "found": found}
+    for what, obj in shown.items():
+        text = repr(obj)
+        assert "\n" not in text and len(text) < 900, (what, len(text), text[:200])
+    assert repr(g) == "Graph('alexnet', input (4, 3, 227, 227), 25 layers, 1000 classes)"
