@@ -37,11 +37,11 @@ def chrome_trace(timeline, title: str, held: int = 0, measured=None) -> dict:
     events = _tracks(PID, title)
     for stream, start, end, label, kind in timeline.spans:
         events.append({"ph": "X", "name": label, "cat": "kernel" if kind == "kernel" else f"copy,{kind}",
-                       "pid": PID, "tid": TID[stream], "ts": _us(start), "dur": _us(end - start)})
+                       "pid": PID, "tid": TID[stream], "ts": _us(start), "dur": _span_us(start, end)})
     if measured:
         events += _tracks(PID + 1, "measured on the device")
         events += [{"ph": "X", "name": e["label"], "cat": "measured", "pid": PID + 1, "tid": TID[e["stream"]],
-                    "ts": _us(e["start_ms"]), "dur": _us(e["end_ms"] - e["start_ms"])} for e in measured]
+                    "ts": _us(e["start_ms"]), "dur": _span_us(e["start_ms"], e["end_ms"])} for e in measured]
     for ms, in_use in timeline.memory:
         events.append({"ph": "C", "name": "device memory", "pid": PID, "tid": 0, "ts": _us(ms),
                        "args": {"bytes": held + in_use}})
@@ -65,6 +65,12 @@ def _tracks(pid: int, title: str) -> list[dict]:
 
 def _us(ms: float) -> float:
     return round(ms * 1000.0, 3)  # microseconds, to the nanosecond: the format's unit
+
+
+def _span_us(start_ms: float, end_ms: float) -> float:
+    """A span's duration as its rounded end less its rounded start: rounded apart, a kernel could end a
+    nanosecond after the next one on its stream began, and a viewer nests the two."""
+    return round(_us(end_ms) - _us(start_ms), 3)
 
 
 def write(path: str, trace: dict) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 
 from snlite import explain, measure, offline, timing
+from snlite.chrome_trace import held_bytes
 from snlite.checker import find_races
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, OUTPUT_FILES, CliError, _batch, _positive_int,
                              add_memory_flags, check_keep, memory_config)
@@ -89,7 +90,7 @@ def cmd_plan(args) -> int:
     trace = m.trace if config.count == "all" else m.paper  # the count the flags ask for
     tl = m.timeline(timing.profile(args.gpu))
     if args.json == "-":
-        write_json(args.json, plan_json(args, graph, batch, config, m, trace))
+        write_json(args.json, plan_json(args, graph, batch, config, m, trace, tl))
     else:  # standard output is the tables, not the JSON
         print_peaks(graph, batch, config, m)
         print_peak_step(config, trace, args.top)
@@ -107,12 +108,16 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def plan_json(args, graph, batch: int, config, m, trace) -> dict:
+def plan_json(args, graph, batch: int, config, m, trace, tl) -> dict:
     """What ``plan --json`` writes: the network, the config, the totals, the recomputation, the tensors
-    live at the peak, every step, each conv step's algorithm."""
+    live at the peak, every step, each conv step's algorithm, and the time model's estimate (what the
+    text's "time (estimated)" line says, in ms)."""
+    time = {"gpu_profile": tl.profile, "step_ms": tl.step_ms, "kernel_launches": tl.launches,
+            "busy_ms": tl.busy_ms, "transfer_ms": tl.transfer_ms, "exposed_transfer_ms": tl.exposed_ms,
+            "overlap": tl.overlap}
     return {**net_json(args), "batch": batch, "fits": m.fits, "config": config, "totals": m.totals(),
             "recompute": Scheduler(graph, config).plan().recompute, "peak_tensors": trace.peak_tensors,
-            "steps": trace.steps, "conv_choices": trace.conv_choices}
+            "steps": trace.steps, "conv_choices": trace.conv_choices, "time": time}
 
 
 def does_not_fit(args, batch: int, ex) -> int:
@@ -193,11 +198,12 @@ def write_files(args, graph, batch: int, config, m, trace, tl) -> None:
     if args.json != "-" and any(getattr(args, dest, None) for dest in OUTPUT_FILES):
         print()  # the lines that say where each went, apart from the tables
     if args.json not in (None, "-"):
-        write_json(args.json, plan_json(args, graph, batch, config, m, trace))
+        write_json(args.json, plan_json(args, graph, batch, config, m, trace, tl))
     if args.plot:
         draw(args, "plot", "plot_timeline", trace, title=f"{graph.name}, batch {batch}: {config.describe()}")
     if args.timeline:
-        draw(args, "timeline", "plot_streams", tl.events(), memory=tl.memory,
+        held = held_bytes(m.program)  # what the setup holds all iteration, under the walk's bytes
+        draw(args, "timeline", "plot_streams", tl.events(), memory=[(ms, held + b) for ms, b in tl.memory],
              title=f"{title}: one iteration on the {args.gpu} profile (estimated), {tl.step_ms:,.1f} ms")
     write_exports(args, m.program, tl, f"{title} on the {args.gpu} profile (estimated)")
     if args.save_program:
