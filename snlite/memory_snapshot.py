@@ -19,7 +19,7 @@ from __future__ import annotations
 import pickle
 
 from snlite import files
-from snlite.program import COMPUTE, STREAMS, Alloc, Free, program_of
+from snlite.program import COMPUTE, STREAMS, Alloc, Free, HandOver, program_of
 
 BASE_ADDRESS = 0x7F0000000000  # where the viewer puts the arena's offset 0: a made-up device address
 
@@ -43,17 +43,31 @@ def snapshot(program) -> dict:
     trace = [{"action": "segment_alloc", "addr": BASE_ADDRESS, "size": program.arena_bytes, "stream": 0,
               "time_us": 0, "frames": []}]
     live: dict[int, tuple[str, int]] = {}  # offset -> (tensor, bytes)
+    offset_of: dict[str, int] = {}  # tensor -> the offset of its block, while it holds one
     for step, ins in enumerate(program.setup + program.body, 1):
+        if type(ins) is HandOver and ins.old in offset_of:
+            # an in-place write: the block is the new tensor's now, shown as the old one's freed and the
+            # new one's allocated at the same address (the viewer then names the right tensor for it)
+            offset = offset_of.pop(ins.old)
+            nbytes = live[offset][1]
+            old, new = ({"addr": BASE_ADDRESS + offset, "size": nbytes, "stream": stream[COMPUTE],
+                         "time_us": step, "frames": [_frame(program, name, step)]}
+                        for name in (ins.old, ins.new))
+            trace += [{"action": "free_requested", **old}, {"action": "free_completed", **old},
+                      {"action": "alloc", **new}]
+            live[offset], offset_of[ins.new] = (ins.new, nbytes), offset
+            continue
         if type(ins) not in (Alloc, Free) or ins.space != "arena":
             continue
         event = {"addr": BASE_ADDRESS + ins.offset, "size": ins.nbytes,
                  "stream": stream[ins.stream or COMPUTE], "time_us": step,
                  "frames": [_frame(program, ins.tensor, step)]}
         if isinstance(ins, Alloc):
-            live[ins.offset] = (ins.tensor, ins.nbytes)
+            live[ins.offset], offset_of[ins.tensor] = (ins.tensor, ins.nbytes), ins.offset
             trace.append({"action": "alloc", **event})
         else:
             del live[ins.offset]
+            offset_of.pop(ins.tensor, None)
             trace += [{"action": "free_requested", **event}, {"action": "free_completed", **event}]
     return {"segments": [_segment(program, live)], "device_traces": [trace]}
 

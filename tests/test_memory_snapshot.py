@@ -61,6 +61,22 @@ def test_the_events_replay_to_the_programs_memory(planned):
     assert segment["allocated_size"] == sum(held.values())
 
 
+def test_a_block_is_freed_under_the_name_it_was_allocated_under(planned):
+    """An in-place write hands a block to another tensor (HandOver), which the snapshot skipped: the
+    viewer showed fc8.grad's lifetime as the softmax output's, an activation where it is a gradient."""
+    program, raw = planned
+    (trace,) = pickle.loads(raw)["device_traces"]
+    owner = {}
+    for e in trace[1:]:
+        name = e["frames"][0]["name"]
+        if e["action"] == "alloc":
+            owner[e["addr"]] = name
+        elif e["action"] == "free_completed":
+            assert owner.pop(e["addr"]) == name, (e["addr"], name)
+    handed = sum(type(ins).__name__ == "HandOver" for ins in program.body)
+    assert handed > 0, "the program hands blocks over in place: the case this checks"
+
+
 def test_the_file_is_plain_python_data_pickled_with_protocol_4(planned):
     _, raw = planned
     ops = list(pickletools.genops(raw))
