@@ -303,7 +303,8 @@ class Program:
                        {n: (None if s is None else tuple(s), d, k)
                         for n, (s, d, k) in data["tensors"].items()},
                        tuple(_ins_from(x) for x in data["setup"]), tuple(_ins_from(x) for x in data["body"]),
-                       int(data["arena_bytes"]), int(data["slab_bytes"]), dict(data.get("stats", {})))
+                       _whole(data["arena_bytes"], "arena_bytes"), _whole(data["slab_bytes"], "slab_bytes"),
+                       dict(data["stats"]))
         except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field of the wrong form
             raise ValueError(f"a corrupt snlite program: {type(e).__name__}: {e}") from None
 
@@ -344,6 +345,14 @@ def _listify(v):
 
 def _tuplify(v):
     return tuple(_tuplify(x) for x in v) if isinstance(v, list) else v
+
+
+def _whole(value, name: str) -> int:
+    """A byte count read from JSON as it is: 6410240.7 or "6410240" is no program's, nor is 1e15 (a
+    float), where int() made them numbers that looked right."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} is {value!r}, not a whole number of bytes")
+    return value
 
 
 def _ins_from(x):

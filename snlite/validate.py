@@ -87,6 +87,9 @@ def _header(program) -> None:
                            "counted")
 
 
+COPY_TO_HOST = ("offload", "evict", "state", "result")  # the reasons of each direction ("state": momentum)
+COPY_TO_DEVICE = ("prefetch", "fetch", "state", "input")
+
 STATS = {"cache_hits": "the cache's hits", "cache_misses": "the cache's misses",
          "recompute_count": "recomputed ops", "extra_flops": "the recomputations' FLOPs"}
 
@@ -292,6 +295,9 @@ class _Validator:
         if ins.why not in COPY_REASONS:
             self.fail(f"reason {ins.why!r} is not one of {COPY_REASONS}")
         to_host = ins.dst == "slab"
+        if ins.why not in (COPY_TO_HOST if to_host else COPY_TO_DEVICE):
+            way = ("to the device", "device -> host") if to_host else ("to the host", "host -> device")
+            self.fail(f"reason {ins.why!r} is a copy {way[0]}, but this one goes {way[1]}")
         device, device_offset = (ins.src, ins.src_offset) if to_host else (ins.dst, ins.dst_offset)
         slab_side, slab_offset = (ins.dst, ins.dst_offset) if to_host else (ins.src, ins.src_offset)
         if slab_side != "slab" or device != self.device:

@@ -67,6 +67,21 @@ def test_a_corrupt_file_is_a_clear_error(tmp_path, text, message):
         Program.load(path)
 
 
+@pytest.mark.parametrize("field,value", [("arena_bytes", 1e15), ("arena_bytes", 6410240.7),
+                                         ("slab_bytes", "6410240"), ("stats", None)])
+def test_a_header_number_is_read_as_written_and_stats_are_not_optional(field, value):
+    """int() made 1e15, 6410240.7 and "6410240" numbers that looked right (a petabyte arena reached the
+    memory snapshot); a program without its stats skipped the check of its recomputation count."""
+    data = place(mixed_net(), MemoryConfig(liveness=True)).to_json()
+    if value is None:
+        del data[field]
+    else:
+        data[field] = value
+    said = "KeyError: 'stats'" if value is None else f"ValueError: {field} is {value!r}, not a whole number"
+    with pytest.raises(ValueError, match="a corrupt snlite program: " + said):
+        Program.from_json(data)
+
+
 def test_a_binary_file_is_a_clear_error_too(tmp_path):
     """A memory snapshot (a pickle) given for a program: a bare UnicodeDecodeError before."""
     path = tmp_path / "snapshot.pickle"

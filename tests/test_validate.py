@@ -59,6 +59,11 @@ def negative_copy(data):
     data["body"][_find(data["body"], "Copy")][1][6] = -5
 
 
+def a_reason_of_the_other_way(data):
+    i = next(k for k, ins in enumerate(data["body"]) if ins[0] == "Copy" and ins[1][1] == "offload")
+    data["body"][i][1][1] = "prefetch"  # a device -> host copy said to bring a tensor back
+
+
 def negative_dimension(data):
     data["tensors"]["conv1"][0][1] = -20
 
@@ -151,6 +156,9 @@ CASES = {  # name -> (edit, the saved program it edits, what the refusal says)
     "arena_bytes 1024": (small_arena, "pool", r"past arena_bytes 1,024; arena_bytes should be at least"),
     "slab_bytes 0": (no_slab, "pool", r"past slab_bytes 0; slab_bytes should be at least"),
     "a copy of -5 bytes": (negative_copy, "pool", r"nbytes -5, but \w+ has [\d,]+ bytes"),
+    "a copy out for a reason of copies in": (a_reason_of_the_other_way, "pool",
+                                             r"reason 'prefetch' is a copy to the device, but this one goes "
+                                             r"device -> host"),
     "a negative dimension": (negative_dimension, "pool",
                              r"tensor conv1: shape \(4, -20, .*positive integers"),
     "a launch of a layer the net does not have": (unknown_layer, "pool",
