@@ -14,8 +14,9 @@ command with a traceback; it also spares that command Numba's import. ``from snl
 and ``snlite.Graph`` work as with plain imports (``_WHERE`` says which module holds each name), and
 so does every module: ``snlite.search.min_budget`` in a fresh notebook, whatever ran before.
 """
-import importlib.util
-from importlib import import_module
+import importlib.util as _util
+import pkgutil as _pkgutil
+from importlib import import_module as _import_module
 
 from snlite.version import __version__
 
@@ -40,9 +41,9 @@ __all__ = ["ALIGNMENT_BYTES", "BudgetError", "CudaDevice", "Device", "Graph", "H
 
 def __getattr__(name):
     if name in _WHERE:
-        value = getattr(import_module(_WHERE[name]), name)
-    elif not name.startswith("_") and importlib.util.find_spec(f"snlite.{name}") is not None:
-        value = import_module(f"snlite.{name}")  # a module of the package: snlite.search, snlite.timing
+        value = getattr(_import_module(_WHERE[name]), name)
+    elif not name.startswith("_") and _util.find_spec(f"snlite.{name}") is not None:
+        value = _import_module(f"snlite.{name}")  # a module of the package: snlite.search, snlite.timing
     else:
         raise AttributeError(f"module 'snlite' has no attribute {name!r}")
     globals()[name] = value
@@ -50,4 +51,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted({*globals(), *__all__})
+    """What tab completion offers: the names above and every module of the package (imported on first
+    use), not the helpers this file imports."""
+    modules = {m.name for m in _pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+    return sorted({*__all__, *modules, *(n for n in globals() if n.startswith("__"))})

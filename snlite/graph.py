@@ -280,6 +280,8 @@ class Graph(TransformerBuilders):
 
     def concat(self, xs, name=None) -> Node:
         """torch.cat of a list of maps over the channels (Inception's and DenseNet's joins)."""
+        if isinstance(name, Node):  # g.concat(a, b): the second node taken for the name
+            raise ValueError("concat takes its inputs as one list: g.concat([a, b, ...]), not g.concat(a, b)")
         if not isinstance(xs, (list, tuple)):
             raise ValueError(f"{who('concat', name)}: expected a list of nodes, got {xs!r}")
         if len(xs) < 2:

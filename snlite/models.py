@@ -45,6 +45,9 @@ def lenet(batch=DEFAULT_BATCH["lenet"], input_shape=(1, 28, 28), num_classes=10,
     than 16x16, too small for two valid 5x5 convolutions and two poolings (e.g. the 1x8x8 digits data
     set), default to padding 2 ("same" convolutions: 8 -> 8 -> 4 -> 4 -> 2).
     """
+    if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3):
+        raise ValueError(f"lenet's input_shape is one image, (C, H, W), without the batch (batch=...): got "
+                         f"{input_shape!r}")
     c, h, w = input_shape
     if padding is None:
         padding = 0 if min(h, w) >= 16 else 2

@@ -290,6 +290,9 @@ class Program:
     @classmethod
     def from_json(cls, data: dict) -> "Program":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
+            if isinstance(data, (str, bytes)):
+                raise ValueError("Program.from_json takes the parsed JSON, a dict: "
+                                 "from_json(json.loads(text)), or Program.load(path) for a file")
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             if isinstance(found, str) and found.startswith(FORMAT.split("/")[0] + "/"):
                 raise ValueError(f"an snlite program of another format, {found!r}; this snlite reads "

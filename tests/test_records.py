@@ -137,3 +137,23 @@ def test_the_main_objects_show_in_one_line_whatever_the_net():
         text = repr(obj)
         assert "\n" not in text and len(text) < 900, (what, len(text), text[:200])
     assert repr(g) == "Graph('alexnet', input (4, 3, 227, 227), 25 layers, 1000 classes)"
+
+
+def test_the_api_s_small_refusals_say_what_to_write():
+    """g.concat(a, b) took b for the name; lenet's input_shape with the batch failed to unpack; a JSON
+    string given to from_json was "found 'str'"; tab completion offered importlib and import_module."""
+    import snlite
+    from snlite import Graph, Program
+    from snlite.models import lenet
+
+    g = Graph((2, 3, 8, 8), 4)
+    x = g.input()
+    with pytest.raises(ValueError, match=r"concat takes its inputs as one list: g\.concat\(\[a, b"):
+        g.concat(x, x)
+    with pytest.raises(ValueError, match=r"lenet's input_shape is one image, \(C, H, W\), without the batch"):
+        lenet(4, input_shape=(4, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"from_json\(json\.loads\(text\)\), or Program\.load\(path\)"):
+        Program.from_json('{"format": "snlite-program/1"}')
+    shown = dir(snlite)
+    assert {"Graph", "simulate", "search", "budget", "offline"} <= set(shown)
+    assert not {"importlib", "import_module", "_WHERE"} & set(shown)
