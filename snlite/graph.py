@@ -16,6 +16,8 @@ backward step first sums them, in consumer order, into the first one.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from kernels.lrn import MAX_SIZE as LRN_MAX_SIZE
 from snlite.graph_transformer import TransformerBuilders
@@ -57,11 +59,22 @@ class Graph(TransformerBuilders):
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         self.input_shape = tuple(int(s) for s in shape)
         self.num_classes, self.name = integer(num_classes, "num_classes", 2), name
-        self.layers: dict[str, Layer] = {}
-        self.inputs: dict[str, list[str]] = {}
+        self._layers: dict[str, Layer] = {}
+        self._inputs: dict[str, list[str]] = {}
+        # read-only views: a graph changes only through its builders, which drop what was compiled from
+        # it (an edit of layers by hand left the cached steps of the old graph to plan with)
+        self.layers: Mapping[str, Layer] = MappingProxyType(self._layers)
+        self.inputs: Mapping[str, list[str]] = MappingProxyType(self._inputs)
         self._counts: dict[str, int] = {}
         self._loss: str | None = None
         self._cache = None
+
+    def __getstate__(self) -> dict:  # copy and pickle the dicts, not their read-only views
+        return {k: v for k, v in self.__dict__.items() if k not in ("layers", "inputs")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.layers, self.inputs = MappingProxyType(self._layers), MappingProxyType(self._inputs)
 
     # building -------------------------------------------------------------------
     def _add(self, kind: str, inputs, name, **attrs) -> Node:
@@ -88,8 +101,8 @@ class Graph(TransformerBuilders):
             raise ValueError(f"layer name {name!r} is already used by a {self.layers[name].kind} layer: give "
                              f"this {kind} another name (or leave name out for a numbered one)")
         layer = LAYER_TYPES[kind](name, in_shapes, **attrs)
-        self.layers[name] = layer
-        self.inputs[name] = in_names
+        self._layers[name] = layer
+        self._inputs[name] = in_names
         if kind == "softmax_loss":
             self._loss = name
         self._cache = None

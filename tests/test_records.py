@@ -157,3 +157,21 @@ def test_the_api_s_small_refusals_say_what_to_write():
     shown = dir(snlite)
     assert {"Graph", "simulate", "search", "budget", "offline"} <= set(shown)
     assert not {"importlib", "import_module", "_WHERE"} & set(shown)
+
+
+def test_a_graph_changes_only_through_its_builders_and_copies_whole():
+    """g.layers.pop("relu1") left the steps compiled from the whole graph cached, and simulate(g) then
+    failed with a KeyError far from the edit."""
+    import copy
+    import pickle
+
+    from snlite.models import get_model
+    from snlite.pipeline import simulate
+
+    g = get_model("lenet", 2)
+    with pytest.raises((TypeError, AttributeError)):
+        g.layers.pop("relu1")
+    with pytest.raises(TypeError):
+        g.layers["extra"] = g.layers["relu1"]
+    for twin in (copy.deepcopy(g), pickle.loads(pickle.dumps(g))):
+        assert list(twin.layers) == list(g.layers) and simulate(twin).peak_bytes == simulate(g).peak_bytes
