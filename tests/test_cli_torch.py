@@ -205,11 +205,11 @@ def test_maxbatch_starts_at_2_where_a_batch_of_1_is_no_valid_input(tmp_path, cap
     status, out, err = run(["plan", *net, "--batch", "1"], capsys)
     assert status == 1 and "training needs more than 1 value per channel (N*H*W), got input (1, 8, 1, 1), " \
         "as PyTorch's BatchNorm2d does: a batch of at least 2" in err, err
-    status, out, err = run(["maxbatch", *net, "--budget", "1MiB", "--max-batch", "64", "--json", "-"], capsys)
+    status, out, err = run(["maxbatch", *net, "--budget", "1MiB", "--max-batch", "8", "--json", "-"], capsys)
     data = json.loads(out)
     assert status == 0 and data["smallest_batch"] == 2, err
     assert all(r["batch"] is not None and r["batch"] >= 2 for r in data["rows"]), data["rows"]
-    status, out, err = run(["maxbatch", *net, "--budget", "1MiB", "--max-batch", "64"], capsys)
+    status, out, err = run(["maxbatch", *net, "--budget", "1MiB", "--max-batch", "8"], capsys)
     assert status == 0 and "the search starts at batch 2: a batch of 1 is no valid input here (batchnorm" \
         in out
     status, out, err = run(["maxbatch", net[0], "--input", "3x2x2", "--budget", "1MiB"], capsys)
