@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numba import cuda
+from numba import cuda, typeof
+from numba.core import sigutils, types
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -110,14 +111,10 @@ def checking_types():
 
 
 def _typeof(a):
-    from numba import typeof
-
     return typeof(getattr(a, "_ary", a))  # (the simulator's device array wraps a NumPy one)
 
 
 def _check_types(spec: "KernelSpec", args) -> None:
-    from numba.core import sigutils, types
-
     declared, _ = sigutils.normalize_signature(spec.signature)
     if len(declared) != len(args):
         raise TypeError(f"{spec.name}: declared with {len(declared)} arguments ({spec.signature}), "
