@@ -44,7 +44,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from snlite import grading
+from snlite import files, grading
 from snlite.files import write_text
 from snlite.grading import GRADERS
 
@@ -405,4 +405,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(files.main(main))

@@ -29,7 +29,7 @@ try:
 except ImportError:  # Windows: no CPU time of children
     resource = None
 
-from snlite import bench_host, bench_torch, offline
+from snlite import bench_host, bench_torch, files, offline
 from snlite.config import CHOICES, MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.pipeline import place, simulate
@@ -299,4 +299,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(files.main(main))

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
         print("\nsnlite: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
-        _discard_stdout()
+        files.discard_stdout()
         return EXIT_BROKEN_PIPE
     except BudgetError as e:
         if args.traceback:
@@ -191,18 +191,6 @@ def main(argv=None) -> int:
             raise
         print(f"snlite {args.command}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
-
-
-def _discard_stdout() -> None:
-    """Point standard output at /dev/null, so that flushing it at exit cannot fail again."""
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass  # not a real file (a test's capture): nothing will flush it at exit
 
 
 def cmd_demo(args) -> int:

@@ -15,12 +15,13 @@ import numpy as np
 from snlite import measure, models, plot, recompute, timing, torch_import
 from snlite.config import CHOICES, MIN_BUDGET_BYTES, MIN_HOST_BUDGET_BYTES, MemoryConfig, no_effect
 from snlite.checks import check_number
+from snlite.files import EXIT_BROKEN_PIPE  # noqa: F401 (one of the statuses above)
 
 # Exit statuses (docs/troubleshooting.md): 0 done; 1 any other error (one line on stderr); 2 a usage
 # error (argparse: a wrong flag or value; UsageError: a name that names nothing); 3 the network
 # does not fit its --budget; 130 interrupted (Ctrl-C); 141 the reader of standard output went away
 # (snlite plan --json | head), said nothing.
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 3, 130, 141
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class CliError(Exception):

@@ -6,6 +6,9 @@ figure) leaves the file that was there before as it was, never half of a new one
 A symbolic link is written through (the file it names is replaced, the link stays), and a path that
 is not a regular file (``/dev/null``, ``/dev/stdout``, a named pipe) is written into directly: there
 is nothing there to rename over, and replacing it would destroy a device.
+
+Standard output is written too: :func:`main` runs a command so that a reader who goes away
+(``| head``) ends it quietly, as ``cat`` does, not with a traceback.
 """
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ import contextlib
 import os
 import secrets
 import stat
+import sys
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 
 
 @contextlib.contextmanager
@@ -48,3 +54,30 @@ def write_text(path, text: str) -> None:
     """``text`` as the whole of the file ``path``, replacing it only once it is all written."""
     with replacing(path, "w") as f:
         f.write(text)
+
+
+def main(command) -> int:
+    """``command()``'s exit status, or :data:`EXIT_BROKEN_PIPE`, said nothing, where the reader of
+    standard output went away (``python -m snlite.assignments list | head``)."""
+    try:
+        try:
+            status = command()
+        except SystemExit as e:  # argparse's --help, and its usage errors: printed, still to flush
+            status = e.code
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could only be reported, not ignored
+        return status
+    except BrokenPipeError:
+        discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def discard_stdout() -> None:
+    """Point standard output at /dev/null, so that flushing it at exit cannot fail again."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (a test's capture): nothing will flush it at exit

@@ -3,6 +3,8 @@ leaves the file that was there before, and no temporary file behind."""
 import ast
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +205,26 @@ def test_a_plot_without_matplotlib_is_refused_before_the_work(tmp_path, capsys, 
                          "--timeline", tmp_path / "t.png")
     assert code == 1 and err == "snlite plan: error: --timeline: plots need matplotlib: pip install " \
         "'snlite[plot]'\n" and os.listdir(tmp_path) == [], err
+
+
+
+@pytest.mark.parametrize("command", [["list"], ["check"]])
+def test_a_command_ends_quietly_when_its_reader_goes_away(command):
+    """``python -m snlite.assignments list | head``: exit status 141 (128 + SIGPIPE) and nothing on
+    standard error, as for ``snlite`` itself (tests/test_cli.py), not a BrokenPipeError's traceback."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "snlite.assignments", *command], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    p.stdout.close()  # gone before the command has printed anything
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == files.EXIT_BROKEN_PIPE and err == "", err
+
+
+def test_every_entry_point_runs_through_files_main():
+    """Each ``python -m snlite.X`` ends ``files.main(main)`` (or is the CLI, which catches the closed
+    pipe itself), so that none ends a ``| head`` with a traceback."""
+    for path in sorted((ROOT / "snlite").glob("*.py")):
+        text = path.read_text()
+        if 'if __name__ == "__main__":' in text and path.name != "cli.py":
+            tail = text.split('if __name__ == "__main__":')[1]
+            assert "files.main(main)" in tail, f"{path.name}: python -m snlite.{path.stem} without files.main"
