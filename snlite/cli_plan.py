@@ -155,8 +155,9 @@ def print_peak_step(config, trace, top: int) -> None:
     """Where the peak is, what it holds by kind, and the ``top`` largest tensors live there."""
     at = trace.steps[trace.peak_op]
     live = trace.peak_tensors
-    print(f"\npeak ({config.count} count) at step {trace.peak_step} ({at.layer} {at.phase}, op "
-          f"{trace.peak_op}), by kind (host: pinned memory, at the host's peak):")
+    where = f"step {trace.peak_step} ({at.layer} {at.phase}, op {trace.peak_op})" if at.op >= 0 else \
+        trace.peak_at()
+    print(f"\npeak ({config.count} count) at {where}, by kind (host: pinned memory, at the host's peak):")
     print(text_table(["", "device", "host"], [[kind, measure.format_size(d), measure.format_size(h)]
                                               for kind, (d, h) in trace.by_kind().items()]))
     print(f"{len(live)} tensors made during the iteration are live at the peak (what is held throughout is "
@@ -249,8 +250,9 @@ def print_explanation(ex, net: str) -> None:
     print(f"\nwhere it failed: {ex.message}")
     pins = f" and pins {measure.format_size(ex.need.slab_bytes)} of host memory" if host else ""
     print(f"\nwithout a budget it peaks at {measure.format_size(need.peak_bytes)} (count all; "
-          f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at step "
-          f"{need.peak_step} ({at.layer} {at.phase}){pins}; the largest tensors live there:")
+          f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at "
+          f"{f'step {need.peak_step} ({at.layer} {at.phase})' if at.op >= 0 else need.peak_at()}{pins}; "
+          "the largest tensors live there:")
     for name, nbytes in need.peak_tensors[:8]:
         print(f"  {name:40} {measure.format_size(nbytes):>12}")
     print("\nwhat would make it fit, each simulated under the same budget on the meta device (ranked: those "

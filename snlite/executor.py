@@ -74,8 +74,9 @@ class Executor:
     and the program streams, taken once; :meth:`run` replays a program's body on them.
 
     ``launch_bytes[mode]`` is, after a run of a program of that mode, the device bytes allocated at
-    each launched op (what the device really held there); ``stream_events[mode]``, with ``profile`` on
-    a CUDA device, every kernel step and copy of that program's last run timed with events, per stream."""
+    each launch, the SGD updates after backward too (what the device really held there);
+    ``stream_events[mode]``, with ``profile`` on a CUDA device, every kernel step and copy of that
+    program's last run timed with events, per stream."""
 
     def __init__(self, graph, device, arena_bytes: int, slab_bytes: int):
         self.graph, self.device = graph, device
@@ -253,13 +254,11 @@ class Executor:
             raise _Mismatch(problem)
 
     def _run_launch(self, ins) -> None:
+        self._launched.append(self.in_use_bytes)  # what the trace's StepRecord of this launch counts
         if ins.phase == "update":
-            if ins.op >= 0:  # an update inside backward: an op of the plan
-                self._launched.append(self.in_use_bytes)
             with self._span(ins.stream, self.streams[ins.stream], f"{ins.layer} update"):
                 self._update(ins)
             return
-        self._launched.append(self.in_use_bytes)
         with self._span(ins.stream, self.streams[ins.stream], f"{ins.layer} {ins.phase}"):
             self._step(ins)
 

@@ -168,10 +168,10 @@ def training(out: pathlib.Path, sizes: Sizes) -> dict:
             run = {"losses": losses, "arena_bytes": model.device.arena_bytes,
                    "pinned_bytes": model.device.pinned_bytes, "planned_arena_bytes": meta.device.arena_bytes,
                    "planned_pinned_bytes": meta.device.pinned_bytes,
-                   "peak_bytes": max(model.executor.launch_bytes[model.step_mode], default=0),
+                   "peak_bytes": max(model.step_launch_bytes, default=0),
                    "planned_peak_bytes": max((s.counted_bytes for s in planned.steps), default=0),
                    "cuda_free_drop_bytes": None if before is None else before["free"] - after["free"]}
-            if model.executor.launch_bytes[model.step_mode] != [s.counted_bytes for s in planned.steps]:
+            if model.step_launch_bytes != [s.counted_bytes for s in planned.steps]:
                 problems.append(f"{label}, {name}: the bytes live at each launch differ from the plan")
             if (run["arena_bytes"], run["pinned_bytes"]) != (run["planned_arena_bytes"],
                                                              run["planned_pinned_bytes"]):

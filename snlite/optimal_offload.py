@@ -78,7 +78,7 @@ class OffloadModel:
         self.n = len(ops)
         self.base = np.zeros(self.n)
         self.launched = [False] * self.n
-        for r in trace.steps:
+        for r in trace.op_steps:
             self.base[r.op], self.launched[r.op] = r.counted_bytes, True
         tensors = graph.tensors()
         block = TensorPool(1024).reserved_bytes

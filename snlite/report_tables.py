@@ -78,7 +78,7 @@ def gb(nbytes: int) -> str:
 
 def where(trace) -> str:
     r = trace.steps[trace.peak_op]
-    return f"{trace.peak_step}: {r.layer} ({r.phase})"
+    return f"{trace.peak_step}: {r.layer} ({r.phase})" if r.op >= 0 else trace.peak_at()
 
 
 def found_cell(f) -> str:

@@ -46,8 +46,8 @@ def counted(device_bytes: dict, count: str) -> int:
 class StepRecord:
     """The device's state at the busiest moment of one op (its inputs, outputs and workspace held)."""
 
-    op: int
-    step: int
+    op: int  # -1: an SGD update after backward, no op of the plan
+    step: int  # -1 likewise
     layer: str
     phase: str
     device_bytes: dict  # category -> bytes
@@ -99,12 +99,25 @@ class Trace:
     host_peak_bytes: int = 0
     host_optimizer_bytes: int = 0  # optimizer state waiting in the pinned slab (optimizer_state "host")
 
-    def __repr__(self) -> str:  # one line, not every step (a notebook showed kilobytes of them)
-        return (f"Trace(count={self.count!r}, {len(self.steps):,d} steps, peak {self.peak_bytes:,d} bytes at "
-                f"step {self.peak_step}, l_peak {self.l_peak_bytes:,d}, moved {self.d2h_bytes:,d} out and "
-                f"{self.h2d_bytes:,d} back, {self.recompute_count} recomputed)")
     conv_choices: list[ConvChoice] = field(default_factory=list)
     arena_bytes: int = 0
+
+    def __repr__(self) -> str:  # one line, not every step (a notebook showed kilobytes of them)
+        return (f"Trace(count={self.count!r}, {len(self.steps):,d} steps, peak {self.peak_bytes:,d} bytes at "
+                f"{self.peak_at()}, l_peak {self.l_peak_bytes:,d}, moved {self.d2h_bytes:,d} out and "
+                f"{self.h2d_bytes:,d} back, {self.recompute_count} recomputed)")
+
+    def peak_at(self) -> str:
+        """Where the peak is: "step 12 (conv2)", or "conv2's SGD update after backward"."""
+        if not 0 <= self.peak_op < len(self.steps):
+            return f"step {self.peak_step} (-)"
+        r = self.steps[self.peak_op]
+        return f"step {r.step} ({r.layer})" if r.op >= 0 else f"{r.layer}'s SGD update after backward"
+
+    @property
+    def op_steps(self) -> list[StepRecord]:
+        """The records of the plan's ops: every one but the SGD updates after backward (op -1)."""
+        return [r for r in self.steps if r.op >= 0]
 
     @property
     def ratio(self) -> float:
@@ -114,10 +127,8 @@ class Trace:
     def summary(self) -> str:
         """Two lines: the peak and l_peak (MiB), then the recomputation, transfers, cache and host."""
         mib = 1 << 20
-        peak_layer = self.steps[self.peak_op].layer if 0 <= self.peak_op < len(self.steps) else "-"
         return "\n".join([
-            f"peak {self.peak_bytes / mib:,.2f} MiB ({self.count} count) "
-            f"at step {self.peak_step} ({peak_layer}); "
+            f"peak {self.peak_bytes / mib:,.2f} MiB ({self.count} count) at {self.peak_at()}; "
             f"l_peak {self.l_peak_bytes / mib:,.2f} MiB; peak/l_peak {self.ratio:.2f}",
             f"recomputed {self.recompute_count} layer forwards (+{self.extra_flops:,d} FLOPs); "
             f"to host {self.d2h_bytes / mib:,.2f} MiB, back {self.h2d_bytes / mib:,.2f} MiB; "
@@ -155,7 +166,8 @@ class Trace:
 
 def trace_program(program, count: str = "all") -> Trace:
     """The trace of ``program`` under ``count`` ("all" or "paper"): one :class:`StepRecord` per
-    launched op, taken at its busiest moment (its inputs, outputs and workspace held), the peak and
+    launch (the SGD updates after backward too, as op -1: where the momentum waits on the host each
+    fetches its own), taken at its busiest moment (its inputs, outputs and workspace held), the peak and
     what was live there, l_peak, the traffic and the conv choices. Pure: it only reads the program.
 
     l_peak is the largest working set of one op: the blocks of the tensors it reads and writes, each
@@ -261,9 +273,9 @@ class _Reader:
         self.body = False
 
     def launch(self, ins) -> None:
-        """An op's busiest moment: its inputs, outputs and workspace held; one StepRecord."""
-        if ins.op < 0:  # the SGD step after backward: the weights and their kin, nothing more
-            return
+        """An op's busiest moment: its inputs, outputs and workspace held; one StepRecord. The SGD
+        step after backward counts too (op and step -1, one record per layer): where the momentum
+        waits on the host, each update fetches its own into fresh device blocks."""
         tr, device, held, about = self.tr, self.device, self.held, self.about
         working = 0  # l_i
         for n in step_tensors(ins.reads, ins.writes, ins.inplace):

@@ -143,6 +143,14 @@ class Model:
         return self.executor.slab.nbytes if self.executor.slab is not None else 0
 
     @property
+    def step_launch_bytes(self) -> list[int]:
+        """After a ``step``, the device bytes in use at each of its launches: its program's, then,
+        where the updates run after backward, the update program's (what :func:`snlite.pipeline.simulate`
+        plans, launch by launch, under count "all")."""
+        ran = self.executor.launch_bytes
+        return ran.get(self.step_mode, []) + ([] if self.in_backward else ran.get("update", []))
+
+    @property
     def trace(self):
         """The trace of a training step's program (``step``; ``forward_backward`` runs the same one
         unless steps update inside backward), read off its program."""

@@ -150,7 +150,7 @@ def _launch_slots(model, trace):
     bpos = {s: j for j, s in enumerate(model.bstages)}
     index = {s: i for i, s in enumerate(model.slots)}
     out = []
-    for r in trace.steps:
+    for r in trace.op_steps:
         kind = {"forward": "f", "recompute": "r"}.get(r.phase, "b")
         out.append(index[(kind, r.step if kind == "f" else bpos[r.step], r.layer if kind == "r" else None)])
     return out
@@ -170,7 +170,7 @@ def test_the_program_counts_every_launch_as_the_trace_does(build, count):
         m = measure.measure(g, plan.config, plan=plan)
         trace = m.trace if count == "all" else m.paper
         held = model.slot_bytes(dropped)
-        counted = [r.counted_bytes for r in trace.steps]
+        counted = [r.counted_bytes for r in trace.op_steps]
         assert [held[i] for i in _launch_slots(model, trace)] == counted, dropped
         assert model.peak_of(dropped) == trace.peak_bytes
         assert model.extra_flops_of(dropped) == trace.extra_flops
@@ -271,7 +271,7 @@ def test_the_any_program_counts_every_launch_as_the_trace_does(build):
             m = measure.measure(g, plan.config, plan=plan)
             trace = m.trace if count == "all" else m.paper
             held = model.slot_bytes(chosen)
-            counted = [r.counted_bytes for r in trace.steps]
+            counted = [r.counted_bytes for r in trace.op_steps]
             assert [held[i] for i in _launch_slots(model, trace)] == counted, chosen
             assert model.extra_flops_of(chosen) == trace.extra_flops
 
@@ -365,7 +365,7 @@ def test_the_offload_program_counts_every_launch_and_runs_bit_identically(count)
         plan = oo.plan_for(g, chosen, model.base_plan)
         m = measure.measure(g, plan.config, plan=plan)
         trace = m.trace if count == "all" else m.paper
-        assert model.bytes_at(chosen) == [r.counted_bytes for r in trace.steps], chosen
+        assert model.bytes_at(chosen) == [r.counted_bytes for r in trace.op_steps], chosen
         assert m.moved_bytes == sum(2 * g.tensors()[u].nbytes for u in chosen)
     r = oo.solve(g, count=count, model=model)
     assert r.optimal and r.prefetch
@@ -471,7 +471,7 @@ def test_every_layer_re_run_at_every_need_is_a_plan_counted_as_the_trace_does(bu
     validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
     trace = measure.measure(g, plan.config, plan=plan).paper
     held = model.slot_bytes(chosen)
-    assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.steps]
+    assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.op_steps]
     assert chosen in optimal._known_plans(model)  # what the solver is given as an upper bound
 
 

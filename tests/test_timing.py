@@ -105,7 +105,7 @@ def test_the_model_on_alexnet_is_sane_and_calibrates():
     k40 = timing.estimate(place(g, MemoryConfig(liveness=True)), g, "K40")
     assert 0 < h200.step_ms < k40.step_ms and h200.busy_ms["compute"] > 0
     assert h200.launches > len(g.layers) \
-        and len(h200.memory) == len(trace_program(place(g, MemoryConfig(liveness=True))).steps)
+        and len(h200.memory) == len(trace_program(place(g, MemoryConfig(liveness=True))).op_steps)
     measured = [dict(stream="compute", start_ms=0.0, end_ms=2 * h200.busy_ms["compute"])]
     calibrated = timing.calibrate("H200", measured, h200)
     assert calibrated.kernel_scale == pytest.approx(2.0)
