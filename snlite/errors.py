@@ -22,9 +22,11 @@ class PlanError(RuntimeError):
 
 
 def where(graph, step) -> str:
-    """``at step 12 (conv3 backward)``, or ``at <step>`` for a moment that is no route step."""
-    s = graph.steps()[step] if isinstance(step, int) else None
-    return f"at step {step} ({s.layer} {s.phase})" if s is not None else f"at {step}"
+    """``at step 12 (conv3 backward)``; step -1 is the SGD updates after backward."""
+    if step == -1:
+        return "in the SGD updates after backward"
+    s = graph.steps()[step]
+    return f"at step {step} ({s.layer} {s.phase})"
 
 
 def _named(held: list[tuple[str, int]]) -> str:

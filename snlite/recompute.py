@@ -195,8 +195,9 @@ def check_keep(graph, keep) -> None:
     cheap = cheap_layers(graph)
     wrong = [k for k in keep if k not in cheap]
     if wrong:
-        why = {k: "a checkpoint: its output stays anyway" if k in graph.layers else "no such layer"
-               for k in wrong}
+        why = {k: "no such layer" if k not in graph.layers else
+               "a view of its input: nothing of its own to keep" if graph.layers[k].alias_input else
+               "a checkpoint: its output stays anyway" for k in wrong}
         what = ", ".join(f"{k!r} ({why[k]})" for k in wrong)
         raise ValueError(f"recompute_keep names {what}; it takes cheap layers of {graph.name}: "
                          f"{', '.join(cheap)}")

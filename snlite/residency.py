@@ -54,7 +54,7 @@ class Residency:
                     live = [(n, self.nbytes[n]) for n in self.persistent]  # then the rest, in the order made
                     live += [(x.name, x.nbytes) for x in self.tensors.values() if x.resident]
                     raise BudgetError(self._budget_message(t.name, step, e, live)) from None
-                self._evict(victim)
+                self._evict(victim, step)
         self.out.append(Alloc(t.name, self.emit.space, offset, self.reserved(nbytes),
                               COMPUTE if self.raw else None))
         return offset
@@ -154,10 +154,12 @@ class Residency:
             raise PlanError(f"op {step} reads {t.name}, which is {t.state.name}: the plan is wrong")
         self.lru.touch(t.name)
 
-    def _evict(self, t: Tensor) -> None:
+    def _evict(self, t: Tensor, step) -> None:
+        """``t`` to the host (unless a valid copy is there already) and its block freed, to make room
+        at ``step``."""
         self.evictions.append(Eviction(t.name, self.op_index, self.last_use.get(t.name, -1)))
         if t.state is State.ON_DEVICE:
-            self._start_offload(t, "evict", "evict")
+            self._start_offload(t, step, "evict")
         self._finish_offload(t)
 
     def _budget_message(self, name: str, step, err: PoolFullError, live) -> str:

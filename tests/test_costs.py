@@ -92,6 +92,8 @@ def test_the_cli_flag_keeps_layers_and_refuses_a_checkpoint(capsys):
     assert "recompute_keep=pool1,relu1" in out and "kept (too slow to re-run): pool1, relu1" in out
     assert cli.main(["plan", "lenet", "--recompute", "speed", "--recompute-keep", "conv1"]) == 2
     assert "recompute_keep names 'conv1' (a checkpoint" in capsys.readouterr().err
+    assert cli.main(["plan", "lenet", "--recompute", "speed", "--recompute-keep", "flatten"]) == 2
+    assert "recompute_keep names 'flatten' (a view of its input" in capsys.readouterr().err
 
 
 def test_snlite_costs_prints_every_layer_and_the_flag_that_keeps_the_slow_ones(capsys):

@@ -182,6 +182,20 @@ def test_a_host_budget_too_small_fails_early_and_names_the_pinned_memory():
         Model(g, cfg.replace(host_budget_bytes=256), device="host")
 
 
+def test_a_budget_error_names_the_moment_it_failed_even_off_the_route():
+    """Not the route's last step for the SGD updates after backward (step -1), nor "at evict" for an
+    eviction the host cannot take: the updates, and the step the eviction made room for."""
+    g = get_model("lenet", batch=2)
+    host_state = MemoryConfig(liveness=True, optimizer_state="host")
+    arena = place(g, host_state).arena_bytes
+    with pytest.raises(BudgetError, match=r"in the SGD updates after backward, \S+\.momentum needs"):
+        place(g, host_state.replace(budget_bytes=arena - 1024))
+    g = get_model("cifar_resnet20", batch=8)
+    cache = MemoryConfig(liveness=True, cache=True, budget_bytes=6_000_000, host_budget_bytes=200_000)
+    with pytest.raises(HostBudgetError, match=r"at step \d+ \([\w.]+ (forward|backward)\), conv1 needs"):
+        place(g, cache)
+
+
 def test_trace_and_plan_are_readable():
     g = mixed_net()
     cfg = MemoryConfig.superneurons(cache=False)
