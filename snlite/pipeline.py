@@ -31,7 +31,7 @@ from snlite.graph import graph_of
 from snlite.config import MIN_BUDGET_BYTES, ConfigWarning, MemoryConfig, config_of, no_effect
 from snlite.pool import TensorPool
 from snlite.program import MODES, Launch, Program, without_cycle_collection
-from snlite.scheduler import Plan, Scheduler, optimizer_specs, persistent_tensors
+from snlite.scheduler import Plan, Scheduler, inference_plan, optimizer_specs, persistent_tensors
 from snlite.tensor import IllegalTransition
 from snlite.trace import trace_program
 
@@ -345,8 +345,10 @@ def _first(graph, config, mode, plan, costs, optimizer) -> tuple[Job, placement.
                    "the device was not tried: the weights and their momentum alone exceed its budget")
             raise type(e)(f"{str(e).rstrip('.')}. (optimizer_state is auto, and this was its try with the "
                           f"momentum on the host: {why}.)") from None
-    job = Job(graph, config, plan or Scheduler(graph, config).plan(), _specs(graph, optimizer),
-              costs or ws.CostModel(), mode)
+    plan = plan or Scheduler(graph, config).plan()
+    if mode == "infer":
+        plan = inference_plan(plan, graph)
+    job = Job(graph, config, plan, _specs(graph, optimizer), costs or ws.CostModel(), mode)
     if config.schedule != "paper" and mode in ("train", "grads") and job.plan.transfers:
         return job, _retimed(job)
     return job, _walk(job, job.plan)

@@ -313,6 +313,18 @@ class Scheduler:
         return "\n".join(lines)
 
 
+def inference_plan(plan: Plan, graph) -> Plan:
+    """The plan an inference pass places: ``plan``'s forward ops but the loss layer's, each tensor
+    freed after its last use among them (under liveness; without it, only the outputs recomputation
+    drops, as in training), the logits kept to be read back, and nothing moved to the host (no
+    backward will read it). The training plan's frees come after backward, which inference skips."""
+    ops = [p.op for p in plan.ops if p.op.phase == "forward" and p.op.layer != graph.loss_layer]
+    logits = graph.output_tensor(graph.inputs[graph.loss_layer][0])
+    frees = LivenessStage(plan.config.liveness).apply(ops, plan.persistent | {logits},
+                                                      set(plan.recompute.dropped))
+    return dataclasses.replace(plan, ops=_planned(ops, [], frees), transfers=[])
+
+
 def validate(plan: Plan, persistent) -> None:
     """Walk a plan on plain data and raise PlanError-style ValueError if any op reads a tensor
     that is not resident then (written earlier, not freed, released or still on the host), or

@@ -196,6 +196,31 @@ def test_a_budget_error_names_the_moment_it_failed_even_off_the_route():
         place(g, cache)
 
 
+def test_inference_frees_each_activation_after_its_last_forward_use():
+    """Under liveness an inference pass frees what its forward no longer reads (the training plan
+    frees it after backward, which inference skips: the pass held every activation)."""
+    from snlite.program import Free
+    from snlite.trace import trace_program
+
+    g = get_model("alexnet", batch=4)
+    program = place(g, MemoryConfig(liveness=True), "infer")
+    logits = g.output_tensor(g.inputs[g.loss_layer][0])
+    launches = [i for i, ins in enumerate(program.body) if type(ins) is Launch]
+    last = {}
+    for i in launches:
+        for t in (*program.body[i].reads, *program.body[i].writes):
+            last[t] = i
+    freed = {ins.tensor: i for i, ins in enumerate(program.body)
+             if type(ins) is Free and ins.space == "arena"}
+    kinds = {n: t.kind for n, t in g.tensors().items()}
+    for t, i in last.items():
+        if kinds.get(t) == "activation" and t != logits:
+            after = next((j for j in launches if j > i), len(program.body))
+            assert freed[t] < after, f"{t}, last used by body #{i}, still held at the next launch"
+    baseline = trace_program(place(g, MemoryConfig(), "infer"), "paper").peak_bytes
+    assert trace_program(program, "paper").peak_bytes < baseline / 3
+
+
 def test_trace_and_plan_are_readable():
     g = mixed_net()
     cfg = MemoryConfig.superneurons(cache=False)
