@@ -91,8 +91,10 @@ def forward_steps(graph) -> list:
 def step_bytes(steps, tensors, persistent) -> list[int]:
     """l_i of every route step: the bytes of the non-persistent tensors it reads and writes, each
     counted once, a tensor written in place into another's buffer (dx into dy's) once
-    (:func:`snlite.liveness.step_tensors`). The trace's working set of a step is the same set
-    (there in the pool's 1 KiB blocks, and under its count), so max(step_bytes) is its l_peak."""
+    (:func:`snlite.liveness.step_tensors`). The batch and the labels count (a layer's input is part
+    of its working set), so this l_peak is the trace's under count "all" less the weights, their kin
+    and the workspace, in exact bytes rather than the pool's 1 KiB blocks; the paper count leaves
+    the batch out, and where the busiest step reads it (a net with a large input) prints less."""
     return [sum(tensors[t].nbytes for t in step_tensors(s.reads, s.writes, s.inplace) if t not in persistent)
             for s in steps]
 

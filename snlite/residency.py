@@ -143,7 +143,7 @@ class Residency:
             if not cache:
                 raise PlanError(f"op {step} reads {t.name}, which is on the host and nothing prefetched it")
             self._fetch(t, step)
-        elif cache and t.name in self.lru:
+        elif cache and t.state is State.OFFLOADING:  # its write-behind copy still running: on the device
             self.stats["cache_hits"] += 1
         if t.state is State.PREFETCHING:
             self.emit.landed(t.name)  # read only once the copy has landed

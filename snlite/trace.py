@@ -172,8 +172,9 @@ def trace_program(program, count: str = "all") -> Trace:
 
     l_peak is the largest working set of one op: the blocks of the tensors it reads and writes, each
     once (a dx written into dy's buffer is one buffer: :func:`snlite.liveness.step_tensors`), under
-    ``count`` (count "all" adds the weights, their gradients, momentum and the op's workspace). The
-    recompute stage's threshold is the same l_peak (:func:`snlite.recompute.step_bytes`)."""
+    ``count`` (count "all" adds the weights, their gradients, momentum and the op's workspace; count
+    "paper" leaves out the batch and the labels). The recompute stage's threshold counts the batch
+    (:func:`snlite.recompute.step_bytes`): the paper count's l_peak can be smaller."""
     program = program_of(program)
     with without_cycle_collection():
         return _trace_program(program, count)

@@ -10,7 +10,9 @@ from program_digests import small_cases
 from snlite.config import MemoryConfig
 from snlite.errors import BudgetError
 from snlite.models import get_model
+from snlite import pipeline
 from snlite.pipeline import place
+from snlite.placement import EVICTABLE_KINDS
 from snlite.program import Alloc, Copy, Free, HandOver, Launch
 from snlite.search import min_budget
 
@@ -134,3 +136,27 @@ def test_a_read_ahead_starts_only_where_its_block_fits_and_never_evicts(fraction
     assert seen["evicted_ahead"] == 0, f"a read-ahead evicted to make room: {seen}"
     assert seen["fetched"] > 10 and seen["waited"] > 0 and seen["evicted"] > 10, \
         f"the read-aheads must start, and at least one must wait for room: {seen}"
+
+
+@pytest.mark.parametrize("name, batch", [("cifar_resnet20", 4), ("mini_inception", 2)])
+def test_every_read_the_cache_manages_is_one_hit_or_one_miss(name, batch, monkeypatch):
+    """Algorithm 2's statistics: each read of an activation, gradient or input an op makes is a hit
+    (on the device, a write-behind copy still running included) or a miss (fetched back), never both
+    and never neither; in every placement a search makes (the cache's time-aware second ones, whose
+    write-behind copies are still running at some reads, included) at the smallest budget
+    superneurons() fits and above it, where misses happen."""
+    g = get_model(name, batch=batch)
+    config = MemoryConfig.superneurons()
+    least = min_budget(g, config).budget_bytes
+    kinds = {n: t.kind for n, t in g.tensors().items()}
+    walk, placed = pipeline._walk, []
+    monkeypatch.setattr(pipeline, "_walk", lambda *a, **k: placed.append(walk(*a, **k)) or placed[-1])
+    for budget in (least, least * 11 // 10):
+        place(g, config.replace(budget_bytes=budget))
+    assert len(placed) > 2
+    for program in (p.program for p in placed):
+        reads = sum(kinds.get(t.split("#", 1)[0]) in EVICTABLE_KINDS
+                    for i in program.body if type(i) is Launch and i.op >= 0 for t in i.reads)
+        hits, misses = program.stats["cache_hits"], program.stats["cache_misses"]
+        assert misses > 0 and hits + misses == reads, (hits, misses, reads)
+        assert misses == sum(type(i) is Copy and i.why == "fetch" for i in program.body)
