@@ -25,7 +25,7 @@ from snlite.layers import LAYER_TYPES, Layer
 from snlite.checks import check_number, int_pair, integer, is_int, pool_args, who
 from snlite.records import record, without_cycle_collection
 from snlite.route import execution_route
-from snlite.steps import Step, StepCompiler, TensorSpec
+from snlite.steps import Compiled, Step, StepCompiler, TensorSpec
 
 PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax",
           "relu6": "relu6_", "layernorm": "ln"}
@@ -325,27 +325,28 @@ class Graph(TransformerBuilders):
 
     def route(self) -> tuple[list[str], list[str]]:
         """(forward, backward) layer orders of Algorithm 1 (see :mod:`snlite.route`)."""
-        return self._compiled()[0]
+        return self._compiled().route
 
     def tensors(self) -> dict[str, TensorSpec]:
         """Every tensor of one training iteration, by name."""
-        return self._compiled()[1]
+        return self._compiled().tensors
 
     def steps(self) -> list[Step]:
         """The 2N route steps: every layer's forward in route order, then every backward."""
-        return self._compiled()[2]
+        return self._compiled().steps
 
     def output_tensor(self, name: str) -> str:
         """The tensor holding layer ``name``'s output (a flatten's is its input's, reshaped)."""
-        return self._compiled()[3][name]
+        return self._compiled().outputs[name]
 
     def output_grads(self, name: str) -> list[str]:
         """The gradients of ``name``'s output, one per consumer; its backward sums them into the first."""
-        return self._compiled()[4][name]
+        return self._compiled().output_grads[name]
 
     def input_grads(self, name: str) -> list[str]:
         """The gradient tensors ``name``'s backward writes, one per input."""
-        return [self._compiled()[5][(name, i)] for i in self.inputs[name]]
+        grads = self._compiled().input_grads
+        return [grads[(name, i)] for i in self.inputs[name]]
 
     def __repr__(self) -> str:
         return (f"Graph({self.name!r}, input {self.input_shape}, {len(self.layers)} layers, "
@@ -372,14 +373,14 @@ class Graph(TransformerBuilders):
         return "\n".join(rows)
 
     # compiling roles into names ----------------------------------------------------
-    def _compiled(self):
+    def _compiled(self) -> Compiled:
         if self._cache is None:
             if self.loss_layer is None:
                 raise ValueError("the graph has no softmax_loss layer: end it with g.softmax_loss(logits)")
             with without_cycle_collection():  # tens of thousands of specs and steps, and no cycle among them
                 succ = self.consumers()
                 route = execution_route(succ, "data")
-                self._cache = (route,) + StepCompiler(self, succ, route).run()
+                self._cache = StepCompiler(self, succ, route).run()
         return self._cache
 
 

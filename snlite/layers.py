@@ -4,8 +4,9 @@ Each layer class states, as class attributes, the *roles* its forward and backwa
 and write, following cuDNN's conventions as the paper did (docs/paper.md section 1):
 
 - ReLU, pooling and LRN backward read x, y and dy; conv and linear backward read x and dy.
-- ReLU, LRN and softmax backward write dx into dy's buffer (``bwd_inplace``); ReLU forward is
-  not in place; dropout backward writes a separate dx, as cuDNN's does.
+- ReLU and LRN backward write dx into dy's buffer (``bwd_inplace``), softmax's into y's (it has
+  no dy: the loss starts backward there); ReLU forward is not in place; dropout backward writes a
+  separate dx, as cuDNN's does.
 - Dropout backward reads only dy: its mask is a hash of (seed, element), drawn again from the
   forward's seed, so nothing of dropout is saved between forward and backward.
 

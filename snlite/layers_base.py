@@ -80,7 +80,7 @@ class Layer:
     fwd_writes: ClassVar[tuple] = ("y",)
     bwd_reads: ClassVar[tuple] = ("dy",)
     bwd_writes: ClassVar[tuple] = ("dx",)
-    bwd_inplace: ClassVar[bool] = False  # dx (of the single input) is written into dy's buffer
+    bwd_inplace: ClassVar[bool] = False  # dx (of the first input) is written into dy's buffer (softmax: y's)
     alias_input: ClassVar[bool] = False  # the output is the input's storage, reshaped (flatten)
     builder_args: ClassVar[tuple] = ()  # an activation's arguments after x, by PyTorch's names (from_torch)
 

@@ -45,7 +45,7 @@ def schedule(ops, graph) -> list[Transfer]:
     - ``release_before``: conv_{k+1}'s forward op;
     - ``prefetch_before``: conv_{k+1}'s backward op, or r if that comes sooner, so the copy back
       overlaps the backward of the segment after it and c_k is resident again before anything
-      reads it: a plan with these transfers passes :func:`snlite.scheduler.validate`, and
+      reads it: a plan with these transfers passes :func:`snlite.scheduler.validate_plan`, and
       training under it is bit-identical to training without it;
     - O(number of ops + total reads): one pass to index the readers, no rescans per CONV.
     """

@@ -118,27 +118,8 @@ class _Books:
         return rec[2]
 
     def alloc_all(self, requests, step=None) -> list[int]:
-        """``[alloc(nbytes, name, step) for name, nbytes in requests]``, in one pass when the pool is
-        empty and everything fits (then first and best fit both lay the blocks end to end from offset
-        0): how the persistent tensors are placed, tens of thousands of them for a deep network."""
-        requests = list(requests)
-        if not isinstance(self, TensorPool) or self._live or not self._free:
-            return [self.alloc(nbytes, name, step) for name, nbytes in requests]
-        reserved = {n: self.reserved_bytes(n) for n in {nbytes for _, nbytes in requests}}  # a few sizes
-        needs = [reserved[nbytes] for _, nbytes in requests]
-        if sum(needs) > self.capacity_bytes:
-            return [self.alloc(nbytes, name, step) for name, nbytes in requests]  # fails at the right one
-        offsets, offset = [], 0
-        for (name, nbytes), need in zip(requests, needs):  # what _record books, for all of them at once
-            self._live[offset] = (name, nbytes, need, step)
-            offsets.append(offset)
-            offset += need
-        self.in_use_bytes = offset  # the pool was empty
-        self.peak_in_use_bytes = max(self.peak_in_use_bytes, offset)
-        self.high_water_bytes = max(self.high_water_bytes, offset)
-        self.total_allocs += len(offsets)
-        self._free = [(offset, self.capacity_bytes - offset)] if offset < self.capacity_bytes else []
-        return offsets
+        """``[alloc(nbytes, name, step) for name, nbytes in requests]``."""
+        return [self.alloc(nbytes, name, step) for name, nbytes in requests]
 
     def allocations(self) -> dict[int, tuple[str, int]]:
         """Live allocations: ``offset (or handle) -> (name, reserved bytes)``, in order."""
@@ -279,6 +260,29 @@ class TensorPool(_Books):
             start = self._free.pop(i)[0]
         self._free.insert(i, (start, end - start))
         # END ASSIGNMENT 2
+
+    def alloc_all(self, requests, step=None) -> list[int]:
+        """``[alloc(nbytes, name, step) for name, nbytes in requests]``, in one pass when the pool is
+        empty and everything fits (then first and best fit both lay the blocks end to end from offset
+        0): how the persistent tensors are placed, tens of thousands of them for a deep network."""
+        requests = list(requests)
+        if self._live or not self._free:
+            return super().alloc_all(requests, step)
+        reserved = {n: self.reserved_bytes(n) for n in {nbytes for _, nbytes in requests}}  # a few sizes
+        needs = [reserved[nbytes] for _, nbytes in requests]
+        if sum(needs) > self.capacity_bytes:
+            return super().alloc_all(requests, step)  # fails at the right one
+        offsets, offset = [], 0
+        for (name, nbytes), need in zip(requests, needs):  # what _record books, for all of them at once
+            self._live[offset] = (name, nbytes, need, step)
+            offsets.append(offset)
+            offset += need
+        self.in_use_bytes = offset  # the pool was empty
+        self.peak_in_use_bytes = max(self.peak_in_use_bytes, offset)
+        self.high_water_bytes = max(self.high_water_bytes, offset)
+        self.total_allocs += len(offsets)
+        self._free = [(offset, self.capacity_bytes - offset)] if offset < self.capacity_bytes else []
+        return offsets
 
 
 class LivePool(TensorPool):

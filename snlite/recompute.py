@@ -1,13 +1,14 @@
 """Cost-aware recomputation (docs/paper.md section 5), on plain data.
 
-Cheap layers (ReLU, pooling, BN, LRN, dropout, and what snlite has since learnt: the activations
-ReLU6, LeakyReLU, Sigmoid, Tanh, SiLU, Hardsigmoid, Hardswish, GELU (both), ELU, SELU, CELU, Softplus,
-Mish, and ConvNeXt's layer norm and layer scale) hold about half the activation memory but cost
-little time, so their outputs are dropped after the forward pass and rebuilt in backward from the
-nearest earlier checkpoint (a layer whose output is kept: conv, linear, and the structural
-data/add/concat/softmax layers, and the channel scale, narrow and channel shuffle). Every segment
-between checkpoints is a chain, so rebuilding a tensor means re-running the forward steps from the
-checkpoint to it.
+Cheap layers (the paper's ReLU, pooling, BN, LRN and dropout, and every layer snlite has added
+since whose class sets ``checkpoint = False``: the other activations, ConvNeXt's layer norm and
+layer scale, and the vision transformers' token layers and patch merging) hold about half the
+activation memory but cost little time, so their outputs are dropped after the forward pass and
+rebuilt in backward from the nearest earlier checkpoint (a layer whose output is kept,
+``checkpoint = True``: conv, linear, attention and window attention, the structural data, add,
+concat and softmax layers, and channel scale, narrow and channel shuffle). A flatten is neither:
+its output is a view of its input. Every segment between checkpoints is a chain, so rebuilding a
+tensor means re-running the forward steps from the checkpoint to it.
 
 - ``speed``: at the first backward step that needs a segment, recompute the whole segment once
   and keep it for the segment's remaining backward steps (extra work O(N): m re-runs for a

@@ -5,16 +5,19 @@
     plan = sched.plan()        # per-op actions, as data
     print(plan.table())        # ... as a readable table
 
-The stages run in the paper's order and take and return plain data:
+The stages run in this order (``Scheduler.stages``) and take and return plain data:
 
 1. :class:`RecomputeStage` expands the route into ops, inserting forward re-runs of cheap layers
    before the backward steps that need them (:mod:`snlite.recompute`);
-2. :class:`LivenessStage` frees every tensor after its last use (:mod:`snlite.liveness`); when
-   off, only recomputation's dropped tensors are freed early;
-3. :class:`OffloadStage` schedules CONV outputs to the host and back (:mod:`snlite.offload`);
-   with the cache on, offloading is lazy instead: nothing is scheduled, and the placement pass's
-   :class:`CacheStage` evicts least-recently-used tensors only when an allocation would fail;
-4. :class:`WorkspaceStage` picks each conv step's algorithm at run time (:mod:`snlite.workspace`),
+2. :class:`UpdateStage` (``update_in_backward``) puts each layer's SGD update right after its
+   gradient is complete, which changes what liveness frees next (the gradient, after its update);
+3. :class:`LivenessStage` frees every tensor after its last use (:mod:`snlite.liveness`); when
+   off, only recomputation's dropped tensors (and updated gradients) are freed early;
+4. :class:`OffloadStage` schedules CONV outputs to the host and back (:mod:`snlite.offload`);
+   with the cache on, offloading is lazy instead: nothing is scheduled;
+5. :class:`CacheStage` says so: the placement pass evicts least-recently-used tensors only when an
+   allocation would fail (:mod:`snlite.cache`);
+6. :class:`WorkspaceStage` picks each conv step's algorithm at run time (:mod:`snlite.workspace`),
    from the memory free at that moment.
 
 The placement pass (:mod:`snlite.placement`) turns a plan into a program (every allocation at its
@@ -325,8 +328,8 @@ def inference_plan(plan: Plan, graph) -> Plan:
     return dataclasses.replace(plan, ops=_planned(ops, [], frees), transfers=[])
 
 
-def validate(plan: Plan, persistent) -> None:
-    """Walk a plan on plain data and raise PlanError-style ValueError if any op reads a tensor
+def validate_plan(plan: Plan, persistent) -> None:
+    """Walk a plan on plain data and raise ValueError if any op reads a tensor
     that is not resident then (written earlier, not freed, released or still on the host), or
     frees one it does not hold (one an in-place write took over, say). The LRU cache's moves are
     decided by the placement pass, which checks those op by op."""

@@ -65,10 +65,24 @@ class Step:
         return f"{self.index:4d} {self.layer} {self.phase}"
 
 
+@record
+class Compiled:
+    """What a graph compiles to, once: the route, every tensor's spec, the 2N steps, and the names
+    of each layer's output, of its output's gradients and of its inputs' gradients."""
+
+    route: tuple  # (forward, backward) layer orders (snlite.route)
+    tensors: dict  # name -> TensorSpec
+    steps: list  # the 2N steps, every forward in route order, then every backward
+    outputs: dict  # layer -> the tensor holding its output (a flatten's is its input's)
+    output_grads: dict  # layer -> its output's gradients, one per consumer
+    input_grads: dict  # (layer, input layer) -> the gradient its backward writes
+
+
 class StepCompiler:
     """Turns each layer's roles into tensor names and the route into steps, in two passes: forward
     (outputs, parameters, buffers, saved tensors and the forward steps), then backward (gradients and
-    the backward steps). Each layer's roles are worked out once, in the first pass, for both steps."""
+    the backward steps). Each layer's roles are worked out once, in the first pass, for both steps.
+    :meth:`run` returns the :class:`Compiled` graph."""
 
     def __init__(self, g, succ, route):
         self.g, self.succ, (self.fwd, self.bwd) = g, succ, route
@@ -119,7 +133,7 @@ class StepCompiler:
                 own["dx"].append(grad)
             steps.append(self.backward_step(len(steps), layer, own))
         self.check_dataflow(steps)
-        return self.tensors, steps, act, dys, dxs
+        return Compiled((self.fwd, self.bwd), self.tensors, steps, act, dys, dxs)
 
     def check_dataflow(self, steps) -> None:
         """Every tensor a step reads was written before (or is a weight/buffer): a layer whose

@@ -7,9 +7,12 @@ fails loudly at the move, naming the tensor, instead of silently reading garbage
 
     UNALLOCATED --allocate--> ON_DEVICE --start_offload--> OFFLOADING --finish_offload--> ON_HOST
                                  ^  |                                                        |
-                finish_prefetch  |  +--drop--> DROPPED (recompute rebuilds it: allocate)   start_prefetch
+                finish_prefetch  |  +--drop--> DROPPED                                       start_prefetch
                                  +------------------------- PREFETCHING <--------------------+
     ON_DEVICE / ON_HOST / DROPPED --free--> FREED (dead after its last use; allocate revives it)
+
+A DROPPED tensor is not rebuilt in place: recomputation writes a new incarnation of it (``relu1#r2``,
+a Tensor of its own: :mod:`snlite.recompute`), and the dropped one is only freed at the end.
 
 This module only keeps the books: offsets are numbers the caller got from a
 :class:`snlite.pool.TensorPool` (device) or :class:`snlite.pool.HostPool` (pinned host), and a
@@ -84,8 +87,9 @@ class Tensor:
     set exactly when the tensor is ``resident``. ``host_offset`` names its pinned host slot,
     which stays bound to the tensor across moves (so one slot is reused every iteration) until
     :meth:`release_host` hands it back. ``host_valid`` says the host slot holds the current data.
-    ``locked`` is set by the tensor cache while a layer that depends on it runs: a locked tensor
-    cannot be evicted (offloaded or dropped). (The cache's LRU order is its own: :mod:`snlite.cache`.)
+    ``locked`` is set by the placement pass while an op that reads or writes it runs: a locked
+    tensor cannot be evicted by the tensor cache (offloaded or dropped). (The cache's LRU order is
+    its own: :mod:`snlite.cache`.)
     """
 
     name: str

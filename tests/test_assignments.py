@@ -28,7 +28,7 @@ from snlite.graph import Graph
 from snlite.liveness import analyze, first_and_last_use, format_table, frees_after
 from snlite.pool import HostPool, PoolFullError, TensorPool
 from snlite.pipeline import simulate
-from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate
+from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate_plan
 from snlite.train import Model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -249,7 +249,7 @@ def test_a1_liveness_lowers_the_peak_and_every_plan_stays_valid():
     g = get_model("cifar_resnet20", batch=2)
     raw = MemoryConfig(allocator="raw")  # one allocation per tensor: no need for the pool of assignment 2
     with_liveness = raw.replace(liveness=True)
-    validate(Scheduler(g, with_liveness).plan(), persistent_of(g))
+    validate_plan(Scheduler(g, with_liveness).plan(), persistent_of(g))
     assert simulate(g, with_liveness).peak_bytes < simulate(g, raw).peak_bytes
 
 
@@ -688,7 +688,7 @@ def test_a4_offload_schedule_follows_the_rule_and_plans_stay_valid(name):
     assert_schedule_properties(ops, g, transfers)
     assert transfers == expected_transfers(ops, g)
     plan = Scheduler(g, MemoryConfig(liveness=True, offload=True)).plan()
-    validate(plan, persistent_of(g))
+    validate_plan(plan, persistent_of(g))
     if name == "branchy":  # conv1's output is still read by conv3's forward after conv2 starts: it stays
         assert "conv1" not in {tr.tensor for tr in transfers} and transfers
 
@@ -715,7 +715,7 @@ def test_a4_offload_schedule_under_recomputation(name, monkeypatch):
         assert_schedule_properties(ops, g, transfers)
         assert transfers and transfers == expected_transfers(ops, g), f"recompute={strategy}"
         plan = Scheduler(g, MemoryConfig(liveness=True, offload=True, recompute=strategy)).plan()
-        validate(plan, persistent_of(g))
+        validate_plan(plan, persistent_of(g))
 
 
 @pytest.mark.a4

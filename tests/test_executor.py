@@ -17,7 +17,7 @@ from snlite.layers_base import Layer, UndeclaredRole
 from snlite.models import lenet
 from snlite.pipeline import simulate
 from snlite.program import STREAMS
-from snlite.scheduler import Scheduler, validate
+from snlite.scheduler import Scheduler, validate_plan
 from snlite import train
 from snlite.train import Model
 
@@ -77,7 +77,7 @@ def test_every_flag_combination_is_bit_identical_and_runs_as_planned(config, bas
     assert max(model.step_launch_bytes) == trace.peak_bytes, "planned peak != executed peak"
     assert model.step_launch_bytes == [r.counted_bytes for r in trace.steps], "the device held other bytes"
     if not config.cache:
-        validate(model.plan, Scheduler(g, config).persistent())
+        validate_plan(model.plan, Scheduler(g, config).persistent())
 
 
 def test_the_updates_after_backward_count_in_the_trace_as_the_device_holds_them():

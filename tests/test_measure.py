@@ -13,7 +13,7 @@ from nets import alexnet, run
 from snlite import budget
 from snlite import BudgetError, Graph, MemoryConfig, Model, cli, cli_args, measure, search, simulate
 from snlite.models import get_model, resnet
-from snlite.scheduler import Scheduler, validate
+from snlite.scheduler import Scheduler, validate_plan
 
 
 # ---------------------------------------------------------------- sizes
@@ -190,7 +190,7 @@ def small_net(batch=2):
                          ids=["small", "resnet50", "inception_v4"])
 def test_checkpoint_plan_is_valid_and_saves_memory(net):
     plan = measure.checkpoint_plan(net)
-    validate(plan, Scheduler(net).persistent())
+    validate_plan(plan, Scheduler(net).persistent())
     trace = simulate(net, plan.config.replace(count="paper"), plan=plan)
     assert trace.recompute_count > 0 and trace.extra_flops <= net.flops()
     assert trace.peak_bytes <= simulate(net, MemoryConfig(count="paper")).peak_bytes

@@ -18,7 +18,7 @@ from snlite import optimal_offload as oo  # noqa: E402
 from snlite.checker import check  # noqa: E402
 from snlite.models import cifar_resnet, get_model, lenet, mini_inception  # noqa: E402
 from snlite.pipeline import place  # noqa: E402
-from snlite.scheduler import Scheduler, validate  # noqa: E402
+from snlite.scheduler import Scheduler, validate_plan  # noqa: E402
 from snlite.timing import estimate  # noqa: E402
 
 
@@ -221,7 +221,7 @@ def test_the_optimal_plan_runs_bit_identically_with_the_planned_peak(build):
     assert r.optimal
     dropped = r.dropped or tuple(optimal.candidates(g))  # LeNet: no drop lowers its peak; drop them all then
     plan, peak = optimal.plan_for(g, dropped), optimal.Model(g, "paper", reruns="once").peak_of(dropped)
-    validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+    validate_plan(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
     x, labels = data_for(g)
     base = Model(g, MemoryConfig(), device="host")
     model = Model(g, plan.config, device="host", plan=plan)
@@ -267,7 +267,7 @@ def test_the_any_program_counts_every_launch_as_the_trace_does(build):
         for _ in range(3):
             chosen = _random_reruns(model, rng)
             plan = optimal.plan_for(g, chosen)
-            validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+            validate_plan(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
             m = measure.measure(g, plan.config, plan=plan)
             trace = m.trace if count == "all" else m.paper
             held = model.slot_bytes(chosen)
@@ -468,7 +468,7 @@ def test_every_layer_re_run_at_every_need_is_a_plan_counted_as_the_trace_does(bu
     chosen = optimal.every_need(model)
     assert set(chosen) == set(model.cands) and any(len(w) > 1 for w in chosen.values())
     plan = optimal.plan_for(g, chosen)
-    validate(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
+    validate_plan(plan, optimal.Scheduler(g, optimal.CONFIG).persistent())
     trace = measure.measure(g, plan.config, plan=plan).paper
     held = model.slot_bytes(chosen)
     assert [held[i] for i in _launch_slots(model, trace)] == [r.counted_bytes for r in trace.op_steps]

@@ -13,7 +13,7 @@ from snlite.errors import BudgetError, HostBudgetError
 from snlite.pipeline import place, simulate
 from snlite.scheduler import optimizer_specs
 from snlite.program import Alloc, Copy, Launch, Wait
-from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate
+from snlite.scheduler import PERSISTENT_KINDS, Scheduler, validate_plan
 from snlite.train import Model
 
 
@@ -110,7 +110,8 @@ def test_peaks_never_rise_as_stages_are_added(name):
               MemoryConfig(liveness=True, offload=True, recompute="cost_aware")]
     peaks = []
     for cfg in ladder:
-        validate(Scheduler(g, cfg).plan(), {n for n, t in g.tensors().items() if t.kind in PERSISTENT_KINDS})
+        persistent = {n for n, t in g.tensors().items() if t.kind in PERSISTENT_KINDS}
+        validate_plan(Scheduler(g, cfg).plan(), persistent)
         trace = simulate(g, cfg)
         peaks.append(trace.peak_bytes)
         assert trace.l_peak_bytes <= trace.peak_bytes
