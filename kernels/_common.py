@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numba import cuda, typeof
+from numba import cuda, float32, typeof
 from numba.core import sigutils, types
 
 
@@ -268,6 +268,18 @@ def cuda_kernel(signature: str, module: str | None = None):
         return Kernel(spec, cuda.jit(fn))
 
     return deco
+
+
+EXP_OVERFLOW = 88.72283935546875  # the least float32 whose exp (and expm1) rounds to inf in float32
+
+
+@cuda.jit(device=True, inline=True)
+def exp32(t):
+    """exp(t) in float32: inf from EXP_OVERFLOW up (NaN stays NaN), as expf gives; the simulator's
+    math.exp would raise OverflowError there."""
+    if t >= float32(EXP_OVERFLOW):
+        return float32(math.inf)
+    return float32(math.exp(t))
 
 
 @cuda.jit(device=True, inline=True)

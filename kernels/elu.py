@@ -24,7 +24,7 @@ Run the self-check on the simulator:  NUMBA_ENABLE_CUDASIM=1 python -m kernels.e
   to inf, log1p(inf) = inf, tanh(inf) = 1: y = x for large x; a threshold of 20 would change no
   float32 value, tanh of anything above 9.1 being 1.0); mish(-inf) is NaN (-inf * 0), as PyTorch's.
 
-exp in float32 overflows to inf above 88.72; the kernels' ``_exp32``/``_expm1_32`` return inf
+exp in float32 overflows to inf above 88.72; the kernels' ``exp32``/``_expm1_32`` return inf
 there without calling ``math.exp`` (the simulator's, Python's, raises OverflowError instead), and
 only the branch taken is computed: softplus above its threshold is x, ELU of a large x is
 x * scale, never inf or NaN from the other branch. NaN propagates through every op.
@@ -42,13 +42,12 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
+from kernels._common import EXP_OVERFLOW, Op, check, check_version, cuda_kernel, exp32, flat, launch_1d
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
 SELU_ALPHA = 1.6732632423543772848170429916717  # PyTorch's (Klambauer et al., 2017)
 SELU_SCALE = 1.0507009873554804934193349852946
-EXP_OVERFLOW = 88.72283935546875  # the least float32 whose exp (and expm1) rounds to inf in float32
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -110,17 +109,8 @@ def mish_backward_ref(x, dy, dx):
 
 # ---------------------------------------------------------------- kernels
 @cuda.jit(device=True, inline=True)
-def _exp32(t):
-    """exp(t) in float32: inf from EXP_OVERFLOW up (NaN stays NaN), as expf gives; the simulator's
-    math.exp would raise OverflowError there."""
-    if t >= float32(EXP_OVERFLOW):
-        return float32(math.inf)
-    return float32(math.exp(t))
-
-
-@cuda.jit(device=True, inline=True)
 def _expm1_32(t):
-    """expm1(t) in float32, inf from EXP_OVERFLOW up, as _exp32."""
+    """expm1(t) in float32, inf from EXP_OVERFLOW up, as exp32."""
     if t >= float32(EXP_OVERFLOW):
         return float32(math.inf)
     return float32(math.expm1(t))
@@ -147,7 +137,7 @@ def _elu_backward_v1(x, dy, dx, alpha, scale, input_scale):
         if v > float32(0.0):
             dx[i] = g * scale
         else:
-            dx[i] = g * input_scale * (alpha * scale) * _exp32(v * input_scale)
+            dx[i] = g * input_scale * (alpha * scale) * exp32(v * input_scale)
 
 
 @cuda_kernel("void(float32[::1], float32[::1], float32, float32)")
@@ -159,7 +149,7 @@ def _softplus_forward_v1(x, y, beta, threshold):
         if t > threshold:
             y[i] = v
         else:
-            y[i] = float32(math.log1p(_exp32(t))) / beta
+            y[i] = float32(math.log1p(exp32(t))) / beta
 
 
 @cuda_kernel("void(float32[::1], float32[::1], float32[::1], float32, float32)")
@@ -172,7 +162,7 @@ def _softplus_backward_v1(x, dy, dx, beta, threshold):
         if t > threshold:
             dx[i] = g
         else:
-            z = _exp32(t)
+            z = exp32(t)
             dx[i] = g * z / (z + float32(1.0))
 
 
@@ -181,7 +171,7 @@ def _mish_forward_v1(x, y):
     i = cuda.grid(1)
     if i < y.size:
         v = x[i]
-        y[i] = v * float32(math.tanh(math.log1p(_exp32(v))))
+        y[i] = v * float32(math.tanh(math.log1p(exp32(v))))
 
 
 @cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
@@ -191,8 +181,8 @@ def _mish_backward_v1(x, dy, dx):
     if i < dx.size:
         v = x[i]
         g = dy[i]
-        s = float32(1.0) / (float32(1.0) + _exp32(-v))
-        tsp = float32(math.tanh(math.log1p(_exp32(v))))
+        s = float32(1.0) / (float32(1.0) + exp32(-v))
+        tsp = float32(math.tanh(math.log1p(exp32(v))))
         dx[i] = g * (tsp + v * s * (float32(1.0) - tsp * tsp))
 
 

@@ -346,6 +346,11 @@ def _block(version, block):
             if (bx * by) % size and size % (bx * by):
                 raise ValueError(f"gemm block: v3 needs the thread count bx*by = {bx * by} and {what} = "
                                  f"{size} to divide one another, got block {block}")
+        for what, width in (("by*tm", by * tm), ("bx*tn", bx * tn)):
+            if bx * by > V3_BK * width:  # a thread with no slot of a slice would store past its row
+                raise ValueError(f"gemm block: v3 needs at most V3_BK*{what} = {V3_BK * width} threads (one "
+                                 f"element of each {V3_BK} x {width} slice each at least), got bx*by = "
+                                 f"{bx * by} in block {block}: use a larger micro-tile or fewer threads")
     return bx, by, tm, tn
 
 

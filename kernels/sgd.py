@@ -92,6 +92,9 @@ def sgd_update(w, dw, v, *, lr, momentum=0.0, weight_decay=0.0, guard=None, stre
         check("sgd_update v", v, shape=w.shape)
     if guard is not None:
         check("sgd_update guard", guard)
+        if guard.size != 1:  # the kernels read guard[0]: an empty one would be read out of bounds
+            raise ValueError("sgd_update guard: expected one element (the loss), got shape "
+                             f"{tuple(guard.shape)}")
     if w.size == 0:
         return
     grid = ceil_div(w.size, BLOCK)

@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, check, check_version, cuda_kernel, flat, launch_1d
+from kernels._common import Op, check, check_version, cuda_kernel, exp32, flat, launch_1d
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
@@ -152,7 +152,7 @@ def channel_scale_backward_ref(x, s, dy, dx, ds):
 def _sigmoid_forward_v1(x, y):
     i = cuda.grid(1)
     if i < y.size:
-        y[i] = float32(1.0) / (float32(1.0) + math.exp(-x[i]))
+        y[i] = float32(1.0) / (float32(1.0) + exp32(-x[i]))
 
 
 @cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
@@ -168,7 +168,7 @@ def _silu_forward_v1(x, y):
     i = cuda.grid(1)
     if i < y.size:
         v = x[i]
-        y[i] = v / (float32(1.0) + math.exp(-v))
+        y[i] = v / (float32(1.0) + exp32(-v))
 
 
 @cuda_kernel("void(float32[::1], float32[::1], float32[::1])")
@@ -176,7 +176,7 @@ def _silu_backward_v1(x, dy, dx):
     i = cuda.grid(1)
     if i < dx.size:
         v = x[i]
-        s = float32(1.0) / (float32(1.0) + math.exp(-v))
+        s = float32(1.0) / (float32(1.0) + exp32(-v))
         dx[i] = dy[i] * s * (float32(1.0) + v * (float32(1.0) - s))
 
 

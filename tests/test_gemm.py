@@ -232,6 +232,10 @@ def _dev(*shape, dtype=np.float32):
     (lambda: gemm(_dev(3, 4), _dev(4, 2), _dev(3, 2), block=(4, 4, 3)), r"expected \(bx, by\) or"),
     (lambda: gemm(_dev(3, 4), _dev(4, 2), _dev(3, 2), block=(4, 4, 3, 3)), "divide one another"),
     (lambda: gemm(_dev(3, 4), _dev(4, 2), _dev(3, 2), block=(8, 8, 16, 1)), "at most 8x8"),
+    (lambda: gemm(_dev(16, 8), _dev(8, 16), _dev(16, 16), block=(16, 16, 1, 1)),  # stored past its row
+     r"v3 needs at most V3_BK\*by\*tm = 128 threads"),
+    (lambda: gemm(_dev(16, 8), _dev(16, 8), _dev(16, 16), trans_b=True, block=(16, 16, 2, 1)),
+     r"v3 needs at most V3_BK\*bx\*tn = 128 threads"),
     (lambda: gemm(_dev(3, 4), _dev(4, 2), _dev(3, 2), version="v9"), "unknown kernel version"),
 ])
 def test_bad_arguments_are_refused(call, match):

@@ -86,8 +86,10 @@ def _dev(*shape, dtype=np.float32):
     (lambda: (_dev(5), _dev(5), _dev(5)), {"lr": 0.1, "momentum": -1},
      r"sgd_update momentum: expected a value >= 0"),
     (lambda: (_dev(5), _dev(5), None), {"lr": 0.1, "weight_decay": float("nan")}, r"sgd_update weight_decay"),
+    (lambda: (_dev(5), _dev(5), None), {"lr": 0.1, "guard": _dev(0)},
+     r"sgd_update guard: expected one element \(the loss\), got shape \(0,\)"),
 ], ids=["dw shape", "v shape", "v missing", "w dtype", "negative lr", "negative momentum",
-        "nan weight decay"])
+        "nan weight decay", "empty guard"])
 def test_bad_arguments_raise_clear_errors(make, kwargs, match):
     with pytest.raises(ValueError, match=match):
         sgd.sgd_update(*make(), **kwargs)

@@ -82,6 +82,25 @@ def test_saturated_sigmoid_is_0_or_1_without_a_warning():
     assert y.tolist() == [0.0, 0.0, 1.0, 1.0]
 
 
+@pytest.mark.parametrize("name", ["sigmoid", "silu"])
+def test_saturated_kernels_match_their_references_on_the_simulator(name):
+    """exp(-x) of a very negative x is inf on a GPU (expf) and y saturates; the simulator's math.exp
+    raised OverflowError there (kernels._common.exp32 gives inf, as the GPU does)."""
+    x = np.array([-1000.0, -104.0, -89.0, 0.0, 89.0, 1000.0], np.float32)
+    dy = np.ones_like(x)
+    want, got = np.empty_like(x), cuda.device_array_like(x)
+    with np.errstate(over="ignore"):
+        getattr(S, f"{name}_forward_ref")(x, want)
+    getattr(S, f"{name}_forward")(cuda.to_device(x), got)
+    assert np.array_equal(got.copy_to_host(), want)
+    if name == "silu":
+        want_dx, dx = np.empty_like(x), cuda.device_array_like(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            S.silu_backward_ref(x, dy, want_dx)
+        S.silu_backward(cuda.to_device(x), cuda.to_device(dy), dx)
+        assert np.array_equal(dx.copy_to_host(), want_dx, equal_nan=True)
+
+
 def test_channel_scale_launchers_name_what_is_wrong():
     x = cuda.to_device(np.zeros((2, 3, 4, 4), np.float32))
     with pytest.raises(ValueError, match=r"channel_scale_forward s: expected shape \(2, 3, 1, 1\), "
