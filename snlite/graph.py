@@ -27,6 +27,7 @@ from snlite.records import record, without_cycle_collection
 from snlite.route import execution_route
 from snlite.steps import Compiled, Step, StepCompiler, TensorSpec
 
+RESERVED_CHARS = "@#:"  # in tensor names snlite makes: grad@consumer, relu1#r2 (a recomputed copy), data:in
 PREFIX = {"conv2d": "conv", "linear": "fc", "batchnorm": "bn", "dropout": "drop", "softmax_loss": "softmax",
           "relu6": "relu6_", "layernorm": "ln"}
 
@@ -95,8 +96,9 @@ class Graph(TransformerBuilders):
                              f"{in_names}")
         if name is None:  # conv1, conv2, bn1, relu1...
             name = self._numbered(PREFIX.get(kind, kind))
-        if not isinstance(name, str) or not name or "@" in name:
-            raise ValueError(f"layer name {name!r}: a name is a non-empty string without '@'")
+        if not isinstance(name, str) or not name or any(c in name for c in RESERVED_CHARS):
+            raise ValueError(f"layer name {name!r}: a name is a non-empty string without '@', '#' or ':' "
+                             "(snlite's own names use them: fork gradients, recomputed copies, pinned slots)")
         if name in self.layers:
             raise ValueError(f"layer name {name!r} is already used by a {self.layers[name].kind} layer: give "
                              f"this {kind} another name (or leave name out for a numbered one)")

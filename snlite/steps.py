@@ -133,6 +133,11 @@ class StepCompiler:
                 own["dx"].append(grad)
             steps.append(self.backward_step(len(steps), layer, own))
         self.check_dataflow(steps)
+        clash = next((f"{n}.momentum" for n, t in self.tensors.items()
+                      if t.kind == "weight" and f"{n}.momentum" in self.tensors), None)
+        if clash:
+            raise ValueError(f"a tensor of the graph is named {clash!r}, the name of SGD's momentum buffer "
+                             f"for {clash.rsplit('.', 1)[0]}: rename that layer")
         return Compiled((self.fwd, self.bwd), self.tensors, steps, act, dys, dxs)
 
     def check_dataflow(self, steps) -> None:

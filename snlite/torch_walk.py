@@ -7,8 +7,9 @@ tokens).
 from __future__ import annotations
 
 import operator
+import warnings
 
-from snlite.graph import Graph
+from snlite.graph import RESERVED_CHARS, Graph
 from snlite.layers_activation import ACTIVATIONS
 from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
 from snlite.torch_views import Attended, ChannelsLast, Param, RelativeBias, Tokens, permuted
@@ -18,6 +19,8 @@ ACTIVATION = {cls.kind: cls.builder_args for cls in ACTIVATIONS}  # kind -> its 
 CHANNELS_LAST = ("permute", "layernorm", "linear", *ACTIVATION, "identity", "dropout", "add", "patch_merge",
                  "token_select")
 
+
+LEGAL = str.maketrans(RESERVED_CHARS, "_" * len(RESERVED_CHARS))  # what a layer name may not hold
 
 class Importer:
     """Walks the traced graph in order and adds one snlite layer per node."""
@@ -42,12 +45,22 @@ class Importer:
         return self.built
 
     def name(self, node, kind) -> str:
-        base = node.target if node.op == "call_module" else ".".join(p for p in (where(node), kind) if p)
-        name, k = base, 0
-        while name in self.used:
+        return self.fresh(node.target if node.op == "call_module" else
+                          ".".join(p for p in (where(node), kind) if p))
+
+    def fresh(self, base: str) -> str:
+        """``base`` as a layer name snlite takes and no layer has yet: each '@', '#' and ':' (which
+        snlite's own names use, and PyTorch allows in a module's) made '_', and a suffix ``_k`` where
+        it is taken (by another layer, or by the graph's own ``data`` and ``labels``)."""
+        legal = base.translate(LEGAL)
+        name, k = legal, 0
+        while name in self.used or name in ("data", "labels"):
             k += 1
-            name = f"{base}_{k}"
+            name = f"{legal}_{k}"
         self.used.add(name)
+        if name != base and (legal != base or base in ("data", "labels")):
+            warnings.warn(f"from_torch: the module {base!r} is the layer {name!r} (a name snlite keeps for "
+                          f"its own use); its state_dict entries are {name}.*", stacklevel=2)
         return name
 
     def visit(self, node) -> None:
@@ -267,8 +280,9 @@ class Importer:
         if not own or params[0].owner in self.used:
             raise refuse(node, "F.layer_norm with a weight and bias that are not one module's own weight and "
                                "bias, read once; snlite's layernorm owns its parameters")
-        name = owners.pop()
-        self.used.add(name)
+        owner = owners.pop()
+        name = self.fresh(owner)
+        self.used.add(owner)  # (its parameters read once)
         return self.g.layernorm(x, hp["eps"], name=name)
 
     def channel_scale(self, node, xs, name):

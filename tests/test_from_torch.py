@@ -285,6 +285,27 @@ def test_layer_names_are_the_state_dict_names_and_repeated_calls_are_numbered():
     assert g.inputs["softmax"] == ["fc"]
 
 
+def test_module_names_snlite_reserves_are_renamed_and_the_net_still_plans():
+    """PyTorch allows a module named ``data``, ``labels`` or ``r#1`` (add_module refuses only '.' and
+    ''): the graph's own data layer and labels keep their names, and '@', '#' and ':' (snlite's tensor
+    names use them) become '_'; the import places and trains."""
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for name, module in (("data", torch.nn.Conv2d(3, 4, 3)), ("r#1", torch.nn.ReLU()),
+                                 ("labels", torch.nn.Flatten()), ("f@c:x", torch.nn.Linear(4 * 6 * 6, 5))):
+                self.add_module(name, module)
+
+        def forward(self, x):
+            x = getattr(self, "r#1")(self.data(x))
+            return getattr(self, "f@c:x")(self.labels(x))
+
+    with pytest.warns(UserWarning, match=r"the module 'f@c:x' is the layer 'f_c_x' .* entries are f_c_x\.\*"):
+        g = from_torch(Odd(), (3, 8, 8), batch=2)
+    assert list(g.layers) == ["data", "data_1", "r_1", "labels_1", "f_c_x", "softmax"]
+    Model(g, MemoryConfig.superneurons(), device="meta")
+
+
 def test_adaptive_pool_that_tiles_is_an_average_pool_and_identity_is_no_layer():
     net = _torchvision("resnet18")
     g = from_torch(net, (3, 64, 64))  # layer4 ends 2x2: adaptive 1x1 is a 2x2 average pool

@@ -100,7 +100,9 @@ def test_route_has_two_steps_per_layer_and_checkpoints():
      r"7 classes but the graph was built with num_classes=4"),
     (lambda g, x: g.conv2d(x, 4, 3, name="data"), r"'data' is already used by a data layer: give this "
                                                   r"conv2d another name"),
-    (lambda g, x: g.relu(x, name="a@b"), r"layer name 'a@b': a name is a non-empty string without '@'"),
+    (lambda g, x: g.relu(x, name="a@b"), r"layer name 'a@b': a name is a non-empty string without '@', "),
+    (lambda g, x: g.relu(x, name="r#r1"), r"layer name 'r#r1': .* without '@', '#' or ':'"),
+    (lambda g, x: g.relu(x, name="data:in"), r"layer name 'data:in': .* without '@', '#' or ':'"),
     (lambda g, x: g.add(x, x), r"same tensor appears twice"),
     (lambda g, x: g.dropout(x, p=1.0), r"p must be in \[0, 1\)"),
 ])
@@ -427,3 +429,15 @@ def test_swin_layer_errors_name_the_layer(build, match):
     g = Graph(input_shape=(2, 3, 8, 8), num_classes=2)
     with pytest.raises(ValueError, match=match):
         build(g, g.conv2d(g.input(), 4, 2, stride=2))  # 4 channels, a 4x4 map
+
+
+def test_a_layer_named_like_a_weights_momentum_is_refused():
+    """``c1.weight.momentum`` as a layer's name would be its output's, and SGD's momentum buffer of
+    c1's weight: the plan counted one tensor for two (a lower peak) without a word."""
+    g = Graph((2, 1, 8, 8), 3)
+    x = g.conv2d(g.input(), 4, 3, name="c1")
+    x = g.relu(x, name="c1.weight.momentum")
+    g.softmax_loss(g.linear(g.flatten(x), 3))
+    with pytest.raises(ValueError, match=r"a tensor of the graph is named 'c1.weight.momentum', the name of "
+                                         r"SGD's momentum buffer for c1.weight: rename that layer"):
+        g.steps()
