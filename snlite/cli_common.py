@@ -78,8 +78,20 @@ def builder(net: str, input_shape=None, torch_args=None, default_input=TORCH_INP
             module = torch_import.module_of(found, net, torch_args)
     except torch_import.UnknownModule as e:
         raise UsageError(str(e)) from None
-    return lambda batch=None: torch_import.from_torch(module, input_shape or default_input,
-                                                      batch=batch or TORCH_BATCH, name=net)
+    def build(batch=None):
+        try:
+            return torch_import.from_torch(module, input_shape or default_input, batch=batch or TORCH_BATCH,
+                                           name=net)
+        except ValueError:  # snlite's own refusals (and a ValueError of its forward), said as they are
+            raise
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed: one line
+            raise CliError(f"{net}: tracing its forward {_raised(e)}") from e
+    return build
+
+
+def _raised(e: BaseException) -> str:
+    """What user code did, in a few words: ``raised KeyError: 'x'``, or ``called sys.exit(3)``."""
+    return f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
 
 
 def graph_function(net: str, function, input_shape=None, kwargs=None):
@@ -91,12 +103,18 @@ def graph_function(net: str, function, input_shape=None, kwargs=None):
     kwargs = dict(kwargs or {})
 
     def build(batch=None):
-        call = f"{function.__name__}({'' if batch is None else batch}{', **--torch-args' if kwargs else ''})"
+        args = () if batch is None else (batch,)
+        shown = [str(batch)] * bool(args) + ["**--torch-args"] * bool(kwargs)
+        call = f"{function.__name__}({', '.join(shown)})"
         try:
-            g = function(**kwargs) if batch is None else function(batch, **kwargs)
+            inspect.signature(function).bind(*args, **kwargs)
         except TypeError as e:
             raise UsageError(f"{net}: {call} failed: {e}; a NET that is a function takes the batch first "
                              f"(def {function.__name__}(batch=8): ...) and returns an snlite Graph") from None
+        try:
+            g = function(*args, **kwargs)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code, not snlite's: one line
+            raise CliError(f"{net}: {call} {_raised(e)} (snlite --traceback ... shows where)") from e
         if not isinstance(g, Graph):
             raise UsageError(f"{net}: {call} returned {type(g).__name__}, not an snlite Graph")
         if batch is not None and g.input_shape[0] != batch:

@@ -154,6 +154,9 @@ def file_object(source: str):
             spec.loader.exec_module(code)
         except Exception as e:  # noqa: BLE001 - whatever the user's file raises, said in one line
             raise ValueError(f"{where} failed to run: {type(e).__name__}: {e}") from None
+        except SystemExit as e:  # a script's exit, run on import: not snlite's exit status
+            raise ValueError(f"{where} called sys.exit({e.code!r}) as it was imported; put what runs it "
+                             "under if __name__ == '__main__':") from None
     if not hasattr(code, attr):
         own = [n for n, v in vars(code).items()
                if callable(v) and getattr(v, "__module__", "") == code.__name__]

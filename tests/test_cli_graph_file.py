@@ -24,6 +24,14 @@ NETS = textwrap.dedent("""\
 
     def nothing(batch=8):
         return None
+
+
+    def broken(batch=8):
+        return {}["width"] + len(batch)
+
+
+    def leaves(batch=8):
+        raise SystemExit(0)
     """)
 
 
@@ -63,9 +71,25 @@ def test_a_function_net_that_returns_the_wrong_thing_is_told_what_to_return(tmp_
             ("nothing", [], "nothing() returned NoneType, not an snlite Graph"),
             ("fixed", ["--batch", 2], "fixed(2) returned a Graph of batch 4: build its input of the batch "
                                       "given"),
-            ("fixed", [], "fixed() failed: fixed() missing 1 required positional argument: 'batch'; a NET "
+            ("fixed", [], "fixed() failed: missing a required argument: 'batch'; a NET "
                           "that is a function takes the batch first"),
             ("tiny", ["--input", "1x8x8"], "--input is a PyTorch NET's; "),
             ("tiyn", [], "defines no 'tiyn'; did you mean tiny?")]:
         code, out, err = run(capsys, "plan", f"{path}:{name}", *flags)
         assert code == 2 and words in err, (name, err)
+
+
+def test_an_error_in_the_functions_own_code_is_one_line_naming_it(tmp_path, capsys):
+    """Whatever the user's function raises (a KeyError, a TypeError inside it, not blamed on its
+    signature; a sys.exit, which must not become snlite's exit status), or the file itself on import:
+    one line, exit 1, naming the NET; --traceback shows where."""
+    path = tmp_path / "nets.py"
+    path.write_text(NETS)
+    for name, words in [("broken", "broken(2) raised KeyError: 'width' (snlite --traceback ... shows where)"),
+                        ("leaves", "leaves(2) called sys.exit(0)")]:
+        code, out, err = run(capsys, "plan", f"{path}:{name}", "--batch", 2)
+        assert code == 1 and f"{path}:{name}: {words}" in err and "Traceback" not in err, (name, err)
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(3)\n")
+    code, out, err = run(capsys, "plan", f"{exits}:tiny")
+    assert code == 1 and "called sys.exit(3) as it was imported" in err, err
