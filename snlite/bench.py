@@ -30,6 +30,7 @@ except ImportError:  # Windows: no CPU time of children
     resource = None
 
 from snlite import bench_host, bench_torch, files, offline
+from snlite.cli_args import _batch, _positive_int
 from snlite.config import CHOICES, MemoryConfig
 from snlite.models import DEFAULT_BATCH, get_model, resnet
 from snlite.pipeline import place, simulate
@@ -201,15 +202,24 @@ def fit_table(batch: int | None = None, nets=ZOO) -> str:
     return "\n".join(rows)
 
 
+def units_arg(text: str) -> int:
+    """Residual units of a bottleneck ResNet snlite builds: 16 (ResNet-50), 33 (ResNet-101), 50 and up."""
+    units = _positive_int(text)
+    if units not in (16, 33) and units < 50:
+        raise argparse.ArgumentTypeError(f"no bottleneck ResNet of {units} residual units: 16 (ResNet-50), "
+                                         "33 (ResNet-101), or 50 and up (ResNet-152 and deeper)")
+    return units
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m snlite.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     d = sub.add_parser("deep", help="simulate a ResNet with thousands of residual units, timed")
-    d.add_argument("--units", type=int, default=2500,
-                   help="residual units of the deepest ResNet (default 2500)")
-    d.add_argument("--batch", type=int, default=1)
+    d.add_argument("--units", type=units_arg, default=2500,
+                   help="residual units of the deepest ResNet: 16, 33, or 50 and up (default 2500)")
+    d.add_argument("--batch", type=_batch, default=1)
     z = sub.add_parser("zoo", help="peak and peak/l_peak of the zoo under each preset, as Markdown")
-    z.add_argument("--batch", type=int, default=None, help="one batch for all (default: each model's)")
+    z.add_argument("--batch", type=_batch, default=None, help="one batch for all (default: each model's)")
     z.add_argument("--count", choices=("all", "paper"), default="paper")
     z.add_argument("--table", choices=("presets", "fits", "both"), default="both",
                    help="the presets' peaks, the fits' arenas against the lower bound, or both (default)")
@@ -222,15 +232,17 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--quick", action="store_true", help="with SNLITE_TUTORIAL_QUICK=1, as the tests run them")
     tp = sub.add_parser("torch", help="one training step of torchvision's models in PyTorch (CPU): the "
                         "measured peak against snlite's prediction (needs the torch extra)")
-    tp.add_argument("--batch", type=int, default=4, help="images per step (default 4)")
+    tp.add_argument("--batch", type=_batch, default=4, help="images per step (default 4)")
     tp.add_argument("--models", nargs="+", choices=bench_torch.MODELS, default=list(bench_torch.MODELS))
     sub.add_parser("coverage", help="which of torchvision's classifiers from_torch imports, and why not "
                    "(needs the torch extra)")
     h = sub.add_parser("host", help="train LeNet and ResNet-8 on the host device and in PyTorch (CPU), img/s")
-    h.add_argument("--repeats", type=int, default=5, help="timed repeats, interleaved; the median is shown")
-    h.add_argument("--steps", type=int, default=3, help="training steps per repeat")
+    h.add_argument("--repeats", type=_positive_int, default=5,
+                   help="timed repeats, interleaved; the median is shown")
+    h.add_argument("--steps", type=_positive_int, default=3, help="training steps per repeat")
     h.add_argument("--nets", nargs="+", choices=("lenet", "resnet8"), default=["lenet", "resnet8"])
-    h.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all)")
+    h.add_argument("--threads", type=_positive_int, nargs="+", default=None,
+                   help="thread counts (default: 1 and all)")
     h.add_argument("--breakdown", action="store_true",
                    help="instead: where one baseline step of each net goes, "
                    "by layer kind and phase, and its BLAS share (one thread unless --threads)")

@@ -44,7 +44,7 @@ import numpy as np
 from snlite import data, demo, files, models, plot, timing
 from snlite.anomaly import NonFiniteError, describe
 from snlite.cli_args import (EXIT_BROKEN_PIPE, EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_INTERRUPTED,  # noqa: F401
-                             EXIT_OK, EXIT_USAGE, CliError, UsageError, _batch, _bytes, _float_in,
+                             EXIT_OK, EXIT_USAGE, CliError, UsageError, _at_most, _batch, _bytes, _float_in,
                              _positive_int, _seed, add_memory_flags, check_keep, check_names, check_outputs,
                              join_negative_values, memory_config, parse, warning_printer)
 from snlite.cli_common import add_export_flags, add_net_argument, builder, check_exports, write_exports
@@ -102,7 +102,8 @@ def add_demo_command(sub) -> None:
                           help="where to run: host (NumPy, the default), cuda (a GPU, or the slow CUDA "
                                "simulator with NUMBA_ENABLE_CUDASIM=1: minutes even with --steps 2), meta "
                                "(the layout only), auto (cuda if a GPU is present)")
-    demo_cmd.add_argument("--steps", type=_positive_int, default=30, help="training steps (default 30)")
+    demo_cmd.add_argument("--steps", type=_at_most(demo.MAX_STEPS, demo.WHY_MAX_STEPS), default=30,
+                          help=f"training steps, at most {demo.MAX_STEPS:,d} (default 30)")
     demo_cmd.add_argument("--seed", type=_seed, default=0,
                           help="seed for the weights and the data (default 0)")
 

@@ -108,8 +108,10 @@ def check_output_file(flag: str, target: str) -> None:
         raise CliError(f"{flag} {target!r}: an empty file name; give the file to write")
     path = os.path.abspath(os.path.expanduser(target))
     if os.path.isdir(path):
+        example = {"--json": "out.json", "--chrome-trace": "trace.json", "--save-program": "program.json",
+                   "--memory-snapshot": "snapshot.pickle", "--save": "params.npz"}.get(flag, "out.png")
         raise CliError(f"{flag} {target}: is a folder; give a file name in it, e.g. "
-                       f"{os.path.join(target, 'out')}")
+                       f"{os.path.join(target, example)}")
     folder = os.path.dirname(path)
     if not os.path.exists(folder):
         raise CliError(f"{flag} {target}: its folder does not exist (create "
@@ -167,6 +169,8 @@ def check_net(name: str) -> None:
 
 def check_keep(graph, config) -> None:
     """UsageError unless every --recompute-keep name is a cheap layer of ``graph``."""
+    if not config.recompute_keep:
+        return
     try:
         recompute.check_keep(graph, config.recompute_keep)
     except ValueError as e:
@@ -217,6 +221,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _at_most(limit: int, why: str):
+    """An argparse type: a positive integer of at most ``limit`` (``why`` says why there is one)."""
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"expected at most {limit:,d}, got {value:,d}: {why}")
+        return value
+    return parse
 
 
 MAX_BATCH_ARG = 1 << 20  # images per step a command takes: past this, one launch outgrows CUDA's grid

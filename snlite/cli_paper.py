@@ -7,7 +7,7 @@ import os
 
 from kernels import bench as kernel_bench
 from snlite import bench, report
-from snlite.cli_args import Status, _batch, _positive_int, add_quiet_flag
+from snlite.cli_args import Status, _batch, add_quiet_flag
 
 
 def add_paper_command(sub) -> None:
@@ -31,8 +31,9 @@ def add_bench_command(sub) -> None:
                        description="On a real GPU, run the kernel benchmark (python -m kernels.bench); "
                                    "elsewhere say so. Then, always, time the planning of a very deep ResNet "
                                    "on the CPU (python -m snlite.bench deep).")
-    p.add_argument("--units", type=_positive_int, default=2500,
-                   help="residual units of the planned ResNet (default 2500: the paper's deepest)")
+    p.add_argument("--units", type=bench.units_arg, default=2500,
+                   help="residual units of the planned ResNet: 16, 33, or 50 and up (default 2500: the "
+                        "paper's deepest)")
     p.add_argument("--batch", type=_batch, default=1, help="its batch (default 1)")
     p.add_argument("--out", default="bench-out", metavar="DIR",
                    help="where the GPU benchmark writes bench.json")

@@ -29,6 +29,9 @@ from snlite.pipeline import simulate
 from snlite.scheduler import Scheduler
 from snlite.train import Model
 
+MAX_STEPS = 2_000  # the demo makes its synthetic images up front (steps x batch) and trains two models
+WHY_MAX_STEPS = "the demo makes its images up front; train longer with snlite train"
+
 LADDER = [
     ("baseline", MemoryConfig()),
     ("+ liveness", MemoryConfig(liveness=True)),

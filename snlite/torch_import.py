@@ -113,9 +113,12 @@ def check_source(source: str) -> None:
     if not (where and attr.isidentifier()):
         raise ValueError(f"{source!r}: expected torchvision:NAME (e.g. torchvision:resnet18) or "
                          "path/to/file.py:NAME (a torch.nn.Module class, or a function building a Graph)")
-    if where != "torchvision" and not (where.endswith(".py") and os.path.isfile(where)):
+    if where != "torchvision" and not os.path.isfile(where):
         raise ValueError(f"{source!r}: expected torchvision:NAME or path/to/file.py:NAME, and there is "
                          f"no file {where!r}")
+    if where != "torchvision" and not where.endswith(".py"):
+        raise ValueError(f"{source!r}: {where} is a file, but not a Python one: name a .py file "
+                         "(path/to/file.py:NAME)")
 
 
 class UnknownModule(ValueError):

@@ -374,6 +374,10 @@ def test_anomaly_flag_trains_a_finite_run_as_usual(capsys):
      r"argument --batch: expected a batch of at most 1,048,576 images, got 99,999,999,999,999,999,999"),
     (["maxbatch", "lenet", "--max-batch", "2000000"],
      r"argument --max-batch: expected a batch of at most 1,048,576"),
+    # the demo makes its images up front: a billion steps asked for 60 GiB and ended in a traceback
+    (["demo", "--steps", "1000000000"],
+     r"argument --steps: expected at most 2,000, got 1,000,000,000: the demo makes its images up front"),
+    (["bench", "--units", "20"], r"argument --units: no bottleneck ResNet of 20 residual units"),
 ])
 def test_bad_numbers_are_usage_errors_that_name_the_flag(argv, message, capsys):
     """Exit status 2, one line naming the flag (--budget -5GiB was 'expected one argument', --seed -1

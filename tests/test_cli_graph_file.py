@@ -32,6 +32,12 @@ NETS = textwrap.dedent("""\
 
     def leaves(batch=8):
         raise SystemExit(0)
+
+
+    def lossless(batch=8):
+        g = Graph((batch, 1, 8, 8), num_classes=10)
+        g.relu(g.input())
+        return g
     """)
 
 
@@ -93,3 +99,14 @@ def test_an_error_in_the_functions_own_code_is_one_line_naming_it(tmp_path, caps
     exits.write_text("import sys\nsys.exit(3)\n")
     code, out, err = run(capsys, "plan", f"{exits}:tiny")
     assert code == 1 and "called sys.exit(3) as it was imported" in err, err
+
+
+def test_a_graph_without_a_loss_and_a_file_that_is_no_python_are_said_as_such(tmp_path, capsys):
+    path = tmp_path / "nets.py"
+    path.write_text(NETS)
+    code, out, err = run(capsys, "plan", f"{path}:lossless", "--batch", 2)
+    assert code == 1 and "the graph has no softmax_loss layer" in err and "--recompute-keep" not in err, err
+    text = tmp_path / "nets.txt"
+    text.write_text(NETS)
+    code, out, err = run(capsys, "plan", f"{text}:tiny")
+    assert code == 2 and "nets.txt is a file, but not a Python one: name a .py file" in err, err

@@ -68,7 +68,10 @@ def test_check_and_save_say_an_empty_name_is_empty(capsys):
     (["plan", "lenet", "--plot", "{missing}/p.png"], "--plot {missing}/p.png: its folder does not exist"),
     (["plan", "lenet", "--budget", "1KiB", "--json", "{missing}/x.json"],
      "--json {missing}/x.json: its folder"),
-    (["plan", "lenet", "--save-program", "{tmp}"], "--save-program {tmp}: is a folder"),
+    (["plan", "lenet", "--save-program", "{tmp}"],
+     "--save-program {tmp}: is a folder; give a file name in it, e.g. {tmp}/program.json"),
+    (["plan", "lenet", "--plot", "{tmp}"], "--plot {tmp}: is a folder; give a file name in it, e.g. "
+                                           "{tmp}/out.png"),
     (["compare", "lenet", "--plot", "{file}/p.png"], "--plot {file}/p.png: {file} is a file, not a folder"),
     (["maxbatch", "lenet", "--json", "{missing}/x.json"], "its folder does not exist"),
     (["maxdepth", "--json", "{missing}/x.json"], "its folder does not exist"),
