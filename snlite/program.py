@@ -301,15 +301,24 @@ class Program:
                     "--save-program FILE)" if isinstance(data, dict) and "totals" in data and "net" in data
                     else f"expected format {FORMAT!r}, found {found!r}")
             raise ValueError(f"not an snlite program: {what}")
-        try:
-            return cls(data["net"], data["config"], data["mode"], data["allocator"],
-                       {n: (None if s is None else tuple(s), d, k)
-                        for n, (s, d, k) in data["tensors"].items()},
-                       tuple(_ins_from(x) for x in data["setup"]), tuple(_ins_from(x) for x in data["body"]),
-                       _whole(data["arena_bytes"], "arena_bytes"), _whole(data["slab_bytes"], "slab_bytes"),
-                       dict(data["stats"]))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field of the wrong form
-            raise ValueError(f"a corrupt snlite program: {type(e).__name__}: {e}") from None
+        for name, (kind, what) in JSON_FIELDS.items():
+            if name not in data:
+                raise ValueError(f"a corrupt snlite program: it has no {name!r} ({what})")
+            value = data[name]
+            if not isinstance(value, kind) or isinstance(value, bool):  # 1e15, "6410240": no byte counts
+                shown = f" {json.dumps(value)[:40]}" if isinstance(value, (int, float, str)) else ""
+                raise ValueError(f"a corrupt snlite program: {name!r} is {_json_type(value)}{shown}, not "
+                                 f"{_json_type(kind())} ({what})")
+        tensors = {}
+        for n, spec in data["tensors"].items():
+            if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], (list, type(None)))):
+                raise ValueError(f"a corrupt snlite program: tensor {n!r} is {spec!r:.60}, not "
+                                 "[shape, dtype, kind]")
+            tensors[n] = (None if spec[0] is None else tuple(spec[0]), spec[1], spec[2])
+        return cls(data["net"], data["config"], data["mode"], data["allocator"], tensors,
+                   tuple(_ins_from(x, "setup", i) for i, x in enumerate(data["setup"])),
+                   tuple(_ins_from(x, "body", i) for i, x in enumerate(data["body"])),
+                   data["arena_bytes"], data["slab_bytes"], dict(data["stats"]))
 
     def save(self, path) -> None:
         """Write the program to ``path`` as JSON (whole or not at all: :mod:`snlite.files`)."""
@@ -320,8 +329,9 @@ class Program:
         try:
             with open(path) as f:
                 data = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # text that is not JSON, or not text at all
-            what = "not JSON" if isinstance(e, json.JSONDecodeError) else "not text (a binary file)"
+        except (ValueError, UnicodeDecodeError) as e:  # not JSON, not text, or a number of 5,000 digits
+            what = ("not JSON" if isinstance(e, json.JSONDecodeError) else "not text (a binary file)"
+                    if isinstance(e, UnicodeDecodeError) else "not JSON snlite reads")
             raise ValueError(f"{path}: {what} ({e}); a program is saved by Program.save or "
                              f"snlite plan NET --save-program FILE") from None
         return cls.from_json(data)
@@ -350,20 +360,39 @@ def _tuplify(v):
     return tuple(_tuplify(x) for x in v) if isinstance(v, list) else v
 
 
-def _whole(value, name: str) -> int:
-    """A byte count read from JSON as it is: 6410240.7 or "6410240" is no program's, nor is 1e15 (a
-    float), where int() made them numbers that looked right."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} is {value!r}, not a whole number of bytes")
-    return value
+JSON_FIELDS = {"net": (str, "the net's name"), "config": (str, "what the configuration was called"),
+               "mode": (str, "train, grads, update or infer"), "allocator": (str, "pool or raw"),
+               "tensors": (dict, "each tensor's [shape, dtype, kind]"), "setup": (list, "instructions"),
+               "body": (list, "instructions"), "arena_bytes": (int, "bytes"), "slab_bytes": (int, "bytes"),
+               "stats": (dict, "what the placement counted")}
 
 
-def _ins_from(x):
+def _json_type(value) -> str:
+    """How JSON calls ``value``'s type: "a list", "text", "a number"..."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {str: "text", int: "a whole number", float: "a number", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _ins_from(x, part: str = "body", i: int = 0):
+    """The instruction ``x`` (``[NAME, [field, ...]]``) at ``part`` #``i``; ValueError, naming it, if
+    it is not one."""
+    where = f"a corrupt snlite program: {part} #{i}"
+    if not (isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], list)):
+        raise ValueError(f"{where} is {x!r:.60}, not [INSTRUCTION, [field, ...]]")
     name, values = x
     cls = INSTRUCTIONS.get(name)
     if cls is None:
-        raise ValueError(f"unknown instruction {name!r}; known: {sorted(INSTRUCTIONS)}")
-    return cls(*(_tuplify(v) for v in values))
+        raise ValueError(f"{where}: unknown instruction {name!r}; known: {sorted(INSTRUCTIONS)}")
+    fields = [f.name for f in dataclasses.fields(cls)]
+    needed = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+    if not len(needed) <= len(values) <= len(fields):
+        raise ValueError(f"{where}: {name} takes the fields ({', '.join(fields)}), got {len(values)} values")
+    try:
+        return cls(*(_tuplify(v) for v in values))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {name} {values!r:.60}: {e}") from None
 
 
 def _where(space: str, offset: int) -> str:

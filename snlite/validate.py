@@ -37,8 +37,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from kernels.conv import ALGORITHMS
 from snlite.program import COPY_REASONS, HOST, MODES, STREAMS, WAIT_REASONS, Alloc, Copy, Free, HandOver, \
     HostRead, HostWait, HostWrite, Launch, Record, Wait, program_of
+from snlite.workspace import CONV_OPS
 
 ALLOCATORS = {"pool": "arena", "raw": "raw"}  # the allocator -> the space device tensors live in
 BLOCK = {"arena": 1024, "slab": 256, "raw": 256}  # TensorPool blocks, HostPool slots, cudaMalloc alignment
@@ -75,10 +77,15 @@ def _header(program) -> None:
         raise ProgramError(f"mode {program.mode!r} is not one of {MODES}")
     if program.allocator not in ALLOCATORS:
         raise ProgramError(f"allocator {program.allocator!r} is not one of {tuple(ALLOCATORS)}")
+    for name in ("net", "config"):
+        if not isinstance(getattr(program, name), str):
+            raise ProgramError(f"{name} is {getattr(program, name)!r:.60}; it should be text, the "
+                               + ("net's name" if name == "net" else "configuration's description"))
     for name in ("arena_bytes", "slab_bytes"):
         value = getattr(program, name)
-        if not _is_int(value) or value < 0:
-            raise ProgramError(f"{name} is {value!r}; it should be a number of bytes >= 0")
+        if not _is_int(value) or not 0 <= value < 2**63:
+            raise ProgramError(f"{name} is {value!r}; it should be a number of bytes >= 0 (and less than "
+                               "2**63, a 64-bit address space)")
     if not isinstance(program.tensors, dict):
         raise ProgramError(f"tensors is a {type(program.tensors).__name__}, not a dict of name -> "
                            "(shape, dtype, kind)")
@@ -343,6 +350,8 @@ class _Validator:
 
     def _launch(self, ins: Launch) -> None:
         self.stream(ins, STREAMS)
+        if ins.op < -1:
+            self.fail(f"op {ins.op} should be its op's index (>= 0), or -1 for an SGD update after backward")
         if ins.phase not in PHASES:
             self.fail(f"phase {ins.phase!r} is not one of {PHASES}")
         if self.graph is not None and ins.layer not in self.graph.layers:
@@ -365,6 +374,9 @@ class _Validator:
                     and conv[3] >= 0):
                 self.fail(f"convs holds {conv!r}, which should be (conv op, algorithm, images per chunk >= "
                           "1, workspace bytes >= 0)")
+            if conv[0] not in CONV_OPS or conv[1] not in ALGORITHMS:
+                self.fail(f"convs holds {conv!r}: a conv op is one of {CONV_OPS}, an algorithm one of "
+                          f"{ALGORITHMS}")
             largest = max(largest, conv[3])
         if ins.workspace is not None:
             if self.program.tensors.get(ins.workspace, (0, 0, None))[2] != "workspace":

@@ -52,10 +52,24 @@ def test_json_round_trips_exactly_and_diffs_are_readable(program, tmp_path):
     ('{"net": "lenet", "batch": 2, "totals": {}}',
      "not an snlite program: the numbers snlite plan --json writes"),
     ("[1, 2]", "not an snlite program"),
-    ('{"format": "snlite-program/1", "net": "x"}', "a corrupt snlite program: KeyError"),
+    # each said by its field, not a KeyError: 'config' or an AttributeError as before
+    ('{"format": "snlite-program/1", "net": "x"}',
+     r"a corrupt snlite program: it has no 'config' \(what the configuration was called\)"),
     ('{"format": "snlite-program/1", "net": "x", "config": "", "mode": "train", "allocator": "pool", '
      '"tensors": [], "setup": [], "body": [], "arena_bytes": 0, "slab_bytes": 0}',
-     "a corrupt snlite program: AttributeError"),  # tensors a list: a bare AttributeError before
+     r"a corrupt snlite program: 'tensors' is a list, not an object"),
+    ('{"format": "snlite-program/1", "net": ["x"], "config": "", "mode": "train", "allocator": "pool"}',
+     r"a corrupt snlite program: 'net' is a list, not text \(the net's name\)"),
+    ('{"format": "snlite-program/1", "net": "x", "config": "", "mode": "train", "allocator": "pool", '
+     '"tensors": {}, "setup": [["Alloc", ["x", "arena", 0]]], "body": [], "arena_bytes": 0, "slab_bytes": 0, '
+     '"stats": {}}',
+     r"a corrupt snlite program: setup #0: Alloc takes the fields \(tensor, space, offset, nbytes, stream\), "
+     r"got 3 values"),
+    ('{"format": "snlite-program/1", "net": "x", "config": "", "mode": "train", "allocator": "pool", '
+     '"tensors": {}, "setup": [], "body": [null], "arena_bytes": 0, "slab_bytes": 0, "stats": {}}',
+     r"a corrupt snlite program: body #0 is None, not \[INSTRUCTION, \[field, ...\]\]"),
+    ('{"format": "snlite-program/1", "net": "x", "arena_bytes": 1' + "0" * 5000 + "}",
+     "not JSON snlite reads"),
     ('{"format": "snlite-program/2"}',
      r"an snlite program of another format, 'snlite-program/2'; this snlite reads 'snlite-program/1': plan "
      r"it again here \(snlite plan NET"),
@@ -77,7 +91,9 @@ def test_a_header_number_is_read_as_written_and_stats_are_not_optional(field, va
         del data[field]
     else:
         data[field] = value
-    said = "KeyError: 'stats'" if value is None else f"ValueError: {field} is {value!r}, not a whole number"
+    said = ("it has no 'stats'" if value is None else
+            f"'{field}' is {'text' if isinstance(value, str) else 'a number'} {json.dumps(value)}, not "
+            "a whole number")
     with pytest.raises(ValueError, match="a corrupt snlite program: " + said):
         Program.from_json(data)
 

@@ -149,6 +149,18 @@ def small_raw_allocation(data):
     body[_find(body, "Alloc", lambda f: f[1] == "raw" and f[3] > 256)][1][3] = 256
 
 
+def launch_field(field: int, value, where=lambda f: True):
+    """An edit setting field ``field`` of the first Launch (of those ``where`` picks) to ``value``."""
+    def edit(data):
+        body = data["body"]
+        body[_find(body, "Launch", where)][1][field] = value
+    return edit
+
+
+def huge_arena(data):
+    data["arena_bytes"] = 2**63
+
+
 CASES = {  # name -> (edit, the saved program it edits, what the refusal says)
     "a record on a stream that does not exist": (unknown_stream, "pool", r"stream 'gpu7' is not one of"),
     "a wait on a stream that does not exist": (unknown_wait_stream, "pool",
@@ -186,6 +198,12 @@ CASES = {  # name -> (edit, the saved program it edits, what the refusal says)
                                              r"launches make it (?!\1)\d+"),
     "twice the recomputed FLOPs": (stats(extra_flops=lambda n: 2 * n), "recompute",
                                    r"stats: extra_flops is [\d,]+, but the body's recompute launches"),
+    # `snlite check` passed these: an op index no launch has, an algorithm no kernel has, 2**100 bytes
+    "a launch of op -3": (launch_field(0, -3), "pool", r"op -3 should be its op's index \(>= 0\), or -1"),
+    "a conv algorithm that does not exist": (launch_field(10, [["forward", "nope", 1, 0]], lambda f: f[10]),
+                                             "pool", r"convs holds .*'nope'.*: a conv op is one of"),
+    "an arena of 2**63 bytes": (huge_arena, "pool",
+                                r"arena_bytes is 9223372036854775808; .* less than 2\*\*63"),
 }
 
 
@@ -201,7 +219,7 @@ def test_check_refuses_the_edit_in_one_line(name):
     with pytest.raises(ProgramError, match=CASES[name][2]) as e:
         check(Program.from_json(_edited(name)), graph=GRAPH)
     assert "\n" not in str(e.value)
-    assert str(e.value).startswith(("setup #", "body #", "tensor ", "stats: "))
+    assert str(e.value).startswith(("setup #", "body #", "tensor ", "stats: ", "arena_bytes "))
 
 
 @pytest.mark.parametrize("name", CASES)
