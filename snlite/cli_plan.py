@@ -248,13 +248,17 @@ def print_explanation(ex, net: str) -> None:
               else f"a budget of {measure.format_size(ex.config.budget_bytes)}")
     print(f"{ex.net}, batch {ex.batch}, does NOT fit {budget} under {ex.config.describe()}.")
     print(f"\nwhere it failed: {ex.message}")
-    pins = f" and pins {measure.format_size(ex.need.slab_bytes)} of host memory" if host else ""
-    print(f"\nwithout a budget it peaks at {measure.format_size(need.peak_bytes)} (count all; "
-          f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at "
-          f"{f'step {need.peak_step} ({at.layer} {at.phase})' if at.op >= 0 else need.peak_at()}{pins}; "
-          "the largest tensors live there:")
-    for name, nbytes in need.peak_tensors[:8]:
-        print(f"  {name:40} {measure.format_size(nbytes):>12}")
+    pinned = measure.format_size(ex.need.slab_bytes)
+    if host:  # what the device holds is beside the point: the pinned slab is what ran out
+        print(f"\nwithout a host budget it pins {pinned} of host memory (the staged batch, the results and "
+              f"what waits on the host at its busiest); a --host-budget of {pinned} or more fits")
+    else:
+        print(f"\nwithout a budget it peaks at {measure.format_size(need.peak_bytes)} (count all; "
+              f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at "
+              f"{f'step {need.peak_step} ({at.layer} {at.phase})' if at.op >= 0 else need.peak_at()}; "
+              "the largest tensors live there:")
+        for name, nbytes in need.peak_tensors[:8]:
+            print(f"  {name:40} {measure.format_size(nbytes):>12}")
     print("\nwhat would make it fit, each simulated under the same budget on the meta device (ranked: those "
           "that fit first, then by cost: nothing < bytes moved < slower convolutions < extra FLOPs < a "
           "smaller batch):")
@@ -263,10 +267,13 @@ def print_explanation(ex, net: str) -> None:
              f"{s.extra_pct:.1f}%" if s.extra_flops else "-",
              measure.format_size(s.moved_bytes) if s.moved_bytes else "-", s.cost]
             for i, s in enumerate(ex.suggestions, 1)]
-    print(text_table(["#", "change", "what", "fits", "peak", "saves", "extra FLOPs", "moved", "costs"], rows,
-                     "><<<>>>><"))
-    if not any(s.fits for s in ex.suggestions):
-        print(f"\nnothing here fits: a larger --{'host-' if host else ''}budget (without one it peaks at "
+    header = ["#", "change", "what", "fits", "peak", "saves", "extra FLOPs", "moved", "costs"]
+    print(text_table(header, rows, "><<<>>>><") if rows else
+          "  (no change of the configuration was tried: none would pin less)")
+    if host and not any(s.fits for s in ex.suggestions):
+        print(f"\nnothing here fits: a --host-budget of {pinned} or more, or a smaller batch")
+    elif not any(s.fits for s in ex.suggestions):
+        print(f"\nnothing here fits: a larger --budget (without one it peaks at "
               f"{measure.format_size(need.peak_bytes)}), or a smaller network; snlite compare {net} "
               f"--batch {ex.batch} finds the smallest budget of superneurons()")
     elif ex.suggestions[0].fits:

@@ -119,6 +119,8 @@ def test_a_host_budget_too_small_is_explained_never_reported_as_fitting(capsys):
         assert out.startswith("alexnet, batch 16, does NOT fit a host budget of ")
         assert "of pinned memory" in out.splitlines()[0] and "host budget: fits" not in out
         assert f"pins {format_size(pinned)} of host memory" in out
+        assert f"a --host-budget of {format_size(pinned)} or more fits" in out
+        assert "the largest tensors live there" not in out  # the device's, beside the point here
         assert "--fit offline" not in out and "--recompute" not in out
         code, js, _ = run(capsys, *flags, *device, "--json", "-")
         data = json.loads(js)["explanation"]
@@ -231,3 +233,16 @@ def test_a_search_under_a_host_budget_says_which_memory_stopped_it(capsys):
     assert re.search(r"^\+ offload +103 .* host$", out, re.M)
     code, out, _ = run(capsys, "maxbatch", "alexnet", "--budget", "2GiB")
     assert "stopped by" not in out
+
+
+def test_where_no_change_pins_less_the_explanation_says_so_and_names_the_host_budget_that_fits(capsys):
+    """The staged batch alone overflows 1 KiB: no change was tried, and the way out is a larger host
+    budget, said in bytes, not the device's peak (it said 5.3 MiB) nor snlite compare (which sent the
+    reader back to plan)."""
+    pinned = place(get_model("lenet", batch=2), MemoryConfig()).slab_bytes
+    code = cli.main(["plan", "lenet", "--batch", "2", "--host-budget", "1KiB"])
+    out = capsys.readouterr().out
+    assert code == cli.EXIT_DOES_NOT_FIT and "(no change of the configuration was tried" in out
+    assert out.rstrip().endswith(f"nothing here fits: a --host-budget of {format_size(pinned)} or more, or a "
+                                 "smaller batch"), out[-600:]
+    assert cli.main(["plan", "lenet", "--batch", "2", "--host-budget", str(pinned)]) == 0
