@@ -431,8 +431,10 @@ def parse(parser, argv) -> argparse.Namespace:
         flags = [f for action in command._actions for f in action.option_strings]
         near = [m for u in unknown if u.startswith("--")
                 for m in difflib.get_close_matches(u.split("=", 1)[0], flags, n=1)]
+        top = [u for u in unknown if u in ("--traceback", "--version")]  # snlite's own, before the command
         command.error(f"unrecognized arguments: {' '.join(unknown)}"
-                      + (f" (did you mean {', '.join(near)}?)" if near else ""))
+                      + (f" ({top[0]} goes before the command: snlite {top[0]} {args.command} ...)" if top
+                         else f" (did you mean {', '.join(near)}?)" if near else ""))
     return args
 
 

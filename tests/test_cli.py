@@ -162,6 +162,11 @@ def test_a_misspelled_flag_is_refused_in_its_commands_usage_with_the_nearest_fla
     with pytest.raises(SystemExit):
         cli.main(["plan", "lenet", "stray"])
     assert capsys.readouterr().err.rstrip().endswith("snlite plan: error: unrecognized arguments: stray")
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "lenet", "--traceback"])
+    assert capsys.readouterr().err.rstrip().endswith(
+        "unrecognized arguments: --traceback (--traceback goes before the command: snlite --traceback "
+        "plan ...)")
     assert cli.main(["plan", "lenet", "--batch", "2", "--preset", "SuperNeurons", "--json", "-"]) == 0
     assert "schedule=H200" in capsys.readouterr().out, "a preset in any case, as --schedule h200 is"
 
