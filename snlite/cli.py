@@ -190,6 +190,8 @@ def main(argv=None) -> int:
     except (CliError, ValueError, OSError, ImportError, RuntimeError) as e:
         if args.traceback:
             raise
+        if isinstance(e, OSError) and e.filename and e.strerror:  # not "[Errno 13] Permission denied: 'f'"
+            e = f"{e.filename}: {e.strerror[0].lower()}{e.strerror[1:]}"
         print(f"snlite {args.command}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -208,7 +210,8 @@ def cmd_train(args) -> int:
         scaled = f", standardized by their mean {train.x.mean():.4g} and std {train.x.std():.4g}"
         train, test = data.standardized(train, test)
     if args.batch > len(train):
-        raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images")
+        kept = f" --limit {args.limit} kept" if args.limit else ""
+        raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images{kept}")
     config = memory_config(args)
     graph = build_model(args.net, args.batch, train, args.input, args.torch_args)
     check_keep(graph, config)
@@ -394,7 +397,12 @@ def read_params(file: str) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as f:
             return {name: f[name] for name in f.files}
-    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError, KeyError) as e:
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # an intact archive of Python objects, which loading would run
+            raise CliError(f"{bad}: it holds Python objects (arrays of dtype object), which snlite does not "
+                           "unpickle; --save writes float32 arrays (np.savez)") from None
+        raise CliError(f"{bad}: the archive is truncated or damaged (ValueError: {e})") from None
+    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, KeyError) as e:
         raise CliError(f"{bad}: the archive is truncated or damaged ({type(e).__name__}: {e})") from None
 
 

@@ -255,9 +255,10 @@ def test_load_says_what_is_wrong_with_a_broken_file(tmp_path, capsys):
     (tmp_path / "truncated.npz").write_bytes(data[:len(data) // 2])
     (tmp_path / "one_byte.npz").write_bytes(b"x")
     np.save(tmp_path / "weights.npy", np.zeros(3, np.float32))
+    np.savez(tmp_path / "objects.npz", conv1=np.array([{"w": 1}], dtype=object))  # intact, but pickled
     for name, message in [("empty.npz", "the file is empty"), ("truncated.npz", "truncated or damaged"),
                           ("one_byte.npz", "not a zip archive"), ("weights.npy", "it is a .npy file"),
-                          (".", "cannot read it")]:
+                          (".", "cannot read it"), ("objects.npz", "it holds Python objects")]:
         code, _, err = run(capsys, *TRAIN, "--load", str(tmp_path / name))
         assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, (name, err)
         assert "Traceback" not in err

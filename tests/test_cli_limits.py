@@ -170,3 +170,21 @@ def test_maxbatch_says_when_it_stopped_at_its_ceiling_and_takes_a_host_budget(ca
     rows = {r["strategy"]: r for r in json.loads(out)["rows"]}  # without it: + offload 75 (3.5 MiB on host)
     assert code == 0 and all(r["batch"] and r["host_peak_bytes"] <= 300 << 10 for r in rows.values()), rows
     assert rows["+ offload"]["batch"] < 75
+
+
+def test_a_batch_larger_than_the_images_left_names_the_limit_that_left_them(capsys):
+    code, _, err = run(capsys, "train", "lenet", "--data", "synthetic", "--limit", 1, "--batch", 4)
+    assert code == 1 and "--batch 4 is larger than the 1 training images --limit 1 kept" in err, err
+
+
+def test_a_file_the_system_refuses_is_said_in_words(capsys, monkeypatch, tmp_path):
+    """A file snlite may not read: "p.json: permission denied", not Python's "[Errno 13] ..." (as root,
+    as here, chmod cannot make one: the refusal is the system's, made up below)."""
+    from snlite.program import Program
+
+    def refused(path):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(Program, "load", staticmethod(refused))
+    (tmp_path / "p.json").write_text("{}")
+    code, _, err = run(capsys, "check", tmp_path / "p.json")
+    assert code == 1 and err.rstrip().endswith(f"{tmp_path / 'p.json'}: permission denied"), err

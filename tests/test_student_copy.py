@@ -170,6 +170,15 @@ def test_grade_outside_any_checkout_refuses_to_grade_the_imported_one(monkeypatc
     assert main(["list"]) == 0, "list and check still read the imported checkout from anywhere"
 
 
+def test_a_root_that_is_no_checkout_is_named_as_such(tmp_path, capsys):
+    """--root pointing nowhere said "snlite seems installed without its repository ... or pass --root",
+    though --root had been passed."""
+    assert main(["--root", str(tmp_path / "nope"), "list"]) == 2
+    assert f"--root {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+    assert main(["--root", str(tmp_path), "list"]) == 2
+    assert "is no snlite checkout (no snlite/assignments.py there)" in capsys.readouterr().err
+
+
 def test_the_summary_names_an_assert_allclose_failure_by_its_message():
     """numpy's assert_allclose puts its message on the lines after "AssertionError:", so a3's commonest
     failure (a tile read before the barrier) was summed up as "AssertionError:" and nothing more."""
