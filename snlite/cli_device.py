@@ -41,7 +41,8 @@ def add_launches_command(sub) -> None:
                                    "kernels/registers.json (re-measure it with python -m kernels.launches "
                                    "--registers).")
     _add_network(p)
-    p.add_argument("--gpu", choices=sorted(L.GPUS), default="H200", help="the GPU to count waves on")
+    p.add_argument("--gpu", type=str.upper, choices=sorted(L.GPUS), default="H200",
+                   help="the GPU to count waves on (in any case, as elsewhere)")
     p.add_argument("--workspace", choices=("none", "fastest", "dynamic"), default="dynamic",
                    help="conv workspace policy for snlite.simulate (default dynamic; unlimited = fastest)")
     p.add_argument("--budget", type=_budget, metavar="SIZE", help="device memory budget (default: unlimited)")

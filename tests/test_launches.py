@@ -246,6 +246,8 @@ def test_the_documented_command(capsys):
     assert "at most 2 launches per chunk (target <= 2): True" in out
     assert "(target >= 2 on the H200): True" in out
     assert cli.main(["launches", "nosuchnet"]) == 2 and "unknown model 'nosuchnet'" in capsys.readouterr().err
+    assert cli.main(["launches", "lenet", "--gpu", "h100"]) == 0, "a GPU in any case, as plan's --gpu"
+    assert "on the H100" in capsys.readouterr().out
 
 
 def test_kernels_launches_only_remeasures_registers_and_points_at_the_report():
