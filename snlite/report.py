@@ -17,7 +17,10 @@ The sections live in :mod:`snlite.report_memory` (1, 2, 6, 7: the peak) and :mod
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import tempfile
 import time
 
 from snlite import files, measure, plot, search
@@ -70,10 +73,24 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
                  progress=measure.no_progress) -> Report:
     """Run every experiment (``QUICK``: fewer models and strategies), ``log`` each section as it is
     done, and write ``out/report.md`` with the figures beside it (when matplotlib is there).
-    ``progress(text)`` is told what runs (``snlite paper`` shows it on stderr)."""
+    ``progress(text)`` is told what runs (``snlite paper`` shows it on stderr). The files are made in
+    a hidden folder inside ``out`` and moved in at the end, the report last: a run that fails or is
+    interrupted leaves the report and figures of the run before it as they were."""
+    os.makedirs(out, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".snlite-paper-", dir=out)
+    try:
+        command = command or f"snlite paper --out {out}" + (" --quick" if quick else "")
+        report = _paper_report(staging, quick, command, log, progress)
+        for name in sorted(os.listdir(staging), key=lambda n: n == "report.md"):  # the report last
+            os.replace(os.path.join(staging, name), os.path.join(out, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dataclasses.replace(report, path=os.path.join(out, "report.md"))
+
+
+def _paper_report(out: str, quick: bool, command: str, log, progress) -> Report:
     t0 = time.perf_counter()
     plan = QUICK if quick else FULL
-    os.makedirs(out, exist_ok=True)
     plots, missing = _plots()
     sections = []
 
@@ -113,6 +130,6 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
     seconds = time.perf_counter() - t0
     path = os.path.join(out, "report.md")
     with files.replacing(path) as f:
-        f.write(header(command or f"snlite paper --out {out}" + (" --quick" if quick else ""), quick, missing,
-                       seconds) + "\n\n" + "\n\n".join(x.markdown() for x in sections) + "\n")
+        body = "\n\n".join(x.markdown() for x in sections)
+        f.write(header(command, quick, missing, seconds) + "\n\n" + body + "\n")
     return Report(sections, path, seconds, quick, missing)

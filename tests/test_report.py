@@ -139,6 +139,22 @@ def test_without_matplotlib_every_table_is_still_there(tmp_path, monkeypatch):
     assert len(row) == 12 and row[1] == "does not fit" and row[6] == "does not fit" and row[11] == ""
 
 
+def test_an_interrupted_run_leaves_the_report_before_it_as_it_was(tmp_path, monkeypatch):
+    """Ctrl-C in section 3: the old report.md beside one new figure from section 1 and the older ones
+    was a folder that matched no run; now nothing of the interrupted run is left in it."""
+    (tmp_path / "report.md").write_text("the last run's report\n")
+    (tmp_path / "alexnet_b200_trajectory_paper.png").write_bytes(b"the last run's figure")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(report, "traffic", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        report.paper_report(str(tmp_path), quick=True, log=lambda s: None)
+    assert sorted(os.listdir(tmp_path)) == ["alexnet_b200_trajectory_paper.png", "report.md"]
+    assert (tmp_path / "report.md").read_text() == "the last run's report\n"
+    assert (tmp_path / "alexnet_b200_trajectory_paper.png").read_bytes() == b"the last run's figure"
+
+
 def test_out_must_be_a_folder(tmp_path, capsys):
     file = tmp_path / "report.md"
     file.write_text("")
