@@ -11,8 +11,10 @@ import math
 
 from snlite import placement
 from snlite import workspace as ws
-from snlite.config import MemoryConfig
+from snlite.checks import boolean, integer
+from snlite.config import MemoryConfig, config_of
 from snlite.errors import BudgetError
+from snlite.graph import graph_of
 from snlite.pipeline import place
 from snlite.scheduler import Scheduler, optimizer_specs
 
@@ -36,8 +38,15 @@ def smallest_budget(graph, config: MemoryConfig, lo: int = 0, hi: int | None = N
     cache decide by what is free, and a larger arena can fragment where a smaller one did not), so
     a smaller budget the bisection skipped over can fit too: :func:`snlite.search.min_budget`
     searches up from the lower bound instead, for the paper's "peak / l_peak" figure."""
+    graph, config = graph_of(graph), config_of(config)
+    host = boolean(host, "smallest_budget's host")
+    optimizer = boolean(optimizer, "smallest_budget's optimizer")
+    lo = integer(lo, "smallest_budget's lo (bytes)", minimum=0)
+    block = (256 if host else 1024) if block is None else integer(block, "smallest_budget's block (bytes)")
+    if hi is not None and integer(hi, "smallest_budget's hi (bytes)") < lo:
+        raise ValueError(f"smallest_budget's hi ({hi:,d} bytes) is below its lo ({lo:,d}): give hi >= lo, or "
+                         "leave hi out (the unlimited arena)")
     field = "host_budget_bytes" if host else "budget_bytes"
-    block = block or (256 if host else 1024)
     plan = Scheduler(graph, config).plan()  # the same for every budget: planned once
     # (a grads program cannot update in backward: it plans under its own config, each time)
     shared = plan if optimizer or not config.update_in_backward else None

@@ -344,3 +344,15 @@ def test_a_switch_outside_memory_config_is_true_or_false_not_anything_truthy(cal
          "anomaly": lambda: Model(g, device="meta", anomaly="no"),
          "return_logits": lambda: Model(g, device="host").step(
              np.zeros((2, 1, 28, 28), np.float32), np.zeros(2, np.int32), return_logits="no")}[call]()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(block=-1), r"smallest_budget's block \(bytes\) must be an integer >= 1, got -1"),  # answered 5.7 MB
+    (dict(block=0), r"block \(bytes\) must be an integer >= 1, got 0"),
+    (dict(lo="1KiB"), r"smallest_budget's lo \(bytes\) must be an integer >= 0, got '1KiB'"),  # a TypeError
+    (dict(lo=10**9, hi=10), r"smallest_budget's hi \(10 bytes\) is below its lo \(1,000,000,000\)"),
+    (dict(host="yes"), r"smallest_budget's host must be True or False"),
+])
+def test_smallest_budget_refuses_arguments_that_are_no_bytes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        smallest_budget(get_model("lenet", batch=2), MemoryConfig(liveness=True), **kwargs)
