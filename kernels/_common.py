@@ -288,6 +288,31 @@ def unravel4(i, d1, d2, d3):
     return i // (d1 * d2 * d3), (i // (d2 * d3)) % d1, (i // d3) % d2, i % d3
 
 
+def _address(a) -> int | None:
+    """Where ``a``'s data starts: a CUDA array's device pointer, the simulator's NumPy buffer; None
+    for a :class:`ShapeArray` (the meta device holds no memory)."""
+    cai = getattr(a, "__cuda_array_interface__", None)  # (the simulator's arrays raise AttributeError)
+    if cai is not None:
+        return cai["data"][0]
+    wrapped = getattr(a, "_ary", None)  # the simulator's FakeCUDAArray wraps a NumPy array
+    return wrapped.__array_interface__["data"][0] if isinstance(wrapped, np.ndarray) else None
+
+
+def check_apart(op: str, out: tuple, *inputs: tuple) -> None:
+    """ValueError unless the output ``out`` = (name, array) shares no byte with any input (name,
+    array): a kernel that reads an input after another thread wrote the output over it races on a
+    GPU (on the simulator, whose threads run one after another, it computes something else)."""
+    name, a = out
+    start = _address(a)
+    if start is None or a.nbytes == 0:
+        return
+    for what, b in inputs:
+        other = _address(b) if b is not None else None
+        if other is not None and b.nbytes and other < start + a.nbytes and start < other + b.nbytes:
+            raise ValueError(f"{op} {name}: overlaps {what} (the kernel reads {what} while it writes "
+                             f"{name}): give {name} a buffer of its own")
+
+
 def registered_kernels() -> tuple[KernelSpec, ...]:
     """Every kernel recorded so far (import the family modules first)."""
     return tuple(_KERNELS)

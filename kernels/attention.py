@@ -42,7 +42,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Launch, Op, ceil_div, check_version, cuda_kernel
+from kernels._common import Launch, Op, ceil_div, check_apart, check_version, cuda_kernel
 from kernels.layernorm import _elements, _nchw
 
 BLOCK = 128  # threads per block
@@ -255,6 +255,8 @@ def attention_forward(qkv, y, lse, *, heads, stream=0, version="v1", block=BLOCK
     qkv3, yshape, heads, scale = _prepare(op, qkv, heads, version)
     y3 = _nchw(op, "y", y, shape=yshape)
     lse1 = _lse(op, qkv, lse, heads)
+    check_apart(op, ("y", y), ("qkv", qkv))
+    check_apart(op, ("lse", lse), ("qkv", qkv))
     # per (i, j): s_ij for the max, s_ij again, and y's update
     _launch(_attention_forward_v1, lse1.size, qkv3.shape[2], 3, yshape[1] // heads, block, stream, qkv3, y3,
             lse1, heads, scale)
@@ -269,6 +271,7 @@ def attention_backward(qkv, y, dy, lse, dqkv, *, heads, stream=0, version="v1", 
     dy3 = _nchw(op, "dy", dy, shape=yshape)
     dqkv3 = _nchw(op, "dqkv", dqkv, shape=qkv.shape)
     lse1 = _lse(op, qkv, lse, heads)
+    check_apart(op, ("dqkv", dqkv), ("qkv", qkv), ("y", y), ("dy", dy), ("lse", lse))
     args, t, dh = (qkv3, y3, dy3, lse1, dqkv3, heads, scale), qkv3.shape[2], yshape[1] // heads
     _launch(_attention_backward_dq_v1, lse1.size, t, 3, dh, block, stream, *args)  # s_ij, dp_ij, dq's update
     _launch(_attention_backward_dkv_v1, lse1.size, t, 5, dh, block, stream, *args)  # D_i, s_ij, dp_ij, dk, dv

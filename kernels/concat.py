@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, ceil_div, check, check_version, cuda_kernel
+from kernels._common import Op, ceil_div, check, check_apart, check_version, cuda_kernel
 
 BLOCK = 256  # threads per block
 
@@ -131,6 +131,7 @@ def channel_shuffle(x, y, *, groups, stream=0, version="v1"):
     check_version(version, ("v1",))
     check("channel_shuffle x", x)
     check("channel_shuffle y", y, shape=x.shape)
+    check_apart("channel_shuffle", ("y", y), ("x", x))
     c = x.shape[1] if x.ndim >= 2 else 0
     if x.ndim < 2 or not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1 \
             or c % groups:

@@ -37,7 +37,8 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import MAX_GRID_Z, Launch, Op, ceil_div, check, check_version, cuda_kernel, grid_z_parts
+from kernels._common import (MAX_GRID_Z, Launch, Op, ceil_div, check, check_apart, check_version, cuda_kernel,
+                             grid_z_parts)
 
 VERSIONS = ("v1", "v2", "v3")
 TILE_MAX = 32  # v2: the largest block side; its shared tiles are TILE_MAX x TILE_MAX
@@ -402,6 +403,7 @@ def gemm_batched(a, b, c, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, 
                              "(an operand holds 1 matrix, shared, or one per matrix of the batch)")
     m, n, k = gemm_shapes(a.shape[1:], b.shape[1:], trans_a, trans_b)
     check("gemm_batched c", c, shape=(1 if reduce else batch, m, n))
+    check_apart("gemm_batched", ("c", c), ("a", a), ("b", b))
     if reduce and batch == 0:
         raise ValueError("gemm_batched: reduce=True needs at least one matrix to sum")
     geometry = gemm_geometry(version, m, n, k, batch, reduce=reduce, trans_a=trans_a, trans_b=trans_b,

@@ -35,7 +35,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, check, check_version, contiguous, cuda_kernel, flat, launch_1d
+from kernels._common import Op, check, check_apart, check_version, contiguous, cuda_kernel, flat, launch_1d
 
 BLOCK = 256  # threads per block
 VERSIONS = ("v1",)
@@ -237,6 +237,7 @@ def layer_norm_backward(x, dy, weight, save_mean, save_rstd, dx, dweight, dbias,
     _some_channels(op, x)
     _channels(op, x, weight=weight, dweight=dweight, dbias=dbias)
     mean, rstd = _stats(op, x, save_mean=save_mean, save_rstd=save_rstd)
+    check_apart(op, ("dx", dx), ("x", x), ("dy", dy))
     launch_1d(_layer_norm_backward_params_v1, x.shape[1], block, stream, x3, dy3, mean, rstd, dweight, dbias)
     launch_1d(_layer_norm_backward_dx_v1, mean.size, block, stream, x3, dy3, weight, mean, rstd, dx3)
 
@@ -264,6 +265,7 @@ def layer_scale_backward(x, gamma, dy, dx, dgamma, *, stream=0, version="v1", bl
     dx3 = _nchw(op, "dx", dx, shape=x.shape)
     g = _gamma(op, x, "gamma", gamma)
     dg = _gamma(op, x, "dgamma", dgamma)
+    check_apart(op, ("dx", dx), ("x", x), ("dy", dy))
     launch_1d(_layer_scale_backward_dgamma_v1, x.shape[1], block, stream, x3, dy3, dg)
     launch_1d(_layer_scale_forward_v1, x.size, block, stream, dy3, g, dx3)
 

@@ -24,7 +24,7 @@ import numpy as np
 from numba import cuda
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, check_version, cuda_kernel, launch_1d
+from kernels._common import Op, check_apart, check_version, cuda_kernel, launch_1d
 from kernels.layernorm import _nchw
 
 BLOCK = 256  # threads per block
@@ -87,6 +87,7 @@ def patch_merge_forward(x, y, *, stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
     x3 = _nchw(op, "x", x)
     y3 = _nchw(op, "y", y, shape=_merged(op, "x", x))
+    check_apart(op, ("y", y), ("x", x))
     launch_1d(_patch_merge_forward_v1, y3.size, block, stream, x3, y3, x.shape[3])
 
 
@@ -97,6 +98,7 @@ def patch_merge_backward(dy, dx, *, stream=0, version="v1", block=BLOCK):
     check_version(version, VERSIONS)
     dx3 = _nchw(op, "dx", dx)
     dy3 = _nchw(op, "dy", dy, shape=_merged(op, "dx", dx))
+    check_apart(op, ("dx", dx), ("dy", dy))
     launch_1d(_patch_merge_backward_v1, dx3.size, block, stream, dy3, dx3, dx.shape[3])
 
 

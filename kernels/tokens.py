@@ -31,7 +31,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Op, check, check_version, contiguous, cuda_kernel, launch_1d
+from kernels._common import Op, check, check_apart, check_version, contiguous, cuda_kernel, launch_1d
 from kernels.layernorm import _elements, _nchw
 
 BLOCK = 256  # threads per block
@@ -215,6 +215,7 @@ def class_token_backward(dy, dx, dtoken, *, stream=0, version="v1", block=BLOCK)
     dx3 = _nchw(op, "dx", dx)
     dy3 = _with_class_token(op, "dy", dy, dx)
     dtok = _elements(op, "dtoken", dtoken, dx.shape[1], "D, one per channel")
+    check_apart(op, ("dx", dx), ("dy", dy))
     launch_1d(_class_token_backward_dtoken_v1, dtok.size, block, stream, dy3, dtok)
     launch_1d(_class_token_backward_dx_v1, dx3.size, block, stream, dy3, dx3)
 

@@ -51,7 +51,7 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels._check import Example, example_arrays, main
-from kernels._common import Launch, Op, ceil_div, check, check_version, contiguous, cuda_kernel
+from kernels._common import Launch, Op, ceil_div, check, check_apart, check_version, contiguous, cuda_kernel
 from kernels.attention import _heads, _row_delta, _weight_grad  # D_i and ds_ij, as there
 from kernels.layernorm import _elements, _nchw
 
@@ -356,6 +356,8 @@ def window_attention_forward(qkv, table, y, lse, *, heads, window, shift, stream
     qkv3, yshape, heads, geo, scale, table = _prepare(op, qkv, table, heads, window, shift, version)
     y3 = _nchw(op, "y", y, shape=yshape)
     lse1 = _lse(op, qkv, lse, heads)
+    for out in (("y", y), ("lse", lse)):
+        check_apart(op, out, ("qkv", qkv), ("table", table))
     # per (i, j): s_ij for the max, s_ij again, and y's update
     macs = lse1.size * geo[2] * geo[3] * 3 * (yshape[1] // heads)
     _launch(_window_attention_forward_v1, lse1.size, macs, block, stream, qkv3, table, y3, lse1, heads, geo,
@@ -373,6 +375,9 @@ def window_attention_backward(qkv, table, y, dy, lse, dqkv, dtable, *, heads, wi
     dqkv3 = _nchw(op, "dqkv", dqkv, shape=qkv.shape)
     dtable = _table(op, "dtable", dtable, geo, heads)
     lse1 = _lse(op, qkv, lse, heads)
+    for out in (("dqkv", dqkv), ("dtable", dtable)):
+        check_apart(op, out, ("qkv", qkv), ("table", table), ("y", y), ("dy", dy), ("lse", lse))
+    check_apart(op, ("dtable", dtable), ("dqkv", dqkv))
     args = (qkv3, table, y3, dy3, lse1, dqkv3, heads, geo, scale)
     # dot products of length dh per (i, j) pair: s, dp, dq; D, s, dp, dk, dv; D, s, dp
     macs = lse1.size * geo[2] * geo[3] * (yshape[1] // heads)

@@ -36,3 +36,48 @@ def test_op_names_are_unique_and_complete():
     tested = {ex.op for fam in kernels.FAMILIES
               for ex in kernels.family(fam).examples(np.random.default_rng(0))}
     assert set(ops) <= tested, f"ops without a self-check example: {sorted(set(ops) - tested)}"
+
+
+def _views(*shapes):
+    """Device views of the given shapes into one buffer, each starting where the last one's first
+    half ends: each overlaps the one before it."""
+    from numba import cuda
+
+    sizes = [int(np.prod(s)) for s in shapes]
+    buf = cuda.to_device(np.arange(sum(sizes), dtype=np.float32))
+    out, start = [], 0
+    for shape, size in zip(shapes, sizes):
+        out.append(buf[start:start + size].reshape(shape))
+        start += size // 2
+    return out
+
+
+def _dev(*shape):
+    from numba import cuda
+
+    return cuda.to_device(np.ones(shape, np.float32))
+
+
+def _layer_scale_backward_into_x(x, dx):
+    kernels.layernorm.layer_scale_backward(x, _dev(4), _dev(1, 4, 2, 2), dx, _dev(4))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: kernels.concat.channel_shuffle(*_views((1, 4, 2, 2), (1, 4, 2, 2)), groups=2),
+     "channel_shuffle y: overlaps x"),
+    (lambda: kernels.gemm.gemm(*(lambda a, c: (a, _dev(4, 4), c))(*_views((4, 4), (4, 4)))),
+     "gemm_batched c: overlaps a"),
+    (lambda: kernels.patch_merge.patch_merge_forward(*_views((1, 2, 4, 4), (1, 8, 2, 2))),
+     "patch_merge_forward y: overlaps x"),
+    (lambda: kernels.patch_merge.patch_merge_backward(*_views((1, 8, 2, 2), (1, 2, 4, 4))),
+     "patch_merge_backward dx: overlaps dy"),
+    (lambda: _layer_scale_backward_into_x(*_views((1, 4, 2, 2), (1, 4, 2, 2))),
+     "layer_scale_backward dx: overlaps x"),
+    (lambda: (lambda qkv, y: kernels.attention.attention_forward(qkv, y, _dev(1, 2, 4), heads=2))(
+        *_views((1, 12, 2, 2), (1, 4, 2, 2))), "attention_forward y: overlaps qkv"),
+])
+def test_a_launcher_refuses_an_output_over_what_its_kernel_reads(call, match):
+    """Documented "must not alias", never checked: channel_shuffle(x, x) computed something else on
+    the simulator and would race on a GPU. Each launcher compares the outputs' bytes with its inputs'."""
+    with pytest.raises(ValueError, match=match):
+        call()
