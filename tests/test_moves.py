@@ -115,9 +115,9 @@ def test_a_read_ahead_starts_only_where_its_block_fits_and_never_evicts(fraction
         seen["fetched"] += self.stats["cache_misses"] - before
         seen["waited"] += len(self._ready)
 
-    def counted_evict(self, t):
+    def counted_evict(self, t, step):
         seen["evicted_ahead" if getattr(self, "ahead_now", False) else "evicted"] += 1
-        evict(self, t)
+        evict(self, t, step)
 
     g = get_model("resnet50", batch=8)
     config = MemoryConfig.superneurons()

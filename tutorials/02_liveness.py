@@ -87,16 +87,17 @@ print(f"\npeak: baseline {b.peak_bytes / MiB:,.1f} MiB at step {b.peak_step} "
       f"step {lv.peak_step} ({lv.steps[lv.peak_op].layer} {lv.steps[lv.peak_op].phase})")
 print(f"liveness saves {1 - lv.peak_bytes / b.peak_bytes:.0%}; l_peak {lv.l_peak_bytes / MiB:,.1f} MiB, "
       f"so the peak is still {lv.ratio:.2f} x l_peak")
-forward_ops = [i for i, r in enumerate(b.steps) if r.phase == "forward"]
+route_b, route_lv = b.op_steps, lv.op_steps  # the route's ops (the SGD updates after backward come after)
+forward_ops = [i for i, r in enumerate(route_b) if r.phase == "forward"]
 print("largest tensors alive at the liveness peak:",
       ", ".join(f"{n} {nb / MiB:.0f}" for n, nb in lv.peak_tensors[:5]), "(MiB)")
 expect("the two columns are identical through the forward pass (before the softmax)",
-       all(b.steps[i].counted_bytes == lv.steps[i].counted_bytes for i in forward_ops[:-1]),
+       all(route_b[i].counted_bytes == route_lv[i].counted_bytes for i in forward_ops[:-1]),
        why="every activation is still needed by backward, so liveness frees nothing before it.")
 expect("then the baseline keeps growing with gradients while the liveness column falls, and the liveness "
        f"peak is in backward (here at {lv.steps[lv.peak_op].layer}'s backward step)",
-       all(x.counted_bytes <= y.counted_bytes for x, y in zip(b.steps, b.steps[1:]))
-       and lv.steps[lv.peak_op].phase == "backward" and lv.steps[-1].counted_bytes < lv.peak_bytes,
+       all(x.counted_bytes <= y.counted_bytes for x, y in zip(route_b, route_b[1:]))
+       and lv.steps[lv.peak_op].phase == "backward" and route_lv[-1].counted_bytes < lv.peak_bytes,
        why="early in backward nearly every forward activation is still alive and the first gradients arrive: "
            "liveness alone cannot go below that. Tutorials 04 (offload) and 05 (recomputation) attack "
            "exactly those activations.")
