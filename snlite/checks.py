@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import sys
 
 import numpy as np
 
@@ -117,3 +118,12 @@ def known_fields(cls):
 
     cls.__init__ = __init__
     return cls
+
+
+def users_level() -> int:
+    """The ``stacklevel`` that makes a warning (warned by this function's caller) name the first line
+    outside snlite: the user's ``simulate(...)`` or ``from_torch(...)``, not snlite's own call."""
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("snlite."):
+        frame, level = frame.f_back, level + 1
+    return level

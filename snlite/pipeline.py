@@ -19,13 +19,12 @@ Every pass takes plain data and returns plain data; each can be called, printed 
 """
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass
 
 from snlite import offline, overlap, placement, timing
 from snlite import workspace as ws
-from snlite.checks import boolean
+from snlite.checks import boolean, users_level
 from snlite.errors import BudgetError, PlanError
 from snlite.graph import graph_of
 from snlite.config import MIN_BUDGET_BYTES, ConfigWarning, MemoryConfig, config_of, no_effect
@@ -58,22 +57,13 @@ def place(graph, config: MemoryConfig | None = None, mode: str = "train", *, pla
         _check_plan(plan, graph, config)
     config = _checked(config, mode, optimizer, plan)
     for text in no_effect(config):  # (the command line says so itself, and ignores these)
-        warnings.warn(text, ConfigWarning, stacklevel=_callers_level())
+        warnings.warn(text, ConfigWarning, stacklevel=users_level())
     with without_cycle_collection():
         job, placed = _first(graph, config, mode, plan, costs, optimizer)
         if refine:
             placed = _refined(job, placed)
     program = placed.program
     return program.without_updates() if mode == "grads" else program
-
-
-def _callers_level() -> int:
-    """The ``stacklevel`` that makes a warning name the first line outside snlite (the user's
-    ``simulate(...)``, not snlite's call of ``place``)."""
-    frame, level = sys._getframe(2), 2  # the caller of the function that warns
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("snlite."):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 @dataclass

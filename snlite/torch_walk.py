@@ -9,6 +9,7 @@ from __future__ import annotations
 import operator
 import warnings
 
+from snlite.checks import users_level
 from snlite.graph import RESERVED_CHARS, Graph
 from snlite.layers_activation import ACTIVATIONS
 from snlite.torch_nodes import describe, is_shape, not_yet, refuse, where
@@ -60,7 +61,7 @@ class Importer:
         self.used.add(name)
         if name != base and (legal != base or base in ("data", "labels")):
             warnings.warn(f"from_torch: the module {base!r} is the layer {name!r} (a name snlite keeps for "
-                          f"its own use); its state_dict entries are {name}.*", stacklevel=2)
+                          f"its own use); its state_dict entries are {name}.*", stacklevel=users_level())
         return name
 
     def visit(self, node) -> None:

@@ -15,6 +15,7 @@ with the reason shown, without them."""
 import collections
 import copy
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -300,8 +301,12 @@ def test_module_names_snlite_reserves_are_renamed_and_the_net_still_plans():
             x = getattr(self, "r#1")(self.data(x))
             return getattr(self, "f@c:x")(self.labels(x))
 
-    with pytest.warns(UserWarning, match=r"the module 'f@c:x' is the layer 'f_c_x' .* entries are f_c_x\.\*"):
+    with pytest.warns(UserWarning) as warned:
         g = from_torch(Odd(), (3, 8, 8), batch=2)
+    said = sorted(str(w.message) for w in warned)
+    assert [re.search(r"the module '(\S+)' is the layer '(\S+)'", m).groups() for m in said] == [
+        ("data", "data_1"), ("f@c:x", "f_c_x"), ("labels", "labels_1"), ("r#1", "r_1")], said
+    assert all(w.filename == __file__ for w in warned), "the warning names the caller's line, not snlite's"
     assert list(g.layers) == ["data", "data_1", "r_1", "labels_1", "f_c_x", "softmax"]
     Model(g, MemoryConfig.superneurons(), device="meta")
 
