@@ -72,7 +72,7 @@ def deep(units: int = 2500, batch: int = 1, scaling=SCALING) -> dict:
         out[label] = {"plan_s": plan_s, "place_s": place_s, "program_s": plan_s + place_s,
                       "trace_s": clock.lap(), "cpu_s": plan_cpu + place_cpu + clock.cpu,
                       "instructions": len(program), "peak_bytes": tr.peak_bytes,
-                      "l_peak_bytes": tr.l_peak_bytes, "steps": len(tr.steps)}
+                      "l_peak_bytes": tr.l_peak_bytes, "steps": len(tr.op_steps)}  # the plan's ops
     out["scaling"] = []
     for u in sorted({u for u in scaling if u < units} | {units}):
         graph = g if u == units else resnet(3 * u + 2, batch=batch)
