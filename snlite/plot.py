@@ -174,7 +174,8 @@ def _draw_timeline(ax, trace, tl: Timeline, count: str):
     ax.plot([tl.peak_op], [tl.peak_mib], marker="v", color="#b2182b", markersize=8, linestyle="none",
             zorder=5)
     right = tl.peak_op > 0.6 * n  # the label goes to the side with more room
-    ax.annotate(f"peak {_mib(tl.peak_mib * MIB)} MiB at step {r.step}: {r.layer} ({r.phase})",
+    where = f"step {r.step}: {r.layer} ({r.phase})" if r.op >= 0 else f"{r.layer}'s SGD update after backward"
+    ax.annotate(f"peak {_mib(tl.peak_mib * MIB)} MiB at {where}",
                 xy=(tl.peak_op, tl.peak_mib), xytext=(-12 if right else 12, 9), textcoords="offset points",
                 ha="right" if right else "left", va="bottom", fontsize=8.5, zorder=6,
                 bbox=dict(boxstyle="round,pad=0.25", facecolor="white", edgecolor="#b2182b", alpha=0.9),
