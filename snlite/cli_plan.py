@@ -248,10 +248,13 @@ def print_explanation(ex, net: str) -> None:
               else f"a budget of {measure.format_size(ex.config.budget_bytes)}")
     print(f"{ex.net}, batch {ex.batch}, does NOT fit {budget} under {ex.config.describe()}.")
     print(f"\nwhere it failed: {ex.message}")
-    pinned = measure.format_size(ex.need.slab_bytes)
-    if host:  # what the device holds is beside the point: the pinned slab is what ran out
+    pinned = measure.format_size(ex.host_needed) if ex.host_needed is not None else None
+    if host and pinned is not None:  # what the device holds is beside the point: the pinned slab ran out
         print(f"\nwithout a host budget it pins {pinned} of host memory (the staged batch, the results and "
               f"what waits on the host at its busiest); a --host-budget of {pinned} or more fits")
+    elif host:
+        print(f"\nwithout a host budget it does not fit the device budget either (without both it peaks at "
+              f"{measure.format_size(need.peak_bytes)} and pins {measure.format_size(ex.need.slab_bytes)})")
     else:
         print(f"\nwithout a budget it peaks at {measure.format_size(need.peak_bytes)} (count all; "
               f"{measure.format_size(ex.need.paper_peak_bytes)} of activations + gradients) at "
@@ -271,7 +274,8 @@ def print_explanation(ex, net: str) -> None:
     print(text_table(header, rows, "><<<>>>><") if rows else
           "  (no change of the configuration was tried: none would pin less)")
     if host and not any(s.fits for s in ex.suggestions):
-        print(f"\nnothing here fits: a --host-budget of {pinned} or more, or a smaller batch")
+        larger = f"a --host-budget of {pinned} or more, or " if pinned else ""
+        print(f"\nnothing here fits: {larger}a smaller batch")
     elif not any(s.fits for s in ex.suggestions):
         print(f"\nnothing here fits: a larger --budget (without one it peaks at "
               f"{measure.format_size(need.peak_bytes)}), or a smaller network; snlite compare {net} "

@@ -63,6 +63,9 @@ class Explanation:
     need: Measurement | None = None
     suggestions: list[Suggestion] = field(default_factory=list)
     ran_out: str = "device"  # the budget that ran out: "device" (budget_bytes) or "host" (host_budget_bytes)
+    # where the host budget ran out: the pinned bytes it needs with the device budget kept (under it the
+    # cache parks more on the host than a run without budgets does); None where the device budget fails
+    host_needed: int | None = None
 
 
 def _changes(c: MemoryConfig) -> list[tuple[str, str, dict]]:
@@ -165,4 +168,8 @@ def explain_budget(build, batch: int, config: MemoryConfig) -> Explanation:
                                           build(found.value).flops(), t.d2h_bytes + t.h2d_bytes,
                                           t.host_peak_bytes, "a smaller batch"))
     suggestions.sort(key=Suggestion.rank_key)
-    return Explanation(graph.name, batch, config, False, message, need, suggestions, ran_out)
+    host_needed = None
+    if ran_out == "host":
+        lifted = measure(graph, config.replace(host_budget_bytes=None))
+        host_needed = lifted.program.slab_bytes if lifted.fits is not False else None  # (None: none left)
+    return Explanation(graph.name, batch, config, False, message, need, suggestions, ran_out, host_needed)

@@ -246,3 +246,14 @@ def test_where_no_change_pins_less_the_explanation_says_so_and_names_the_host_bu
     assert out.rstrip().endswith(f"nothing here fits: a --host-budget of {format_size(pinned)} or more, or a "
                                  "smaller batch"), out[-600:]
     assert cli.main(["plan", "lenet", "--batch", "2", "--host-budget", str(pinned)]) == 0
+
+
+def test_under_a_device_budget_the_host_budget_said_to_fit_does():
+    """The cache parks on the host what the device budget cannot hold: the explanation said the run
+    without any budget's 9.5 MiB would do, where 87.8 MiB is needed."""
+    config = MemoryConfig(liveness=True, cache=True, budget_bytes=807680000, host_budget_bytes=20 * 2**20)
+    g = alexnet(16)
+    ex = explain.explain_budget(lambda batch: alexnet(batch), 16, config)
+    assert not ex.fits and ex.ran_out == "host" and ex.host_needed > ex.need.slab_bytes
+    assert budget.fits(g, config.replace(host_budget_bytes=ex.host_needed))
+    assert not budget.fits(g, config.replace(host_budget_bytes=ex.need.slab_bytes))
