@@ -84,7 +84,7 @@ class Model:
         # fails here if a budget is too small
         self.programs, self._resolved = _programs(graph, config, self.plan, self.costs, self.in_backward)
         self.executor = self._executor()
-        self._traces: dict[str, object] = {}
+        self._trace = None  # a training step's, read off its program on first use
         rng = np.random.default_rng(self.seed)
         init = {}
         for name, layer in graph.layers.items():
@@ -152,11 +152,15 @@ class Model:
 
     @property
     def trace(self):
-        """The trace of a training step's program (``step``; ``forward_backward`` runs the same one
-        unless steps update inside backward), read off its program."""
-        if self.step_mode not in self._traces:
-            self._traces[self.step_mode] = trace_program(self.programs[self.step_mode], self.config.count)
-        return self._traces[self.step_mode]
+        """The trace of a training step, read off its program: the "train" program where the updates run
+        inside backward; else the step runs "grads" and then "update", whose launches, in that order, are
+        the records of the one program that does both (placed once, here, with the same plan and
+        config): its op records are the grads program's, then come the updates (op -1)."""
+        if self._trace is None:
+            program = self.programs["train"] if self.in_backward else \
+                place(self.graph, self._resolved, "train", plan=self.plan, costs=self.costs)
+            self._trace = trace_program(program, self.config.count)
+        return self._trace
 
     # parameters -----------------------------------------------------------------
     @property
