@@ -122,6 +122,7 @@ class Measurement:
                 "l_peak_bytes": t.l_peak_bytes, "paper_l_peak_bytes": p.l_peak_bytes,
                 "ratio": t.ratio, "paper_ratio": p.ratio, "peak_step": t.peak_step,
                 "peak_layer": t.steps[t.peak_op].layer if t.steps else None,
+                "peak_phase": t.steps[t.peak_op].phase if t.steps else None,  # "update": SGD after backward
                 "recompute_count": t.recompute_count, "extra_flops": t.extra_flops,
                 "forward_flops": self.forward_flops, "d2h_bytes": t.d2h_bytes, "h2d_bytes": t.h2d_bytes,
                 "cache_hits": t.cache_hits, "cache_misses": t.cache_misses,

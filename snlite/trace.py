@@ -170,7 +170,8 @@ def trace_program(program, count: str = "all") -> Trace:
     fetches its own), taken at its busiest moment (its inputs, outputs and workspace held), the peak and
     what was live there, l_peak, the traffic and the conv choices. Pure: it only reads the program.
 
-    l_peak is the largest working set of one op: the blocks of the tensors it reads and writes, each
+    l_peak is the largest working set of one op of the plan (not the SGD updates after backward, whose
+    records say theirs): the blocks of the tensors it reads and writes, each
     once (a dx written into dy's buffer is one buffer: :func:`snlite.liveness.step_tensors`), under
     ``count`` (count "all" adds the weights, their gradients, momentum and the op's workspace; count
     "paper" leaves out the batch and the labels). The recompute stage's threshold counts the batch
@@ -288,7 +289,8 @@ class _Reader:
         total = self.total
         tr.steps.append(StepRecord(ins.op, ins.step, ins.layer, ins.phase, dict(device), self.host,
                                    self.resident, total, working))
-        tr.l_peak_bytes = max(tr.l_peak_bytes, working)
+        if ins.op >= 0:  # l_peak is the route's busiest op; the SGD after backward is no op of it
+            tr.l_peak_bytes = max(tr.l_peak_bytes, working)
         if total > tr.peak_bytes:
             tr.peak_bytes, tr.peak_step, tr.peak_op = total, ins.step, len(tr.steps) - 1
             self.peak_log = len(self.log_bytes)

@@ -96,6 +96,8 @@ def test_the_updates_after_backward_count_in_the_trace_as_the_device_holds_them(
     assert planned.peak_bytes == max(model.step_launch_bytes) == model.trace.peak_bytes, \
         "the model's trace is its whole step's, the updates after backward included"
     assert [r.counted_bytes for r in model.trace.steps] == model.step_launch_bytes
+    # l_peak stays the route's busiest op: the momentum fetched for the next update is no op's working set
+    assert planned.l_peak_bytes == max(r.working_set_bytes for r in planned.op_steps) < planned.peak_bytes
 
 
 @pytest.mark.parametrize("order", ["late", "early"])
