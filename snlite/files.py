@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import stat
 import sys
 
@@ -48,6 +49,14 @@ def replacing(path, mode: str = "w"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def copy_into(source, path) -> None:
+    """The file ``source`` copied over ``path`` as :func:`replacing` writes it: whole or not at all,
+    through a link, keeping the replaced file's permissions (a folder of files made elsewhere, moved
+    into place: ``snlite paper``'s)."""
+    with open(source, "rb") as src, replacing(path, "wb") as f:
+        shutil.copyfileobj(src, f)
 
 
 def write_text(path, text: str) -> None:

@@ -82,7 +82,7 @@ def paper_report(out: str, quick: bool = False, command: str | None = None, log=
         command = command or f"snlite paper --out {out}" + (" --quick" if quick else "")
         report = _paper_report(staging, quick, command, log, progress)
         for name in sorted(os.listdir(staging), key=lambda n: n == "report.md"):  # the report last
-            os.replace(os.path.join(staging, name), os.path.join(out, name))
+            files.copy_into(os.path.join(staging, name), os.path.join(out, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return dataclasses.replace(report, path=os.path.join(out, "report.md"))

@@ -155,6 +155,24 @@ def test_an_interrupted_run_leaves_the_report_before_it_as_it_was(tmp_path, monk
     assert (tmp_path / "alexnet_b200_trajectory_paper.png").read_bytes() == b"the last run's figure"
 
 
+def test_the_report_is_written_through_a_link_and_keeps_its_permissions(tmp_path, monkeypatch):
+    """As every file snlite writes (snlite.files): made in the staging folder, it is copied into place,
+    not renamed over the link or the private file it replaces."""
+    kept = tmp_path / "elsewhere.md"
+    kept.write_text("old\n")
+    kept.chmod(0o600)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.md").symlink_to(kept)
+    monkeypatch.setattr(report, "_plots", lambda: (None, "no plots here"))
+    for name in ("recompute", "traffic", "depth", "width", "min_budgets", "speed"):
+        monkeypatch.setattr(report, name, lambda *a, **k: report_tables.Section("stub", "a stubbed section"))
+    monkeypatch.setattr(report, "tradeoff", lambda *a, **k: (report_tables.Section("stub", "stubbed"), []))
+    monkeypatch.setattr(report, "trajectory", lambda *a, **k: (report_tables.Section("stub", "stubbed"), {}))
+    report.paper_report(str(tmp_path / "out"), quick=True, log=lambda s: None)
+    assert (tmp_path / "out" / "report.md").is_symlink() and "stubbed" in kept.read_text()
+    assert kept.stat().st_mode & 0o777 == 0o600
+
+
 def test_out_must_be_a_folder(tmp_path, capsys):
     file = tmp_path / "report.md"
     file.write_text("")
