@@ -16,6 +16,7 @@ import numpy as np
 
 from snlite import chrome_trace, files, measure, memory_snapshot, models, plot, timing, torch_import
 from snlite.cli_args import OUTPUT_FILES, CliError, UsageError, check_output_file
+from snlite.errors import BudgetError
 from snlite.graph import Graph
 
 NET_HELP = ("a network of the model zoo (snlite.models.get_model): lenet, alexnet, vgg16, resnet50, "
@@ -82,11 +83,15 @@ def builder(net: str, input_shape=None, torch_args=None, default_input=TORCH_INP
         try:
             return torch_import.from_torch(module, input_shape or default_input, batch=batch or TORCH_BATCH,
                                            name=net)
-        except ValueError:  # snlite's own refusals (and a ValueError of its forward), said as they are
+        except OWN_ERRORS:  # snlite's own refusals (and a ValueError of its forward), said as they are
             raise
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed: one line
-            raise CliError(f"{net}: tracing its forward {_raised(e)}") from e
+            raise CliError(f"{net}: tracing its forward {_raised(e)} (snlite --traceback ... shows "
+                           "where)") from e
     return build
+
+
+OWN_ERRORS = (ValueError, NotImplementedError, BudgetError)  # said by the command as they are
 
 
 def _raised(e: BaseException) -> str:
@@ -113,6 +118,8 @@ def graph_function(net: str, function, input_shape=None, kwargs=None):
                              f"(def {function.__name__}(batch=8): ...) and returns an snlite Graph") from None
         try:
             g = function(*args, **kwargs)
+        except OWN_ERRORS[1:]:  # a student copy's stub, a budget: the command says those itself
+            raise
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code, not snlite's: one line
             raise CliError(f"{net}: {call} {_raised(e)} (snlite --traceback ... shows where)") from e
         if not isinstance(g, Graph):

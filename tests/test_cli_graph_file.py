@@ -34,6 +34,10 @@ NETS = textwrap.dedent("""\
         raise SystemExit(0)
 
 
+    def stub(batch=8):
+        raise NotImplementedError("Assignment 1: liveness analysis")
+
+
     def lossless(batch=8):
         g = Graph((batch, 1, 8, 8), num_classes=10)
         g.relu(g.input())
@@ -95,6 +99,8 @@ def test_an_error_in_the_functions_own_code_is_one_line_naming_it(tmp_path, caps
                         ("leaves", "leaves(2) called sys.exit(0)")]:
         code, out, err = run(capsys, "plan", f"{path}:{name}", "--batch", 2)
         assert code == 1 and f"{path}:{name}: {words}" in err and "Traceback" not in err, (name, err)
+    code, out, err = run(capsys, "plan", f"{path}:stub", "--batch", 2)  # a student copy's stub: said as such
+    assert code == 1 and "not written yet: Assignment 1" in err and "grade 1" in err, err
     exits = tmp_path / "exits.py"
     exits.write_text("import sys\nsys.exit(3)\n")
     code, out, err = run(capsys, "plan", f"{exits}:tiny")
