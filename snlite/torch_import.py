@@ -12,7 +12,9 @@ runs it once on a batch of one to learn every node's shape. Each node becomes on
 named so that snlite's parameter names are PyTorch's ``state_dict`` keys: a submodule's layer is
 named by its path (``layer2.0.conv1``); a parameter-free function by the path of the module whose
 forward called it and the operation (``layer2.0.add``); a name used twice (torchvision's ResNets
-call one ``relu`` module three times) gets ``_1``, ``_2``... as fx names its nodes. The logits the
+call one ``relu`` module three times) gets ``_1``, ``_2``... as fx names its nodes. A module named
+``data`` or ``labels``, or whose name holds '@', '#' or ':' (snlite's own names use them), is renamed
+with a warning naming its new name: its state_dict entries are then under that name. The logits the
 module returns feed a ``softmax_loss`` whose classes are their width (the last Linear's
 ``out_features``). Every layer's shape is checked against the one PyTorch computed.
 

@@ -23,6 +23,11 @@ CHANNELS_LAST = ("permute", "layernorm", "linear", *ACTIVATION, "identity", "dro
 
 LEGAL = str.maketrans(RESERVED_CHARS, "_" * len(RESERVED_CHARS))  # what a layer name may not hold
 
+
+def _renamed(base: str, name: str) -> None:
+    warnings.warn(f"from_torch: the module {base!r} is the layer {name!r} (a name snlite keeps for its own "
+                  f"use); its state_dict entries are {name}.*", stacklevel=users_level())
+
 class Importer:
     """Walks the traced graph in order and adds one snlite layer per node."""
 
@@ -50,19 +55,27 @@ class Importer:
                           ".".join(p for p in (where(node), kind) if p))
 
     def fresh(self, base: str) -> str:
-        """``base`` as a layer name snlite takes and no layer has yet: each '@', '#' and ':' (which
-        snlite's own names use, and PyTorch allows in a module's) made '_', and a suffix ``_k`` where
-        it is taken (by another layer, or by the graph's own ``data`` and ``labels``)."""
-        legal = base.translate(LEGAL)
+        """``base`` as a layer name snlite takes (:meth:`legal`) that no layer has yet: a suffix ``_k``
+        where it is taken (a module called twice: ``relu``, ``relu_1``)."""
+        legal = self.legal(base, warn=False)
         name, k = legal, 0
-        while name in self.used or name in ("data", "labels"):
+        while name in self.used:
             k += 1
             name = f"{legal}_{k}"
         self.used.add(name)
-        if name != base and (legal != base or base in ("data", "labels")):
-            warnings.warn(f"from_torch: the module {base!r} is the layer {name!r} (a name snlite keeps for "
-                          f"its own use); its state_dict entries are {name}.*", stacklevel=users_level())
+        if legal != base:
+            _renamed(base, name)
         return name
+
+    @staticmethod
+    def legal(base: str, warn: bool = True) -> str:
+        """``base`` as a layer name snlite takes: each '@', '#' and ':' (which snlite's own names use, and
+        PyTorch allows in a module's) made '_', and ``data`` and ``labels`` (the graph's own) ``_1``."""
+        legal = base.translate(LEGAL)
+        legal = f"{legal}_1" if legal in ("data", "labels") else legal
+        if warn and legal != base:
+            _renamed(base, legal)
+        return legal
 
     def visit(self, node) -> None:
         if node.target is operator.getitem and isinstance(self.built.get(node.args[0]), Attended):
@@ -282,8 +295,8 @@ class Importer:
             raise refuse(node, "F.layer_norm with a weight and bias that are not one module's own weight and "
                                "bias, read once; snlite's layernorm owns its parameters")
         owner = owners.pop()
-        name = self.fresh(owner)
-        self.used.add(owner)  # (its parameters read once)
+        name = self.legal(owner)
+        self.used.update((owner, name))  # (its parameters read once)
         return self.g.layernorm(x, hp["eps"], name=name)
 
     def channel_scale(self, node, xs, name):
@@ -326,7 +339,8 @@ class Importer:
             if tuple(value.shape) != (1, t, d):
                 raise refuse(node, f"a sum of tokens {x.shape} and {p.target} {tuple(value.shape)}; snlite "
                                    f"adds a position embedding of shape (1, {t}, {d}) (ViT's)")
-            name = p.owner if p.owner and p.owner not in self.used else self.name(node, "pos_embedding")
+            name = self.legal(p.owner) if p.owner and p.owner not in self.used else \
+                self.name(node, "pos_embedding")
             self.used.add(name)
             out = self.g.position_embedding(x.node, param=p.target, name=name)
         return ChannelsLast(out, tokens=True)
@@ -340,7 +354,7 @@ class Importer:
                                "(N, T, D) "
                                "made from patches (ViT's conv_proj, reshape and permute(0, 2, 1))")
         self.used.update(f"{node.target}.{part}" for part in ("in_proj", "attention", "out_proj"))
-        out = self.g.multihead_attention(x.node, hp["num_heads"], hp["bias"], name=node.target)
+        out = self.g.multihead_attention(x.node, hp["num_heads"], hp["bias"], name=self.legal(node.target))
         return Attended(ChannelsLast(out, tokens=True))
 
     def window_attention(self, node, hp, x):
@@ -364,7 +378,7 @@ class Importer:
                                "windows that tile the map (torchvision pads it): choose an input size whose "
                                "maps the windows tile (224x224 for torchvision's Swin)")
         self.used.update((owner, f"{owner}.qkv", f"{owner}.proj"))
-        return self.g.swin_attention(x, hp["num_heads"], window, tuple(shift), name=owner)
+        return self.g.swin_attention(x, hp["num_heads"], window, tuple(shift), name=self.legal(owner))
 
     def token_mean(self, node, hp, x):
         """``x.mean(dim=1)`` of tokens (N, T, D): their average, (N, D), an average pool over the T
@@ -397,7 +411,7 @@ class Importer:
                                f"{p.owner!r}; each snlite layer owns its parameters")
         self.used.add(p.owner)
         init = float(value.detach().reshape(-1)[0])
-        return self.g.layer_scale(x, init=init, param=p.attr, name=p.owner)
+        return self.g.layer_scale(x, init=init, param=p.attr, name=self.legal(p.owner))
 
     def reshape(self, node, x, want):
         """``x.view(x.size(0), -1)``, ``x.reshape(n, -1)``, ``x.view(-1, C * H * W)``: a flatten (PyTorch

@@ -310,6 +310,20 @@ def test_module_names_snlite_reserves_are_renamed_and_the_net_still_plans():
     assert list(g.layers) == ["data", "data_1", "r_1", "labels_1", "f_c_x", "softmax"]
     Model(g, MemoryConfig.superneurons(), device="meta")
 
+    class ScaledByData(torch.nn.Module):  # a layer named for its parameter's owner (ConvNeXt's layer scale)
+        def __init__(self):
+            super().__init__()
+            self.conv, self.data = torch.nn.Conv2d(3, 4, 3), torch.nn.Module()
+            self.data.gamma = torch.nn.Parameter(torch.full((4, 1, 1), 0.5))
+            self.fc = torch.nn.Linear(4 * 6 * 6, 5)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.data.gamma * self.conv(x), 1))
+
+    with pytest.warns(UserWarning, match="the module 'data' is the layer 'data_1'"):
+        g = from_torch(ScaledByData(), (3, 8, 8), batch=2)
+    assert g.layers["data_1"].kind == "layer_scale"
+
 
 def test_adaptive_pool_that_tiles_is_an_average_pool_and_identity_is_no_layer():
     net = _torchvision("resnet18")
