@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import shutil
 import stat
 import sys
@@ -76,8 +77,21 @@ def main(command) -> int:
         sys.stdout.flush()  # here, not at exit, where a closed pipe could only be reported, not ignored
         return status
     except BrokenPipeError:
+        if not _reader_gone():  # another pipe broke (a subprocess's): an error like any other
+            raise
         discard_stdout()
         return EXIT_BROKEN_PIPE
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll says so; where there is no poll,
+    as on Windows, it is taken to be)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no real standard output
+        return True
 
 
 def discard_stdout() -> None:

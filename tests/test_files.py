@@ -228,3 +228,13 @@ def test_every_entry_point_runs_through_files_main():
         if 'if __name__ == "__main__":' in text and path.name != "cli.py":
             tail = text.split('if __name__ == "__main__":')[1]
             assert "files.main(main)" in tail, f"{path.name}: python -m snlite.{path.stem} without files.main"
+
+
+def test_a_broken_pipe_of_another_process_is_an_error_like_any_other():
+    """Only standard output's reader leaving ends a command quietly: a BrokenPipeError from another pipe
+    (a subprocess's) while that reader is there is shown, not taken for it."""
+    code = ("import sys\nfrom snlite import files\n\ndef command():\n"
+            "    raise BrokenPipeError(32, 'a subprocess')\n\nsys.exit(files.main(command))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1 and "BrokenPipeError: [Errno 32] a subprocess" in proc.stderr, proc.stderr
