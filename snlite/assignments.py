@@ -87,9 +87,10 @@ class Region:
 def repo_root(root=None) -> Path:
     """The repository this module runs from (or ``root``): the folder above the package."""
     path = Path(root).resolve() if root is not None else Path(__file__).resolve().parent.parent
-    if root is not None and not (path / THIS).is_file():
+    if root is not None and not ((path / THIS).is_file() and (path / "tests").is_dir()):
+        missing = [p for p in ("snlite/assignments.py", "tests/") if not (path / p.rstrip("/")).exists()]
         what = "does not exist" if not path.exists() else \
-            "is no snlite checkout (no snlite/assignments.py there)"
+            f"is no snlite checkout (no {' and no '.join(missing)} there)"
         raise AssignmentError(f"--root {root}: {path} {what}; give the folder of a clone or a student copy")
     if not ((path / THIS).is_file() and (path / "tests").is_dir()):
         raise AssignmentError(

@@ -203,6 +203,7 @@ def cmd_demo(args) -> int:
 
 def cmd_train(args) -> int:
     train, test = load_data(args.data, args.seed)
+    limited = args.limit is not None and args.limit < len(train)  # (a limit above the data cuts nothing)
     if args.limit:
         train, test = train.subset(slice(0, args.limit)), test.subset(slice(0, args.limit))
     scaled = ""
@@ -210,7 +211,7 @@ def cmd_train(args) -> int:
         scaled = f", standardized by their mean {train.x.mean():.4g} and std {train.x.std():.4g}"
         train, test = data.standardized(train, test)
     if args.batch > len(train):
-        kept = f" --limit {args.limit} kept" if args.limit else ""
+        kept = f" --limit {args.limit} kept" if limited else ""
         raise CliError(f"--batch {args.batch} is larger than the {len(train)} training images{kept}")
     config = memory_config(args)
     graph = build_model(args.net, args.batch, train, args.input, args.torch_args)

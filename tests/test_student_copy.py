@@ -176,7 +176,11 @@ def test_a_root_that_is_no_checkout_is_named_as_such(tmp_path, capsys):
     assert main(["--root", str(tmp_path / "nope"), "list"]) == 2
     assert f"--root {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
     assert main(["--root", str(tmp_path), "list"]) == 2
-    assert "is no snlite checkout (no snlite/assignments.py there)" in capsys.readouterr().err
+    assert "is no snlite checkout (no snlite/assignments.py and no tests/ there)" in capsys.readouterr().err
+    (tmp_path / "snlite").mkdir()
+    (tmp_path / "snlite" / "assignments.py").write_text("")
+    assert main(["--root", str(tmp_path), "list"]) == 2
+    assert "is no snlite checkout (no tests/ there)" in capsys.readouterr().err
 
 
 def test_the_summary_names_an_assert_allclose_failure_by_its_message():
