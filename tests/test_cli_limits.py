@@ -175,8 +175,9 @@ def test_maxbatch_says_when_it_stopped_at_its_ceiling_and_takes_a_host_budget(ca
 def test_a_batch_larger_than_the_images_left_names_the_limit_that_left_them(capsys):
     code, _, err = run(capsys, "train", "lenet", "--data", "synthetic", "--limit", 1, "--batch", 4)
     assert code == 1 and "--batch 4 is larger than the 1 training images --limit 1 kept" in err, err
+    # a limit that cut nothing is not named
     code, _, err = run(capsys, "train", "lenet", "--data", "synthetic", "--limit", 100000, "--batch", 5000)
-    assert code == 1 and err.rstrip().endswith("training images"), err  # a limit that cut nothing is not named
+    assert code == 1 and err.rstrip().endswith("training images"), err
 
 
 def test_a_file_the_system_refuses_is_said_in_words(capsys, monkeypatch, tmp_path):
