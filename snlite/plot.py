@@ -231,7 +231,9 @@ def _timelines(traces: dict, path, title, count, max_points, shared_y: bool):
         ax.set_title(f"{head}peak {_mib(tl.peak_mib * MIB)} MiB{ratio}", loc="left", fontsize=9.5,
                      fontweight="bold")
         _tensor_box(ax, trace)
-    axes[-1].set_xlabel("op (route order, recomputations included)", fontsize=9)
+    sgd = any(r.op < 0 for t in traces.values() for r in t.steps)
+    axes[-1].set_xlabel("op (route order, recomputations included" + (", then the SGD updates after backward)"
+                                                                       if sgd else ")"), fontsize=9)
     legend_rows = _legend(fig, axes)
     top_in, gap_in, panel_in = 0.85, 0.85, (3.2 if n == 1 else 2.0)  # the layout, in inches
     bottom_in = 0.6 + 0.2 * legend_rows
