@@ -23,8 +23,11 @@ Canonical orders:
   the gradient of a NaN window goes to the LAST NaN of the window in (kh, kw) order, the index
   PyTorch's forward records (its scan replaces the running maximum at every NaN it meets). A
   window of nothing but -inf sends its gradient to its first real position, as PyTorch's does.
-- backward (both): a GATHER, one thread per dx element summing the windows that contain it in
-  (oh, ow) ascending order, from 0.0; no atomics, so every version gives the same bits.
+- backward (both): a GATHER, one thread per dx element summing the windows that contain it from
+  0.0, in the reference's order (so the host device's bits too): maxpool's in (oh, ow) ascending
+  order, avgpool's descending (its reference adds window offset by window offset, (kh, kw)
+  ascending, which meets an element's windows last first); no atomics, so every version gives the
+  same bits.
 - avgpool divides the window sum by the divisor (PyTorch's ``sum / divide_factor``); the backward
   adds ``dy[oh, ow] / divisor`` per window.
 
@@ -289,14 +292,14 @@ def _avgpool2d_forward_v1(x, y, kh, kw, sh, sw, ph, pw, count_include_pad):
 
 @cuda_kernel(f"void({_T4}, {_T4}, {_I6}, boolean)")
 def _avgpool2d_backward_v1(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
-    # Naive gather: each dx element tries every output window.
+    # Naive gather: each dx element tries every output window, last first (the reference's order).
     i = cuda.grid(1)
     if i < dx.size:
         n, c, ih, iw = unravel4(i, dx.shape[1], dx.shape[2], dx.shape[3])
         h_, w_ = dx.shape[2], dx.shape[3]
         acc = float32(0.0)
-        for oh in range(dy.shape[2]):
-            for ow in range(dy.shape[3]):
+        for oh in range(dy.shape[2] - 1, -1, -1):
+            for ow in range(dy.shape[3] - 1, -1, -1):
                 h0 = oh * sh - ph
                 w0 = ow * sw - pw
                 if h0 <= ih < h0 + kh and w0 <= iw < w0 + kw:
@@ -307,7 +310,7 @@ def _avgpool2d_backward_v1(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
 
 @cuda_kernel(f"void({_T4}, {_T4}, {_I6}, boolean)")
 def _avgpool2d_backward_v2(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
-    # Gather over only the overlapping windows, in the same (oh, ow) order as v1.
+    # Gather over only the overlapping windows, in the same (oh, ow) order as v1: last first.
     i = cuda.grid(1)
     if i < dx.size:
         n, c, ih, iw = unravel4(i, dx.shape[1], dx.shape[2], dx.shape[3])
@@ -315,8 +318,8 @@ def _avgpool2d_backward_v2(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
         oh0, oh1 = _overlapping(ih, sh, ph, kh, dy.shape[2])
         ow0, ow1 = _overlapping(iw, sw, pw, kw, dy.shape[3])
         acc = float32(0.0)
-        for oh in range(oh0, oh1):
-            for ow in range(ow0, ow1):
+        for oh in range(oh1 - 1, oh0 - 1, -1):
+            for ow in range(ow1 - 1, ow0 - 1, -1):
                 acc += dy[n, c, oh, ow] / _divisor(oh, ow, h_, w_, kh, kw, sh, sw, ph, pw, count_include_pad)
         dx[n, c, ih, iw] = acc
 

@@ -102,6 +102,29 @@ def test_backward_v1_and_v2_bit_identical(rng, shape, hp):
     assert np.array_equal(mx[0], mx[1]) and np.array_equal(av[0], av[1])
 
 
+@pytest.mark.parametrize("include", [True, False])
+@pytest.mark.parametrize("shape,hp", GEOMETRIES)
+def test_backward_gives_the_references_bits_and_so_the_host_devices(rng, shape, hp, include):
+    """Overlapping windows sum in one order on every device: avgpool's GPU gather went window by
+    window ascending while its reference (and the host device, bit for bit) met them last first, so
+    CUDA and host differed in the last bit (33 of 72 elements of a 3x3/1 pool)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    oshape = P.pool_output_shape(shape, **hp)
+    dy = rng.standard_normal(oshape).astype(np.float32)
+    want = np.empty_like(x)
+    P.avgpool2d_backward_ref(dy, want, **hp, count_include_pad=include)
+    for version in ("v1", "v2"):
+        got = _device(P.avgpool2d_backward, dy, np.full_like(x, np.nan), out=1, **hp,
+                      count_include_pad=include, version=version)
+        assert np.array_equal(got, want), version
+    y = np.empty(oshape, np.float32)
+    P.maxpool2d_forward_ref(x, y, **hp)
+    P.maxpool2d_backward_ref(x, y, dy, want, **hp)
+    for version in ("v1", "v2"):
+        got = _device(P.maxpool2d_backward, x, y, dy, np.full_like(x, np.nan), out=3, **hp, version=version)
+        assert np.array_equal(got, want), version
+
+
 @settings(max_examples=15, deadline=None)
 @given(h=st.integers(1, 7), w=st.integers(1, 7), k=st.integers(1, 4), s=st.integers(1, 3),
        p=st.integers(0, 2), include=st.booleans(), ceil=st.booleans(), seed=st.integers(0, 2**16))
