@@ -298,8 +298,10 @@ def _avgpool2d_backward_v1(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
         n, c, ih, iw = unravel4(i, dx.shape[1], dx.shape[2], dx.shape[3])
         h_, w_ = dx.shape[2], dx.shape[3]
         acc = float32(0.0)
-        for oh in range(dy.shape[2] - 1, -1, -1):
-            for ow in range(dy.shape[3] - 1, -1, -1):
+        for a in range(dy.shape[2]):  # (a count up, oh down: a negative range step costs registers)
+            oh = dy.shape[2] - 1 - a
+            for b in range(dy.shape[3]):
+                ow = dy.shape[3] - 1 - b
                 h0 = oh * sh - ph
                 w0 = ow * sw - pw
                 if h0 <= ih < h0 + kh and w0 <= iw < w0 + kw:
@@ -318,8 +320,10 @@ def _avgpool2d_backward_v2(dy, dx, kh, kw, sh, sw, ph, pw, count_include_pad):
         oh0, oh1 = _overlapping(ih, sh, ph, kh, dy.shape[2])
         ow0, ow1 = _overlapping(iw, sw, pw, kw, dy.shape[3])
         acc = float32(0.0)
-        for oh in range(oh1 - 1, oh0 - 1, -1):
-            for ow in range(ow1 - 1, ow0 - 1, -1):
+        for a in range(oh1 - oh0):  # as in v1
+            oh = oh1 - 1 - a
+            for b in range(ow1 - ow0):
+                ow = ow1 - 1 - b
                 acc += dy[n, c, oh, ow] / _divisor(oh, ow, h_, w_, kh, kw, sh, sw, ph, pw, count_include_pad)
         dx[n, c, ih, iw] = acc
 
