@@ -83,7 +83,7 @@ def builder(net: str, input_shape=None, torch_args=None, default_input=TORCH_INP
         try:
             return torch_import.from_torch(module, input_shape or default_input, batch=batch or TORCH_BATCH,
                                            name=net)
-        except OWN_ERRORS:  # snlite's own refusals (and a ValueError of its forward), said as they are
+        except (ValueError, *SAID_BY_THE_COMMAND):  # snlite's refusals (and its forward's ValueError)
             raise
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed: one line
             raise CliError(f"{net}: tracing its forward {_raised(e)} (snlite --traceback ... shows "
@@ -91,7 +91,7 @@ def builder(net: str, input_shape=None, torch_args=None, default_input=TORCH_INP
     return build
 
 
-OWN_ERRORS = (ValueError, NotImplementedError, BudgetError)  # said by the command as they are
+SAID_BY_THE_COMMAND = (NotImplementedError, BudgetError)  # a student copy's stub, a budget: as they are
 
 
 def _raised(e: BaseException) -> str:
@@ -118,7 +118,7 @@ def graph_function(net: str, function, input_shape=None, kwargs=None):
                              f"(def {function.__name__}(batch=8): ...) and returns an snlite Graph") from None
         try:
             g = function(*args, **kwargs)
-        except OWN_ERRORS[1:]:  # a student copy's stub, a budget: the command says those itself
+        except SAID_BY_THE_COMMAND:
             raise
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code, not snlite's: one line
             raise CliError(f"{net}: {call} {_raised(e)} (snlite --traceback ... shows where)") from e

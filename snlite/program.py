@@ -308,7 +308,7 @@ class Program:
             if not isinstance(value, kind) or isinstance(value, bool):  # 1e15, "6410240": no byte counts
                 shown = f" {json.dumps(value)[:40]}" if isinstance(value, (int, float, str)) else ""
                 raise ValueError(f"a corrupt snlite program: {name!r} is {_json_type(value)}{shown}, not "
-                                 f"{_json_type(kind())} ({what})")
+                                 f"{JSON_TYPES[kind]} ({what})")
         tensors = {}
         for n, spec in data["tensors"].items():
             if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], (list, type(None)))):
@@ -367,12 +367,14 @@ JSON_FIELDS = {"net": (str, "the net's name"), "config": (str, "what the configu
                "stats": (dict, "what the placement counted")}
 
 
+JSON_TYPES = {str: "text", int: "a whole number", float: "a number", list: "a list", dict: "an object"}
+
+
 def _json_type(value) -> str:
-    """How JSON calls ``value``'s type: "a list", "text", "a number"..."""
+    """How JSON calls ``value``'s type: "a list", "text", "a number", "null"..."""
     if value is None or isinstance(value, bool):
         return json.dumps(value)
-    return {str: "text", int: "a whole number", float: "a number", list: "a list",
-            dict: "an object"}.get(type(value), type(value).__name__)
+    return JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _ins_from(x, part: str = "body", i: int = 0):
