@@ -9,6 +9,7 @@ from snlite import gap, measure
 from snlite.cli_args import Status, _batch, _budget, add_quiet_flag
 from snlite.cli_common import (BATCH_HELP, add_json_flag, add_net_argument, draw, graph_of, net_json,
                                text_table, write_json)
+from snlite.errors import BudgetError
 
 
 def _seconds(text: str) -> float:
@@ -68,7 +69,16 @@ def cmd_optimal(args) -> int:
     _, graph, batch = graph_of(args)
     status = Status("snlite optimal", args.quiet)
     t0 = time.perf_counter()
-    rows = gap.gap_rows(graph, args.count, args.budget, args.time_limit, progress=status, reruns=args.reruns)
+    try:
+        rows = gap.gap_rows(graph, args.count, args.budget, args.time_limit, progress=status,
+                            reruns=args.reruns)
+    except BudgetError as e:  # no plan within --budget: --json says so too, then exit 3 with the line
+        status.clear()
+        if args.json:
+            write_json(args.json, {**net_json(args), "batch": batch, "count": args.count,
+                                   "reruns": args.reruns, "budget_bytes": args.budget, "fits": False,
+                                   "error": str(e), "least_peak_bytes": e.least_peak_bytes})
+        raise
     moves = []
     if args.offload:
         status(f"{graph.name}: the offload program")
@@ -82,7 +92,8 @@ def cmd_optimal(args) -> int:
     fwd = graph.flops()
     if args.json:
         write_json(args.json, {**net_json(args), "batch": batch, "count": args.count, "reruns": args.reruns,
-                               "budget_bytes": args.budget, "forward_flops": fwd, "seconds": seconds,
+                               "budget_bytes": args.budget, "fits": True, "forward_flops": fwd,
+                               "seconds": seconds,
                                "rows": [dict(vars(r), gap_pct=r.gap_pct) for r in rows],
                                "offload_rows": [dict(vars(r), gap_pct=r.gap_pct) for r in moves],
                                "frontier": [{"peak_bytes": p.peak_bytes, "extra_flops": p.extra_flops,

@@ -65,10 +65,21 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
     with the exact planner's answers for its FLOPs and its peak, then the optimum: the least peak
     (or, under ``budget``, the fewest extra FLOPs with a peak of at most ``budget``)."""
     model = optimal.Model(graph, count, reruns=reruns)
-    rows = []
     plans = [(label, cfg, None) for label, cfg in HEURISTICS.items()]
     plans.append((SQRT, optimal.CONFIG, measure.checkpoint_plan(graph)))
-    for i, (label, cfg, plan) in enumerate(plans, 1):
+    # the optimum first: a --budget no plan meets is said before the heuristics' solves, not after
+    progress(f"{graph.name}: {OPTIMAL} (1/{len(plans) + 1})")
+    best = optimal.solve(graph, "flops" if budget else "peak", budget=budget, time_limit=time_limit,
+                         model=model)
+    if best.plan is None:
+        least = optimal.solve(graph, model=model).peak_bytes
+        error = BudgetError if best.status == "infeasible" else ValueError  # proven, or the solver gave up
+        e = error(f"no plan of {graph.name} has a peak of at most {measure.format_size(budget)} "
+                  f"({best.status}); the least peak is {measure.format_size(least)}")
+        e.least_peak_bytes = least  # for snlite optimal --json
+        raise e
+    rows = []
+    for i, (label, cfg, plan) in enumerate(plans, 2):
         progress(f"{graph.name}: {label} ({i}/{len(plans) + 1})")
         m = measure.measure(graph, cfg, label, plan)
         trace = m.trace if count == "all" else m.paper
@@ -77,14 +88,6 @@ def gap_rows(graph, count: str = "all", budget: int | None = None, time_limit: f
         status, gap = _worst(same_flops, same_peak)
         rows.append(Row(label, trace.peak_bytes, trace.extra_flops, m.moved_bytes, same_flops.peak_bytes,
                         same_peak.extra_flops, status, gap, same_flops.solve_s + same_peak.solve_s))
-    progress(f"{graph.name}: {OPTIMAL} ({len(plans) + 1}/{len(plans) + 1})")
-    best = optimal.solve(graph, "flops" if budget else "peak", budget=budget, time_limit=time_limit,
-                         model=model)
-    if best.plan is None:
-        least = optimal.solve(graph, model=model).peak_bytes
-        error = BudgetError if best.status == "infeasible" else ValueError  # proven, or the solver gave up
-        raise error(f"no plan of {graph.name} has a peak of at most {measure.format_size(budget)} "
-                    f"({best.status}); the least peak is {measure.format_size(least)}")
     if budget:  # the frontier's corner: the least peak for those fewest FLOPs
         corner = optimal.solve(graph, allowance=best.extra_flops, time_limit=time_limit, model=model)
         if corner.plan is not None and corner.peak_bytes <= best.peak_bytes:

@@ -16,6 +16,7 @@ from snlite.pipeline import simulate
 from snlite import Graph, MemoryConfig, Model, cli, gap, measure, optimal  # noqa: E402
 from snlite import optimal_offload as oo  # noqa: E402
 from snlite.checker import check  # noqa: E402
+from snlite.errors import BudgetError  # noqa: E402
 from snlite.models import cifar_resnet, get_model, lenet, mini_inception  # noqa: E402
 from snlite.pipeline import place  # noqa: E402
 from snlite.scheduler import Scheduler, validate_plan  # noqa: E402
@@ -421,6 +422,19 @@ def test_the_gap_rows_put_each_heuristic_against_the_exact_frontier():
                for a, b in zip(points, points[1:]))
 
 
+def test_a_budget_no_plan_meets_is_said_before_any_heuristic_is_solved():
+    """gap_rows solved every heuristic's two problems (minutes on a large net) before it found that the
+    optimum under --budget was infeasible."""
+    said = []
+    with pytest.raises(BudgetError, match=r"at most 1.0 KiB \(infeasible\); the least peak is") as e:
+        gap.gap_rows(lenet(batch=2), budget=1024, progress=said.append)
+    assert said == ["lenet: optimal (1/6)"] and e.value.least_peak_bytes > 1024
+    said.clear()
+    rows = gap.gap_rows(lenet(batch=2), "paper", progress=said.append)
+    assert [r.label for r in rows][-1] == "optimal" and len(said) == len(rows) == 6
+    assert said[0] == "lenet: optimal (1/6)" and said[-1].endswith("(6/6)")
+
+
 def test_snlite_optimal_prints_the_table(capsys):
     code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper"])
     out, err = capsys.readouterr()
@@ -432,10 +446,17 @@ def test_snlite_optimal_prints_the_table(capsys):
     assert code == cli.EXIT_DOES_NOT_FIT  # as every command that does not fit (it was 1)
     assert "no plan of lenet has a peak of at most 1.0 KiB (infeasible)" in err
     assert "the least peak is" in err
+    # with --json the file says so too (it wrote nothing), and the least peak is the optimum's
+    code = cli.main(["optimal", "lenet", "--batch", "2", "--budget", "1KiB", "--json"])
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert code == cli.EXIT_DOES_NOT_FIT and data["fits"] is False and data["budget_bytes"] == 1024
+    assert data["error"] in err and data["least_peak_bytes"] == \
+        optimal.solve(lenet(batch=2)).peak_bytes
     code = cli.main(["optimal", "lenet", "--batch", "2", "--reruns", "once", "--budget", "8MiB", "--json"])
     out, err = capsys.readouterr()
     data = json.loads(out)
-    assert code == 0 and data["reruns"] == "once", err
+    assert code == 0 and data["reruns"] == "once" and data["fits"] is True, err
     assert data["rows"][-1]["label"] == "optimal (under 8.0 MiB)"
     assert data["rows"][-1]["peak_bytes"] <= 8 * 2**20
     code = cli.main(["optimal", "lenet", "--batch", "2", "--count", "paper", "--offload"])
