@@ -222,8 +222,9 @@ def print_rows(args, graph, batch: int, rows, timelines, resident: float) -> Non
              + ([fits_cell(args, r)] if budgeted(args) else []) for i, r in enumerate(rows)]
     print(text_table(head + (["fits"] if budgeted(args) else []), table))
     if any(row[-1] == "no (fragmented)" for row in table):
-        print("no (fragmented): the bytes live at once fit the budget, but no placement of the pool's first "
-              "fit does (a block too large for any hole); compare --fit first offline shows each fit's arena")
+        how = FRAGMENTED[args.fit[0]]  # the main table's fit
+        print(f"no (fragmented): the bytes live at once fit the budget, but {how}; compare --fit first best "
+              "offline shows each fit's arena")
     print("\n" + kind_table([(r.label, r.trace) for r in rows]))
 
 
@@ -232,10 +233,17 @@ def signed_pct(x: float) -> str:
     return f"{(x if abs(x) >= 0.0005 else 0.0):+.1%}"
 
 
+FRAGMENTED = {  # why the bytes live at once fit and the arena does not, by the placement's fit
+    "first": "no placement of the pool's first fit does (a block too large for any hole)",
+    "best": "no placement of the pool's best fit does (a block too large for any hole)",
+    "offline": "even offsets chosen knowing every lifetime need a larger arena (fit='offline')",
+}
+
+
 def fits_cell(args, row) -> str:
     """yes or no; under --host-budget, which memory ran out: "no (device)" or "no (host)"; "no
     (fragmented)" where the bytes live at once (the peak shown) are within the device budget but the
-    pool found no block large enough (the arena needs more than the peak)."""
+    arena needs more than the peak (:data:`FRAGMENTED` says why, by fit)."""
     if row.fits:
         return "yes"
     if row.ran_out != "host" and args.budget is not None and row.trace.peak_bytes <= args.budget:
