@@ -62,7 +62,9 @@ def smallest_budget(graph, config: MemoryConfig, lo: int = 0, hi: int | None = N
 
     if not fitting(hi):
         raise BudgetError(f"{graph.name} does not fit even {hi:,d} bytes under {config.describe()}")
-    return first_fitting(lambda n: fitting(n * block), max(lo // block, 0), math.ceil(hi / block)) * block
+    # first_fitting tries the numbers above its lo: from lo's own block up (lo fits too: the answer)
+    return first_fitting(lambda n: fitting(n * block), max(-(-lo // block) - 1, 0),
+                         math.ceil(hi / block)) * block
 
 
 def first_fitting(fitting, lo: int, hi: int | None = None, step: int = 1) -> int:

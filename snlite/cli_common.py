@@ -94,6 +94,12 @@ def builder(net: str, input_shape=None, torch_args=None, default_input=TORCH_INP
 SAID_BY_THE_COMMAND = (NotImplementedError, BudgetError)  # a student copy's stub, a budget: as they are
 
 
+class NetValueError(CliError, ValueError):
+    """A NET function raised ValueError (snlite refusing a graph, as a BatchNorm left one value per
+    channel at batch 1): one line like any error of the user's code, and still a ValueError, so that
+    ``maxbatch`` starts its search at batch 2 as it does for a torchvision NET (search.smallest_batch)."""
+
+
 def _raised(e: BaseException) -> str:
     """What user code did, in a few words: ``raised KeyError: 'x'``, or ``called sys.exit(3)``."""
     return f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
@@ -120,6 +126,8 @@ def graph_function(net: str, function, input_shape=None, kwargs=None):
             g = function(*args, **kwargs)
         except SAID_BY_THE_COMMAND:
             raise
+        except ValueError as e:  # a refusal (snlite's: a BatchNorm at batch 1): a search tries batch 2
+            raise NetValueError(f"{net}: {call} {_raised(e)} (snlite --traceback ... shows where)") from e
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code, not snlite's: one line
             raise CliError(f"{net}: {call} {_raised(e)} (snlite --traceback ... shows where)") from e
         if not isinstance(g, Graph):

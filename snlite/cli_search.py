@@ -11,7 +11,7 @@ import time
 from snlite import measure, search
 from snlite.config import CHOICES
 from snlite.cli_args import (EXIT_DOES_NOT_FIT, Status, _batch, _budget, _host_budget, _positive_int,
-                             add_quiet_flag)
+                             UsageError, add_quiet_flag)
 from snlite.cli_common import (KIND_NOTE, add_json_flag, add_net_argument, builder_of, kind_table, net_json,
                                text_table, write_json)
 
@@ -131,6 +131,9 @@ def stopped_cells(args, r) -> list[str]:
 def cmd_maxbatch(args) -> int:
     build = builder_of(args)
     lo, why = search.smallest_batch(build)  # an unknown name fails here, before the search
+    if args.max_batch < lo:
+        raise UsageError(f"--max-batch {args.max_batch} is below {args.net}'s smallest valid batch, {lo} "
+                         f"(a batch of 1 is no valid input here: {why}); give --max-batch {lo} or more")
     t0 = time.perf_counter()
     status = Status("snlite maxbatch", args.quiet)
     rows = search.max_batch_table(build, args.budget, args.max_batch, progress=status,

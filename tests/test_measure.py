@@ -171,8 +171,13 @@ def test_a_row_that_fits_its_bytes_but_not_its_blocks_says_fragmented(capsys):
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("+ offload + recompute speed "))
     assert " 1.78 GiB " in row and row.endswith("  no (fragmented)"), row
-    assert "no (fragmented): the bytes live at once fit the budget" in out and "-0.0%" not in out
+    assert "no (fragmented): the bytes live at once fit the budget, but no placement of the pool's " \
+        "first fit does" in out and "-0.0%" not in out
     assert re.search(r"^baseline .* \+0\.0% +no$", out, re.M)
+    # under best fit, the note blamed first fit all the same
+    code, out, err = run(capsys, "compare", "alexnet", "--batch", 200, "--budget", "1900MiB", "--fit", "best")
+    assert code == 0 and re.search(r"^sqrt\(N\) checkpoints .* no \(fragmented\)$", out, re.M), err
+    assert "but no placement of the pool's best fit does" in out and "first fit" not in out
 
 
 def small_net(batch=2):
@@ -567,6 +572,33 @@ def test_max_batch_starts_at_the_smallest_valid_batch():
     assert found.value is not None and found.value >= 2
     with pytest.raises(ValueError, match="max_batch takes build, a function"):
         search.max_batch_table(pooled(2), 1 << 20)
+
+
+POOLED = """from snlite import Graph
+
+def pooled(batch=8):
+    g = Graph((batch, 3, 8, 8), num_classes=4, name="pooled")
+    g.softmax_loss(g.linear(g.flatten(g.batchnorm(g.avgpool(g.conv2d(g.input(), 8, 3), 6))), 4))
+    return g
+"""
+
+
+def test_maxbatch_of_a_net_file_starts_at_its_smallest_valid_batch(tmp_path, capsys):
+    """A NET function whose graph refuses batch 1 (snlite's ValueError, from inside the user's code)
+    ended maxbatch with exit 1 instead of starting at batch 2, as a torchvision NET does; and a
+    --max-batch below that batch said "lo 2 is above hi 1", max_batch's own words, with exit 1."""
+    (tmp_path / "pooled.py").write_text(POOLED)
+    net = f"{tmp_path / 'pooled.py'}:pooled"
+    code, out, err = run(capsys, "maxbatch", net, "--budget", "1MiB", "--max-batch", 4, "--json")
+    assert code == 0 and json.loads(out)["smallest_batch"] == 2, err
+    assert all(r["batch"] == 4 for r in json.loads(out)["rows"])
+    code, out, err = run(capsys, "maxbatch", net, "--budget", "1MiB", "--max-batch", 1)
+    assert code == 2 and not out and err.startswith(f"snlite maxbatch: error: --max-batch 1 is below {net}'s "
+                                                    "smallest valid batch, 2 (a batch of 1 is no valid input "
+                                                    "here: ") and err.rstrip().endswith("give --max-batch 2 "
+                                                                                        "or more"), err
+    code, out, err = run(capsys, "plan", net, "--batch", 1)  # no search: the one line of the user's code
+    assert code == 1 and "pooled(1) raised ValueError: batchnorm 'bn1'" in err, err
 
 
 def test_the_searches_refuse_a_config_that_is_no_memory_config_and_name_a_custom_one():

@@ -158,6 +158,10 @@ def test_a_budget_too_small_fails_before_running_and_names_the_fix():
     cfg = MemoryConfig(liveness=True)
     need = smallest_budget(g, cfg)
     assert need >= simulate(g, cfg).peak_bytes
+    # a lo that fits is the answer (it was skipped: lo is where the search starts, and it came back a
+    # block above the answer, unless hi was given too)
+    assert smallest_budget(g, cfg, lo=need) == smallest_budget(g, cfg, lo=need - 1000) == need
+    assert smallest_budget(g, cfg, lo=need, hi=need) == need
     Model(g, cfg.replace(budget_bytes=need), device="host")  # fits exactly
     with pytest.raises(BudgetError, match=r"at step \d+ \(\w+ \w+\), .* needs [\d,]+ bytes .* Live there: "
                                           r".*The smallest budget that works under this configuration is "
