@@ -87,6 +87,21 @@ def test_imports_inside_functions_are_only_of_optional_packages():
     assert not bad, "imports inside functions (move them to the top of the module):\n" + "\n".join(bad)
 
 
+def test_only_the_cuda_device_and_the_gpu_script_import_numba_cuda():
+    """docs/architecture.md says so: every other module runs where numba.cuda would fail to import."""
+    def cuda_imports(tree):
+        return any(isinstance(n, ast.Import) and any(a.name.startswith("numba.cuda") for a in n.names)
+                   or isinstance(n, ast.ImportFrom) and n.module and (n.module.startswith("numba.cuda") or
+                                                                      n.module == "numba" and
+                                                                      any(a.name == "cuda" for a in n.names))
+                   for n in ast.walk(tree))
+
+    assert sorted(m for m, t in modules("snlite").items() if cuda_imports(t)) == \
+        ["snlite.device_cuda", "snlite.gpucheck"]
+    assert "`device_cuda.py`: the CUDA device, with `gpucheck.py` (the GPU script) the only modules of " \
+        "snlite that import `numba.cuda`" in (ROOT / "docs" / "architecture.md").read_text()
+
+
 def test_no_module_is_too_long_to_read():
     lengths = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "snlite").rglob("*.py")}
     assert lengths["placement.py"] <= MAX_PLACEMENT_LINES, lengths["placement.py"]

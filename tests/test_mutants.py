@@ -1,5 +1,6 @@
 """The planted bugs of tests/mutants.py still apply to the code as it is (``python tests/mutants.py``
 plants each one and runs the tests that must catch it: a few minutes, so not here)."""
+import re
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,5 @@ def test_a_bug_whose_text_has_moved_is_named_with_the_fix():
 def test_the_list_names_every_bug(capsys):
     assert main(["--list"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(MUTANTS) == len({m.bug for m in MUTANTS})
+    said = re.search(r"or that none did \((\d+) bugs, all caught", (ROOT / "docs" / "testing.md").read_text())
+    assert said and int(said[1]) == len(MUTANTS), "docs/testing.md counts the planted bugs"
