@@ -123,7 +123,7 @@ total = device_sum(d_x)
 exact = x.astype(np.float64).sum()
 print(f"sum of {n:,d} floats: kernel {total:.6f}, NumPy float64 {exact:.6f}, difference "
       f"{abs(total - exact):.2e}")
-expect("a difference from the float64 sum of about 1e-5 or less", abs(total - exact) <= 1e-4,
+expect("a difference from the float64 sum of 1e-4 or less", abs(total - exact) <= 1e-4,
        why="float32 rounding, in a different order than NumPy's.")
 expect("the same bits when run again", device_sum(d_x) == total,
        why="a fixed tree gives the same bits every run.")
@@ -140,8 +140,8 @@ numpy_s = min(timeit.repeat(lambda: np.float32(2.0) * x + y, number=20, repeat=5
 print(f"saxpy: kernel {kernel_s * 1e3:.1f} ms ({grid * block / kernel_s:,.0f} threads/s), NumPy "
       f"{numpy_s * 1e6:.1f} us")
 if SIMULATOR:
-    expect(f"on the simulator, the kernel is hundreds to thousands of times slower than NumPy (here "
-           f"{kernel_s / numpy_s:,.0f}x)", kernel_s > 100 * numpy_s,
+    expect(f"on the simulator, the kernel is thousands of times slower than NumPy or more (here "
+           f"{kernel_s / numpy_s:,.0f}x)", kernel_s > 1000 * numpy_s,
            why="on a GPU this launch would take a few microseconds.")
 
 # %% [markdown]
@@ -282,8 +282,9 @@ else:
 
 # %% [markdown]
 # ## One of snlite's kernels against its NumPy reference
-# Every kernel family in `kernels/` has NumPy references (`gemm_ref`), kernels (`v1` naive, `v2` tiled in
-# shared memory, `v3` register-blocked) and `examples(rng)`: small, odd shapes. `kernels._check.run_example`
+# Every kernel family in `kernels/` has NumPy references (`gemm_ref`), one or more kernel versions (GEMM has
+# three: `v1` naive, `v2` tiled in shared memory, `v3` register-blocked; batchnorm and softmax two, the
+# others one) and `examples(rng)`: small, odd shapes. `kernels._check.run_example`
 # runs the reference on NumPy copies and the launcher on device copies, with device allocation forbidden
 # inside the launcher. `python -m kernels.gemm` does this for every example.
 
@@ -312,9 +313,10 @@ expect("tiny differences from NumPy (under 1e-4), and True in the last column: a
 
 # %% [markdown]
 # ## Exercise
-# 1. In `block_sum`, delete the `cuda.syncthreads()` inside the loop and run again. On the simulator the
-#    sum is often still right (threads run one at a time until a barrier); explain why a GPU would give
-#    garbage, and why `python -m pytest tests/test_ptx.py` would still pass.
+# 1. In `block_sum`, delete the `cuda.syncthreads()` inside the loop and run again, twice. Even the
+#    simulator now gives wrong sums, and different ones each run (its threads take turns at arbitrary
+#    moments): explain which reads come too early, why a GPU would be as wrong, and why
+#    `python -m pytest tests/test_ptx.py` would still pass.
 # 2. Set `RED_BLOCK = 48` (not a power of two). Which elements does the tree skip? Check the sum.
 # 3. Run `NUMBA_ENABLE_CUDASIM=0 python tutorials/00_numba_cuda_simulator.py` without a GPU: what fails,
 #    and at which line? (The PTX cell never needed a GPU: why?)

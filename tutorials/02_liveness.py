@@ -94,7 +94,8 @@ print("largest tensors alive at the liveness peak:",
 expect("the two columns are identical through the forward pass (before the softmax)",
        all(route_b[i].counted_bytes == route_lv[i].counted_bytes for i in forward_ops[:-1]),
        why="every activation is still needed by backward, so liveness frees nothing before it.")
-expect("then the baseline keeps growing with gradients while the liveness column falls, and the liveness "
+expect("then the baseline keeps growing with gradients while the liveness column falls (overall: it rises a "
+       "little where a layer's gradient arrives before what it replaces is freed), and the liveness "
        f"peak is in backward (here at {lv.steps[lv.peak_op].layer}'s backward step)",
        all(x.counted_bytes <= y.counted_bytes for x, y in zip(route_b, route_b[1:]))
        and lv.steps[lv.peak_op].phase == "backward" and route_lv[-1].counted_bytes < lv.peak_bytes,

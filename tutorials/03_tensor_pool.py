@@ -210,7 +210,7 @@ expect("under superneurons(), little or nothing is lost (under 2%), with either 
 # and then chooses every offset again, knowing them all (`snlite.offline`, greedy by size and by
 # breadth, as compilers that plan memory ahead do). Below: the top of the live blocks, op by op, under
 # each, and the bytes live there, which no placement can go below. First fit's top follows what is live
-# and overshoots it where holes are left; offline's is its whole arena from the first op (it puts early
+# and overshoots it where holes are left; offline's is nearly its whole arena from the first op (it puts early
 # blocks where the late, large ones will not need the room), but never more than that.
 
 # %%

@@ -92,7 +92,8 @@ expect("in backward, conv4 comes back on copy_in while conv5's backward runs; co
 
 # %% [markdown]
 # ## Watching the streams overlap
-# The host device runs every stream at once, in order, so it cannot show overlap (nor a missing wait).
+# The host device runs the program's instructions one by one, in program order, whatever their stream, so
+# it cannot show overlap (nor a missing wait).
 # The adversarial device keeps each stream as a queue and runs work only when it must: with
 # `order="late"`, compute runs as far ahead as the events allow and copies wait until someone waits for
 # them. Logging what it runs, in the order it runs it, on a small CNN (AlexNet is too big to train on a
@@ -185,7 +186,7 @@ first, second = races[0].first, races[0].second
 expect("the checker names the copy of conv1 to the host and the free of its block, on two streams with "
        "nothing ordering them", first.tensor == "conv1" and isinstance(broken.body[first.at[1]], Copy)
        and isinstance(broken.body[second.at[1]], Free) and first.stream != second.stream)
-expect("the host device (one stream at a time) trains the broken program to the right losses; the "
+expect("the host device (in program order) trains the broken program to the right losses; the "
        "adversarial device trains the intact one to them too, and the broken one to other losses",
        three_steps("host", broken) == right == three_steps(AdversarialDevice("late"))
        and three_steps(AdversarialDevice("late"), broken) != right,

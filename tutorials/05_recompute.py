@@ -6,7 +6,8 @@
 #   cheap layers after a checkpoint (ReLU, pooling, BN, LRN, dropout) is a segment whose outputs can be
 #   dropped after forward and rebuilt in backward (`snlite.recompute.segments`);
 # - the three strategies: speed-centric (rebuild a segment once, keep it), memory-centric (rebuild only
-#   what each backward step needs, and keep it only while the next backward step reads it too),
+#   what each backward step needs; the paper frees it after the step, snlite keeps it while the next
+#   backward step reads it too),
 #   cost-aware (per segment, speed-centric when it fits under l_peak, else memory-centric);
 # - what each costs (forward re-runs, extra FLOPs) and saves (peak), for AlexNet and a ResNet;
 # - which layers are cheap is a property of the device: measure them, and keep the ones that are not.
@@ -73,8 +74,8 @@ expect("conv1's segment exceeds l_peak and goes memory-centric; conv2's fits und
        "ones: they are rebuilt once (speed-centric)",
        chosen["conv1"] == "memory" and speed_centric_peak(members["conv1"]) > l_peak
        and all(chosen[r] == "speed" for r in members if r != "conv1"),
-       why="conv1's segment holds 55x55 maps (conv1, relu1, norm1, pool1 and two gradients at pool1's "
-           "backward); conv2's holds 27x27 maps.")
+       why="conv1's segment holds 55x55 maps (conv1, relu1, norm1, and their gradients; pool1's output is "
+           "27x27); conv2's holds 27x27 maps.")
 
 # %% [markdown]
 # ## What the plan does: recompute ops
@@ -97,11 +98,14 @@ expect("speed-centric re-runs relu1, norm1 and pool1 once, before the first back
 expect("memory-centric rebuilds the chain from conv1 for every backward step that reads one of them, "
        f"keeping what it rebuilt only while the next backward step reads it too: "
        f"{' + '.join(map(str, range(m, 0, -1)))} = {m * (m + 1) // 2} re-runs, m(m+1)/2 for a segment of m "
-       "layers, as in the paper; cost-aware does the same",
+       "layers, the paper's O(m^2); cost-aware does the same",
        len(reruns["memory"]) == m * (m + 1) // 2 and reruns["cost_aware"] == reruns["memory"],
        why="pooling and LRN backward read both x and y: pool1 serves conv2's backward and pool1's own, norm1 "
-           "serves pool1's and norm1's, relu1 norm1's and relu1's. Cost-aware picks memory-centric here "
-           "because this segment does not fit under l_peak (first table).")
+           "serves pool1's and norm1's, relu1 norm1's and relu1's. The paper frees a rebuilt tensor after "
+           "each step, which would rebuild the chain for pool1's backward again (3 + 3 + 2 + 1 = 9): "
+           "snlite's variant keeps it one step, when the next step reads it, for no more memory than that "
+           "step needs. Cost-aware picks memory-centric here because this segment does not fit under "
+           "l_peak (first table).")
 
 # %% [markdown]
 # ## Re-runs and FLOPs against peak, AlexNet and a ResNet

@@ -24,7 +24,8 @@ from snlite.lesson import MiB, QUICK, expect, save_plot
 # forward use, and in backward each dropped layer is re-run before steps that need its outputs, as often
 # as the plan likes; each re-run makes a new incarnation, freed after its last use. Any layer may be
 # dropped, convolutions included; SuperNeurons drops only the cheap ones. Its speed-centric segments
-# (re-run once, keep) and memory-centric ones (re-run for each step, free at once) are plans of this kind.
+# (re-run once, keep) and memory-centric ones (re-run for each step, kept only while the next step reads
+# them) are plans of this kind.
 #
 # The decisions, 0 or 1: `d[L]` layer L is dropped; `R[L,j]` L is re-run before backward step j. And
 # `C[u,j]`: the incarnation of L's output u is kept from step j - 1 into step j. Linear constraints say
