@@ -65,6 +65,8 @@ expect("each comes back when backward starts the CONV after it, one segment befo
 # `copy_in`. Each copy out waits for an event recorded on compute after the kernel that produced its
 # tensor (`ready`); compute waits for the copy's event only where it must: before it frees the
 # block the copy reads (`release`), and before it reads a tensor a copy is bringing back (`landed`).
+# A copy back waits on `copy_in` for compute too (`reuse`): its fresh block was someone else's a moment
+# ago, and the kernels that used it must be done before the copy overwrites it.
 
 # %%
 program = snlite.place(net, eager)
@@ -190,7 +192,11 @@ expect("the host device (in program order) trains the broken program to the righ
        "adversarial device trains the intact one to them too, and the broken one to other losses",
        three_steps("host", broken) == right == three_steps(AdversarialDevice("late"))
        and three_steps(AdversarialDevice("late"), broken) != right,
-       why="the adversarial device's compute stream overwrote conv1's block before the copy read it.")
+       why="the adversarial device's compute stream overwrote conv1's block before the copy read it. The "
+           "first loss is still right (it comes from the forward pass, before backward reads the spoiled "
+           "copy back); the gradients are not, so the weights and every later loss differ. The 4 races: "
+           "the copy against the free of its block and against conv2's forward, which writes there next, "
+           "in each of the two iterations the checker walks.")
 
 # %% [markdown]
 # ## What offload saves, and what it moves

@@ -116,6 +116,11 @@ expect("the same test accuracy for both, above chance" + ("" if QUICK or not rea
 
 # %% [markdown]
 # ## Read the trace of the last training step
+# The table below has one row per op, in KiB on the device by kind: the weights (`wts`), their gradients
+# (`wgrad`), the momentum (`opt`), the batch (`input`), activations (`act`), their gradients (`grad`), conv
+# workspace (`wksp`) and blocks held for a copy still in flight (`flight`); then what waits in pinned host
+# memory (`host`) and what the peak counts (`counted`). Ops are the route's steps plus what the plan
+# inserts (recomputations, SGD updates in backward), so an op's number runs ahead of its step's.
 
 # %%
 m = models["superneurons"]
