@@ -140,6 +140,18 @@ def test_every_tutorial_is_listed():
     assert not missing, f"tutorials/README.md does not list {missing}"
 
 
+def test_each_tutorial_states_the_time_the_readme_lists():
+    """Both are one measurement (python -m snlite.bench tutorials): a header said 15 s where the README
+    said 6 s."""
+    readme = (TUTORIALS / "README.md").read_text()
+    listed = dict(re.findall(r"^\| \[`(\d\d_\w+\.py)`\].*\| ~([\d.]+) s \|$", readme, re.M))
+    assert sorted(listed) == NAMES
+    for name in NAMES:
+        stated = re.search(r"About ([\d.]+) s\b", (TUTORIALS / name).read_text())
+        assert stated is None or stated[1] == listed[name], \
+            f"{name} says about {stated[1]} s, tutorials/README.md ~{listed[name]} s"
+
+
 SCRIPT_RUNS = ("01_where_memory_goes.py", "07_end_to_end.py")  # see the module docstring
 
 

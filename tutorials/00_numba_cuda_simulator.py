@@ -11,7 +11,7 @@
 #
 # Run it: `python tutorials/00_numba_cuda_simulator.py` from the repository root (after
 # `pip install -e ".[test]"`), or cell by cell (`# %%` cells: VS Code's "Run Cell", or Jupyter through
-# jupytext). About 10 s on a laptop CPU.
+# jupytext). About 12 s on one CPU core.
 # `SNLITE_TUTORIAL_QUICK=1` makes everything smaller.
 
 # %% Setup: the simulator switch must be set before numba is imported

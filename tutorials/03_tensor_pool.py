@@ -11,7 +11,7 @@
 #   lifetime, against the lower bound no placement can beat.
 #
 # Run it: `python tutorials/03_tensor_pool.py` from the repository root (after `pip install -e .`), or
-# cell by cell (`# %%` cells in VS Code or Jupyter). About 2 s; no GPU.
+# cell by cell (`# %%` cells in VS Code or Jupyter). About 4 s; no GPU.
 
 # %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite

@@ -14,7 +14,7 @@
 #   the least recently used unlocked tensors. Hits, misses and traffic as the memory budget shrinks.
 #
 # Run it: `python tutorials/04_offload_prefetch_cache.py` from the repository root (after
-# `pip install -e .`), or cell by cell (`# %%` cells in VS Code or Jupyter). About 3 s; no GPU.
+# `pip install -e .`), or cell by cell (`# %%` cells in VS Code or Jupyter). About 4.5 s; no GPU.
 
 # %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite

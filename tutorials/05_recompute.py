@@ -13,7 +13,7 @@
 # - which layers are cheap is a property of the device: measure them, and keep the ones that are not.
 #
 # Run it: `python tutorials/05_recompute.py` from the repository root (after `pip install -e .`), or cell
-# by cell (`# %%` cells in VS Code or Jupyter). About 2 s; no GPU.
+# by cell (`# %%` cells in VS Code or Jupyter). About 3 s; no GPU.
 
 # %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)
 import snlite

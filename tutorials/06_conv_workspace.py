@@ -13,7 +13,7 @@
 # - how `dynamic` degrades gracefully as the memory budget shrinks, where `fastest` stops fitting.
 #
 # Run it: `python tutorials/06_conv_workspace.py` from the repository root (after `pip install -e .`), or
-# cell by cell (`# %%` cells in VS Code or Jupyter). About 3 s; no GPU. Times are estimates from
+# cell by cell (`# %%` cells in VS Code or Jupyter). About 2.6 s; no GPU. Times are estimates from
 # `snlite.workspace.CostModel`: each launch's work at an H200's peak rates, over the share of the GPU its
 # blocks fill (a model: on a real GPU, `snlite.Model` times the candidates instead).
 

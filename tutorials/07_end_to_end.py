@@ -13,7 +13,7 @@
 #
 # Run it: `python tutorials/07_end_to_end.py` from the repository root (after `pip install -e ".[digits]"`;
 # without scikit-learn it falls back to synthetic images), or cell by cell (`# %%` cells in VS Code or
-# Jupyter). About 45 s on one core of the project's 2-core Xeon, most of it the three depth
+# Jupyter). About 48 s on one core of a 2-core AMD EPYC, most of it the three depth
 # searches; 12 s with SNLITE_TUTORIAL_QUICK=1. No GPU: the host device runs NumPy
 # kernels (`device="auto"` would pick a real GPU when there is one).
 

@@ -10,7 +10,7 @@
 #   peak against extra FLOPs, and which of the paper's choices cost memory (`snlite.gap`).
 #
 # Run it: `python tutorials/08_how_far_from_optimal.py` from the repository root (after
-# `pip install -e ".[optimal]"`), or cell by cell. About 6 s on a CPU (quick mode: fewer frontier
+# `pip install -e ".[optimal]"`), or cell by cell. About 9 s on a CPU (quick mode: fewer frontier
 # points, 4 s).
 
 # %% Setup: quick mode, the output folder, plots and checked claims, from one helper (snlite.lesson)

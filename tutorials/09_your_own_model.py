@@ -13,7 +13,7 @@
 #   holds is counted.
 #
 # Run it: `python tutorials/09_your_own_model.py` from the repository root, after
-# `pip install -e ".[torch,plot]"` (PyTorch and torchvision, CPU builds). About 15 s on a CPU; no GPU.
+# `pip install -e ".[torch,plot]"` (PyTorch and torchvision, CPU builds). About 14 s on a CPU; no GPU.
 
 # %% Setup: quick mode, the output folder and checked claims, from one helper (snlite.lesson)
 import snlite
