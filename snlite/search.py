@@ -193,7 +193,7 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
 
     if guess_from:
         progress(f"{label}: estimating from {what(guess_from[0])} and {what(guess_from[1])}")
-    guess = _estimate(build, config, guess_from, further, slack)
+    guess = _estimate(build, config, guess_from, further, slack, ceiling=candidates[-1])
     start = 0 if guess is None else max((i for i, c in enumerate(candidates) if c <= guess), default=0)
     i = largest(len(candidates), ok, start)
     after = 0 if i is None else i + 1  # the first candidate that does not fit, if any
@@ -206,7 +206,8 @@ def _search(label, config, candidates, build, guess_from, progress=no_progress, 
                  stopped_by=traces.get(after))
 
 
-def _estimate(build, config, xs, further: bool = False, slack: str = "bytes") -> float | None:
+def _estimate(build, config, xs, further: bool = False, slack: str = "bytes",
+              ceiling: int | None = None) -> float | None:
     """Where the peak crosses the budget, by a straight line through the peaks at two sizes
     under ``config`` without the budget, the cache or workspaces (a guess to start from). With
     ``further``, where the line lands more than 8 times beyond the larger size, what it measured is
@@ -214,7 +215,8 @@ def _estimate(build, config, xs, further: bool = False, slack: str = "bytes") ->
     whatever the batch), so it is drawn again through sizes further out, at most twice (a batch
     search asks for it; a ResNet's depth scales every step alike). With ``optimizer_state="auto"``
     the guess is for momentum on the host (a search's answer is where memory runs short, which is
-    where auto sends it there).
+    where auto sends it there). ``ceiling``: the largest size the search may try; the line is not drawn
+    through sizes beyond it (a guess past the ceiling starts the search at the ceiling all the same).
 
     With the cache, what must fit is the busiest step (l_peak, count all) and what a placement under
     pressure needs beyond it (fragmentation, the dynamic workspace, momentum fetched for its update).
@@ -245,9 +247,9 @@ def _estimate(build, config, xs, further: bool = False, slack: str = "bytes") ->
         if at(x1) <= at(x0):
             return None
         guess = line(config.budget_bytes)
-        if not further or guess <= 8 * x1 or redraws == 2:
+        if not further or guess <= 8 * x1 or redraws == 2 or (ceiling is not None and x1 >= ceiling):
             break  # (x0, x1) stay the sizes the guess was drawn through
-        x0, x1 = x1, 8 * x1
+        x0, x1 = x1, 8 * x1 if ceiling is None else min(8 * x1, ceiling)
     if not config.cache:
         return guess
     if slack == "bytes":

@@ -257,6 +257,19 @@ def test_a_batch_search_draws_its_line_past_fixed_costs():
     assert found.probes <= 6  # the guess (slack as a ratio, to 0.1%) lands 3 short: 1 + 2 log2(3) probes
 
 
+def test_a_batch_search_builds_no_batch_beyond_its_ceiling():
+    """Under --max-batch 40 the line was drawn again through batches 256 and 2,048 (and min_budget run
+    at 2,048 under the cache), to start a search that could only start at 40."""
+    built = []
+
+    def build(b):
+        built.append(b)
+        return get_model("alexnet", b)
+
+    found = search.max_batch(build, MemoryConfig.superneurons(budget_bytes=64 * 2**30), hi=40)
+    assert found.value == 40 and found.probes == 1 and max(built) == 40, sorted(set(built))
+
+
 def test_maxbatch_shows_the_papers_figures(capsys):
     code, out, _ = run(capsys, "maxbatch", "alexnet", "--budget", "2GiB")
     assert code == 0 and "SuperNeurons 1,792; the best other framework 1,408" in out
