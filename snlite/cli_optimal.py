@@ -77,7 +77,7 @@ def cmd_optimal(args) -> int:
         if args.json:
             write_json(args.json, {**net_json(args), "batch": batch, "count": args.count,
                                    "reruns": args.reruns, "budget_bytes": args.budget, "fits": False,
-                                   "error": str(e), "least_peak_bytes": e.least_peak_bytes})
+                                   "error": str(e), "least_peak_bytes": getattr(e, "least_peak_bytes", None)})
         raise
     moves = []
     if args.offload:
