@@ -371,8 +371,23 @@ def _retimed(job: Job) -> placement.Placed:
     nbytes = {tr.tensor: job.specs[tr.tensor].nbytes for tr in plan.transfers}
     peak = trace_program(first.program, "all").peak_bytes
     chosen = overlap.retime(plan, start, nbytes, timing.profile(config.schedule), peak, peak_of)
+    kept = next(p for c, p in placed if c is chosen)
+    if chosen is not plan and not _no_worse(job, first, kept):
+        chosen, kept = plan, first
     job.plan = chosen
-    return next(p for c, p in placed if c is chosen)
+    return kept
+
+
+def _no_worse(job: Job, first: placement.Placed, candidate: placement.Placed) -> bool:
+    """A retimed placement is kept only if its peak in the count asked for is no higher and its
+    estimated step no longer: held longer, a block can leave the dynamic workspace less room (a conv
+    in smaller chunks, a slower step) or raise the paper count's peak where the count "all" stays."""
+    count = job.config.count
+    if trace_program(candidate.program, count).peak_bytes > trace_program(first.program, count).peak_bytes:
+        return False
+    gpu = job.config.schedule
+    new, old = (timing.estimate(p.program, job.graph, gpu).step_ms for p in (candidate, first))
+    return new <= old * (1 + 1e-9)  # no longer, but for rounding: the same work in another order
 
 
 def _refined(job: Job, first: placement.Placed) -> placement.Placed:
